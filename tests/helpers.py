@@ -1,0 +1,109 @@
+"""Shared test helpers: a controllable clock, delivery headers, a store that fails on demand."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from worker.errors import StoreUnavailable
+from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
+from worker.stores.base import LeaseStore
+
+T0 = datetime(2026, 10, 16, 12, 0, 0, tzinfo=timezone.utc)
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, start: datetime = T0) -> None:
+        self.now = start
+        self._lock = threading.Lock()
+
+    def __call__(self) -> datetime:
+        with self._lock:
+            return self.now
+
+    def advance(self, delta: timedelta) -> None:
+        with self._lock:
+            self.now += delta
+
+
+def task_headers(
+    queue: str = "default",
+    task: str = "task-1",
+    retry: int = 0,
+    execution: int = 0,
+    eta: float | None = 1_792_152_000.5,
+    **extra: str,
+) -> dict[str, str]:
+    headers = {
+        "X-CloudTasks-QueueName": queue,
+        "X-CloudTasks-TaskName": task,
+        "X-CloudTasks-TaskRetryCount": str(retry),
+        "X-CloudTasks-TaskExecutionCount": str(execution),
+    }
+    if eta is not None:
+        headers["X-CloudTasks-TaskETA"] = str(eta)
+    headers.update(extra)
+    return headers
+
+
+def job_headers(
+    job: str = "nightly", schedule_time: str = "2026-10-16T12:00:00Z"
+) -> dict[str, str]:
+    return {
+        "X-CloudScheduler": "true",
+        "X-CloudScheduler-JobName": job,
+        "X-CloudScheduler-ScheduleTime": schedule_time,
+    }
+
+
+def claim_request(
+    run_id: str = "run-1", attempt_id: str = "attempt-1", **changes: Any
+) -> ClaimRequest:
+    fields: dict[str, Any] = {
+        "run_id": run_id,
+        "kind": "task",
+        "handler": "h",
+        "attempt_id": attempt_id,
+        "lease": timedelta(minutes=5),
+        "retention": timedelta(days=7),
+        "identity": {"queue": "default", "task_name": "t"},
+    }
+    fields.update(changes)
+    return ClaimRequest(**fields)
+
+
+class SwitchableStore(LeaseStore):
+    """Wraps a store; while ``down`` is set, every call raises StoreUnavailable."""
+
+    def __init__(self, inner: LeaseStore) -> None:
+        self.inner = inner
+        self.down = False
+        self.down_after_claim = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise StoreUnavailable("store switched off by the test")
+
+    def _read_modify_write(self, run_id: str, change: Any) -> Any:
+        self._check()
+        return self.inner._read_modify_write(run_id, change)
+
+    def claim(self, request: ClaimRequest, now: datetime) -> Claim:
+        self._check()
+        claim = self.inner.claim(request, now)
+        if self.down_after_claim:
+            self.down = True
+        return claim
+
+    def get(self, run_id: str) -> RunRecord | None:
+        return self.inner.get(run_id)
+
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        return self.inner.list_runs(status, limit)
+
+    def purge_expired(self, now: datetime) -> int:
+        self._check()
+        return self.inner.purge_expired(now)

@@ -1,0 +1,231 @@
+"""The lease store contract: every store's test class inherits these tests.
+
+A subclass provides the ``store`` fixture (a fresh, empty store). Stores shared across
+processes also inherit :class:`CrossProcessContract` and provide ``store_factory``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from tests.helpers import T0, claim_request
+from worker import decisions
+from worker.records import RunStatus, Verdict
+from worker.stores.base import LeaseStore
+
+LEASE = timedelta(minutes=5)
+
+
+class StoreContract:
+    """Semantics every :class:`LeaseStore` must have."""
+
+    def test_first_claim_takes_the_run_with_fencing_token_one(self, store: LeaseStore) -> None:
+        claim = store.claim(claim_request(), T0)
+        assert claim.verdict is Verdict.CLAIMED
+        assert claim.took_over_from is None
+        record = claim.record
+        assert (record.status, record.attempt_id, record.fencing_token, record.attempts) == (
+            RunStatus.IN_PROGRESS,
+            "attempt-1",
+            1,
+            1,
+        )
+        assert record.lease_expires == T0 + LEASE
+        assert record.expire_at == T0 + timedelta(days=7)
+        assert store.get("run-1") == record
+
+    def test_claim_while_lease_is_live_answers_in_progress(self, store: LeaseStore) -> None:
+        store.claim(claim_request(), T0)
+        claim = store.claim(
+            claim_request(attempt_id="attempt-2"), T0 + LEASE - timedelta(seconds=1)
+        )
+        assert claim.verdict is Verdict.IN_PROGRESS
+        assert claim.record.attempt_id == "attempt-1"
+        assert store.get("run-1").attempt_id == "attempt-1"  # type: ignore[union-attr]
+
+    def test_claim_after_lease_expiry_takes_over_with_a_higher_fencing_token(
+        self, store: LeaseStore
+    ) -> None:
+        store.claim(claim_request(), T0)
+        claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE)
+        assert claim.verdict is Verdict.CLAIMED
+        assert claim.took_over_from == "attempt-1"
+        assert (claim.record.attempt_id, claim.record.fencing_token, claim.record.attempts) == (
+            "attempt-2",
+            2,
+            2,
+        )
+
+    def test_completed_run_is_a_duplicate_with_its_stored_result(self, store: LeaseStore) -> None:
+        store.claim(claim_request(), T0)
+        result = {"sent": ["a", "é"], "count": 2, "nested": {"ok": True, "none": None}}
+        assert store.complete("run-1", "attempt-1", result, T0 + timedelta(seconds=1))
+        claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + timedelta(days=1))
+        assert claim.verdict is Verdict.COMPLETED
+        assert claim.record.result == result
+        assert claim.record.finished_at == T0 + timedelta(seconds=1)
+
+    def test_stale_attempt_cannot_finish_a_run_taken_over(self, store: LeaseStore) -> None:
+        store.claim(claim_request(), T0)
+        store.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE)
+        later = T0 + LEASE + timedelta(seconds=1)
+        assert not store.complete("run-1", "attempt-1", "stale", later)
+        assert not store.fail("run-1", "attempt-1", "stale", later)
+        assert not store.release("run-1", "attempt-1", "stale", later)
+        assert not store.renew("run-1", "attempt-1", later + LEASE)
+        record = store.get("run-1")
+        assert record is not None
+        assert (record.status, record.attempt_id, record.result) == (
+            RunStatus.IN_PROGRESS,
+            "attempt-2",
+            None,
+        )
+
+    def test_finishing_an_unknown_run_changes_nothing(self, store: LeaseStore) -> None:
+        assert not store.complete("missing", "attempt-1", None, T0)
+        assert not store.renew("missing", "attempt-1", T0)
+        assert store.get("missing") is None
+
+    def test_permanent_failure_is_kept_as_a_dead_letter(self, store: LeaseStore) -> None:
+        store.claim(claim_request(), T0)
+        assert store.fail("run-1", "attempt-1", "PermanentFailure: bad order", T0, '{"id": 1}')
+        claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE * 10)
+        assert claim.verdict is Verdict.FAILED
+        assert claim.record.error == "PermanentFailure: bad order"
+        assert claim.record.payload == '{"id": 1}'
+        assert [r.run_id for r in store.list_runs(RunStatus.FAILED)] == ["run-1"]
+
+    def test_released_run_is_claimable_at_once_and_fencing_keeps_growing(
+        self, store: LeaseStore
+    ) -> None:
+        store.claim(claim_request(), T0)
+        assert store.release("run-1", "attempt-1", "RuntimeError: boom", T0)
+        claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + timedelta(milliseconds=1))
+        assert claim.verdict is Verdict.CLAIMED
+        assert claim.took_over_from is None
+        assert (claim.record.fencing_token, claim.record.attempts) == (2, 2)
+
+    def test_renewal_extends_the_lease_of_the_holder_only(self, store: LeaseStore) -> None:
+        store.claim(claim_request(), T0)
+        assert store.renew("run-1", "attempt-1", T0 + LEASE * 2)
+        assert store.get("run-1").lease_expires == T0 + LEASE * 2  # type: ignore[union-attr]
+        claim = store.claim(
+            claim_request(attempt_id="attempt-2"), T0 + LEASE + timedelta(seconds=1)
+        )
+        assert claim.verdict is Verdict.IN_PROGRESS
+        store.complete("run-1", "attempt-1", None, T0)
+        assert not store.renew("run-1", "attempt-1", T0 + LEASE * 3)
+
+    def test_record_past_retention_counts_as_absent_but_fencing_continues(
+        self, store: LeaseStore
+    ) -> None:
+        store.claim(claim_request(), T0)
+        store.complete("run-1", "attempt-1", None, T0)
+        claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + timedelta(days=7))
+        assert claim.verdict is Verdict.CLAIMED
+        assert claim.record.fencing_token == 2
+
+    def test_purge_deletes_only_expired_records(self, store: LeaseStore) -> None:
+        store.claim(claim_request("old"), T0)
+        store.claim(claim_request("new", retention=timedelta(days=30)), T0)
+        assert store.purge_expired(T0 + timedelta(days=8)) == 1
+        assert store.get("old") is None
+        assert store.get("new") is not None
+
+    def test_list_runs_filters_by_status_newest_first(self, store: LeaseStore) -> None:
+        for index in range(3):
+            store.claim(claim_request(f"run-{index}"), T0 + timedelta(seconds=index))
+        store.complete("run-1", "attempt-1", None, T0)
+        assert [r.run_id for r in store.list_runs()] == ["run-2", "run-1", "run-0"]
+        assert [r.run_id for r in store.list_runs(RunStatus.COMPLETED)] == ["run-1"]
+        assert len(store.list_runs(limit=2)) == 2
+
+    def test_times_and_identity_round_trip_exactly(self, store: LeaseStore) -> None:
+        moment = T0 + timedelta(microseconds=123_457)
+        identity = {"queue": "q", "task_name": "t-ü", "schedule_time": "2026-10-16T12:00:00Z"}
+        record = store.claim(claim_request(identity=identity), moment).record
+        stored = store.get("run-1")
+        assert stored == record
+        assert stored is not None
+        assert stored.claimed_at == moment
+        assert stored.identity == identity
+
+    def test_oversized_result_is_replaced_by_a_note(self, store: LeaseStore) -> None:
+        store.claim(claim_request(), T0)
+        store.complete("run-1", "attempt-1", "x" * 100_000, T0)
+        result = store.get("run-1").result  # type: ignore[union-attr]
+        assert "over" in result["tasklease_result_dropped"]
+
+    def test_fifty_threads_claiming_one_run_execute_it_once(self, store: LeaseStore) -> None:
+        executions = _race_threads(store, threads=50)
+        assert executions == 1
+        record = store.get("race")
+        assert record is not None
+        assert record.status is RunStatus.COMPLETED
+        assert record.fencing_token == 1
+
+
+class CrossProcessContract:
+    """For stores that several processes share: the race spans processes."""
+
+    def test_four_processes_claiming_one_run_execute_it_once(
+        self, store_factory: Callable[[], LeaseStore]
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        barrier = context.Barrier(4)
+        results = context.Queue()
+        processes = [
+            context.Process(target=_race_in_process, args=(store_factory, barrier, results))
+            for _ in range(4)
+        ]
+        for process in processes:
+            process.start()
+        executions = [results.get(timeout=60) for _ in processes]
+        for process in processes:
+            process.join(timeout=10)
+            assert process.exitcode == 0
+        assert sum(executions) == 1
+        record = store_factory().get("race")
+        assert record is not None
+        assert record.status is RunStatus.COMPLETED
+
+
+def _race_threads(store: LeaseStore, threads: int, barrier: Any = None) -> int:
+    """Deliver one run from ``threads`` threads at once; return how many ran it."""
+    start = threading.Barrier(threads)
+    executions = 0
+    lock = threading.Lock()
+
+    def deliver(index: int) -> None:
+        nonlocal executions
+        start.wait()
+        attempt = f"attempt-{threading.get_ident()}-{index}"
+        claim = store.claim(claim_request("race", attempt), T0)
+        if claim.verdict is Verdict.CLAIMED:
+            with lock:
+                executions += 1
+            assert store.complete("race", attempt, {"by": attempt}, T0)
+
+    if barrier is not None:
+        barrier.wait()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(deliver, range(threads)))
+    return executions
+
+
+def _race_in_process(store_factory: Callable[[], LeaseStore], barrier: Any, results: Any) -> None:
+    results.put(_race_threads(store_factory(), threads=10, barrier=barrier))
+
+
+@pytest.mark.parametrize("size", [10, decisions.cap_text.__defaults__[0] + 10])  # type: ignore[index]
+def test_cap_text_keeps_short_text_and_marks_cut_text(size: int) -> None:
+    text = decisions.cap_text("e" * size)
+    assert len(text) <= max(size, decisions.cap_text.__defaults__[0])  # type: ignore[index]
+    assert ("[cut:" in text) == (size > 10)

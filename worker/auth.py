@@ -1,0 +1,191 @@
+"""Request authentication: who may make the worker run a handler.
+
+``X-CloudTasks-*`` and ``X-CloudScheduler-*`` headers can be forged by anyone who reaches the
+URL (platform-facts.md, "Authentication"), so the worker trusts a delivery only when it carries
+a Google-signed OIDC ID token for an allowed service account.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cachecontrol
+import google.auth.exceptions
+import google.auth.transport.requests
+import requests
+from google.oauth2 import id_token
+
+from worker import constants as c
+from worker.errors import ConfigurationError
+from worker.router import HandlerSpec
+
+_log = logging.getLogger("tasklease.auth")
+
+GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"
+GOOGLE_ISSUERS = ("accounts.google.com", "https://accounts.google.com")
+# Tolerated clock difference between Google's token issuers and this host.
+CLOCK_SKEW_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class AuthResult:
+    """An authentication decision: ``status`` 200 lets the request through."""
+
+    status: int
+    reason: str
+    principal: str | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.status == 200
+
+
+@dataclass(frozen=True)
+class AuthRequest:
+    """What an authenticator sees of a request."""
+
+    authorization: str | None
+    url: str  # The URL the request was made to, as the caller saw it (audience default).
+
+
+class Authenticator(ABC):
+    """Decides whether a request may run ``spec``. Implement :meth:`authenticate`.
+
+    Called once per request from many threads; must not raise for a bad request (answer a
+    401 or 403 :class:`AuthResult`), and must never log the token itself.
+    """
+
+    @abstractmethod
+    def authenticate(self, request: AuthRequest, spec: HandlerSpec) -> AuthResult:
+        """Allow or refuse one request."""
+
+
+class NoAuth(Authenticator):
+    """Lets every request through. Only for local development behind a private network."""
+
+    def authenticate(self, request: AuthRequest, spec: HandlerSpec) -> AuthResult:
+        return AuthResult(200, "authentication is off")
+
+
+class OidcAuth(Authenticator):
+    """Verifies ``Authorization: Bearer`` as an OIDC ID token signed by Google (or by the keys
+    at ``certs_url``, such as the local emulator's).
+
+    Checks signature, expiry, issuer, audience (``audience``, else the URL of the request, as
+    Cloud Tasks sets it by default), ``email_verified``, and ``email`` in the allow-list (per
+    handler if the handler sets one). Public keys are fetched through an HTTP cache that
+    honours ``Cache-Control``, not on every request.
+    """
+
+    def __init__(
+        self,
+        allowed_service_accounts: Iterable[str],
+        *,
+        audience: str | None = None,
+        certs_url: str = GOOGLE_CERTS_URL,
+        issuers: Sequence[str] = GOOGLE_ISSUERS,
+        session: requests.Session | None = None,
+    ) -> None:
+        self.allowed_service_accounts = frozenset(
+            a.strip() for a in allowed_service_accounts if a.strip()
+        )
+        self.audience = audience
+        self.certs_url = certs_url
+        self.issuers = tuple(issuers)
+        self._transport = google.auth.transport.requests.Request(
+            session=session or cachecontrol.CacheControl(requests.Session())
+        )
+
+    @classmethod
+    def from_env(cls) -> OidcAuth:
+        """Configured from ``TASKLEASE_ALLOWED_SERVICE_ACCOUNTS`` (comma-separated),
+        ``TASKLEASE_AUDIENCE``, ``TASKLEASE_OIDC_CERTS_URL`` and ``TASKLEASE_OIDC_ISSUERS``."""
+        issuers = _split(os.environ.get(c.ENV_OIDC_ISSUERS, ""))
+        return cls(
+            _split(os.environ.get(c.ENV_ALLOWED_SERVICE_ACCOUNTS, "")),
+            audience=os.environ.get(c.ENV_AUDIENCE) or None,
+            certs_url=os.environ.get(c.ENV_OIDC_CERTS_URL) or GOOGLE_CERTS_URL,
+            issuers=issuers or GOOGLE_ISSUERS,
+        )
+
+    def check_configuration(self, specs: Iterable[HandlerSpec]) -> None:
+        """Refuse to start when some handler could never be called."""
+        for spec in specs:
+            if not self._allowed_for(spec):
+                raise ConfigurationError(
+                    f"OIDC authentication is on but no service account may call {spec.path}: "
+                    f"set {c.ENV_ALLOWED_SERVICE_ACCOUNTS} (or the handler's "
+                    "allowed_service_accounts), or pass auth='none' for local development"
+                )
+
+    def authenticate(self, request: AuthRequest, spec: HandlerSpec) -> AuthResult:
+        scheme, _, token = (request.authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return AuthResult(401, "missing Authorization: Bearer <OIDC ID token>")
+        audiences = [spec.audience or self.audience or request.url]
+        try:
+            claims: dict[str, Any] = dict(
+                id_token.verify_token(
+                    token.strip(),
+                    self._transport,
+                    audience=audiences,
+                    certs_url=self.certs_url,
+                    clock_skew_in_seconds=CLOCK_SKEW_SECONDS,
+                )
+            )
+        except google.auth.exceptions.TransportError as exc:
+            _log.error("could not fetch OIDC public keys from %s: %s", self.certs_url, exc)
+            return AuthResult(503, "could not fetch the OIDC public keys to verify the token")
+        except (ValueError, google.auth.exceptions.GoogleAuthError) as exc:
+            return AuthResult(401, f"invalid ID token: {_redacted(exc, token)}")
+        except Exception as exc:  # pyjwt and cryptography raise their own types for bad input
+            return AuthResult(401, f"invalid ID token: {type(exc).__name__}")
+        if claims.get("iss") not in self.issuers:
+            return AuthResult(401, f"ID token issuer {claims.get('iss')!r} is not trusted")
+        email = claims.get("email")
+        if not isinstance(email, str) or claims.get("email_verified") is not True:
+            return AuthResult(403, "ID token carries no verified email")
+        if email not in self._allowed_for(spec):
+            return AuthResult(403, f"service account {email} may not call {spec.path}", email)
+        return AuthResult(200, "ID token verified", email)
+
+    def _allowed_for(self, spec: HandlerSpec) -> frozenset[str]:
+        if spec.allowed_service_accounts is not None:
+            return frozenset(spec.allowed_service_accounts)
+        return self.allowed_service_accounts
+
+
+def authenticator_for(auth: str | Authenticator | None) -> Authenticator:
+    """Resolve ``create_app``'s ``auth`` argument (or ``TASKLEASE_AUTH``) to an authenticator."""
+    if isinstance(auth, Authenticator):
+        return auth
+    choice = (auth or os.environ.get(c.ENV_AUTH) or "oidc").strip().lower()
+    if choice == "none":
+        _log.warning(
+            "request authentication is OFF (auth='none'): anyone who can reach this worker can "
+            "forge Cloud Tasks / Cloud Scheduler headers and run its handlers. Use it only for "
+            "local development."
+        )
+        return NoAuth()
+    if choice == "oidc":
+        return OidcAuth.from_env()
+    raise ConfigurationError(f"unknown auth {choice!r}: use 'oidc' (the default) or 'none'")
+
+
+def _split(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _redacted(error: BaseException, token: str) -> str:
+    """The error's first line, with the token and any part of it cut out: some google-auth
+    messages quote the token they could not parse."""
+    text = (str(error).splitlines() or [type(error).__name__])[0]
+    for secret in sorted([token, *token.split(".")], key=len, reverse=True):
+        if len(secret) >= 8:
+            text = text.replace(secret, "<redacted>")
+    return text[:200]

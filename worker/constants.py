@@ -1,0 +1,65 @@
+"""Every header name, environment variable, limit and default of the worker, in one place."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+# Cloud Tasks HTTP-target headers (platform-facts.md, "what an HTTP target receives").
+# Header lookups are case-insensitive: HTTP/2 front ends (Cloud Run) lower-case them.
+TASKS_QUEUE_NAME = "X-CloudTasks-QueueName"
+TASKS_TASK_NAME = "X-CloudTasks-TaskName"
+TASKS_RETRY_COUNT = "X-CloudTasks-TaskRetryCount"
+TASKS_EXECUTION_COUNT = "X-CloudTasks-TaskExecutionCount"
+TASKS_ETA = "X-CloudTasks-TaskETA"
+TASKS_PREVIOUS_RESPONSE = "X-CloudTasks-TaskPreviousResponse"
+TASKS_RETRY_REASON = "X-CloudTasks-TaskRetryReason"
+
+# Cloud Scheduler headers. ScheduleTime is only sent for unix-cron schedules.
+SCHEDULER_FLAG = "X-CloudScheduler"
+SCHEDULER_JOB_NAME = "X-CloudScheduler-JobName"
+SCHEDULER_SCHEDULE_TIME = "X-CloudScheduler-ScheduleTime"
+
+# Neither service sends a project or region: the target configures these (headers or query).
+PROJECT_HEADER = "X-Tasklease-Project"
+LOCATION_HEADER = "X-Tasklease-Location"
+PROJECT_QUERY = "project"
+LOCATION_QUERY = "location"
+
+# Response headers of the worker.
+OUTCOME_HEADER = "X-Tasklease-Outcome"
+RUN_ID_HEADER = "X-Tasklease-Run-Id"
+
+# Routes.
+TASK_ROUTE_PREFIX = "/tasks/"
+SCHEDULER_ROUTE_PREFIX = "/jobs/"
+
+# Environment variables.
+ENV_STORE = "TASKLEASE_STORE"
+ENV_AUTH = "TASKLEASE_AUTH"
+ENV_ROUTER = "TASKLEASE_ROUTER"
+ENV_ALLOWED_SERVICE_ACCOUNTS = "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS"
+ENV_AUDIENCE = "TASKLEASE_AUDIENCE"
+ENV_OIDC_CERTS_URL = "TASKLEASE_OIDC_CERTS_URL"
+ENV_OIDC_ISSUERS = "TASKLEASE_OIDC_ISSUERS"
+
+DEFAULT_STORE_URL = "sqlite:///tasklease-runs.db"
+
+# Limits taken from the platform (platform-facts.md).
+MAX_BODY_BYTES = 100 * 1024  # Cloud Tasks' maximum task size.
+MAX_TASK_NAME_LENGTH = 500
+MAX_QUEUE_NAME_LENGTH = 100
+MAX_JOB_NAME_LENGTH = 500
+MAX_HEADER_VALUE_LENGTH = 1024  # No identity header Google sends comes near this.
+MAX_JSON_DEPTH = 200
+
+# Per-handler defaults.
+DEFAULT_LEASE = timedelta(minutes=5)
+DEFAULT_RETENTION = timedelta(days=7)  # Must outlive the queue's retry window.
+MIN_LEASE = timedelta(seconds=1)
+
+# Stored result and error text are capped so records stay small (Firestore documents: 1 MiB).
+MAX_RESULT_BYTES = 32 * 1024
+MAX_ERROR_CHARS = 4 * 1024
+
+# Seconds a client should wait before retrying when the store is down.
+STORE_UNAVAILABLE_RETRY_AFTER = 5

@@ -1,0 +1,71 @@
+"""Structured logs in the shape Cloud Logging reads: one JSON object per line.
+
+Cloud Run turns each JSON line on stdout/stderr into a LogEntry: ``severity`` becomes the
+entry's severity, ``message`` its text, and every other field its ``jsonPayload``
+(https://cloud.google.com/logging/docs/structured-logging).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+EXECUTION_LOGGER = "tasklease.execution"
+FIELDS_ATTRIBUTE = "tasklease"  # LogRecord attribute that carries the structured fields.
+
+_SEVERITIES = {
+    logging.DEBUG: "DEBUG",
+    logging.INFO: "INFO",
+    logging.WARNING: "WARNING",
+    logging.ERROR: "ERROR",
+    logging.CRITICAL: "CRITICAL",
+}
+
+
+class CloudLoggingFormatter(logging.Formatter):
+    """Formats a record as one JSON line with ``severity``, ``message`` and its fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "severity": _SEVERITIES.get(record.levelno, "DEFAULT"),
+            "message": record.getMessage(),
+            "time": datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(),
+            "logger": record.name,
+        }
+        entry.update(getattr(record, FIELDS_ATTRIBUTE, None) or {})
+        if record.exc_info:
+            entry["stack_trace"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Send the ``tasklease`` loggers to stderr as JSON lines, once.
+
+    Does nothing when the application already configured logging (the root logger has a
+    handler), so tasklease never overrides a user's choice.
+    """
+    logger = logging.getLogger("tasklease")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(CloudLoggingFormatter())
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+
+
+def instance_id() -> str:
+    """Which process handled a request: Cloud Run revision (if any), host and pid."""
+    revision = os.environ.get("K_REVISION")
+    host = f"{socket.gethostname()}:{os.getpid()}"
+    return f"{revision}/{host}" if revision else host
+
+
+def log_execution(message: str, fields: dict[str, Any], level: int = logging.INFO) -> None:
+    """Write the one structured line that every request to the worker produces."""
+    logging.getLogger(EXECUTION_LOGGER).log(level, message, extra={FIELDS_ATTRIBUTE: fields})

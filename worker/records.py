@@ -1,0 +1,79 @@
+"""The run record a store keeps per task or scheduled run, and the claim a store hands out."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any
+
+
+class RunStatus(str, Enum):
+    """Where a run stands in the store."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"  # Permanently: a dead-letter record, never run again by a retry.
+    RELEASED = "released"  # A retryable failure gave the claim back; the next delivery runs it.
+
+
+class Verdict(str, Enum):
+    """What an atomic claim decided for one delivery."""
+
+    CLAIMED = "claimed"  # This delivery holds the lease and must run the handler.
+    COMPLETED = "completed"  # Done before: answer 200 with the stored result.
+    FAILED = "failed"  # Failed permanently before: answer 200, do not run.
+    IN_PROGRESS = "in_progress"  # Another attempt holds an unexpired lease: answer 409.
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything a store keeps about one run. Times are timezone-aware UTC datetimes."""
+
+    run_id: str
+    kind: str
+    handler: str
+    status: RunStatus
+    attempt_id: str
+    fencing_token: int
+    attempts: int
+    lease_expires: datetime
+    expire_at: datetime
+    claimed_at: datetime
+    identity: dict[str, str] = field(default_factory=dict)
+    finished_at: datetime | None = None
+    result: Any = None  # The handler's JSON-serialisable return value.
+    error: str | None = None
+    payload: str | None = None  # Kept on failed runs so they can be inspected and replayed.
+
+    def replace(self, **changes: Any) -> RunRecord:
+        """A copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a delivery asks the store for: the run, and how long to hold and keep it."""
+
+    run_id: str
+    kind: str
+    handler: str
+    attempt_id: str
+    lease: timedelta
+    retention: timedelta
+    identity: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The store's answer to a :class:`ClaimRequest`.
+
+    ``record`` is the record as it stands after the claim: ours when ``verdict`` is
+    ``CLAIMED``, the existing one otherwise. ``took_over_from`` names the attempt whose expired
+    lease (or released claim) this claim replaced.
+    """
+
+    verdict: Verdict
+    record: RunRecord
+    took_over_from: str | None = None
