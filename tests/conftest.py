@@ -4,7 +4,9 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+from pytest_httpserver import HTTPServer
 
+from tests.fake_cloud_tasks import FakeCloudTasks
 from tests.helpers import FakeClock
 
 
@@ -21,3 +23,19 @@ def _tasklease_logs_propagate() -> Iterator[None]:
     logger.propagate = True
     yield
     logger.propagate, logger.handlers[:] = saved[0], saved[1]
+
+
+@pytest.fixture(scope="session")
+def _cloud_tasks_server() -> Iterator[HTTPServer]:
+    # One server for the session: stopping werkzeug's server takes half a second.
+    server = HTTPServer(host="127.0.0.1", port=0, threaded=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cloud_tasks(_cloud_tasks_server: HTTPServer) -> Iterator[FakeCloudTasks]:
+    _cloud_tasks_server.clear()
+    yield FakeCloudTasks(_cloud_tasks_server)
+    _cloud_tasks_server.clear()

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import cachecontrol
 import google.auth.exceptions
@@ -76,10 +77,10 @@ class OidcAuth(Authenticator):
     """Verifies ``Authorization: Bearer`` as an OIDC ID token signed by Google (or by the keys
     at ``certs_url``, such as the local emulator's).
 
-    Checks signature, expiry, issuer, audience (``audience``, else the URL of the request, as
-    Cloud Tasks sets it by default), ``email_verified``, and ``email`` in the allow-list (per
-    handler if the handler sets one). Public keys are fetched through an HTTP cache that
-    honours ``Cache-Control``, not on every request.
+    Checks signature, expiry, issuer, audience (``audience``, else the URL of the request as
+    Cloud Tasks sets it by default, or the service's root URL), ``email_verified``, and
+    ``email`` in the allow-list (per handler if the handler sets one). Public keys are fetched
+    through an HTTP cache that honours ``Cache-Control``, not on every request.
     """
 
     def __init__(
@@ -127,7 +128,8 @@ class OidcAuth(Authenticator):
         scheme, _, token = (request.authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return AuthResult(401, "missing Authorization: Bearer <OIDC ID token>")
-        audiences = [spec.audience or self.audience or request.url]
+        configured = spec.audience or self.audience
+        audiences = [configured] if configured else _default_audiences(request.url)
         try:
             claims: dict[str, Any] = dict(
                 id_token.verify_token(
@@ -175,6 +177,14 @@ def authenticator_for(auth: str | Authenticator | None) -> Authenticator:
     if choice == "oidc":
         return OidcAuth.from_env()
     raise ConfigurationError(f"unknown auth {choice!r}: use 'oidc' (the default) or 'none'")
+
+
+def _default_audiences(url: str) -> list[str]:
+    """Without a configured audience: the URL Cloud Tasks targeted (its default audience), or
+    the service's root URL (the producer's default, and what Cloud Run itself accepts)."""
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc}"
+    return [url, origin, origin + "/"]
 
 
 def _split(value: str) -> list[str]:
