@@ -1,0 +1,63 @@
+"""The example shop: a receipt per order, and each night a report per customer.
+
+Run it under gunicorn with ``TASKLEASE_ROUTER=examples.shop:router``. Orders enqueue
+``send_receipt`` keyed by order id; the Cloud Scheduler job ``nightly_reports`` fans out one
+``send_report`` task per customer, keyed by the scheduled run.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from examples.ledger import Ledger
+from producer import Producer
+from worker import PermanentFailure, Router, TaskContext
+
+CUSTOMERS = [f"customer-{n:03d}" for n in range(int(os.environ.get("SHOP_CUSTOMERS", "25")))]
+
+router = Router()
+
+
+@functools.cache
+def ledger() -> Ledger:
+    return Ledger(os.environ.get("SHOP_LEDGER", "shop-ledger.db"))
+
+
+@functools.cache
+def producer() -> Producer:
+    """Configured by TASKLEASE_* variables (see producer.Producer.from_env)."""
+    return Producer.from_env()
+
+
+@router.task("send_receipt")
+def send_receipt(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """Email the receipt of one order."""
+    order_id = payload.get("order_id")
+    if not isinstance(order_id, int):
+        raise PermanentFailure(f"payload has no integer order_id: {payload!r}")
+    ledger().record("receipt", f"order-{order_id}", ctx)
+    return {"receipt_sent_for": order_id}
+
+
+@router.scheduled("nightly_reports")
+def nightly_reports(ctx: TaskContext) -> dict[str, int]:
+    """Fan out one report task per customer; a re-delivered run re-creates none."""
+    assert ctx.schedule_time is not None
+    night = ctx.schedule_time.date().isoformat()
+    items = [(customer, {"customer": customer, "night": night}) for customer in CUSTOMERS]
+    results = producer().fan_out(ctx, "send_report", items)
+    failed = [result for result in results if not result.ok]
+    if failed:
+        # Released: the Scheduler's retry fans out again, and names absorb what was created.
+        raise RuntimeError(
+            f"{len(failed)} of {len(results)} report tasks not created: {failed[0].error}"
+        )
+    return {"reports": len(results), "created": sum(result.created for result in results)}
+
+
+@router.task("send_report")
+def send_report(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Email one customer's nightly report."""
+    ledger().record("report", f"{payload['night']}/{payload['customer']}", ctx)
