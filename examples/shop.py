@@ -46,6 +46,7 @@ def nightly_reports(ctx: TaskContext) -> dict[str, int]:
     """Fan out one report task per customer; a re-delivered run re-creates none."""
     assert ctx.schedule_time is not None
     night = ctx.schedule_time.date().isoformat()
+    ledger().record("nightly_run", ctx.schedule_time.isoformat(), ctx)
     items = [(customer, {"customer": customer, "night": night}) for customer in CUSTOMERS]
     results = producer().fan_out(ctx, "send_report", items)
     failed = [result for result in results if not result.ok]

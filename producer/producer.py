@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from producer.cloud_tasks import CloudTasksTransport
@@ -285,7 +285,7 @@ class Producer:
 def _schedule_time(delay: timedelta | None, at: datetime | None) -> datetime | None:
     if delay is not None and at is not None:
         raise InvalidTask("give delay or at, not both")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     if delay is not None:
         if delay < timedelta(0):
             raise InvalidTask("delay must not be negative")
@@ -296,7 +296,7 @@ def _schedule_time(delay: timedelta | None, at: datetime | None) -> datetime | N
         raise InvalidTask("at must be timezone-aware (e.g. datetime.now(timezone.utc))")
     if at - now > MAX_SCHEDULE_AHEAD:
         raise InvalidTask(f"schedule time is more than {MAX_SCHEDULE_AHEAD.days} days ahead")
-    return at.astimezone(timezone.utc)
+    return at.astimezone(UTC)
 
 
 def _dispatch_deadline(deadline: timedelta | None) -> timedelta | None:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from worker.errors import StoreUnavailable
 from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
 from worker.stores.base import LeaseStore
 
-T0 = datetime(2026, 10, 16, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 10, 16, 12, 0, 0, tzinfo=UTC)
 
 
 class FakeClock:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -37,7 +37,7 @@ def test_task_identity_reads_every_cloud_tasks_header() -> None:
     )
     assert (identity.queue, identity.task_name) == ("default", "task-1")
     assert (identity.retry_count, identity.execution_count) == (3, 2)
-    assert identity.eta == datetime(2026, 10, 16, 12, 0, 0, 250000, tzinfo=timezone.utc)
+    assert identity.eta == datetime(2026, 10, 16, 12, 0, 0, 250000, tzinfo=UTC)
     assert (identity.previous_response, identity.retry_reason) == (500, "timeout")
 
 
@@ -118,7 +118,7 @@ def test_malformed_or_absurd_schedule_times_are_refused(value: str) -> None:
 
 def test_rfc3339_accepts_nanoseconds_and_lowercase_z() -> None:
     parsed = parse_rfc3339("2026-10-16t12:00:00.123456789z")
-    assert parsed == datetime(2026, 10, 16, 12, 0, 0, 123456, tzinfo=timezone.utc)
+    assert parsed == datetime(2026, 10, 16, 12, 0, 0, 123456, tzinfo=UTC)
 
 
 def test_identity_fields_keep_only_what_was_sent() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import flask
@@ -18,7 +18,7 @@ LEASE = timedelta(seconds=1.5)
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def context_for(store: Any, attempt: str = "attempt-1") -> TaskContext:

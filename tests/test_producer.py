@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -41,7 +41,7 @@ def make_producer(fake: FakeCloudTasks, **overrides: Any) -> Producer:
 
 def test_enqueue_sends_the_exact_create_task_request(cloud_tasks: FakeCloudTasks) -> None:
     producer = make_producer(cloud_tasks)
-    at = (datetime.now(timezone.utc) + timedelta(days=1)).replace(microsecond=500000)
+    at = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=500000)
     result = producer.enqueue(
         "send_receipt",
         {"order_id": 42},
@@ -72,7 +72,7 @@ def test_enqueue_sends_the_exact_create_task_request(cloud_tasks: FakeCloudTasks
 
 
 def test_delay_becomes_a_schedule_time(cloud_tasks: FakeCloudTasks) -> None:
-    before = datetime.now(timezone.utc)
+    before = datetime.now(UTC)
     make_producer(cloud_tasks).enqueue("t", {}, key="k", delay=timedelta(seconds=30))
     stamp = cloud_tasks.requests[0]["body"]["task"]["scheduleTime"]
     scheduled = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
@@ -170,7 +170,7 @@ def test_unreachable_endpoint_is_transient_and_gives_up() -> None:
         (lambda p: p.enqueue("t", {}, delay=timedelta(seconds=-1)), "negative"),
         (lambda p: p.enqueue("t", {}, at=datetime(2030, 1, 1)), "timezone-aware"),
         (
-            lambda p: p.enqueue("t", {}, delay=timedelta(1), at=datetime.now(timezone.utc)),
+            lambda p: p.enqueue("t", {}, delay=timedelta(1), at=datetime.now(UTC)),
             "not both",
         ),
         (lambda p: p.enqueue("t", {}, key=""), "non-empty"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import flask
@@ -108,11 +108,11 @@ def test_context_carries_the_delivery_and_the_claim(app: flask.Flask, shop: Shop
     assert (ctx.retry_count, ctx.execution_count, ctx.previous_response) == (2, 1, 503)
     assert ctx.retry_reason == "HTTP 503"
     assert ctx.project == "shop-prod"
-    assert ctx.eta == datetime.fromtimestamp(1_792_152_000.5, tz=timezone.utc)
+    assert ctx.eta == datetime.fromtimestamp(1_792_152_000.5, tz=UTC)
     assert (ctx.fencing_token, ctx.attempt) == (1, 1)
     assert len(ctx.run_id) == 64 and len(ctx.attempt_id) == 32
     assert ctx.idempotency_key.count("-") == 4  # UUID-shaped, for Google APIs' request_id.
-    assert ctx.lease_expires == datetime(2026, 10, 16, 12, 1, tzinfo=timezone.utc)
+    assert ctx.lease_expires == datetime(2026, 10, 16, 12, 1, tzinfo=UTC)
     assert json.loads(ctx.body) == {"order_id": 42}
     assert not ctx.lease_lost
 
@@ -341,7 +341,7 @@ def test_scheduled_run_executes_once_across_offsets_and_retries(
     assert shop.calls["nightly"] == 2
     ctx = shop.contexts[0]
     assert (ctx.kind, ctx.job_name) == ("scheduler", "nightly")
-    assert ctx.schedule_time == datetime(2026, 10, 16, 12, tzinfo=timezone.utc)
+    assert ctx.schedule_time == datetime(2026, 10, 16, 12, tzinfo=UTC)
 
 
 def test_scheduled_run_without_schedule_time_is_refused(app: flask.Flask, shop: Shop) -> None:

@@ -12,8 +12,8 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from enum import Enum
+from datetime import UTC, datetime
+from enum import StrEnum
 from typing import TypeVar
 
 from worker import constants as c
@@ -30,11 +30,11 @@ _LOCATION = re.compile(r"[a-z0-9-]{1,63}", re.ASCII)
 _RETRY_REASON = re.compile(r"[\x20-\x7e]{0,256}", re.ASCII)
 _MAX_COUNT = 10**9
 # ETA / schedule times outside this range are not something either service sends.
-_EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
-_LATEST = datetime(2200, 1, 1, tzinfo=timezone.utc)
+_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+_LATEST = datetime(2200, 1, 1, tzinfo=UTC)
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     """Which service delivered the request."""
 
     TASK = "task"
@@ -147,12 +147,12 @@ def parse_rfc3339(value: str) -> datetime | None:
         parsed = datetime.fromisoformat(text)
     except ValueError:
         return None
-    parsed = parsed.astimezone(timezone.utc)
+    parsed = parsed.astimezone(UTC)
     return parsed if _EARLIEST <= parsed < _LATEST else None
 
 
 def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _single(header: HeaderLookup, name: str) -> str | None:
@@ -221,7 +221,7 @@ def _epoch_seconds(value: str) -> datetime | None:
     if not math.isfinite(seconds):
         return None
     try:
-        moment = datetime.fromtimestamp(seconds, tz=timezone.utc)
+        moment = datetime.fromtimestamp(seconds, tz=UTC)
     except (OverflowError, OSError, ValueError):
         return None
     return moment if _EARLIEST <= moment < _LATEST else None

@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 EXECUTION_LOGGER = "tasklease.execution"
@@ -34,7 +34,7 @@ class CloudLoggingFormatter(logging.Formatter):
         entry: dict[str, Any] = {
             "severity": _SEVERITIES.get(record.levelno, "DEFAULT"),
             "message": record.getMessage(),
-            "time": datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(),
+            "time": datetime.fromtimestamp(record.created, tz=UTC).isoformat(),
             "logger": record.name,
         }
         entry.update(getattr(record, FIELDS_ATTRIBUTE, None) or {})

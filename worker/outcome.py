@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """Every way a request to the worker can end."""
 
     PROCESSED = "processed"  # 200: the handler ran and its completion was recorded.

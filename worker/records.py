@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class RunStatus(str, Enum):
+class RunStatus(StrEnum):
     """Where a run stands in the store."""
 
     IN_PROGRESS = "in_progress"
@@ -18,7 +18,7 @@ class RunStatus(str, Enum):
     RELEASED = "released"  # A retryable failure gave the claim back; the next delivery runs it.
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     """What an atomic claim decided for one delivery."""
 
     CLAIMED = "claimed"  # This delivery holds the lease and must run the handler.

@@ -8,10 +8,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+
+import requests
 
 from worker import constants as c
 
@@ -42,6 +43,7 @@ class GunicornWorker:
         port: int | None = None,
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
+        stream_logs: bool = False,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -63,6 +65,7 @@ class GunicornWorker:
             **(env or {}),
         }
         self._log_path = log_path
+        self._stream_logs = stream_logs  # Inherit stdout/stderr (``tasklease dev``).
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> GunicornWorker:
@@ -72,18 +75,23 @@ class GunicornWorker:
                     self._command, env=self._env, stdout=log, stderr=subprocess.STDOUT
                 )
         else:
+            quiet = None if self._stream_logs else subprocess.DEVNULL
             self._process = subprocess.Popen(
-                self._command, env=self._env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+                self._command,
+                env=self._env,
+                stdout=quiet,
+                stderr=None if self._stream_logs else subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise RuntimeError(f"gunicorn exited with {self._process.returncode}; see its log")
             try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1):
-                    return self
-            except OSError:
+                requests.get(f"{self.url}/healthz", timeout=1)
+            except requests.RequestException:
                 time.sleep(0.1)
+            else:
+                return self
         self.stop()
         raise RuntimeError(f"gunicorn did not answer on {self.url} within {timeout} s")
 

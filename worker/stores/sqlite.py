@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,7 +53,7 @@ _COLUMNS = (
     "run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires_us, "
     "expire_at_us, claimed_at_us, finished_at_us, identity, result, error, payload"
 )
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Only these constant column lists are interpolated into SQL; every value is a parameter.
 _SELECT = f"SELECT {_COLUMNS} FROM runs"  # noqa: S608
 _SELECT_ONE = f"{_SELECT} WHERE run_id = ?"

@@ -1,0 +1,365 @@
+"""The emulator's durable state: queues, tasks, name tombstones and the delivery log.
+
+One SQLite file, one connection behind a lock (the emulator is one process). A restarted
+emulator finds every queue, pending task and tombstone where it left them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS queues (
+    name TEXT PRIMARY KEY,
+    config TEXT NOT NULL,
+    created_us INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    name TEXT PRIMARY KEY,
+    queue TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    schedule_us INTEGER NOT NULL,
+    create_us INTEGER NOT NULL,
+    dispatch_count INTEGER NOT NULL DEFAULT 0,
+    response_count INTEGER NOT NULL DEFAULT 0,
+    first_attempt TEXT,
+    last_attempt TEXT,
+    first_attempt_us INTEGER,
+    previous_response INTEGER,
+    retry_reason TEXT,
+    in_flight INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS tasks_due ON tasks (queue, in_flight, schedule_us);
+CREATE TABLE IF NOT EXISTS tombstones (
+    name TEXT PRIMARY KEY,
+    at_us INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS deliveries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    queue TEXT,
+    name TEXT NOT NULL,
+    url TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    status INTEGER,
+    outcome TEXT,
+    fault TEXT,
+    error TEXT,
+    started_us INTEGER NOT NULL,
+    duration_ms REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """A pending task as stored. ``spec`` is the Task as created (protobuf JSON)."""
+
+    name: str
+    queue: str
+    spec: dict[str, Any]
+    schedule_us: int
+    create_us: int
+    dispatch_count: int
+    response_count: int
+    first_attempt: dict[str, Any] | None
+    last_attempt: dict[str, Any] | None
+    first_attempt_us: int | None
+    previous_response: int | None
+    retry_reason: str | None
+    in_flight: bool
+
+
+@dataclass(frozen=True)
+class DeliveryRecord:
+    """One HTTP request the emulator sent to a target, and how it ended."""
+
+    kind: str  # "task" or "scheduler"
+    queue: str | None
+    name: str
+    url: str
+    attempt: int
+    status: int | None  # None: no answer (deadline, connection error).
+    outcome: str | None  # The worker's X-Tasklease-Outcome, if it sent one.
+    fault: str | None  # "duplicate" or "lost_response" when injected.
+    error: str | None
+    started_us: int
+    duration_ms: float
+
+
+_TASK_COLUMNS = (
+    "name, queue, spec, schedule_us, create_us, dispatch_count, response_count, first_attempt, "
+    "last_attempt, first_attempt_us, previous_response, retry_reason, in_flight"
+)
+
+
+class EmulatorDB:
+    """All reads and writes of the emulator's state."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.RLock()
+        with self._lock:
+            self._connection.execute("PRAGMA journal_mode = WAL")
+            self._connection.execute("PRAGMA synchronous = NORMAL")  # Durable across crashes.
+            self._connection.executescript(_SCHEMA)
+            # Dispatches cut short by a stop are retried after the restart.
+            self._connection.execute("UPDATE tasks SET in_flight = 0 WHERE in_flight = 1")
+
+    def close(self) -> None:
+        with self._lock:
+            self._connection.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._connection
+            except BaseException:
+                self._connection.execute("ROLLBACK")
+                raise
+            self._connection.execute("COMMIT")
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._connection.execute(sql, params).fetchall()
+
+    # Queues.
+    def put_queue(self, name: str, config: dict[str, Any], now_us: int) -> None:
+        with self._lock:
+            self._connection.execute(
+                "INSERT INTO queues (name, config, created_us) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET config = excluded.config",
+                (name, json.dumps(config), now_us),
+            )
+
+    def get_queue(self, name: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT config FROM queues WHERE name = ?", (name,))
+        return json.loads(rows[0][0]) if rows else None
+
+    def all_queues(self) -> list[dict[str, Any]]:
+        return [json.loads(row[0]) for row in self._query("SELECT config FROM queues")]
+
+    def list_queues(self, parent: str) -> list[dict[str, Any]]:
+        rows = self._query(
+            "SELECT config FROM queues WHERE name LIKE ? ORDER BY name", (f"{parent}/queues/%",)
+        )
+        return [json.loads(row[0]) for row in rows]
+
+    def delete_queue(self, name: str, now_us: int) -> None:
+        with self.transaction() as connection:
+            self._tombstone_where(connection, "queue = ?", (name,), now_us)
+            connection.execute("DELETE FROM queues WHERE name = ?", (name,))
+
+    # Tasks.
+    def name_taken(self, name: str, since_us: int) -> bool:
+        """Whether ``name`` is a task now, or was one (executed or deleted) since ``since_us``."""
+        return bool(
+            self._query("SELECT 1 FROM tasks WHERE name = ?", (name,))
+            or self._query(
+                "SELECT 1 FROM tombstones WHERE name = ? AND at_us >= ?", (name, since_us)
+            )
+        )
+
+    def insert_task(self, row: TaskRow) -> None:
+        with self._lock:
+            self._connection.execute(
+                f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES ({', '.join('?' * 13)})",  # noqa: S608
+                _encode(row),
+            )
+
+    def get_task(self, name: str) -> TaskRow | None:
+        rows = self._query(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE name = ?", (name,))  # noqa: S608
+        return _decode(rows[0]) if rows else None
+
+    def list_tasks(self, queue: str, limit: int, offset: int) -> list[TaskRow]:
+        rows = self._query(
+            f"SELECT {_TASK_COLUMNS} FROM tasks WHERE queue = ? "  # noqa: S608
+            "ORDER BY schedule_us, name LIMIT ? OFFSET ?",
+            (queue, limit, offset),
+        )
+        return [_decode(row) for row in rows]
+
+    def count_tasks(self, queue: str | None = None) -> int:
+        if queue is None:
+            return int(self._query("SELECT COUNT(*) FROM tasks")[0][0])
+        return int(self._query("SELECT COUNT(*) FROM tasks WHERE queue = ?", (queue,))[0][0])
+
+    def due_tasks(self, queue: str, now_us: int, limit: int) -> list[str]:
+        rows = self._query(
+            "SELECT name FROM tasks WHERE queue = ? AND in_flight = 0 AND schedule_us <= ? "
+            "ORDER BY schedule_us LIMIT ?",
+            (queue, now_us, limit),
+        )
+        return [row[0] for row in rows]
+
+    def next_schedule(self, queue: str) -> int | None:
+        rows = self._query(
+            "SELECT MIN(schedule_us) FROM tasks WHERE queue = ? AND in_flight = 0", (queue,)
+        )
+        upcoming: int | None = rows[0][0]
+        return upcoming
+
+    def claim_for_dispatch(self, name: str) -> TaskRow | None:
+        """Mark a task in flight; None if it is gone or already in flight."""
+        with self.transaction() as connection:
+            row = connection.execute(
+                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE name = ? AND in_flight = 0",  # noqa: S608
+                (name,),
+            ).fetchone()
+            if row is None:
+                return None
+            connection.execute("UPDATE tasks SET in_flight = 1 WHERE name = ?", (name,))
+            return _decode(row)
+
+    def finish_attempt(
+        self,
+        name: str,
+        *,
+        delete: bool,
+        now_us: int,
+        schedule_us: int,
+        responded: bool,
+        attempt: dict[str, Any],
+        previous_response: int | None,
+        retry_reason: str | None,
+    ) -> None:
+        """Record one dispatch: the task is deleted (tombstoned) or rescheduled."""
+        with self.transaction() as connection:
+            if delete:
+                self._tombstone_where(connection, "name = ?", (name,), now_us)
+                return
+            connection.execute(
+                "UPDATE tasks SET in_flight = 0, schedule_us = ?, "
+                "dispatch_count = dispatch_count + 1, response_count = response_count + ?, "
+                "last_attempt = ?, "
+                "first_attempt = COALESCE(first_attempt, ?), "
+                "first_attempt_us = COALESCE(first_attempt_us, ?), previous_response = ?, "
+                "retry_reason = ? WHERE name = ?",
+                (
+                    schedule_us,
+                    int(responded),
+                    json.dumps(attempt),
+                    json.dumps(attempt),
+                    now_us,
+                    previous_response,
+                    retry_reason,
+                    name,
+                ),
+            )
+
+    def delete_task(self, name: str, now_us: int) -> bool:
+        with self.transaction() as connection:
+            found = connection.execute("SELECT 1 FROM tasks WHERE name = ?", (name,)).fetchone()
+            if found:
+                self._tombstone_where(connection, "name = ?", (name,), now_us)
+            return bool(found)
+
+    def purge_queue(self, queue: str, now_us: int) -> None:
+        with self.transaction() as connection:
+            self._tombstone_where(connection, "queue = ? AND in_flight = 0", (queue,), now_us)
+
+    def forget_tombstones(self, before_us: int) -> None:
+        with self._lock:
+            self._connection.execute("DELETE FROM tombstones WHERE at_us < ?", (before_us,))
+
+    @staticmethod
+    def _tombstone_where(
+        connection: sqlite3.Connection, where: str, params: tuple[Any, ...], now_us: int
+    ) -> None:
+        insert = f"INSERT OR REPLACE INTO tombstones (name, at_us) SELECT name, ? FROM tasks WHERE {where}"  # noqa: S608, E501 - ``where`` is one of this module's constants.
+        connection.execute(insert, (now_us, *params))
+        connection.execute(f"DELETE FROM tasks WHERE {where}", params)  # noqa: S608
+
+    # Deliveries.
+    def log_delivery(self, record: DeliveryRecord) -> None:
+        with self._lock:
+            self._connection.execute(
+                "INSERT INTO deliveries (kind, queue, name, url, attempt, status, outcome, fault, "
+                "error, started_us, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.kind,
+                    record.queue,
+                    record.name,
+                    record.url,
+                    record.attempt,
+                    record.status,
+                    record.outcome,
+                    record.fault,
+                    record.error,
+                    record.started_us,
+                    record.duration_ms,
+                ),
+            )
+
+    def deliveries(self, queue: str | None = None) -> list[DeliveryRecord]:
+        sql = (
+            "SELECT kind, queue, name, url, attempt, status, outcome, fault, error, started_us, "
+            "duration_ms FROM deliveries"
+        )
+        rows = (
+            self._query(sql + " WHERE queue = ? ORDER BY id", (queue,))
+            if queue
+            else self._query(sql + " ORDER BY id")
+        )
+        return [DeliveryRecord(*row) for row in rows]
+
+
+def _encode(row: TaskRow) -> tuple[Any, ...]:
+    return (
+        row.name,
+        row.queue,
+        json.dumps(row.spec),
+        row.schedule_us,
+        row.create_us,
+        row.dispatch_count,
+        row.response_count,
+        json.dumps(row.first_attempt) if row.first_attempt else None,
+        json.dumps(row.last_attempt) if row.last_attempt else None,
+        row.first_attempt_us,
+        row.previous_response,
+        row.retry_reason,
+        int(row.in_flight),
+    )
+
+
+def _decode(row: tuple[Any, ...]) -> TaskRow:
+    (
+        name,
+        queue,
+        spec,
+        schedule_us,
+        create_us,
+        dispatch_count,
+        response_count,
+        first_attempt,
+        last_attempt,
+        first_attempt_us,
+        previous_response,
+        retry_reason,
+        in_flight,
+    ) = row
+    return TaskRow(
+        name=name,
+        queue=queue,
+        spec=json.loads(spec),
+        schedule_us=schedule_us,
+        create_us=create_us,
+        dispatch_count=dispatch_count,
+        response_count=response_count,
+        first_attempt=json.loads(first_attempt) if first_attempt else None,
+        last_attempt=json.loads(last_attempt) if last_attempt else None,
+        first_attempt_us=first_attempt_us,
+        previous_response=previous_response,
+        retry_reason=retry_reason,
+        in_flight=bool(in_flight),
+    )

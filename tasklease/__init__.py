@@ -1,0 +1,3 @@
+"""The ``tasklease`` command: the demo, the local emulator, the dev stack."""
+
+__all__: list[str] = []

@@ -1,0 +1,166 @@
+"""The ``tasklease`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import requests
+
+from worker.logs import configure_logging
+
+DEFAULT_EMULATOR_PORT = 8123
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tasklease", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="run the example shop end to end, faults injected")
+    demo.add_argument("--orders", type=int, default=200)
+    demo.add_argument("--customers", type=int, default=25)
+    demo.add_argument("--duplicate-probability", type=float, default=0.2)
+    demo.add_argument("--lost-response-probability", type=float, default=0.2)
+    demo.add_argument("--seed", type=int, default=None)
+    demo.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
+
+    emulator = commands.add_parser("emulator", help="serve the local Cloud Tasks emulator")
+    _emulator_options(emulator, port=DEFAULT_EMULATOR_PORT)
+
+    scheduler = commands.add_parser("scheduler", help="drive the emulator's Cloud Scheduler")
+    scheduler_commands = scheduler.add_subparsers(dest="scheduler_command", required=True)
+    run = scheduler_commands.add_parser("run", help="run a job now, like gcloud scheduler jobs run")
+    run.add_argument("job")
+    run.add_argument("--emulator", default=f"http://127.0.0.1:{DEFAULT_EMULATOR_PORT}")
+
+    dev = commands.add_parser("dev", help="emulator + scheduler + a gunicorn worker, foreground")
+    dev.add_argument("router", help="module:attribute of your worker.Router")
+    dev.add_argument("--worker-port", type=int, default=8080)
+    dev.add_argument("--workers", type=int, default=2)
+    dev.add_argument("--store", default="sqlite:///.tasklease/runs.db")
+    dev.add_argument("--project", default="dev-project")
+    dev.add_argument("--location", default="us-central1")
+    dev.add_argument("--queue", default="default")
+    dev.add_argument("--service-account", default="tasks@dev-project.iam.gserviceaccount.com")
+    _emulator_options(dev, port=DEFAULT_EMULATOR_PORT)
+
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from tasklease.demo import DemoSettings, run_demo  # noqa: PLC0415 - heavy imports.
+
+        return run_demo(
+            DemoSettings(
+                args.orders,
+                args.customers,
+                args.duplicate_probability,
+                args.lost_response_probability,
+                args.seed,
+                args.workers,
+            )
+        )
+    if args.command == "scheduler":
+        response = requests.post(
+            f"{args.emulator}/emulator/scheduler/jobs/{args.job}:run", timeout=10
+        )
+        print(response.text.strip())
+        return 0 if response.ok else 1
+    configure_logging()
+    if args.command == "emulator":
+        return _serve(args, worker=None)
+    return _serve(args, worker=args)
+
+
+def _emulator_options(parser: argparse.ArgumentParser, port: int) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--data-dir", type=Path, default=Path(".tasklease/emulator"))
+    parser.add_argument(
+        "--dedup-window",
+        type=float,
+        default=3600.0,
+        help="seconds a task name stays taken after the task ran or was deleted",
+    )
+    parser.add_argument("--duplicate-probability", type=float, default=0.0)
+    parser.add_argument("--lost-response-probability", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--scheduler-config", type=Path, default=None, help="TOML file of [[job]] tables"
+    )
+
+
+def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
+    from emulator import CloudTasksEmulator, Faults, load_jobs  # noqa: PLC0415
+    from worker.serve import GunicornWorker  # noqa: PLC0415
+
+    jobs = load_jobs(args.scheduler_config) if args.scheduler_config else []
+    faults = Faults(args.duplicate_probability, args.lost_response_probability, args.seed)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    log = logging.getLogger("tasklease.cli")
+    with CloudTasksEmulator(
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.port,
+        dedup_window=args.dedup_window,
+        faults=faults,
+        jobs=jobs,
+    ) as emulator:
+        log.info("Cloud Tasks emulator on %s (OIDC keys: %s)", emulator.url, emulator.certs_url)
+        if worker is None:
+            return _wait(stop)
+        queue = f"projects/{worker.project}/locations/{worker.location}/queues/{worker.queue}"
+        if emulator.db.get_queue(queue) is None:
+            emulator.create_queue(queue)
+        worker_url = f"http://127.0.0.1:{worker.worker_port}"
+        env = {
+            "TASKLEASE_PROJECT": worker.project,
+            "TASKLEASE_LOCATION": worker.location,
+            "TASKLEASE_QUEUE": worker.queue,
+            "TASKLEASE_WORKER_URL": worker_url,
+            "TASKLEASE_SERVICE_ACCOUNT": worker.service_account,
+            "TASKLEASE_TASKS_ENDPOINT": emulator.url,
+            "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS": worker.service_account,
+            "TASKLEASE_OIDC_CERTS_URL": emulator.certs_url,
+        }
+        with GunicornWorker(
+            worker.router,
+            store=worker.store,
+            auth="oidc",
+            workers=worker.workers,
+            port=worker.worker_port,
+            env={**os.environ, **env},
+            log_path=None,
+            stream_logs=True,
+        ):
+            log.info("worker for %s on %s; queue %s", worker.router, worker_url, queue)
+            print(
+                "\nEnqueue from another shell with:\n"
+                + "".join(
+                    f"  export {name}={value}\n"
+                    for name, value in env.items()
+                    if name.startswith("TASKLEASE_")
+                    and "ALLOWED" not in name
+                    and "CERTS" not in name
+                ),
+                flush=True,
+            )
+            return _wait(stop)
+
+
+def _wait(stop: threading.Event) -> int:
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

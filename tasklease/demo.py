@@ -1,0 +1,241 @@
+"""``tasklease demo``: the example shop end to end on one machine, with faults injected.
+
+Orders enqueue receipt tasks keyed by order id (some orders twice); a nightly Cloud
+Scheduler job fans out one report task per customer, and its run is delivered twice. The
+emulator duplicates deliveries and drops responses at random. At the end every side effect
+must have happened exactly once; the exit status says whether it did.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from emulator import CloudTasksEmulator, Faults, Job, RetrySettings
+from producer import Producer
+from worker.serve import GunicornWorker, free_port
+
+# The demo serves the example shop from the source checkout this package lives in.
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+if not (SOURCE_ROOT / "examples" / "shop.py").exists():
+    raise ImportError("tasklease demo runs from a source checkout (it serves examples/shop.py)")
+if str(SOURCE_ROOT) not in sys.path:
+    sys.path.insert(0, str(SOURCE_ROOT))
+
+from examples.ledger import Ledger  # noqa: E402
+
+PROJECT, LOCATION, QUEUE = "demo-project", "us-central1", "default"
+SERVICE_ACCOUNT = "tasks@demo-project.iam.gserviceaccount.com"
+QUEUE_PATH = f"projects/{PROJECT}/locations/{LOCATION}/queues/{QUEUE}"
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    orders: int = 200
+    customers: int = 25
+    duplicate: float = 0.2
+    lost_response: float = 0.2
+    seed: int | None = None
+    workers: int = 2
+
+
+def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
+    """Run the demo; return 0 if every side effect happened exactly once, else 1."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tasklease-demo-") as tmp:
+        workdir = Path(tmp)
+        port = free_port()
+        worker_url = f"http://127.0.0.1:{port}"
+        nightly = Job(
+            name="nightly_reports",
+            schedule="0 3 * * *",
+            url=f"{worker_url}/jobs/nightly_reports",
+            service_account=SERVICE_ACCOUNT,
+            retry=RetrySettings(max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3),
+        )
+        faults = Faults(settings.duplicate, settings.lost_response, settings.seed)
+        say(
+            out,
+            f"starting the Cloud Tasks + Scheduler emulator (faults: {settings.duplicate:.0%} "
+            f"duplicate deliveries, {settings.lost_response:.0%} lost responses)",
+        )
+        with CloudTasksEmulator(
+            data_dir=workdir / "emulator",
+            faults=faults,
+            jobs=[nightly],
+            scheduler_on_schedule=False,
+        ) as emulator:
+            emulator.create_queue(
+                QUEUE_PATH,
+                retryConfig={
+                    "maxAttempts": 20,
+                    "minBackoff": "0.1s",
+                    "maxBackoff": "2s",
+                    "maxDoublings": 4,
+                },
+                rateLimits={"maxDispatchesPerSecond": 500, "maxConcurrentDispatches": 32},
+            )
+            producer_env = {
+                "TASKLEASE_PROJECT": PROJECT,
+                "TASKLEASE_LOCATION": LOCATION,
+                "TASKLEASE_QUEUE": QUEUE,
+                "TASKLEASE_WORKER_URL": worker_url,
+                "TASKLEASE_SERVICE_ACCOUNT": SERVICE_ACCOUNT,
+                "TASKLEASE_TASKS_ENDPOINT": emulator.url,
+            }
+            worker_env = {
+                **producer_env,
+                "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS": SERVICE_ACCOUNT,
+                "TASKLEASE_OIDC_CERTS_URL": emulator.certs_url,
+                "SHOP_LEDGER": str(workdir / "ledger.db"),
+                "SHOP_CUSTOMERS": str(settings.customers),
+                "PYTHONPATH": str(SOURCE_ROOT),
+            }
+            say(
+                out,
+                f"starting the worker: gunicorn, {settings.workers} processes, SQLite "
+                "store, OIDC verification on",
+            )
+            worker = GunicornWorker(
+                "examples.shop:router",
+                store=f"sqlite:///{workdir}/runs.db",
+                auth="oidc",
+                workers=settings.workers,
+                port=port,
+                env=worker_env,
+                log_path=workdir / "worker.log",
+            )
+            with worker, _Progress(emulator, Ledger(workdir / "ledger.db"), out):
+                producer = Producer.from_env(producer_env)
+                say(out, f"placing {settings.orders} orders (every third one enqueued twice)")
+                receipts = []
+                for order in range(1, settings.orders + 1):
+                    copies = 2 if order % 3 == 0 else 1
+                    for _ in range(copies):
+                        receipts.append(
+                            producer.enqueue(
+                                "send_receipt", {"order_id": order}, key=f"order-{order}"
+                            )
+                        )
+                say(out, "Cloud Scheduler fires nightly_reports, and delivers that run twice")
+                first = emulator.scheduler.run_job("nightly_reports")
+                emulator.scheduler.run_job("nightly_reports")
+                emulator.scheduler.join(timeout=60)
+                emulator.join(QUEUE_PATH, timeout=120)
+                run_ok = first.result()
+            report = _Report.build(settings, receipts, emulator, Ledger(workdir / "ledger.db"))
+        report.print(out, time.monotonic() - started, run_ok)
+        return 0 if report.exactly_once and run_ok else 1
+
+
+@dataclass
+class _Report:
+    tasks_enqueued: int
+    enqueue_duplicates: int
+    deliveries: int
+    injected_duplicates: int
+    injected_lost: int
+    absorbed: int
+    executions: dict[str, Counter[str]]
+    missing: dict[str, int]
+
+    @classmethod
+    def build(
+        cls, settings: DemoSettings, receipts: list, emulator: CloudTasksEmulator, ledger: Ledger
+    ) -> _Report:  # type: ignore[type-arg]
+        deliveries = emulator.deliveries()
+        task_names = {d.name for d in deliveries if d.kind == "task"}
+        counts = ledger.counts()
+        executions: dict[str, Counter[str]] = {}
+        for key, count in counts.items():
+            kind, _, item = key.partition(":")
+            executions.setdefault(kind, Counter())[item] = count
+        expected = {"receipt": settings.orders, "report": settings.customers, "nightly_run": 1}
+        missing = {
+            kind: number - len(executions.get(kind, {})) for kind, number in expected.items()
+        }
+        return cls(
+            tasks_enqueued=len(task_names),
+            enqueue_duplicates=sum(not r.created for r in receipts),
+            deliveries=len(deliveries),
+            injected_duplicates=sum(d.fault == "duplicate" for d in deliveries),
+            injected_lost=sum(d.fault == "lost_response" for d in deliveries),
+            absorbed=sum(d.outcome in ("duplicate", "in_progress") for d in deliveries),
+            executions=executions,
+            missing=missing,
+        )
+
+    @property
+    def exactly_once(self) -> bool:
+        counts = [n for kind in self.executions.values() for n in kind.values()]
+        return not any(self.missing.values()) and all(n == 1 for n in counts)
+
+    def print(self, out: TextIO, seconds: float, run_ok: bool) -> None:
+        rows = [
+            ("tasks enqueued (distinct task names)", str(self.tasks_enqueued)),
+            ("enqueue duplicates absorbed by task names", str(self.enqueue_duplicates)),
+            ("deliveries (HTTP requests to the worker)", str(self.deliveries)),
+            ("  injected: duplicate deliveries", str(self.injected_duplicates)),
+            ("  injected: lost responses (then retried)", str(self.injected_lost)),
+            ("duplicate deliveries absorbed by the worker", str(self.absorbed)),
+        ]
+        labels = {
+            "receipt": "receipts sent, per order",
+            "report": "reports sent, per customer",
+            "nightly_run": "nightly fan-outs, per scheduled run",
+        }
+        for kind, label in labels.items():
+            counts = self.executions.get(kind, Counter())
+            spread = f"{min(counts.values())}..{max(counts.values())}" if counts else "-"
+            missing = f", {self.missing[kind]} never ran" if self.missing[kind] else ""
+            rows.append((f"executions: {label}", f"{len(counts)} x {spread}{missing}"))
+        width = max(len(label) for label, _ in rows)
+        print("", file=out)
+        for label, value in rows:
+            print(f"  {label:<{width}}  {value}", file=out)
+        verdict = (
+            "every side effect happened exactly once"
+            if self.exactly_once and run_ok
+            else ("FAILED: some side effect happened twice or never")
+        )
+        print(f"\n{verdict} ({seconds:.1f} s)", file=out)
+
+
+class _Progress:
+    """Prints a progress line about once a second while the demo runs."""
+
+    def __init__(self, emulator: CloudTasksEmulator, ledger: Ledger, out: TextIO) -> None:
+        self._emulator, self._ledger, self._out = emulator, ledger, out
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Progress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                side_effects = sum(self._ledger.counts().values())
+            except Exception:
+                side_effects = 0
+            say(
+                self._out,
+                f"  ... {len(self._emulator.deliveries())} deliveries, "
+                f"{self._emulator.db.count_tasks()} tasks queued, "
+                f"{side_effects} side effects",
+            )
+
+
+def say(out: TextIO, message: str) -> None:
+    print(message, file=out, flush=True)
