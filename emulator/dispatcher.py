@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from emulator import model
@@ -23,7 +23,6 @@ _log = logging.getLogger("tasklease.emulator")
 class _QueueState:
     bucket: TokenBucket
     in_flight: int = 0
-    gave_up: list[str] = field(default_factory=list)
 
 
 class Dispatcher:
@@ -78,6 +77,12 @@ class Dispatcher:
                 state = self._states.get(queue)
                 return state.in_flight if state else 0
             return sum(state.in_flight for state in self._states.values())
+
+    def rate(self, queue: str) -> float:
+        """The queue's dispatch rate now: its maximum, lowered after 429/503 answers."""
+        with self._lock:
+            state = self._states.get(queue)
+            return state.bucket.effective_rate if state else 0.0
 
     def run_now(self, name: str) -> bool:
         """RunTask: dispatch now, whatever the schedule or queue state. False if in flight."""

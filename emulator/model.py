@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -97,7 +98,10 @@ def parse_queue(name: str, body: dict[str, Any] | None) -> dict[str, Any]:
         config.setdefault(section, {}).update({k: v for k, v in sent.items() if v in (0, "0s")})
     rate = config.setdefault("rateLimits", {})
     rate.setdefault("maxDispatchesPerSecond", DEFAULT_RATE)
-    rate["maxBurstSize"] = DEFAULT_BURST  # Output only.
+    # Output only; Cloud Tasks derives it from the rate. Here: one second's worth, at most 100.
+    rate["maxBurstSize"] = max(
+        1, min(DEFAULT_BURST, math.ceil(float(rate["maxDispatchesPerSecond"])))
+    )
     rate.setdefault("maxConcurrentDispatches", DEFAULT_CONCURRENCY)
     retry = config.setdefault("retryConfig", {})
     defaults = RetrySettings()

@@ -72,7 +72,7 @@ class CloudTasksEmulator:
 
     def start(self) -> CloudTasksEmulator:
         self._serving = threading.Thread(
-            target=self._server.serve_forever, name="emulator-http", daemon=True
+            target=self._server.serve_forever, args=(0.05,), name="emulator-http", daemon=True
         )
         self._serving.start()
         self.dispatcher.start()

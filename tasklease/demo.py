@@ -45,8 +45,9 @@ class DemoSettings:
     workers: int = 2
 
 
-def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
+def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
     """Run the demo; return 0 if every side effect happened exactly once, else 1."""
+    out = out or sys.stdout
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tasklease-demo-") as tmp:
         workdir = Path(tmp)

@@ -36,8 +36,9 @@ class FakeCloudTasks:
     def _create(self, request: Request) -> Response:
         body = request.get_json()
         with self._lock:
-            self.requests.append({"path": request.path, "query": request.query_string.decode(),
-                                  "body": body})  # fmt: skip
+            self.requests.append(
+                {"path": request.path, "query": request.query_string.decode(), "body": body}
+            )
             task = body["task"]
             if self.failures:
                 status, grpc_status, create_anyway = self.failures.popleft()

@@ -25,14 +25,22 @@ def test_twenty_concurrent_deliveries_of_one_task_run_the_handler_once(tmp_path:
     with server, ThreadPoolExecutor(20) as pool:
 
         def deliver(attempt: int) -> requests.Response:
-            return requests.post(f"{server.url}/tasks/slow_receipt", json={"order_id": 7},
-                                 headers=task_headers(retry=attempt), timeout=30)  # fmt: skip
+            return requests.post(
+                f"{server.url}/tasks/slow_receipt",
+                json={"order_id": 7},
+                headers=task_headers(retry=attempt),
+                timeout=30,
+            )
 
         responses = list(pool.map(deliver, range(20)))
         outcomes = Counter(r.headers["X-Tasklease-Outcome"] for r in responses)
         # Once it has completed, every later delivery is a duplicate.
-        late = requests.post(f"{server.url}/tasks/slow_receipt", json={"order_id": 7},
-                             headers=task_headers(), timeout=30)  # fmt: skip
+        late = requests.post(
+            f"{server.url}/tasks/slow_receipt",
+            json={"order_id": 7},
+            headers=task_headers(),
+            timeout=30,
+        )
     assert outcomes["processed"] == 1
     assert outcomes["processed"] + outcomes["in_progress"] + outcomes["duplicate"] == 20
     assert {r.status_code for r in responses} <= {200, 409}

@@ -108,9 +108,17 @@ def test_a_repeated_header_with_one_value_is_accepted() -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["", "yesterday", "2026-10-16", "2026-10-16T12:00:00", "1900-01-01T00:00:00Z",
-     "9999-12-31T23:59:59Z", "2026-13-01T00:00:00Z", "２０２６-10-16T12:00:00Z"],
-)  # fmt: skip
+    [
+        "",
+        "yesterday",
+        "2026-10-16",
+        "2026-10-16T12:00:00",
+        "1900-01-01T00:00:00Z",
+        "9999-12-31T23:59:59Z",
+        "2026-13-01T00:00:00Z",
+        "２０２６-10-16T12:00:00Z",
+    ],
+)
 def test_malformed_or_absurd_schedule_times_are_refused(value: str) -> None:
     with pytest.raises(InvalidDelivery, match="ScheduleTime"):
         parse_job(job_headers(schedule_time=value))

@@ -23,8 +23,15 @@ def now() -> datetime:
 
 def context_for(store: Any, attempt: str = "attempt-1") -> TaskContext:
     record = store.claim(claim_request(attempt_id=attempt, lease=LEASE), now()).record
-    return TaskContext(kind="task", handler="h", run_id=record.run_id, attempt_id=attempt,
-                       fencing_token=1, attempt=1, lease_expires=record.lease_expires)  # fmt: skip
+    return TaskContext(
+        kind="task",
+        handler="h",
+        run_id=record.run_id,
+        attempt_id=attempt,
+        fencing_token=1,
+        attempt=1,
+        lease_expires=record.lease_expires,
+    )
 
 
 def wait_for(condition: Any, seconds: float = 10.0) -> bool:

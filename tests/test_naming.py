@@ -34,8 +34,12 @@ def test_distinct_pairs_never_share_an_id(pairs: list[tuple[str, str]]) -> None:
 
 
 def test_no_collisions_on_a_large_sample_of_similar_keys() -> None:
-    ids = {task_id(name, f"{sep}{n}") for name in ("a", "a-", "a_b")
-           for sep in ("", "-", "_", "/") for n in range(25_000)}  # fmt: skip
+    ids = {
+        task_id(name, f"{sep}{n}")
+        for name in ("a", "a-", "a_b")
+        for sep in ("", "-", "_", "/")
+        for n in range(25_000)
+    }
     assert len(ids) == 3 * 4 * 25_000
 
 

@@ -52,9 +52,15 @@ def grpc_tasks() -> Iterator[tuple[FakeGrpcCloudTasks, int]]:
 def grpc_producer(port: int) -> Producer:
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     client = tasks_v2.CloudTasksClient(transport=CloudTasksGrpcTransport(channel=channel))
-    return Producer("p", "l", "q", "https://w.example", "sa@p.iam.gserviceaccount.com",
-                    transport=CloudTasksTransport(client=client),
-                    retry=RetryPolicy(max_attempts=3, initial=0.001, maximum=0.001))  # fmt: skip
+    return Producer(
+        "p",
+        "l",
+        "q",
+        "https://w.example",
+        "sa@p.iam.gserviceaccount.com",
+        transport=CloudTasksTransport(client=client),
+        retry=RetryPolicy(max_attempts=3, initial=0.001, maximum=0.001),
+    )
 
 
 def test_grpc_already_exists_is_a_duplicate(grpc_tasks: tuple[FakeGrpcCloudTasks, int]) -> None:

@@ -62,11 +62,17 @@ def app(shop: Shop, store: SwitchableStore, clock: FakeClock) -> flask.Flask:
     return create_app(shop.router, store=store, auth="none", clock=clock)
 
 
-def deliver(app: flask.Flask, headers: dict[str, str] | None = None, body: Any = None,
-            path: str = "/tasks/send_receipt", raw: bytes | None = None) -> Any:  # fmt: skip
+def deliver(
+    app: flask.Flask,
+    headers: dict[str, str] | None = None,
+    body: Any = None,
+    path: str = "/tasks/send_receipt",
+    raw: bytes | None = None,
+) -> Any:
     data = raw if raw is not None else json.dumps({"order_id": 42} if body is None else body)
-    return app.test_client().post(path, headers=task_headers() if headers is None else headers,
-                                  data=data)  # fmt: skip
+    return app.test_client().post(
+        path, headers=task_headers() if headers is None else headers, data=data
+    )
 
 
 def run_id_of(

@@ -1,0 +1,104 @@
+"""The local Cloud Scheduler."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from werkzeug import Response
+
+from emulator import CloudTasksEmulator, Job, RetrySettings, load_jobs
+from emulator.scheduler import parse_job
+from tests.emulator_target import Target
+from worker.identity import parse_rfc3339
+
+SA = "scheduler@p.iam.gserviceaccount.com"
+
+
+def job(url: str, **changes: object) -> Job:
+    fields: dict[str, object] = {"name": "nightly", "schedule": "0 3 * * *", "url": url}
+    fields.update(changes)
+    return Job(**fields)  # type: ignore[arg-type]
+
+
+def test_manual_run_sends_the_scheduler_headers_with_the_next_scheduled_time(
+    target: tuple[Target, str],
+) -> None:
+    recorder, url = target
+    with CloudTasksEmulator(
+        jobs=[job(url, service_account=SA)], scheduler_on_schedule=False
+    ) as emulator:
+        assert emulator.scheduler.run_job("nightly").result(timeout=10)
+    [hit] = recorder.hits
+    assert hit.headers["X-Cloudscheduler"] == "true"
+    assert hit.headers["X-Cloudscheduler-Jobname"] == "nightly"
+    when = parse_rfc3339(hit.headers["X-Cloudscheduler-Scheduletime"])
+    assert when is not None and (when.hour, when.minute, when.second) == (3, 0, 0)
+    assert when > datetime.now(UTC)  # gcloud's manual run uses the next time.
+    assert hit.headers["Authorization"].startswith("Bearer ")
+
+
+def test_a_failed_run_is_retried_with_the_same_schedule_time(target: tuple[Target, str]) -> None:
+    recorder, url = target
+    recorder.answer = lambda n: Response("no", status=500) if n < 3 else Response("ok")
+    retry = RetrySettings(max_attempts=4, min_backoff=0.01, max_backoff=0.05, max_doublings=2)
+    with CloudTasksEmulator(jobs=[job(url, retry=retry)], scheduler_on_schedule=False) as emulator:
+        assert emulator.scheduler.run_job("nightly").result(timeout=10)
+        deliveries = emulator.deliveries()
+    assert len(recorder.hits) == 3
+    assert len({h.headers["X-Cloudscheduler-Scheduletime"] for h in recorder.hits}) == 1
+    assert [d.status for d in deliveries] == [500, 500, 200]
+
+
+def test_retries_stop_at_the_retry_count(target: tuple[Target, str]) -> None:
+    recorder, url = target
+    recorder.answer = lambda n: Response("no", status=503)
+    retry = RetrySettings(max_attempts=2, min_backoff=0.01, max_backoff=0.01)
+    with CloudTasksEmulator(jobs=[job(url, retry=retry)], scheduler_on_schedule=False) as emulator:
+        assert not emulator.scheduler.run_job("nightly").result(timeout=10)
+    assert len(recorder.hits) == 2
+
+
+def test_jobs_fire_on_their_cron_schedule(target: tuple[Target, str]) -> None:
+    recorder, url = target
+    with CloudTasksEmulator(jobs=[job(url, schedule="* * * * * */1")]) as emulator:
+        time.sleep(2.5)  # croniter's sixth field is seconds: this job fires every second.
+        emulator.scheduler.stop()
+    times = [h.headers["X-Cloudscheduler-Scheduletime"] for h in recorder.hits]
+    assert len(times) >= 2
+    assert len(set(times)) == len(times)
+
+
+def test_jobs_load_from_toml_with_validation(tmp_path: Path) -> None:
+    config = tmp_path / "jobs.toml"
+    config.write_text(
+        '[[job]]\nname = "nightly"\nschedule = "0 3 * * *"\ntime_zone = "Europe/Rome"\n'
+        'url = "http://127.0.0.1:8080/jobs/nightly"\n'
+        'service_account = "s@p.iam.gserviceaccount.com"\n'
+        "[job.retry]\nretry_count = 3\nmin_backoff = 1\n"
+    )
+    [loaded] = load_jobs(config)
+    assert loaded.retry.max_attempts == 4
+    assert loaded.next_time(datetime(2026, 7, 1, tzinfo=UTC)).hour == 1  # 03:00 CEST.
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"name": "j", "url": "http://x"}, "missing"),
+        ({"name": "j", "schedule": "every 5 minutes", "url": "http://x"}, "unix-cron"),
+        (
+            {"name": "j", "schedule": "* * * * *", "url": "http://x", "attempt_deadline": 5},
+            "15 to 1800",
+        ),
+        (
+            {"name": "j", "schedule": "* * * * *", "url": "http://x", "retry": {"retry_count": 9}},
+            "0 to 5",
+        ),
+    ],
+)
+def test_invalid_jobs_are_refused(entry: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_job(entry)
