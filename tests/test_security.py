@@ -1,0 +1,389 @@
+"""Authentication by default, and hostile or broken requests that change nothing.
+
+Tokens are real RS256 ID tokens signed with a test key; the worker verifies them through
+google-auth's own code, fetching the public keys from a local server.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+import flask
+import pytest
+from google.auth import jwt
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pytest_httpserver import HTTPServer
+
+from emulator.oidc import TokenIssuer
+from tests.helpers import job_headers, task_headers
+from worker import ConfigurationError, OidcAuth, Router, TaskContext, create_app
+from worker.stores import MemoryStore
+
+SA = "tasks@p.iam.gserviceaccount.com"
+OTHER_SA = "intruder@p.iam.gserviceaccount.com"
+AUDIENCE = "http://localhost/tasks/send_receipt"
+
+
+class Keys:
+    """A signing key whose certificate a local server publishes, Google-style."""
+
+    def __init__(self, server: HTTPServer) -> None:
+        self.issuer = TokenIssuer()
+        self.server = server
+        server.expect_request("/certs").respond_with_json(
+            self.issuer.certs(), headers={"Cache-Control": "public, max-age=3600"}
+        )
+        self.url = server.url_for("/certs")
+
+    def token(self, **claims: Any) -> str:
+        now = int(time.time())
+        payload = {
+            "iss": "https://accounts.google.com",
+            "aud": AUDIENCE,
+            "email": SA,
+            "email_verified": True,
+            "iat": now,
+            "exp": now + 600,
+            "sub": "1",
+        }
+        payload.update(claims)
+        payload = {k: v for k, v in payload.items() if v is not None}
+        signer = self.issuer._signer
+        return jwt.encode(signer, payload).decode()  # type: ignore[no-untyped-call,no-any-return]
+
+
+@pytest.fixture
+def keys(httpserver: HTTPServer) -> Keys:
+    return Keys(httpserver)
+
+
+@pytest.fixture
+def runs() -> list[str]:
+    return []
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore()
+
+
+@pytest.fixture
+def app(keys: Keys, runs: list[str], store: MemoryStore) -> flask.Flask:
+    router = Router()
+
+    @router.task("send_receipt")
+    def send_receipt(payload: Any, ctx: TaskContext) -> None:
+        runs.append(ctx.run_id)
+
+    @router.scheduled("nightly", allowed_service_accounts=["scheduler@p.iam.gserviceaccount.com"])
+    def nightly(ctx: TaskContext) -> None:
+        runs.append(ctx.run_id)
+
+    return create_app(router, store=store, auth=OidcAuth([SA], certs_url=keys.url))
+
+
+def post(
+    app: flask.Flask,
+    token: str | None,
+    headers: dict[str, str] | None = None,
+    path: str = "/tasks/send_receipt",
+    data: bytes = b'{"order_id": 1}',
+    **kw: Any,
+) -> Any:
+    sent = dict(task_headers() if headers is None else headers)
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    return app.test_client().post(path, headers=sent, data=data, **kw)
+
+
+def assert_refused(response: Any, status: int, runs: list[str], store: MemoryStore) -> None:
+    assert response.status_code == status, response.json
+    assert runs == []
+    assert store.list_runs() == []
+
+
+def test_valid_token_from_an_allowed_service_account_runs(
+    app: flask.Flask, keys: Keys, runs: list[str]
+) -> None:
+    response = post(app, keys.token())
+    assert response.status_code == 200
+    assert len(runs) == 1
+
+
+def test_root_url_audience_is_accepted_like_cloud_run(
+    app: flask.Flask, keys: Keys, runs: list[str]
+) -> None:
+    assert post(app, keys.token(aud="http://localhost")).status_code == 200
+
+
+def test_forwarded_https_scheme_is_the_audience_behind_cloud_run(
+    app: flask.Flask, keys: Keys
+) -> None:
+    token = keys.token(aud="https://localhost/tasks/send_receipt")
+    assert post(app, token).status_code == 401
+    headers = {**task_headers(), "X-Forwarded-Proto": "https"}
+    assert post(app, token, headers).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("claims", "status", "reason"),
+    [
+        ({}, 401, "missing Authorization"),
+        ({"exp": int(time.time()) - 3600, "iat": int(time.time()) - 7200}, 401, "invalid ID token"),
+        ({"aud": "https://another-service.a.run.app"}, 401, "wrong audience"),
+        ({"iss": "https://evil.example.com"}, 401, "issuer"),
+        ({"email": OTHER_SA}, 403, f"{OTHER_SA} may not call"),
+        ({"email_verified": False}, 403, "no verified email"),
+        ({"email": None}, 403, "no verified email"),
+    ],
+)
+def test_bad_tokens_are_refused_and_nothing_is_claimed(
+    app: flask.Flask,
+    keys: Keys,
+    runs: list[str],
+    store: MemoryStore,
+    claims: dict[str, Any],
+    status: int,
+    reason: str,
+) -> None:
+    token = None if not claims else keys.token(**claims)
+    response = post(app, token)
+    assert_refused(response, status, runs, store)
+    assert reason in response.json["message"]
+    assert response.headers["X-Tasklease-Outcome"] in ("unauthenticated", "forbidden")
+
+
+def test_forged_cloud_tasks_headers_without_a_token_are_refused(
+    app: flask.Flask, runs: list[str], store: MemoryStore
+) -> None:
+    assert_refused(post(app, None), 401, runs, store)
+    assert_refused(post(app, "not-a-jwt"), 401, runs, store)
+    assert_refused(
+        post(app, None, {**task_headers(), "Authorization": "Basic dXNlcjpwYXNz"}), 401, runs, store
+    )
+
+
+def test_token_signed_by_an_unknown_key_is_refused(
+    app: flask.Flask, runs: list[str], store: MemoryStore
+) -> None:
+    stranger = TokenIssuer()
+    forged = stranger.mint(SA, AUDIENCE)
+    assert_refused(post(app, forged), 401, runs, store)
+
+
+def test_token_with_a_tampered_payload_is_refused(
+    app: flask.Flask, keys: Keys, runs: list[str], store: MemoryStore
+) -> None:
+    header, _, signature = keys.token(email=OTHER_SA).split(".")
+    claims = json.loads(base64.urlsafe_b64decode(keys.token().split(".")[1] + "=="))
+    payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+    assert_refused(post(app, f"{header}.{payload}.{signature}"), 401, runs, store)
+
+
+def test_handler_allow_list_overrides_the_app_wide_one(
+    app: flask.Flask, keys: Keys, runs: list[str]
+) -> None:
+    token = keys.token(aud="http://localhost/jobs/nightly")
+    assert post(app, token, job_headers(), path="/jobs/nightly").status_code == 403
+    scheduler = keys.token(
+        aud="http://localhost/jobs/nightly", email="scheduler@p.iam.gserviceaccount.com"
+    )
+    assert post(app, scheduler, job_headers(), path="/jobs/nightly").status_code == 200
+
+
+def test_public_keys_are_fetched_once_not_per_request(app: flask.Flask, keys: Keys) -> None:
+    for n in range(5):
+        assert post(app, keys.token(), task_headers(task=f"t{n}")).status_code == 200
+    assert len([r for r, _ in keys.server.log if r.path == "/certs"]) == 1
+
+
+def test_key_server_down_is_503_and_nothing_runs(runs: list[str], store: MemoryStore) -> None:
+    router = Router()
+    router.task("send_receipt")(lambda payload, ctx: runs.append("ran"))
+    app = create_app(router, store=store, auth=OidcAuth([SA], certs_url="http://127.0.0.1:9/certs"))
+    response = post(app, TokenIssuer().mint(SA, AUDIENCE))
+    assert_refused(response, 503, runs, store)
+    assert response.headers["Retry-After"]
+
+
+def test_log_line_says_why_without_echoing_the_token(
+    app: flask.Flask, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="tasklease")
+    secret = keys.token(email=OTHER_SA)
+    post(app, secret)
+    post(app, "garbage." + secret.split(".")[1] + ".sig")
+    lines = [r for r in caplog.records if r.name == "tasklease.execution"]
+    assert [r.tasklease["outcome"] for r in lines] == ["forbidden", "unauthenticated"]  # type: ignore[attr-defined]
+    text = " ".join(r.getMessage() + json.dumps(r.tasklease) for r in lines)  # type: ignore[attr-defined]
+    assert secret not in text
+    assert secret.split(".")[1] not in text
+
+
+def test_oidc_is_the_default_and_refuses_to_start_unconfigured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TASKLEASE_AUTH", raising=False)
+    monkeypatch.delenv("TASKLEASE_ALLOWED_SERVICE_ACCOUNTS", raising=False)
+    router = Router()
+    router.task("t")(lambda payload, ctx: None)
+    with pytest.raises(ConfigurationError, match="TASKLEASE_ALLOWED_SERVICE_ACCOUNTS"):
+        create_app(router, store="memory://")
+    monkeypatch.setenv("TASKLEASE_ALLOWED_SERVICE_ACCOUNTS", SA)
+    app = create_app(router, store="memory://")
+    assert post(app, None, path="/tasks/t").status_code == 401
+
+
+def test_unknown_auth_mode_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="unknown auth"):
+        create_app(Router(), store="memory://", auth="basic")
+
+
+# Hostile input from an authenticated caller: still refused, still nothing claimed.
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        (task_headers(retry=-1), 400),
+        ({**task_headers(), "X-CloudTasks-TaskRetryCount": "1e3"}, 400),
+        ({**task_headers(), "X-CloudTasks-TaskExecutionCount": "NaN"}, 400),
+        (task_headers(task="../../etc/passwd"), 400),
+        (task_headers(task="tâche"), 400),
+        (task_headers(task="x" * 501), 400),
+        (task_headers(task="x" * 10_240), 400),
+        ({**task_headers(), "X-CloudTasks-QueueName": "q" * 10_240}, 400),
+        ({**task_headers(), "X-CloudTasks-TaskETA": "-1"}, 400),
+        ({**task_headers(), "X-CloudTasks-TaskETA": "inf"}, 400),
+    ],
+)
+def test_malformed_task_headers_are_400(
+    app: flask.Flask,
+    keys: Keys,
+    runs: list[str],
+    store: MemoryStore,
+    headers: dict[str, str],
+    status: int,
+) -> None:
+    response = post(app, keys.token(), headers)
+    assert_refused(response, status, runs, store)
+    assert response.headers["X-Tasklease-Outcome"] == "rejected"
+
+
+def test_duplicated_identity_headers_with_conflicting_values_are_400(
+    app: flask.Flask, keys: Keys, runs: list[str], store: MemoryStore
+) -> None:
+    headers = [(k, v) for k, v in task_headers().items()] + [("X-CloudTasks-TaskName", "other")]
+    headers.append(("Authorization", f"Bearer {keys.token()}"))
+    response = app.test_client().post("/tasks/send_receipt", headers=headers, data=b"{}")
+    assert_refused(response, 400, runs, store)
+
+
+@pytest.mark.parametrize(
+    "schedule_time",
+    [
+        "tomorrow",
+        "2026-10-16T12:00:00",
+        "0001-01-01T00:00:00Z",
+        "9999-12-31T23:59:59Z",
+        "2026-10-16T25:00:00Z",
+        "2026-10-16T12:00:00+99:00",
+        "2026-10-16T12:00:00Z\x00",
+    ],
+)
+def test_malformed_or_absurd_schedule_times_are_400(
+    app: flask.Flask, keys: Keys, runs: list[str], store: MemoryStore, schedule_time: str
+) -> None:
+    token = keys.token(
+        aud="http://localhost/jobs/nightly", email="scheduler@p.iam.gserviceaccount.com"
+    )
+    response = post(app, token, job_headers(schedule_time=schedule_time), path="/jobs/nightly")
+    assert_refused(response, 400, runs, store)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/tasks/../jobs/nightly",
+        "/tasks/%2e%2e%2fjobs%2fnightly",
+        "/tasks/send_rec%C3%A9ipt",
+        "/tasks/send\u0440eceipt",
+        "/tasks/send_receipt%00",
+        "/tasks/SEND_RECEIPT",
+        "/tasks/",
+    ],
+)
+def test_handler_names_with_traversal_or_unicode_tricks_are_404(
+    app: flask.Flask, keys: Keys, runs: list[str], store: MemoryStore, path: str
+) -> None:
+    response = post(app, keys.token(aud="http://localhost"), path=path)
+    assert_refused(response, 404, runs, store)
+
+
+def test_oversized_body_is_413_before_authentication(
+    app: flask.Flask, runs: list[str], store: MemoryStore
+) -> None:
+    assert_refused(post(app, None, data=b"x" * (100 * 1024 + 1)), 413, runs, store)
+
+
+def test_wrong_method_is_405_and_claims_nothing(
+    app: flask.Flask, keys: Keys, runs: list[str], store: MemoryStore
+) -> None:
+    response = app.test_client().get(
+        "/tasks/send_receipt", headers={**task_headers(), "Authorization": f"Bearer {keys.token()}"}
+    )
+    assert_refused(response, 405, runs, store)
+
+
+header_names = st.sampled_from(
+    [
+        "X-CloudTasks-QueueName",
+        "X-CloudTasks-TaskName",
+        "X-CloudTasks-TaskRetryCount",
+        "X-CloudTasks-TaskExecutionCount",
+        "X-CloudTasks-TaskETA",
+        "X-CloudTasks-TaskPreviousResponse",
+        "X-CloudTasks-TaskRetryReason",
+        "X-CloudScheduler-JobName",
+        "X-CloudScheduler-ScheduleTime",
+        "X-Tasklease-Project",
+        "X-Tasklease-Location",
+    ]
+)
+header_values = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=600)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    headers=st.dictionaries(header_names, header_values, max_size=11),
+    body=st.binary(max_size=2000),
+    path=st.sampled_from(["/tasks/send_receipt", "/jobs/nightly"]),
+)
+def test_random_headers_and_bodies_never_500_and_never_claim_without_identity(
+    headers: dict[str, str], body: bytes, path: str
+) -> None:
+    runs: list[str] = []
+    store = MemoryStore()
+    router = Router()
+    router.task("send_receipt")(lambda payload, ctx: runs.append("task"))
+    router.scheduled("nightly")(lambda ctx: runs.append("job"))
+    app = create_app(router, store=store, auth="none")
+    response = app.test_client().post(path, headers=headers, data=body)
+    assert response.status_code in (200, 400), response.json
+    if response.status_code == 400:
+        assert store.list_runs() == [] and runs == []
+    else:
+        kind = "task" if path.startswith("/tasks") else "job"
+        required = (
+            ["X-CloudTasks-QueueName", "X-CloudTasks-TaskName"]
+            if kind == "task"
+            else ["X-CloudScheduler-JobName", "X-CloudScheduler-ScheduleTime"]
+        )
+        assert all(headers.get(name, "").strip() for name in required)
+        assert len(store.list_runs()) == 1
