@@ -136,9 +136,6 @@ class CloudTasksApi:
         if not spec.get("name"):
             # Like Cloud Tasks' own generated IDs: numeric, not sequential.
             spec["name"] = f"{queue}/tasks/{random.getrandbits(63)}"
-        since_us = now_us - int(self.dedup_window * 1_000_000)
-        if self.db.name_taken(spec["name"], since_us):
-            raise ApiError(409, "Requested entity already exists")
         schedule_us = model.micros_of(spec["scheduleTime"]) if spec.get("scheduleTime") else now_us
         spec["scheduleTime"] = model.rfc3339(schedule_us)
         spec.setdefault("dispatchDeadline", model.duration(model.DEFAULT_DISPATCH_DEADLINE))
@@ -157,12 +154,9 @@ class CloudTasksApi:
             None,
             in_flight=False,
         )
-        try:
-            self.db.insert_task(row)
-        except Exception as exc:  # A concurrent create of the same name won the insert.
-            if self.db.get_task(spec["name"]) is not None:
-                raise ApiError(409, "Requested entity already exists") from exc
-            raise
+        # A name is taken while the task exists and for dedup_window after it ran or went.
+        if not self.db.insert_task(row, now_us - int(self.dedup_window * 1_000_000)):
+            raise ApiError(409, "Requested entity already exists")
         self.dispatcher.wake()
         return self._task_view(row, view)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +113,10 @@ class EmulatorDB:
             self._connection.executescript(_SCHEMA)
             # Dispatches cut short by a stop are retried after the restart.
             self._connection.execute("UPDATE tasks SET in_flight = 0 WHERE in_flight = 1")
+            rows = self._connection.execute("SELECT name, config FROM queues").fetchall()
+        # Queue configs are read on every create and dispatch pass, and only this object
+        # writes them: keep them in memory too.
+        self._queues: dict[str, dict[str, Any]] = {name: json.loads(c) for name, c in rows}
 
     def close(self) -> None:
         with self._lock:
@@ -141,24 +145,29 @@ class EmulatorDB:
                 "ON CONFLICT (name) DO UPDATE SET config = excluded.config",
                 (name, json.dumps(config), now_us),
             )
+            self._queues[name] = json.loads(json.dumps(config))
 
     def get_queue(self, name: str) -> dict[str, Any] | None:
-        rows = self._query("SELECT config FROM queues WHERE name = ?", (name,))
-        return json.loads(rows[0][0]) if rows else None
+        """A copy of the queue's config, to change and put back."""
+        with self._lock:
+            config = self._queues.get(name)
+            return json.loads(json.dumps(config)) if config is not None else None
 
     def all_queues(self) -> list[dict[str, Any]]:
-        return [json.loads(row[0]) for row in self._query("SELECT config FROM queues")]
+        """Every queue's config, not copied: read them, do not change them."""
+        with self._lock:
+            return list(self._queues.values())
 
     def list_queues(self, parent: str) -> list[dict[str, Any]]:
-        rows = self._query(
-            "SELECT config FROM queues WHERE name LIKE ? ORDER BY name", (f"{parent}/queues/%",)
-        )
-        return [json.loads(row[0]) for row in rows]
+        with self._lock:
+            names = sorted(n for n in self._queues if n.startswith(f"{parent}/queues/"))
+        return [config for config in map(self.get_queue, names) if config is not None]
 
     def delete_queue(self, name: str, now_us: int) -> None:
         with self.transaction() as connection:
             self._tombstone_where(connection, "queue = ?", (name,), now_us)
             connection.execute("DELETE FROM queues WHERE name = ?", (name,))
+            self._queues.pop(name, None)
 
     # Tasks.
     def name_taken(self, name: str, since_us: int) -> bool:
@@ -170,12 +179,22 @@ class EmulatorDB:
             )
         )
 
-    def insert_task(self, row: TaskRow) -> None:
-        with self._lock:
-            self._connection.execute(
-                f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES ({', '.join('?' * 13)})",  # noqa: S608
-                _encode(row),
-            )
+    def insert_task(self, row: TaskRow, tombstones_since_us: int) -> bool:
+        """Insert a new task; False if its name is taken (a task, or a tombstone since then)."""
+        with self.transaction() as connection:
+            if connection.execute(
+                "SELECT 1 FROM tombstones WHERE name = ? AND at_us >= ?",
+                (row.name, tombstones_since_us),
+            ).fetchone():
+                return False
+            try:
+                connection.execute(
+                    f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES ({', '.join('?' * 13)})",  # noqa: S608
+                    _encode(row),
+                )
+            except sqlite3.IntegrityError:
+                return False
+            return True
 
     def get_task(self, name: str) -> TaskRow | None:
         rows = self._query(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE name = ?", (name,))  # noqa: S608
@@ -194,13 +213,26 @@ class EmulatorDB:
             return int(self._query("SELECT COUNT(*) FROM tasks")[0][0])
         return int(self._query("SELECT COUNT(*) FROM tasks WHERE queue = ?", (queue,))[0][0])
 
-    def due_tasks(self, queue: str, now_us: int, limit: int) -> list[str]:
+    def claim_due(self, queue: str, now_us: int, limit: int) -> list[TaskRow]:
+        """Mark up to ``limit`` due tasks of ``queue`` in flight, earliest first; return them."""
+        if limit <= 0:
+            return []
         rows = self._query(
-            "SELECT name FROM tasks WHERE queue = ? AND in_flight = 0 AND schedule_us <= ? "
-            "ORDER BY schedule_us LIMIT ?",
+            f"UPDATE tasks SET in_flight = 1 WHERE name IN (SELECT name FROM tasks "  # noqa: S608
+            "WHERE queue = ? AND in_flight = 0 AND schedule_us <= ? ORDER BY schedule_us LIMIT ?) "
+            f"RETURNING {_TASK_COLUMNS}",
             (queue, now_us, limit),
         )
-        return [row[0] for row in rows]
+        return sorted((_decode(row) for row in rows), key=lambda row: row.schedule_us)
+
+    def has_due(self, queue: str, now_us: int) -> bool:
+        return bool(
+            self._query(
+                "SELECT 1 FROM tasks WHERE queue = ? AND in_flight = 0 AND schedule_us <= ? "
+                "LIMIT 1",
+                (queue, now_us),
+            )
+        )
 
     def next_schedule(self, queue: str) -> int | None:
         rows = self._query(
@@ -232,9 +264,13 @@ class EmulatorDB:
         attempt: dict[str, Any],
         previous_response: int | None,
         retry_reason: str | None,
+        deliveries: Sequence[DeliveryRecord] = (),
     ) -> None:
-        """Record one dispatch: the task is deleted (tombstoned) or rescheduled."""
+        """Record one dispatch (and its deliveries): the task is deleted (tombstoned) or
+        rescheduled."""
         with self.transaction() as connection:
+            for record in deliveries:
+                self._insert_delivery(connection, record)
             if delete:
                 self._tombstone_where(connection, "name = ?", (name,), now_us)
                 return
@@ -283,23 +319,27 @@ class EmulatorDB:
     # Deliveries.
     def log_delivery(self, record: DeliveryRecord) -> None:
         with self._lock:
-            self._connection.execute(
-                "INSERT INTO deliveries (kind, queue, name, url, attempt, status, outcome, fault, "
-                "error, started_us, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    record.kind,
-                    record.queue,
-                    record.name,
-                    record.url,
-                    record.attempt,
-                    record.status,
-                    record.outcome,
-                    record.fault,
-                    record.error,
-                    record.started_us,
-                    record.duration_ms,
-                ),
-            )
+            self._insert_delivery(self._connection, record)
+
+    @staticmethod
+    def _insert_delivery(connection: sqlite3.Connection, record: DeliveryRecord) -> None:
+        connection.execute(
+            "INSERT INTO deliveries (kind, queue, name, url, attempt, status, outcome, fault, "
+            "error, started_us, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.kind,
+                record.queue,
+                record.name,
+                record.url,
+                record.attempt,
+                record.status,
+                record.outcome,
+                record.fault,
+                record.error,
+                record.started_us,
+                record.duration_ms,
+            ),
+        )
 
     def deliveries(self, queue: str | None = None) -> list[DeliveryRecord]:
         sql = (

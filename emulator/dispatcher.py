@@ -125,20 +125,18 @@ class Dispatcher:
                 available = int(config["rateLimits"]["maxConcurrentDispatches"]) - state.in_flight
             if available <= 0:
                 continue
-            due = self._db.due_tasks(name, now_us, available)
-            for task_name in due:
-                with self._lock:
-                    wait = state.bucket.take(time.monotonic())
-                if wait > 0:
-                    next_check = min(next_check, wait)
-                    break
-                row = self._db.claim_for_dispatch(task_name)
-                if row is None:
-                    continue
-                with self._lock:
-                    state.in_flight += 1
+            with self._lock:
+                allowed = state.bucket.take_up_to(available, time.monotonic())
+            rows = self._db.claim_due(name, now_us, allowed)
+            with self._lock:
+                state.bucket.give_back(allowed - len(rows))
+                state.in_flight += len(rows)
+            for row in rows:
                 self._pool.submit(self._dispatch, row, config, state)
-            if len(due) < available:
+            if len(rows) == allowed < available and self._db.has_due(name, now_us):
+                with self._lock:  # Rate-limited: come back when the next token is there.
+                    next_check = min(next_check, state.bucket.wait(time.monotonic()))
+            elif len(rows) < available:
                 upcoming = self._db.next_schedule(name)
                 if upcoming is not None:
                     next_check = min(next_check, max(0.0, (upcoming - now_us) / 1e6))
@@ -191,27 +189,33 @@ class Dispatcher:
         result, duplicate = self._sender.send(
             http.get("httpMethod", "POST"), url, headers, body, deadline
         )
-        self._record(row, config, state, result)
         attempt_number = row.dispatch_count + 1
-        for sent in filter(None, [result, duplicate]):
-            self._db.log_delivery(
-                DeliveryRecord(
-                    "task",
-                    row.queue,
-                    row.name,
-                    url,
-                    attempt_number,
-                    sent.status,
-                    sent.outcome,
-                    sent.fault,
-                    sent.error,
-                    sent.started_us,
-                    sent.duration_ms,
-                )
+        deliveries = [
+            DeliveryRecord(
+                "task",
+                row.queue,
+                row.name,
+                url,
+                attempt_number,
+                sent.status,
+                sent.outcome,
+                sent.fault,
+                sent.error,
+                sent.started_us,
+                sent.duration_ms,
             )
+            for sent in (result, duplicate)
+            if sent is not None
+        ]
+        self._record(row, config, state, result, deliveries)
 
     def _record(
-        self, row: TaskRow, config: dict[str, Any], state: _QueueState, result: AttemptResult
+        self,
+        row: TaskRow,
+        config: dict[str, Any],
+        state: _QueueState,
+        result: AttemptResult,
+        deliveries: list[DeliveryRecord],
     ) -> None:
         now_us = _now_us()
         attempts = row.dispatch_count + 1
@@ -238,6 +242,7 @@ class Dispatcher:
                 attempt=attempt,
                 previous_response=None,
                 retry_reason=None,
+                deliveries=deliveries,
             )
             return
         settings = model.retry_settings(config)
@@ -252,6 +257,7 @@ class Dispatcher:
                 attempt=attempt,
                 previous_response=result.status,
                 retry_reason=None,
+                deliveries=deliveries,
             )
             return
         delay = backoff(settings, attempts)
@@ -269,6 +275,7 @@ class Dispatcher:
             attempt=attempt,
             previous_response=result.status,
             retry_reason=reason[:200],
+            deliveries=deliveries,
         )
 
     def _state(self, name: str, config: dict[str, Any]) -> _QueueState:

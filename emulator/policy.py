@@ -75,11 +75,25 @@ class TokenBucket:
 
     def take(self, now: float) -> float:
         """Take a token if one is there (return 0), else return seconds until one will be."""
-        self._refill(now)
-        if self._tokens >= 1:
-            self._tokens -= 1
+        if self.take_up_to(1, now):
             return 0.0
-        return (1 - self._tokens) / self.effective_rate
+        return self.wait(now)
+
+    def take_up_to(self, wanted: int, now: float) -> int:
+        """Take as many whole tokens as are there, at most ``wanted``; return how many."""
+        self._refill(now)
+        taken = min(wanted, int(self._tokens))
+        self._tokens -= taken
+        return max(0, taken)
+
+    def give_back(self, unused: int) -> None:
+        """Return tokens taken for dispatches that did not happen."""
+        self._tokens = min(float(self.burst), self._tokens + unused)
+
+    def wait(self, now: float) -> float:
+        """Seconds until the next whole token."""
+        self._refill(now)
+        return max(0.0, (1 - self._tokens) / self.effective_rate)
 
     def throttle(self) -> None:
         self.factor = max(self.factor / 2, 1 / 64)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import flask
 from werkzeug.datastructures import Headers
@@ -12,7 +11,7 @@ from werkzeug.datastructures import Headers
 from worker import constants as c
 from worker.auth import Authenticator, OidcAuth, authenticator_for
 from worker.execution import Clock, Delivery, Executor, Reply, utc_now
-from worker.identity import Kind
+from worker.identity import HeaderLookup, Kind
 from worker.logs import configure_logging
 from worker.router import Router
 from worker.stores import LeaseStore, store_from_url
@@ -98,9 +97,18 @@ def _delivery(kind: Kind, name: str) -> Delivery:
     )
 
 
-def _header_lookup(headers: Headers) -> Any:
+def _header_lookup(headers: Headers) -> HeaderLookup:
+    """Case-insensitive lookup of every value of a header.
+
+    Built once per request: werkzeug's ``getlist`` scans the whole WSGI environ on each call,
+    and the identity needs a dozen lookups.
+    """
+    values: dict[str, list[str]] = {}
+    for name, value in headers.items():
+        values.setdefault(name.lower(), []).append(value)
+
     def lookup(name: str) -> Sequence[str]:
-        return headers.getlist(name)  # Case-insensitive in werkzeug.
+        return values.get(name.lower(), ())
 
     return lookup
 

@@ -7,6 +7,7 @@ entry's severity, ``message`` its text, and every other field its ``jsonPayload`
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -61,8 +62,13 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 def instance_id() -> str:
     """Which process handled a request: Cloud Run revision (if any), host and pid."""
+    return _instance_id(os.getpid())
+
+
+@functools.cache
+def _instance_id(pid: int) -> str:
     revision = os.environ.get("K_REVISION")
-    host = f"{socket.gethostname()}:{os.getpid()}"
+    host = f"{socket.gethostname()}:{pid}"
     return f"{revision}/{host}" if revision else host
 
 
