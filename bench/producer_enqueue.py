@@ -9,6 +9,7 @@ pays off), and the tasklease emulator with its queue paused (the full REST API).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -91,7 +92,7 @@ def main() -> None:
     ]
     for label, harness, tasks in endpoints:
         sequential, concurrent = harness(
-            lambda url, n=tasks, tag=label[:4]: measure(url, n, args.concurrency, tag)
+            functools.partial(measure, tasks=tasks, concurrency=args.concurrency, prefix=label[:4])
         )
         print(
             f"  {label:<20} {tasks:5d} tasks: one by one {sequential:6.0f} tasks/s, "

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from emulator import CloudTasksEmulator, Faults, Job, RetrySettings
-from producer import Producer
+from producer import EnqueueResult, Producer
 from worker.serve import GunicornWorker, free_port
 
 # The demo serves the example shop from the source checkout this package lives in.
@@ -148,8 +148,12 @@ class _Report:
 
     @classmethod
     def build(
-        cls, settings: DemoSettings, receipts: list, emulator: CloudTasksEmulator, ledger: Ledger
-    ) -> _Report:  # type: ignore[type-arg]
+        cls,
+        settings: DemoSettings,
+        receipts: list[EnqueueResult],
+        emulator: CloudTasksEmulator,
+        ledger: Ledger,
+    ) -> _Report:
         deliveries = emulator.deliveries()
         task_names = {d.name for d in deliveries if d.kind == "task"}
         counts = ledger.counts()
