@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 # Reinstall whenever pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
+# The Firestore emulator the tests start (an npm package: Google's own cannot be installed here).
+NODE_STAMP := node_modules/.installed-$(shell cksum package-lock.json | cut -d' ' -f1)
+
 .PHONY: demo test lint bench clean
 
 $(STAMP): pyproject.toml
@@ -14,6 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
+$(NODE_STAMP): package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	rm -f node_modules/.installed-* && touch $@
+
 demo: $(STAMP)
 	$(BIN)/tasklease demo
 
@@ -22,11 +29,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+test: lint $(NODE_STAMP)
 	$(BIN)/pytest
 
-bench: $(STAMP)
+bench: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .tasklease
+	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache .tasklease

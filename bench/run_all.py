@@ -5,7 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BENCHMARKS = ["bench.producer_enqueue", "bench.emulator_throughput", "bench.worker_overhead"]
+BENCHMARKS = [
+    "bench.producer_enqueue",
+    "bench.emulator_throughput",
+    "bench.worker_overhead",
+    "bench.firestore_store",
+]
 
 if __name__ == "__main__":
     for module in BENCHMARKS + sys.argv[1:]:

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 import pytest
 from pytest_httpserver import HTTPServer
 
 from emulator import CloudTasksEmulator
+from tests import firestore_support
 from tests.emulator_target import Target
 from tests.fake_cloud_tasks import FakeCloudTasks
 from tests.helpers import FakeClock
@@ -65,3 +67,31 @@ def target(_target_server: HTTPServer) -> Iterator[tuple[Target, str]]:
 def emulator() -> Iterator[CloudTasksEmulator]:
     with CloudTasksEmulator() as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def firestore_host() -> Iterator[str | None]:
+    """The Firestore emulator's host:port (FIRESTORE_EMULATOR_HOST set), or None when the
+    tests run against a real project (TASKLEASE_FIRESTORE_LIVE=1)."""
+    if firestore_support.LIVE:
+        yield None
+        return
+    previous = os.environ.get("FIRESTORE_EMULATOR_HOST")
+    for host in firestore_support.start_emulator():
+        os.environ["FIRESTORE_EMULATOR_HOST"] = host  # Inherited by spawned test processes.
+        try:
+            yield host
+        finally:
+            if previous is None:
+                os.environ.pop("FIRESTORE_EMULATOR_HOST", None)
+            else:
+                os.environ["FIRESTORE_EMULATOR_HOST"] = previous
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked firestore_emulator_gap skip, with their reason, on the emulator only."""
+    if firestore_support.LIVE:
+        return
+    for item in items:
+        for mark in item.iter_markers("firestore_emulator_gap"):
+            item.add_marker(pytest.mark.skip(reason=f"emulator gap: {mark.args[0]}"))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 from worker import constants as c
 from worker.errors import ConfigurationError
@@ -10,7 +12,10 @@ from worker.stores.base import LeaseStore
 from worker.stores.memory import MemoryStore
 from worker.stores.sqlite import SqliteStore
 
-__all__ = ["LeaseStore", "MemoryStore", "SqliteStore", "store_from_url"]
+if TYPE_CHECKING:
+    from worker.stores.firestore import FirestoreStore
+
+__all__ = ["FirestoreStore", "LeaseStore", "MemoryStore", "SqliteStore", "store_from_url"]
 
 
 def store_from_url(url: str | None = None) -> LeaseStore:
@@ -18,6 +23,8 @@ def store_from_url(url: str | None = None) -> LeaseStore:
 
     - ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``
     - ``memory://``
+    - ``firestore://?collection=tasklease_runs&database=(default)`` (project from
+      ``GOOGLE_CLOUD_PROJECT``; needs ``tasklease[firestore]``)
     """
     url = url or os.environ.get(c.ENV_STORE) or c.DEFAULT_STORE_URL
     scheme, _, rest = url.partition("://")
@@ -28,4 +35,32 @@ def store_from_url(url: str | None = None) -> LeaseStore:
         if not path:
             raise ConfigurationError(f"store URL {url!r} names no file: use sqlite:///runs.db")
         return SqliteStore(path)
-    raise ConfigurationError(f"unknown store URL {url!r}: use sqlite:///path or memory://")
+    if scheme == "firestore":
+        options = {key: values[-1] for key, values in parse_qs(urlsplit(url).query).items()}
+        unknown = set(options) - {"collection", "database", "project", "call_timeout"}
+        if unknown:
+            raise ConfigurationError(f"store URL {url!r}: unknown options {sorted(unknown)}")
+        timeout = options.pop("call_timeout", None)
+        return _firestore_store().from_options(
+            **options, call_timeout=float(timeout) if timeout else None
+        )
+    raise ConfigurationError(
+        f"unknown store URL {url!r}: use sqlite:///path, memory:// or firestore://"
+    )
+
+
+def _firestore_store() -> type[FirestoreStore]:
+    try:
+        from worker.stores.firestore import FirestoreStore  # noqa: PLC0415 - optional extra.
+    except ImportError as exc:
+        raise ConfigurationError(
+            "the Firestore store needs google-cloud-firestore: pip install 'tasklease[firestore]'"
+        ) from exc
+    return FirestoreStore
+
+
+def __getattr__(name: str) -> Any:
+    # FirestoreStore needs an optional extra: import it on first use, with an install hint.
+    if name == "FirestoreStore":
+        return _firestore_store()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,337 @@
+"""The production store: one Firestore document per run, in as few round trips as possible.
+
+Google's sample runs two transactions per execution: 6 RPCs for a first execution, 3 for a
+duplicate (platform-facts.md). This store relies on single-document preconditions, which
+Firestore evaluates atomically:
+
+- claim: ``create()`` (precondition: the document does not exist). 1 RPC.
+- a duplicate: the create fails, one ``get()`` shows the record. 2 RPCs.
+- taking over an expired lease: the same ``get()``, then an ``update()`` whose precondition is
+  that document's ``update_time``: a compare-and-set, so of two concurrent takeovers exactly
+  one wins. 3 RPCs; no transaction (it would add BeginTransaction and a lock).
+- renew and finish: an ``update()`` conditional on the ``update_time`` of this attempt's own
+  last write, which the store remembers. 1 RPC.
+
+A failed precondition means the document changed under us: the store reads it again and
+decides from what is there. That also covers the client's own automatic retries (a commit
+retried after an UNAVAILABLE can fail against the write its first try made): the stored
+attempt id tells our write from another attempt's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from google.api_core import exceptions as api
+from google.api_core import retry as retries
+from google.cloud import firestore
+
+from worker import decisions
+from worker.errors import StoreUnavailable
+from worker.records import Claim, ClaimRequest, RunRecord, RunStatus, Verdict
+from worker.stores.base import Change, LeaseStore
+
+_T = TypeVar("_T")
+
+DEFAULT_COLLECTION = "tasklease_runs"
+# Rounds of read-and-retry after failed preconditions before reporting contention.
+MAX_ROUNDS = 8
+# Writes this process made and may still need to condition on, per (run id, attempt id).
+MAX_REMEMBERED_WRITES = 10_000
+# Errors the client retries by itself within one call (a retried write may then conflict with
+# its own first try, which the code below recognises by the stored attempt id).
+_TRANSIENT = retries.if_exception_type(
+    api.ServiceUnavailable, api.DeadlineExceeded, api.InternalServerError, api.ResourceExhausted
+)
+
+
+class FirestoreStore(LeaseStore):
+    """Run records in ``collection`` (document id: the hashed run id, so writes spread out).
+
+    ``expire_at`` is a Firestore timestamp for a TTL policy on the collection (the deploy
+    kit creates it); Firestore deletes expired documents within about a day, and until then
+    the store treats them as absent. Give it a client, or use :meth:`from_options`, which
+    creates one lazily per process (gRPC channels must not cross a fork).
+    """
+
+    def __init__(
+        self,
+        client: firestore.Client | None = None,
+        collection: str = DEFAULT_COLLECTION,
+        *,
+        project: str | None = None,
+        database: str | None = None,
+        call_timeout: float = 10.0,
+    ) -> None:
+        """``call_timeout`` bounds each store call, the client's own retries included, so a
+        Firestore outage answers 503 in seconds rather than blocking the request."""
+        self.collection = collection
+        self._timeout = call_timeout
+        self._retry = retries.Retry(
+            predicate=_TRANSIENT, initial=0.1, maximum=2.0, multiplier=2.0, timeout=call_timeout
+        )
+        self._client = client
+        self._client_pid = os.getpid() if client is not None else None
+        self._project = project
+        self._database = database
+        self._lock = threading.Lock()
+        # (run id, attempt id) -> (update_time of our last write, the record we wrote).
+        self._writes: OrderedDict[tuple[str, str], tuple[datetime, RunRecord]] = OrderedDict()
+
+    @classmethod
+    def from_options(
+        cls,
+        collection: str = DEFAULT_COLLECTION,
+        database: str = "(default)",
+        project: str | None = None,
+        call_timeout: float | None = None,
+    ) -> FirestoreStore:
+        """The store ``firestore://?collection=...&database=...`` describes (project from
+        ``GOOGLE_CLOUD_PROJECT`` unless given)."""
+        return cls(
+            None,
+            collection,
+            project=project or os.environ.get("GOOGLE_CLOUD_PROJECT"),
+            database=database,
+            **({"call_timeout": call_timeout} if call_timeout is not None else {}),
+        )
+
+    def __repr__(self) -> str:
+        return f"FirestoreStore(collection={self.collection!r}, database={self._database!r})"
+
+    @property
+    def client(self) -> firestore.Client:
+        if self._client is None or self._client_pid != os.getpid():
+            with self._lock:
+                if self._client is None or self._client_pid != os.getpid():
+                    with self._guard("connect"):
+                        self._client = firestore.Client(
+                            project=self._project, database=self._database
+                        )
+                    self._client_pid = os.getpid()
+                    self._writes.clear()
+        return self._client
+
+    def claim(self, request: ClaimRequest, now: datetime) -> Claim:
+        ref = self._document(request.run_id)
+        fresh = decisions.claim(None, request, now)
+        with self._guard("claim a run"):
+            for _ in range(MAX_ROUNDS):
+                try:
+                    written = ref.create(_encode(fresh.record), **self._call)
+                except api.Aborted:
+                    continue  # Contention: a Conflict subclass, but nothing was written.
+                except api.Conflict:  # AlreadyExists (or a conflict with our own retried try).
+                    pass
+                else:
+                    self._remember(fresh.record, written.update_time)
+                    return fresh
+                snapshot = ref.get(**self._call)
+                if not snapshot.exists:
+                    continue  # Deleted in between (TTL or purge): create again.
+                record = _decode(request.run_id, snapshot.to_dict())
+                if record.attempt_id == request.attempt_id:
+                    # The client retried our create after its first try had succeeded.
+                    self._remember(record, snapshot.update_time)
+                    return Claim(Verdict.CLAIMED, record)
+                outcome = decisions.claim(record, request, now)
+                if outcome.verdict is not Verdict.CLAIMED:
+                    return outcome
+                updated = self._update_if_unchanged(ref, outcome.record, snapshot.update_time)
+                if updated is not None:
+                    self._remember(outcome.record, updated)
+                    return outcome
+        raise StoreUnavailable(f"run {request.run_id}: too much contention to claim it")
+
+    def _if_held(
+        self, run_id: str, attempt_id: str, update: Callable[[RunRecord], RunRecord]
+    ) -> bool:
+        ref = self._document(run_id)
+        with self._lock:
+            remembered = self._writes.get((run_id, attempt_id))
+        expected: RunRecord | None = None
+        with self._guard("change a run"):
+            for _ in range(MAX_ROUNDS):
+                if remembered is None:
+                    snapshot = ref.get(**self._call)
+                    if not snapshot.exists:
+                        return False
+                    record = _decode(run_id, snapshot.to_dict())
+                    if expected is not None and _same_state(record, expected):
+                        # The client retried our write after its first try had succeeded.
+                        self._remember(record, snapshot.update_time)
+                        return True
+                    if not decisions.holds(record, attempt_id):
+                        self._forget(run_id, attempt_id)
+                        return False
+                    remembered = (snapshot.update_time, record)
+                update_time, record = remembered
+                expected = update(record)
+                written = self._update_if_unchanged(ref, expected, update_time)
+                if written is not None:
+                    self._remember(expected, written)
+                    return True
+                remembered = None  # Changed under us: read it and decide again.
+        raise StoreUnavailable(f"run {run_id}: too much contention to change it")
+
+    def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
+        """The generic path, in a transaction; the fast paths above do not need it."""
+        ref = self._document(run_id)
+
+        @firestore.transactional
+        def apply(transaction: firestore.Transaction) -> _T:
+            snapshot = ref.get(transaction=transaction)
+            current = _decode(run_id, snapshot.to_dict()) if snapshot.exists else None
+            new_record, value = change(current)
+            if new_record is not None:
+                transaction.set(ref, _encode(new_record))
+            return value
+
+        with self._guard("change a run"):
+            result: _T = apply(self.client.transaction())
+            return result
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self._guard("read a run"):
+            snapshot = self._document(run_id).get(**self._call)
+        return _decode(run_id, snapshot.to_dict()) if snapshot.exists else None
+
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        query: Any = self.client.collection(self.collection)
+        if status is not None:
+            query = query.where(filter=firestore.FieldFilter("status", "==", status.value))
+        query = query.order_by("claimed_at", direction=firestore.Query.DESCENDING).limit(limit)
+        with self._guard("list runs"):
+            return [_decode(snapshot.id, snapshot.to_dict()) for snapshot in query.stream()]
+
+    def purge_expired(self, now: datetime) -> int:
+        """Delete expired runs now (in production the TTL policy does this by itself)."""
+        query = self.client.collection(self.collection).where(
+            filter=firestore.FieldFilter("expire_at", "<=", now)
+        )
+        purged = 0
+        with self._guard("purge expired runs"):
+            for snapshot in query.stream():
+                snapshot.reference.delete()
+                purged += 1
+        return purged
+
+    def close(self) -> None:
+        if self._client is not None and self._client_pid == os.getpid():
+            self._client.close()  # type: ignore[no-untyped-call]
+
+    @property
+    def _call(self) -> dict[str, Any]:
+        return {"retry": self._retry, "timeout": self._timeout}
+
+    def _document(self, run_id: str) -> Any:
+        return self.client.collection(self.collection).document(run_id)
+
+    def _update_if_unchanged(
+        self, ref: Any, record: RunRecord, update_time: datetime
+    ) -> datetime | None:
+        """Write ``record`` if the document is still at ``update_time``; None if it moved on."""
+        option = self.client.write_option(last_update_time=update_time)
+        try:
+            written = ref.update(_encode(record), option=option, **self._call)
+        except (api.FailedPrecondition, api.NotFound, api.Aborted):
+            return None
+        result: datetime = written.update_time
+        return result
+
+    def _remember(self, record: RunRecord, update_time: datetime) -> None:
+        key = (record.run_id, record.attempt_id)
+        with self._lock:
+            if record.status is RunStatus.IN_PROGRESS:
+                self._writes[key] = (update_time, record)
+                self._writes.move_to_end(key)
+                while len(self._writes) > MAX_REMEMBERED_WRITES:
+                    self._writes.popitem(last=False)
+            else:
+                self._writes.pop(key, None)  # Finished: nothing more to condition on.
+
+    def _forget(self, run_id: str, attempt_id: str) -> None:
+        with self._lock:
+            self._writes.pop((run_id, attempt_id), None)
+
+    @contextmanager
+    def _guard(self, action: str) -> Iterator[None]:
+        """Turn Firestore and transport errors into :class:`StoreUnavailable`."""
+        try:
+            yield
+        except StoreUnavailable:
+            raise
+        except (api.GoogleAPIError, ValueError, OSError) as exc:
+            # ValueError: @transactional gives up after its retries on ABORTED.
+            raise StoreUnavailable(f"Firestore store: could not {action}: {exc}") from exc
+
+
+def _same_state(stored: RunRecord, expected: RunRecord) -> bool:
+    return (
+        stored.attempt_id == expected.attempt_id
+        and stored.status is expected.status
+        and stored.lease_expires == expected.lease_expires
+        and stored.finished_at == expected.finished_at
+    )
+
+
+def _encode(record: RunRecord) -> dict[str, Any]:
+    return {
+        "kind": record.kind,
+        "handler": record.handler,
+        "status": record.status.value,
+        "attempt_id": record.attempt_id,
+        "fencing_token": record.fencing_token,
+        "attempts": record.attempts,
+        "lease_expires": record.lease_expires,
+        "expire_at": record.expire_at,
+        "claimed_at": record.claimed_at,
+        "finished_at": record.finished_at,
+        "identity": dict(record.identity),
+        # JSON text: Firestore maps cannot hold every JSON value (no arrays of arrays).
+        "result": json.dumps(record.result) if record.result is not None else None,
+        "error": record.error,
+        "payload": record.payload,
+    }
+
+
+def _decode(run_id: str, data: dict[str, Any] | None) -> RunRecord:
+    data = data or {}
+    return RunRecord(
+        run_id=run_id,
+        kind=data["kind"],
+        handler=data["handler"],
+        status=RunStatus(data["status"]),
+        attempt_id=data["attempt_id"],
+        fencing_token=int(data["fencing_token"]),
+        attempts=int(data["attempts"]),
+        lease_expires=_utc(data["lease_expires"]),
+        expire_at=_utc(data["expire_at"]),
+        claimed_at=_utc(data["claimed_at"]),
+        identity=dict(data.get("identity") or {}),
+        finished_at=_utc(data["finished_at"]) if data.get("finished_at") else None,
+        result=json.loads(data["result"]) if data.get("result") is not None else None,
+        error=data.get("error"),
+        payload=data.get("payload"),
+    )
+
+
+def _utc(moment: datetime) -> datetime:
+    """A plain UTC datetime (the client returns DatetimeWithNanoseconds, microseconds kept)."""
+    return datetime(
+        moment.year,
+        moment.month,
+        moment.day,
+        moment.hour,
+        moment.minute,
+        moment.second,
+        moment.microsecond,
+        tzinfo=UTC,
+    )
