@@ -92,6 +92,7 @@ class Producer:
         tasks_endpoint: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float = 10.0,
+        dispatch_deadline: timedelta | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not project or not location or not queue:
@@ -107,14 +108,16 @@ class Producer:
         self.transport = transport or CloudTasksTransport(endpoint=tasks_endpoint)
         self.retry = retry or RetryPolicy()
         self.timeout = timeout
+        self.dispatch_deadline = _dispatch_deadline(dispatch_deadline)
         self._sleep = sleep
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Producer:
         """Configured from ``TASKLEASE_PROJECT`` (or ``GOOGLE_CLOUD_PROJECT``),
         ``TASKLEASE_LOCATION``, ``TASKLEASE_QUEUE``, ``TASKLEASE_WORKER_URL``,
-        ``TASKLEASE_SERVICE_ACCOUNT``, ``TASKLEASE_AUDIENCE`` and ``TASKLEASE_TASKS_ENDPOINT``
-        (a local emulator)."""
+        ``TASKLEASE_SERVICE_ACCOUNT``, ``TASKLEASE_AUDIENCE``, ``TASKLEASE_DISPATCH_DEADLINE``
+        (seconds, the default for every task) and ``TASKLEASE_TASKS_ENDPOINT`` (a local
+        emulator)."""
         env = os.environ if environ is None else environ
         missing = [
             name
@@ -139,6 +142,9 @@ class Producer:
             "audience": env.get("TASKLEASE_AUDIENCE") or None,
             "tasks_endpoint": env.get("TASKLEASE_TASKS_ENDPOINT") or None,
         }
+        deadline = env.get("TASKLEASE_DISPATCH_DEADLINE")
+        if deadline:
+            settings["dispatch_deadline"] = timedelta(seconds=float(deadline))
         settings.update(overrides)
         return cls(**settings)
 
@@ -250,7 +256,8 @@ class Producer:
             service_account=self.service_account,
             audience=self.audience,
             schedule_time=_schedule_time(options.delay, options.at),
-            dispatch_deadline=_dispatch_deadline(options.dispatch_deadline),
+            dispatch_deadline=_dispatch_deadline(options.dispatch_deadline)
+            or self.dispatch_deadline,
         )
         size = _task_size(request)
         if size > MAX_TASK_BYTES:

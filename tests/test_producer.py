@@ -247,9 +247,11 @@ def test_from_env_reads_the_documented_variables(cloud_tasks: FakeCloudTasks) ->
         "TASKLEASE_WORKER_URL": "http://127.0.0.1:8080",
         "TASKLEASE_SERVICE_ACCOUNT": SA,
         "TASKLEASE_TASKS_ENDPOINT": cloud_tasks.endpoint,
+        "TASKLEASE_DISPATCH_DEADLINE": "900",
     }
     producer = Producer.from_env(env)
     result = producer.enqueue("t", {}, key="k")
+    assert cloud_tasks.requests[0]["body"]["task"]["dispatchDeadline"] == "900s"
     assert result.name.startswith("projects/proj/locations/europe-west1/queues/emails/tasks/")
     oidc = cloud_tasks.requests[0]["body"]["task"]["httpRequest"]["oidcToken"]
     assert oidc["audience"] == "http://127.0.0.1:8080"

@@ -1,0 +1,653 @@
+#!/usr/bin/env python3
+"""From zero to a running tasklease worker on Cloud Run, in one command.
+
+    deploy/deploy.py [--config deploy/tasklease.toml] [--dry-run] [--teardown]
+
+Reads one TOML file (see deploy/tasklease.toml) and, with the gcloud CLI: enables the APIs,
+creates the Firestore database with a TTL policy on the runs' expire_at and the index the
+dead-letter listing needs, the two service accounts (the worker's runtime identity, and the
+invoker that Cloud Tasks and Scheduler put in their OIDC tokens), the queues, the worker on
+Cloud Run from source (private: --no-allow-unauthenticated) and the Scheduler jobs, granting
+each identity only what it needs, on the narrowest resource that takes the grant.
+
+Every step first looks at what exists and changes only what differs, so a second run changes
+nothing. --dry-run prints every command, in order, and runs none (not even the look-ups: it
+plans as for an empty project). Needs only Python 3.11+ and gcloud.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shlex
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = Path(__file__).with_name("tasklease.toml")
+APIS = (
+    "run.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "artifactregistry.googleapis.com",
+    "cloudtasks.googleapis.com",
+    "cloudscheduler.googleapis.com",
+    "firestore.googleapis.com",
+)
+DIGEST_LABEL = "tasklease-digest"
+NOT_FOUND_MARKERS = ("not_found", "not found", "does not exist", "404")
+
+
+class DeployError(Exception):
+    """A configuration that cannot work, or a gcloud call that failed."""
+
+
+@dataclass(frozen=True)
+class Queue:
+    name: str
+    dispatch_deadline: float = 600
+    max_attempts: int = 100
+    max_retry_duration: float = 0
+    min_backoff: float = 0.1
+    max_backoff: float = 3600
+    max_doublings: int = 16
+    max_dispatches_per_second: float = 500
+    max_concurrent_dispatches: int = 1000
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    schedule: str
+    time_zone: str = "Etc/UTC"
+    attempt_deadline: float = 180
+    retry_count: int = 0
+    min_backoff: float = 5
+    max_backoff: float = 3600
+    max_doublings: int = 5
+
+
+@dataclass(frozen=True)
+class Config:
+    project: str
+    region: str
+    service: str
+    router: str
+    request_timeout: float
+    lease: float
+    retention_days: float
+    workers: int
+    threads: int
+    gunicorn_timeout: float
+    min_instances: int
+    max_instances: int
+    fan_out: bool
+    database: str
+    firestore_location: str
+    collection: str
+    worker_account: str
+    invoker_account: str
+    enqueuers: tuple[str, ...]
+    queues: tuple[Queue, ...]
+    jobs: tuple[Job, ...] = field(default_factory=tuple)
+
+    @property
+    def worker_email(self) -> str:
+        return f"{self.worker_account}@{self.project}.iam.gserviceaccount.com"
+
+    @property
+    def invoker_email(self) -> str:
+        return f"{self.invoker_account}@{self.project}.iam.gserviceaccount.com"
+
+
+def load_config(path: Path) -> Config:
+    """Read and check the TOML file; raise DeployError listing every problem."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise DeployError(f"cannot read {path}: {exc}") from exc
+    worker, firestore, accounts = (
+        raw.get("worker", {}),
+        raw.get("firestore", {}),
+        raw.get("accounts", {}),
+    )
+    try:
+        config = Config(
+            project=raw["project"],
+            region=raw["region"],
+            service=worker.get("service", "tasklease-worker"),
+            router=worker["router"],
+            request_timeout=float(worker.get("request_timeout", 900)),
+            lease=float(worker.get("lease", 300)),
+            retention_days=float(worker.get("retention_days", 7)),
+            workers=int(worker.get("workers", 2)),
+            threads=int(worker.get("threads", 8)),
+            gunicorn_timeout=float(worker.get("gunicorn_timeout", 0)),
+            min_instances=int(worker.get("min_instances", 0)),
+            max_instances=int(worker.get("max_instances", 10)),
+            fan_out=bool(worker.get("fan_out", True)),
+            database=firestore.get("database", "(default)"),
+            firestore_location=firestore.get("location", raw["region"]),
+            collection=firestore.get("collection", "tasklease_runs"),
+            worker_account=accounts.get("worker", "tasklease-worker"),
+            invoker_account=accounts.get("invoker", "tasklease-invoker"),
+            enqueuers=tuple(accounts.get("enqueuers", [])),
+            queues=tuple(Queue(**queue) for queue in raw.get("queue", [])),
+            jobs=tuple(
+                Job(**{k: v for k, v in job.items() if k != "retry"}, **job.get("retry", {}))
+                for job in raw.get("job", [])
+            ),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DeployError(f"{path}: missing or invalid setting: {exc}") from exc
+    problems = check(config)
+    if problems:
+        raise DeployError(f"{path} is inconsistent:\n" + "\n".join(f"  - {p}" for p in problems))
+    return config
+
+
+def check(config: Config) -> list[str]:
+    """Every relation between deadlines, leases and limits that a working deploy needs."""
+    problems = []
+    if not config.queues:
+        problems.append("define at least one [[queue]]")
+    if not 1 <= config.request_timeout <= 3600:
+        problems.append("worker.request_timeout must be 1 to 3600 seconds (Cloud Run's limit)")
+    if config.lease < 30:
+        problems.append("worker.lease must be at least 30 s, so renewals every lease/3 have slack")
+    if config.gunicorn_timeout and config.gunicorn_timeout < config.request_timeout:
+        problems.append(
+            f"worker.gunicorn_timeout ({config.gunicorn_timeout:g} s) would kill a request before "
+            f"Cloud Run's request_timeout ({config.request_timeout:g} s): use 0 or at least that"
+        )
+    if config.retention_days < 1:
+        problems.append(
+            "worker.retention_days must be at least 1: Cloud Tasks can deliver a task name "
+            "again for up to 24 hours"
+        )
+    for queue in config.queues:
+        where = f"queue {queue.name}"
+        if not 15 <= queue.dispatch_deadline <= 1800:
+            problems.append(f"{where}: dispatch_deadline must be 15 to 1800 seconds")
+        if queue.dispatch_deadline > config.request_timeout:
+            problems.append(
+                f"{where}: dispatch_deadline ({queue.dispatch_deadline:g} s) is longer than "
+                f"worker.request_timeout ({config.request_timeout:g} s): Cloud Run would cut "
+                "requests Cloud Tasks still waits for"
+            )
+        if queue.max_retry_duration > config.retention_days * 86400:
+            problems.append(
+                f"{where}: max_retry_duration outlives worker.retention_days: a late retry would "
+                "find no record and run again"
+            )
+        if not 0 < queue.max_dispatches_per_second <= 500:
+            problems.append(f"{where}: max_dispatches_per_second must be in (0, 500]")
+        if not 0 < queue.max_concurrent_dispatches <= 5000:
+            problems.append(f"{where}: max_concurrent_dispatches must be in (0, 5000]")
+        if queue.max_attempts == 0 or queue.max_attempts < -1:
+            problems.append(f"{where}: max_attempts must be -1 (unlimited) or positive")
+        if queue.min_backoff > queue.max_backoff:
+            problems.append(f"{where}: min_backoff exceeds max_backoff")
+    for job in config.jobs:
+        where = f"job {job.name}"
+        if len(job.schedule.split()) != 5:
+            problems.append(
+                f"{where}: schedule must be unix-cron (5 fields) so ScheduleTime is sent"
+            )
+        if not 15 <= job.attempt_deadline <= 1800:
+            problems.append(f"{where}: attempt_deadline must be 15 to 1800 seconds")
+        if job.attempt_deadline > config.request_timeout:
+            problems.append(f"{where}: attempt_deadline is longer than worker.request_timeout")
+        if not 0 <= job.retry_count <= 5:
+            problems.append(f"{where}: retry_count must be 0 to 5")
+    return problems
+
+
+class Gcloud:
+    """Runs gcloud: look-ups return parsed JSON (None when absent); changes are printed and
+    run. With ``dry_run``, nothing runs: look-ups find nothing and changes are only printed."""
+
+    def __init__(self, *, dry_run: bool, executable: str = "gcloud") -> None:
+        self.dry_run = dry_run
+        self.executable = executable
+
+    def read(self, *args: str) -> Any:
+        command = [self.executable, *args, "--format=json"]
+        if self.dry_run:
+            print(f"# check: {shlex.join(command)}")
+            return None
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            if any(marker in result.stderr.lower() for marker in NOT_FOUND_MARKERS):
+                return None
+            raise DeployError(f"{shlex.join(command)} failed:\n{result.stderr.strip()}")
+        return json.loads(result.stdout or "null")
+
+    def change(self, *args: str) -> None:
+        command = [self.executable, *args]
+        print(f"{'' if self.dry_run else '+ '}{shlex.join(command)}", flush=True)
+        if self.dry_run:
+            return
+        result = subprocess.run(command, check=False)
+        if result.returncode != 0:
+            raise DeployError(f"{shlex.join(command)} failed with exit code {result.returncode}")
+
+    @staticmethod
+    def unchanged(what: str) -> None:
+        print(f"  = {what}: up to date")
+
+
+class Deployer:
+    def __init__(self, config: Config, gcloud: Gcloud) -> None:
+        self.c = config
+        self.g = gcloud
+        self.p = f"--project={config.project}"
+
+    def deploy(self) -> None:
+        self.enable_apis()
+        self.firestore()
+        self.service_accounts()
+        self.grant_project_role(f"serviceAccount:{self.c.worker_email}", "roles/datastore.user")
+        for queue in self.c.queues:
+            self.queue(queue)
+            for member in self.enqueuers():
+                self.grant_on_queue(queue, member)
+        for member in self.enqueuers():
+            # actAs the invoker, to create tasks that carry its OIDC token: on that account only.
+            self.grant_on_account(self.c.invoker_email, member, "roles/iam.serviceAccountUser")
+        url = self.worker()
+        self.grant_on_service(f"serviceAccount:{self.c.invoker_email}", "roles/run.invoker")
+        for job in self.c.jobs:
+            self.job(job, url)
+        print(
+            f"\nworker: {url}\nverify: gcloud run services describe {self.c.service} "
+            f"--region={self.c.region} {self.p}"
+        )
+
+    def teardown(self) -> None:
+        location = f"--location={self.c.region}"
+        for job in self.c.jobs:
+            if self.g.read("scheduler", "jobs", "describe", job.name, location, self.p) is not None:
+                self.g.change("scheduler", "jobs", "delete", job.name, location, self.p, "--quiet")
+        for queue in self.c.queues:
+            if self.g.read("tasks", "queues", "describe", queue.name, location, self.p) is not None:
+                self.g.change("tasks", "queues", "delete", queue.name, location, self.p, "--quiet")
+        region = f"--region={self.c.region}"
+        if self.g.read("run", "services", "describe", self.c.service, region, self.p) is not None:
+            self.g.change("run", "services", "delete", self.c.service, region, self.p, "--quiet")
+        self.g.change(
+            "projects",
+            "remove-iam-policy-binding",
+            self.c.project,
+            f"--member=serviceAccount:{self.c.worker_email}",
+            "--role=roles/datastore.user",
+            "--condition=None",
+        )
+        for email in (self.c.worker_email, self.c.invoker_email):
+            if self.g.read("iam", "service-accounts", "describe", email, self.p) is not None:
+                self.g.change("iam", "service-accounts", "delete", email, self.p, "--quiet")
+        print(f"kept: the Firestore database {self.c.database} and its data, and the enabled APIs")
+
+    def enqueuers(self) -> list[str]:
+        members = [f"serviceAccount:{self.c.worker_email}"] if self.c.fan_out else []
+        return members + list(self.c.enqueuers)
+
+    def enable_apis(self) -> None:
+        enabled = self.g.read("services", "list", "--enabled", self.p) or []
+        names = {service.get("config", {}).get("name") for service in enabled}
+        missing = [api for api in APIS if api not in names]
+        if missing:
+            self.g.change("services", "enable", *missing, self.p)
+        else:
+            self.g.unchanged("APIs")
+
+    def firestore(self) -> None:
+        database = f"--database={self.c.database}"
+        if self.g.read("firestore", "databases", "describe", database, self.p) is None:
+            self.g.change(
+                "firestore",
+                "databases",
+                "create",
+                database,
+                f"--location={self.c.firestore_location}",
+                "--type=firestore-native",
+                self.p,
+            )
+        else:
+            self.g.unchanged(f"Firestore database {self.c.database}")
+        group = f"--collection-group={self.c.collection}"
+        ttl = self.g.read("firestore", "fields", "ttls", "list", group, database, self.p) or []
+        if not any(
+            str(entry.get("name", "")).endswith("/fields/expire_at")
+            and entry.get("ttlConfig", {}).get("state") in ("ACTIVE", "CREATING")
+            for entry in ttl
+        ):
+            self.g.change(
+                "firestore",
+                "fields",
+                "ttls",
+                "update",
+                "expire_at",
+                group,
+                "--enable-ttl",
+                database,
+                self.p,
+                "--async",
+            )
+        else:
+            self.g.unchanged("TTL policy on expire_at")
+        indexes = self.g.read("firestore", "indexes", "composite", "list", database, self.p) or []
+        wanted = [("status", "ASCENDING"), ("claimed_at", "DESCENDING")]
+        if not any(
+            f"/collectionGroups/{self.c.collection}/" in index.get("name", "")
+            and [(f.get("fieldPath"), f.get("order")) for f in index.get("fields", [])][:2]
+            == wanted
+            for index in indexes
+        ):
+            self.g.change(
+                "firestore",
+                "indexes",
+                "composite",
+                "create",
+                group,
+                "--field-config=field-path=status,order=ascending",
+                "--field-config=field-path=claimed_at,order=descending",
+                database,
+                self.p,
+                "--async",
+            )
+        else:
+            self.g.unchanged("index on status + claimed_at")
+
+    def service_accounts(self) -> None:
+        for name, email, title in [
+            (self.c.worker_account, self.c.worker_email, "tasklease worker runtime"),
+            (self.c.invoker_account, self.c.invoker_email, "tasklease invoker (OIDC tokens)"),
+        ]:
+            if self.g.read("iam", "service-accounts", "describe", email, self.p) is None:
+                self.g.change(
+                    "iam", "service-accounts", "create", name, f"--display-name={title}", self.p
+                )
+            else:
+                self.g.unchanged(f"service account {email}")
+
+    def queue(self, queue: Queue) -> None:
+        location = f"--location={self.c.region}"
+        flags = [
+            f"--max-attempts={queue.max_attempts}",
+            f"--max-retry-duration={_seconds(queue.max_retry_duration)}",
+            f"--min-backoff={_seconds(queue.min_backoff)}",
+            f"--max-backoff={_seconds(queue.max_backoff)}",
+            f"--max-doublings={queue.max_doublings}",
+            f"--max-dispatches-per-second={queue.max_dispatches_per_second:g}",
+            f"--max-concurrent-dispatches={queue.max_concurrent_dispatches}",
+        ]
+        current = self.g.read("tasks", "queues", "describe", queue.name, location, self.p)
+        if current is None:
+            self.g.change("tasks", "queues", "create", queue.name, location, *flags, self.p)
+        elif _queue_settings(current) != _queue_settings_wanted(queue):
+            self.g.change("tasks", "queues", "update", queue.name, location, *flags, self.p)
+        else:
+            self.g.unchanged(f"queue {queue.name}")
+
+    def worker(self) -> str:
+        """Deploy the service unless the same source and settings are already live."""
+        number = "PROJECT_NUMBER"
+        if not self.g.dry_run:
+            described = self.g.read("projects", "describe", self.c.project) or {}
+            number = str(described.get("projectNumber", number))
+        url = f"https://{self.c.service}-{number}.{self.c.region}.run.app"
+        queue = self.c.queues[0]
+        env = {
+            "TASKLEASE_ROUTER": self.c.router,
+            "TASKLEASE_STORE": f"firestore://?collection={self.c.collection}&database={self.c.database}",
+            "TASKLEASE_AUTH": "oidc",
+            "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS": self.c.invoker_email,
+            "TASKLEASE_AUDIENCE": url,
+            "GOOGLE_CLOUD_PROJECT": self.c.project,
+            "TASKLEASE_PROJECT": self.c.project,
+            "TASKLEASE_LOCATION": self.c.region,
+            "TASKLEASE_QUEUE": queue.name,
+            "TASKLEASE_WORKER_URL": url,
+            "TASKLEASE_SERVICE_ACCOUNT": self.c.invoker_email,
+            "TASKLEASE_DISPATCH_DEADLINE": f"{queue.dispatch_deadline:g}",
+            "WEB_CONCURRENCY": str(self.c.workers),
+            "GUNICORN_THREADS": str(self.c.threads),
+            "GUNICORN_TIMEOUT": f"{self.c.gunicorn_timeout:g}",
+        }
+        flags = [
+            f"--region={self.c.region}",
+            f"--service-account={self.c.worker_email}",
+            "--no-allow-unauthenticated",
+            f"--timeout={self.c.request_timeout:g}",
+            f"--concurrency={self.c.workers * self.c.threads}",
+            f"--min-instances={self.c.min_instances}",
+            f"--max-instances={self.c.max_instances}",
+            # A delimiter that cannot occur in the values (the store URL holds '&' and ',').
+            "--set-env-vars=^|^" + "|".join(f"{k}={v}" for k, v in env.items()),
+        ]
+        digest = _digest(flags)
+        current = self.g.read(
+            "run", "services", "describe", self.c.service, f"--region={self.c.region}", self.p
+        )
+        labels = (current or {}).get("metadata", {}).get("labels", {})
+        if current is not None and labels.get(DIGEST_LABEL) == digest:
+            self.g.unchanged(f"Cloud Run service {self.c.service} (same source and settings)")
+            return url
+        self.g.change(
+            "run",
+            "deploy",
+            self.c.service,
+            f"--source={ROOT}",
+            *flags,
+            f"--labels={DIGEST_LABEL}={digest}",
+            self.p,
+            "--quiet",
+        )
+        return url
+
+    def job(self, job: Job, url: str) -> None:
+        location = f"--location={self.c.region}"
+        flags = [
+            f"--schedule={job.schedule}",
+            f"--time-zone={job.time_zone}",
+            f"--uri={url}/jobs/{job.name}",
+            "--http-method=POST",
+            f"--oidc-service-account-email={self.c.invoker_email}",
+            f"--oidc-token-audience={url}",
+            f"--attempt-deadline={_seconds(job.attempt_deadline)}",
+            f"--max-retry-attempts={job.retry_count}",
+            f"--min-backoff={_seconds(job.min_backoff)}",
+            f"--max-backoff={_seconds(job.max_backoff)}",
+            f"--max-doublings={job.max_doublings}",
+        ]
+        current = self.g.read("scheduler", "jobs", "describe", job.name, location, self.p)
+        if current is None:
+            self.g.change("scheduler", "jobs", "create", "http", job.name, location, *flags, self.p)
+        elif _job_settings(current) != _job_settings_wanted(job, url, self.c.invoker_email):
+            self.g.change("scheduler", "jobs", "update", "http", job.name, location, *flags, self.p)
+        else:
+            self.g.unchanged(f"scheduler job {job.name}")
+
+    def grant_project_role(self, member: str, role: str) -> None:
+        # Firestore access has no narrower resource to grant on than the project.
+        policy = self.g.read("projects", "get-iam-policy", self.c.project)
+        if _has_binding(policy, member, role):
+            self.g.unchanged(f"{role} for {member}")
+        else:
+            self.g.change(
+                "projects",
+                "add-iam-policy-binding",
+                self.c.project,
+                f"--member={member}",
+                f"--role={role}",
+                "--condition=None",
+            )
+
+    def grant_on_queue(self, queue: Queue, member: str) -> None:
+        location = f"--location={self.c.region}"
+        role = "roles/cloudtasks.enqueuer"
+        policy = self.g.read("tasks", "queues", "get-iam-policy", queue.name, location, self.p)
+        if _has_binding(policy, member, role):
+            self.g.unchanged(f"{role} on queue {queue.name} for {member}")
+        else:
+            self.g.change(
+                "tasks",
+                "queues",
+                "add-iam-policy-binding",
+                queue.name,
+                location,
+                f"--member={member}",
+                f"--role={role}",
+                self.p,
+            )
+
+    def grant_on_account(self, email: str, member: str, role: str) -> None:
+        policy = self.g.read("iam", "service-accounts", "get-iam-policy", email, self.p)
+        if _has_binding(policy, member, role):
+            self.g.unchanged(f"{role} on {email} for {member}")
+        else:
+            self.g.change(
+                "iam",
+                "service-accounts",
+                "add-iam-policy-binding",
+                email,
+                f"--member={member}",
+                f"--role={role}",
+                self.p,
+            )
+
+    def grant_on_service(self, member: str, role: str) -> None:
+        region = f"--region={self.c.region}"
+        policy = self.g.read("run", "services", "get-iam-policy", self.c.service, region, self.p)
+        if _has_binding(policy, member, role):
+            self.g.unchanged(f"{role} on service {self.c.service} for {member}")
+        else:
+            self.g.change(
+                "run",
+                "services",
+                "add-iam-policy-binding",
+                self.c.service,
+                region,
+                f"--member={member}",
+                f"--role={role}",
+                self.p,
+            )
+
+
+def _has_binding(policy: Any, member: str, role: str) -> bool:
+    return any(
+        binding.get("role") == role and member in binding.get("members", [])
+        for binding in (policy or {}).get("bindings", [])
+    )
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _duration(value: Any) -> float:
+    return float(str(value or "0s").rstrip("s") or 0)
+
+
+def _queue_settings(described: dict[str, Any]) -> tuple[Any, ...]:
+    rate, retry = described.get("rateLimits", {}), described.get("retryConfig", {})
+    return (
+        int(retry.get("maxAttempts", 100)),
+        _duration(retry.get("maxRetryDuration")),
+        _duration(retry.get("minBackoff")),
+        _duration(retry.get("maxBackoff")),
+        int(retry.get("maxDoublings", 16)),
+        float(rate.get("maxDispatchesPerSecond", 500)),
+        int(rate.get("maxConcurrentDispatches", 1000)),
+    )
+
+
+def _queue_settings_wanted(queue: Queue) -> tuple[Any, ...]:
+    return (
+        queue.max_attempts,
+        float(queue.max_retry_duration),
+        float(queue.min_backoff),
+        float(queue.max_backoff),
+        queue.max_doublings,
+        float(queue.max_dispatches_per_second),
+        queue.max_concurrent_dispatches,
+    )
+
+
+def _job_settings(described: dict[str, Any]) -> tuple[Any, ...]:
+    target, retry = described.get("httpTarget", {}), described.get("retryConfig", {})
+    oidc = target.get("oidcToken", {})
+    return (
+        described.get("schedule"),
+        described.get("timeZone"),
+        target.get("uri"),
+        oidc.get("serviceAccountEmail"),
+        oidc.get("audience"),
+        _duration(described.get("attemptDeadline")),
+        int(retry.get("retryCount", 0)),
+        _duration(retry.get("minBackoffDuration")),
+        _duration(retry.get("maxBackoffDuration")),
+        int(retry.get("maxDoublings", 5)),
+    )
+
+
+def _job_settings_wanted(job: Job, url: str, invoker: str) -> tuple[Any, ...]:
+    return (
+        job.schedule,
+        job.time_zone,
+        f"{url}/jobs/{job.name}",
+        invoker,
+        url,
+        float(job.attempt_deadline),
+        job.retry_count,
+        float(job.min_backoff),
+        float(job.max_backoff),
+        job.max_doublings,
+    )
+
+
+def _digest(flags: list[str]) -> str:
+    """The source tree (git's view of it) and the deploy settings, hashed."""
+    hasher = hashlib.sha256("\n".join(flags).encode())
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+    )
+    for name in sorted(filter(None, listed.stdout.split(b"\0"))):
+        path = ROOT / name.decode()
+        if path.is_file():
+            hasher.update(name + b"\0" + path.read_bytes())
+    return hasher.hexdigest()[:16]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run none")
+    parser.add_argument("--teardown", action="store_true", help="delete what deploy created")
+    parser.add_argument("--gcloud", default="gcloud", help="the gcloud executable")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+        deployer = Deployer(config, Gcloud(dry_run=args.dry_run, executable=args.gcloud))
+        if args.teardown:
+            deployer.teardown()
+        else:
+            deployer.deploy()
+    except DeployError as exc:
+        print(f"deploy: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

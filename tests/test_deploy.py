@@ -1,0 +1,246 @@
+"""deploy/deploy.py against a stub gcloud that records its calls and keeps what it creates."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "deploy" / "deploy.py"
+STUB = ROOT / "tests" / "services" / "stub_gcloud.py"
+EXAMPLE = ROOT / "deploy" / "tasklease.toml"
+INVOKER = "tasklease-invoker@my-project.iam.gserviceaccount.com"
+
+MUTATING = (
+    "create",
+    "update",
+    "enable",
+    "deploy",
+    "add-iam-policy-binding",
+    "delete",
+    "remove-iam-policy-binding",
+)
+
+
+class Cloud:
+    """A directory with a `gcloud` on PATH that logs to calls.jsonl and keeps state.json."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        bin_dir = tmp / "bin"
+        bin_dir.mkdir()
+        gcloud = bin_dir / "gcloud"
+        gcloud.write_text(
+            f"#!{sys.executable}\nimport runpy, sys\n"
+            f"sys.argv[0] = {str(STUB)!r}\nrunpy.run_path({str(STUB)!r}, run_name='__main__')\n"
+        )
+        gcloud.chmod(0o755)
+        self.log = tmp / "calls.jsonl"
+        self.env = {
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "STUB_GCLOUD_LOG": str(self.log),
+            "STUB_GCLOUD_STATE": str(tmp / "state.json"),
+        }
+
+    def deploy(self, *args: str, config: Path = EXAMPLE) -> subprocess.CompletedProcess[str]:
+        self.log.unlink(missing_ok=True)
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), f"--config={config}", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    def calls(self) -> list[list[str]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def changes(self) -> list[list[str]]:
+        return [call for call in self.calls() if any(word in MUTATING for word in call[:5])]
+
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Cloud:
+    return Cloud(tmp_path)
+
+
+def test_first_run_sets_up_everything_in_order(cloud: Cloud) -> None:
+    result = cloud.deploy()
+    assert result.returncode == 0, result.stderr
+    heads = [" ".join([w for w in call if not w.startswith("--")][:4]) for call in cloud.changes()]
+    assert heads == [
+        "services enable run.googleapis.com cloudbuild.googleapis.com",
+        "firestore databases create",
+        "firestore fields ttls update",
+        "firestore indexes composite create",
+        "iam service-accounts create tasklease-worker",
+        "iam service-accounts create tasklease-invoker",
+        "projects add-iam-policy-binding my-project",
+        "tasks queues create default",
+        "tasks queues add-iam-policy-binding default",
+        "iam service-accounts add-iam-policy-binding " + INVOKER,
+        "run deploy tasklease-worker",
+        "run services add-iam-policy-binding tasklease-worker",
+        "scheduler jobs create http",
+    ]
+
+
+def test_exact_commands_for_the_worker_queue_and_job(cloud: Cloud) -> None:
+    cloud.deploy()
+    changes = cloud.changes()
+    [deploy] = [c for c in changes if c[:2] == ["run", "deploy"]]
+    assert "--no-allow-unauthenticated" in deploy
+    assert "--service-account=tasklease-worker@my-project.iam.gserviceaccount.com" in deploy
+    assert "--timeout=900" in deploy and "--concurrency=16" in deploy
+    env = next(a for a in deploy if a.startswith("--set-env-vars=^|^"))[len("--set-env-vars=^|^") :]
+    variables = dict(pair.split("=", 1) for pair in env.split("|"))
+    url = "https://tasklease-worker-123456789.us-central1.run.app"
+    assert (
+        variables["TASKLEASE_STORE"] == "firestore://?collection=tasklease_runs&database=(default)"
+    )
+    assert (
+        variables["TASKLEASE_ALLOWED_SERVICE_ACCOUNTS"]
+        == "tasklease-invoker@my-project.iam.gserviceaccount.com"
+    )
+    assert variables["TASKLEASE_AUDIENCE"] == url == variables["TASKLEASE_WORKER_URL"]
+    assert variables["TASKLEASE_DISPATCH_DEADLINE"] == "600"
+    [queue] = [c for c in changes if c[:3] == ["tasks", "queues", "create"]]
+    assert queue == [
+        "tasks",
+        "queues",
+        "create",
+        "default",
+        "--location=us-central1",
+        "--max-attempts=100",
+        "--max-retry-duration=0s",
+        "--min-backoff=0.1s",
+        "--max-backoff=3600s",
+        "--max-doublings=16",
+        "--max-dispatches-per-second=500",
+        "--max-concurrent-dispatches=1000",
+        "--project=my-project",
+    ]
+    [job] = [c for c in changes if c[:3] == ["scheduler", "jobs", "create"]]
+    assert "--schedule=0 3 * * *" in job
+    assert f"--uri={url}/jobs/nightly_reports" in job
+    assert (
+        "--oidc-service-account-email=tasklease-invoker@my-project.iam.gserviceaccount.com" in job
+    )
+    assert f"--oidc-token-audience={url}" in job
+    assert "--attempt-deadline=180s" in job and "--max-retry-attempts=3" in job
+
+
+def test_second_run_changes_nothing(cloud: Cloud) -> None:
+    assert cloud.deploy().returncode == 0
+    second = cloud.deploy()
+    assert second.returncode == 0, second.stderr
+    assert cloud.changes() == []
+    assert "up to date" in second.stdout
+
+
+def test_a_changed_setting_updates_only_that_resource(cloud: Cloud, tmp_path: Path) -> None:
+    cloud.deploy()
+    config = tmp_path / "changed.toml"
+    config.write_text(EXAMPLE.read_text().replace("max_attempts = 100", "max_attempts = 20"))
+    assert cloud.deploy(config=config).returncode == 0
+    assert [c[:4] for c in cloud.changes()] == [["tasks", "queues", "update", "default"]]
+
+
+def test_no_role_is_granted_project_wide_where_a_resource_grant_exists(cloud: Cloud) -> None:
+    cloud.deploy()
+    grants = [c for c in cloud.changes() if "add-iam-policy-binding" in c]
+    project_roles = [
+        next(a for a in c if a.startswith("--role=")) for c in grants if c[0] == "projects"
+    ]
+    assert project_roles == ["--role=roles/datastore.user"]  # Firestore has no narrower resource.
+
+    def scope(role: str) -> list[str]:
+        return [" ".join(c[:2]) for c in grants if f"--role={role}" in c]
+
+    assert scope("roles/run.invoker") == ["run services"]
+    assert scope("roles/cloudtasks.enqueuer") == ["tasks queues"]
+    assert scope("roles/iam.serviceAccountUser") == ["iam service-accounts"]
+    [act_as] = [c for c in grants if "--role=roles/iam.serviceAccountUser" in c]
+    assert act_as[3] == "tasklease-invoker@my-project.iam.gserviceaccount.com"
+
+
+def test_dry_run_prints_every_command_and_calls_nothing(cloud: Cloud) -> None:
+    result = cloud.deploy("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert cloud.calls() == []
+    printed = [line for line in result.stdout.splitlines() if line.startswith("gcloud ")]
+    assert len(printed) == 13
+    assert printed[0].startswith("gcloud services enable")
+    assert printed[-1].startswith("gcloud scheduler jobs create http nightly_reports")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ("dispatch_deadline = 600", "dispatch_deadline = 1200"),
+            "longer than worker.request_timeout",
+        ),
+        (
+            ("dispatch_deadline = 600", "dispatch_deadline = 5"),
+            "dispatch_deadline must be 15 to 1800",
+        ),
+        (("gunicorn_timeout = 0", "gunicorn_timeout = 60"), "would kill a request"),
+        (("attempt_deadline = 180", "attempt_deadline = 1000"), "attempt_deadline is longer"),
+        (("lease = 300", "lease = 5"), "lease must be at least 30"),
+        (
+            ("max_retry_duration = 0", "max_retry_duration = 1000000"),
+            "outlives worker.retention_days",
+        ),
+        (('schedule = "0 3 * * *"', 'schedule = "every 5 minutes"'), "unix-cron"),
+        (
+            ("max_dispatches_per_second = 500", "max_dispatches_per_second = 501"),
+            "max_dispatches_per_second",
+        ),
+    ],
+)
+def test_inconsistent_settings_are_refused_with_a_message_before_any_call(
+    cloud: Cloud, tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(EXAMPLE.read_text().replace(*change))
+    result = cloud.deploy(config=config)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert cloud.calls() == []
+
+
+def test_teardown_deletes_what_deploy_created_and_keeps_the_data(cloud: Cloud) -> None:
+    cloud.deploy()
+    result = cloud.deploy("--teardown")
+    assert result.returncode == 0, result.stderr
+    deleted = [" ".join(c[:3]) for c in cloud.changes() if "delete" in c]
+    assert deleted == [
+        "scheduler jobs delete",
+        "tasks queues delete",
+        "run services delete",
+        "iam service-accounts delete",
+        "iam service-accounts delete",
+    ]
+    assert "kept: the Firestore database" in result.stdout
+    again = cloud.deploy("--teardown")
+    assert [c for c in cloud.changes() if "delete" in c] == []
+    assert again.returncode == 0
+
+
+def test_a_failing_gcloud_call_stops_with_its_error(cloud: Cloud, tmp_path: Path) -> None:
+    broken = tmp_path / "bin" / "gcloud"
+    broken.write_text(
+        "#!/bin/sh\necho 'ERROR: (gcloud) PERMISSION_DENIED: caller lacks access' >&2\nexit 1\n"
+    )
+    result = cloud.deploy()
+    assert result.returncode == 2
+    assert "PERMISSION_DENIED" in result.stderr
