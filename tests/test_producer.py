@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -268,3 +269,23 @@ def test_memory_transport_has_the_same_naming_semantics() -> None:
     assert producer.enqueue("t", {"a": 1}, key="k").created
     assert not producer.enqueue("t", {"a": 1}, key="k").created
     assert [t.request.task_id for t in memory.tasks] == [task_id("t", "k")]
+
+
+# Python 3.12+ warns about forking a threaded process; forking is the very case tested here.
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_each_process_gets_its_own_client_after_a_fork(cloud_tasks: FakeCloudTasks) -> None:
+    producer = make_producer(cloud_tasks)
+    parent_client = producer.transport.client  # type: ignore[attr-defined]
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # In the child: a new client, and it works.
+        try:
+            fresh = producer.transport.client is not parent_client  # type: ignore[attr-defined]
+            created = producer.enqueue("t", {}, key="from-child").created
+            os.write(writer, b"ok" if fresh and created else b"no")
+        finally:
+            os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    assert os.read(reader, 2) == b"ok"
+    assert producer.transport.client is parent_client  # type: ignore[attr-defined]

@@ -39,4 +39,10 @@ def app_from_env() -> flask.Flask:
     return target if isinstance(target, flask.Flask) else create_app(target)
 
 
-app = app_from_env()
+def __getattr__(name: str) -> flask.Flask:
+    # Built on first access (gunicorn's), not at import: importing the module stays harmless.
+    if name == "app":
+        built = app_from_env()
+        globals()["app"] = built
+        return built
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,122 @@
+"""The command line (scheduler run, dev stack) and the WSGI entry point."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import flask
+import pytest
+import requests
+
+from emulator import CloudTasksEmulator
+from emulator.scheduler import Job
+from examples.ledger import Ledger
+from producer import Producer
+from tasklease.cli import main
+from tests.emulator_target import Target
+from worker.errors import ConfigurationError
+from worker.serve import free_port
+from worker.wsgi import app_from_env, load_router
+
+
+def test_scheduler_run_triggers_a_job_through_the_emulator(
+    target: tuple[Target, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    recorder, url = target
+    job = Job(name="nightly", schedule="0 3 * * *", url=url)
+    with CloudTasksEmulator(jobs=[job], scheduler_on_schedule=False) as emulator:
+        assert main(["scheduler", "run", "nightly", "--emulator", emulator.url]) == 0
+        assert emulator.scheduler.join(timeout=10)
+        assert main(["scheduler", "run", "missing", "--emulator", emulator.url]) == 1
+    assert len(recorder.hits) == 1
+    assert "no scheduler job 'missing'" in capsys.readouterr().out
+
+
+def test_wsgi_builds_the_app_for_the_router_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TASKLEASE_ROUTER", "tests.apps:router")
+    monkeypatch.setenv("TASKLEASE_STORE", "memory://")
+    monkeypatch.setenv("TASKLEASE_AUTH", "none")
+    app = app_from_env()
+    assert isinstance(app, flask.Flask)
+    assert "/tasks/<path:name>" in {rule.rule for rule in app.url_map.iter_rules()}
+
+
+@pytest.mark.parametrize(
+    ("reference", "message"),
+    [
+        ("tests.apps", "module:attribute"),
+        ("tests.apps:missing", "not a worker.Router"),
+        (":router", "module:attribute"),
+    ],
+)
+def test_wsgi_refuses_a_bad_router_reference(reference: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        load_router(reference)
+
+
+def test_wsgi_without_a_router_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TASKLEASE_ROUTER", raising=False)
+    with pytest.raises(ConfigurationError, match="TASKLEASE_ROUTER"):
+        app_from_env()
+
+
+def test_dev_stack_runs_emulator_and_worker_with_oidc_end_to_end(tmp_path: Path) -> None:
+    emulator_port, worker_port = free_port(), free_port()
+    env = {**os.environ, "TEST_LEDGER": str(tmp_path / "ledger.db")}
+    command = [
+        sys.executable,
+        "-m",
+        "tasklease.cli",
+        "dev",
+        "tests.apps:router",
+        "--port",
+        str(emulator_port),
+        "--worker-port",
+        str(worker_port),
+        "--data-dir",
+        str(tmp_path / "emulator"),
+        "--store",
+        f"sqlite:///{tmp_path}/runs.db",
+        "--project",
+        "p",
+        "--queue",
+        "default",
+    ]
+    with (tmp_path / "dev.log").open("wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while b"Enqueue from another shell" not in (tmp_path / "dev.log").read_bytes():
+            assert process.poll() is None, (tmp_path / "dev.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "dev.log").read_text()
+            time.sleep(0.1)
+        producer = Producer(
+            "p",
+            "us-central1",
+            "default",
+            f"http://127.0.0.1:{worker_port}",
+            "tasks@dev-project.iam.gserviceaccount.com",
+            tasks_endpoint=f"http://127.0.0.1:{emulator_port}",
+        )
+        assert producer.enqueue("record", {"n": 7}, key="seven").created
+        ledger = Ledger(tmp_path / "ledger.db")
+        while not ledger.path.exists() or not ledger.counts():
+            assert time.monotonic() < deadline, (tmp_path / "dev.log").read_text()
+            time.sleep(0.1)
+        assert dict(ledger.counts()) == {"record:7": 1}
+        forged = requests.post(
+            f"http://127.0.0.1:{worker_port}/tasks/record",
+            json={"n": 8},
+            headers={"X-CloudTasks-QueueName": "default", "X-CloudTasks-TaskName": "forged"},
+            timeout=10,
+        )
+        assert forged.status_code == 401  # The dev stack runs with authentication on.
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
