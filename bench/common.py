@@ -60,6 +60,24 @@ def child(
 
 
 @contextmanager
+def tasklease_emulator(name: str) -> Iterator[str]:
+    """``tasklease emulator`` in its own process, with a fresh data folder: its endpoint."""
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "tasklease.cli",
+        "emulator",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(BENCH_DIR / f"{name}-{port}"),
+    ]
+    with child(command, port, BENCH_DIR / f"{name}-emulator.log"):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextmanager
 def counting_target() -> Iterator[str]:
     """A trivial HTTP target in its own process: POST anywhere answers 200; GET /count."""
     port = free_port()

@@ -24,7 +24,14 @@ import grpc
 from google.cloud import tasks_v2
 from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
 
-from bench.common import BENCH_DIR, child, counting_target, free_port, wait_until_received
+from bench.common import (
+    BENCH_DIR,
+    child,
+    counting_target,
+    free_port,
+    tasklease_emulator,
+    wait_until_received,
+)
 from producer import CloudTasksTransport, Producer
 
 QUEUE = "projects/bench/locations/us-central1/queues/throughput"
@@ -42,22 +49,9 @@ def run_workload(producer: Producer, target: str, tasks: int) -> float:
     return tasks / (finished - started)
 
 
-def tasklease_emulator(tasks: int, target: str) -> float:
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "tasklease.cli",
-        "emulator",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(BENCH_DIR / f"throughput-{port}"),
-    ]
-    with child(command, port, BENCH_DIR / "throughput-emulator.log"):
-        producer = Producer(
-            "bench", "us-central1", "throughput", target, tasks_endpoint=f"http://127.0.0.1:{port}"
-        )
+def through_tasklease_emulator(tasks: int, target: str) -> float:
+    with tasklease_emulator("throughput") as endpoint:
+        producer = Producer("bench", "us-central1", "throughput", target, tasks_endpoint=endpoint)
         client = producer.transport.client  # type: ignore[attr-defined]
         client.create_queue(parent=QUEUE.rsplit("/queues/", 1)[0], queue={"name": QUEUE})
         return run_workload(producer, target, tasks)
@@ -105,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"emulators: {args.tasks} tasks end to end to a trivial handler")
     with counting_target() as target:
-        ours = tasklease_emulator(args.tasks, target)
+        ours = through_tasklease_emulator(args.tasks, target)
     with counting_target() as target:
         theirs = gcloud_tasks_emulator(args.tasks, target)
     print(f"  tasklease emulator:              {ours:7.0f} tasks/s")

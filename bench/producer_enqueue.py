@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import BENCH_DIR, child, free_port
+from bench.common import BENCH_DIR, child, free_port, tasklease_emulator
 from producer import Producer
 
 QUEUE = "projects/bench/locations/us-central1/queues/enqueue"
@@ -54,20 +54,9 @@ def with_stub(
 
 
 def with_emulator(run: Callable[[str], tuple[float, float]]) -> tuple[float, float]:
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "tasklease.cli",
-        "emulator",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(BENCH_DIR / f"enqueue-{port}"),
-    ]
-    with child(command, port, BENCH_DIR / "enqueue-emulator.log"):
-        endpoint = f"http://127.0.0.1:{port}"
-        client = Producer("bench", "l", "q", "http://x/", tasks_endpoint=endpoint).transport.client  # type: ignore[attr-defined]
+    with tasklease_emulator("enqueue") as endpoint:
+        admin = Producer("bench", "l", "q", "http://x/", tasks_endpoint=endpoint)
+        client = admin.transport.client  # type: ignore[attr-defined]
         client.create_queue(parent=QUEUE.rsplit("/queues/", 1)[0], queue={"name": QUEUE})
         client.pause_queue(name=QUEUE)
         return run(endpoint)

@@ -13,7 +13,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from emulator.sender import AttemptResult
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
@@ -92,6 +95,25 @@ class DeliveryRecord:
     error: str | None
     started_us: int
     duration_ms: float
+
+    @classmethod
+    def of(
+        cls, kind: str, queue: str | None, name: str, url: str, *, attempt: int, sent: AttemptResult
+    ) -> DeliveryRecord:
+        """The record of one request that was sent."""
+        return cls(
+            kind,
+            queue,
+            name,
+            url,
+            attempt,
+            sent.status,
+            sent.outcome,
+            sent.fault,
+            sent.error,
+            sent.started_us,
+            sent.duration_ms,
+        )
 
 
 _TASK_COLUMNS = (

@@ -191,19 +191,7 @@ class Dispatcher:
         )
         attempt_number = row.dispatch_count + 1
         deliveries = [
-            DeliveryRecord(
-                "task",
-                row.queue,
-                row.name,
-                url,
-                attempt_number,
-                sent.status,
-                sent.outcome,
-                sent.fault,
-                sent.error,
-                sent.started_us,
-                sent.duration_ms,
-            )
+            DeliveryRecord.of("task", row.queue, row.name, url, attempt=attempt_number, sent=sent)
             for sent in (result, duplicate)
             if sent is not None
         ]

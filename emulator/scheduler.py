@@ -182,18 +182,13 @@ class LocalScheduler:
             )
             for sent in filter(None, [result, duplicate]):
                 self._db.log_delivery(
-                    DeliveryRecord(
+                    DeliveryRecord.of(
                         "scheduler",
                         None,
                         f"{job.name}@{stamp}",
                         job.url,
-                        attempt,
-                        sent.status,
-                        sent.outcome,
-                        sent.fault,
-                        sent.error,
-                        sent.started_us,
-                        sent.duration_ms,
+                        attempt=attempt,
+                        sent=sent,
                     )
                 )
             if result.succeeded:
