@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -134,7 +133,7 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
             auth="oidc",
             workers=worker.workers,
             port=worker.worker_port,
-            env={**os.environ, **env},
+            env=env,
             log_path=None,
             stream_logs=True,
         ):
