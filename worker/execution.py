@@ -104,7 +104,9 @@ class Executor:
     def execute(self, delivery: Delivery) -> Reply:
         """Handle one delivery and write its one structured log line."""
         started = time.monotonic()
-        log: dict[str, Any] = {"handler": delivery.handler, "kind": delivery.kind.value}
+        # The handler name comes from the URL: cap what an unknown one can put in the log.
+        handler = delivery.handler[:100]
+        log: dict[str, Any] = {"handler": handler, "kind": delivery.kind.value}
         reply = self._execute(delivery, log)
         log.update(
             outcome=reply.outcome.value,
@@ -116,7 +118,7 @@ class Executor:
         level = logging.ERROR if reply.status >= 500 else logging.INFO
         if reply.outcome in (Outcome.UNAUTHENTICATED, Outcome.FORBIDDEN, Outcome.LOST_CLAIM):
             level = logging.WARNING
-        log_execution(f"{delivery.kind.value} {delivery.handler}: {reply.message}", log, level)
+        log_execution(f"{delivery.kind.value} {handler}: {reply.message}", log, level)
         return reply
 
     def _execute(self, delivery: Delivery, log: dict[str, Any]) -> Reply:
