@@ -192,15 +192,6 @@ class EmulatorDB:
             self._queues.pop(name, None)
 
     # Tasks.
-    def name_taken(self, name: str, since_us: int) -> bool:
-        """Whether ``name`` is a task now, or was one (executed or deleted) since ``since_us``."""
-        return bool(
-            self._query("SELECT 1 FROM tasks WHERE name = ?", (name,))
-            or self._query(
-                "SELECT 1 FROM tombstones WHERE name = ? AND at_us >= ?", (name, since_us)
-            )
-        )
-
     def insert_task(self, row: TaskRow, tombstones_since_us: int) -> bool:
         """Insert a new task; False if its name is taken (a task, or a tombstone since then)."""
         with self.transaction() as connection:

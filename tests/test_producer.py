@@ -21,6 +21,7 @@ from producer import (
     task_id,
 )
 from tests.fake_cloud_tasks import FakeCloudTasks
+from worker import Router, TaskContext, create_app
 
 WORKER = "https://worker-xyz.a.run.app"
 SA = "tasks@p.iam.gserviceaccount.com"
@@ -289,3 +290,23 @@ def test_each_process_gets_its_own_client_after_a_fork(cloud_tasks: FakeCloudTas
     os.waitpid(child, 0)
     assert os.read(reader, 2) == b"ok"
     assert producer.transport.client is parent_client  # type: ignore[attr-defined]
+
+
+def test_memory_transport_delivers_to_a_worker_in_the_users_own_tests() -> None:
+    router = Router()
+    sent: list[int] = []
+
+    @router.task("send_receipt")
+    def send_receipt(payload: Any, ctx: TaskContext) -> None:
+        sent.append(payload["order_id"])
+
+    client = create_app(router, store="memory://", auth="none").test_client()
+    queue = MemoryTransport()
+    producer = Producer("p", "l", "q", "https://worker.example", transport=queue)
+    producer.enqueue("send_receipt", {"order_id": 42}, key="order-42")
+    [task] = queue.pending()
+    assert queue.deliver(task, client.post, "q") == 200
+    assert queue.deliver(task, client.post, "q") == 200  # A duplicate delivery: absorbed.
+    assert queue.pending() == []
+    assert sent == [42]
+    assert task.deliveries == 2

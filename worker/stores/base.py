@@ -29,8 +29,9 @@ class LeaseStore(ABC):
     - :meth:`get` and :meth:`list_runs`: plain reads.
     - :meth:`purge_expired`: delete records past ``expire_at``.
 
-    A backend may override the public methods with faster equivalents (the Firestore store
-    claims with one conditional create) as long as the contract tests still pass.
+    A backend may override :meth:`claim` and :meth:`_if_held` (which renew, complete, fail
+    and release go through) with faster equivalents, as the Firestore store does with
+    single-document preconditions, as long as the contract tests still pass.
 
     Concurrency: every method may be called from many threads, and a store built from the same
     configuration in several processes must behave as one store. Every method raises
