@@ -162,8 +162,14 @@ class CloudTasksApi:
 
     def list_tasks(self, queue: str) -> dict[str, Any]:
         self._queue(queue)
-        size = min(int(flask.request.args.get("pageSize") or _DEFAULT_PAGE_SIZE), _MAX_PAGE_SIZE)
-        offset = int(flask.request.args.get("pageToken") or 0)
+        try:
+            size = int(flask.request.args.get("pageSize") or _DEFAULT_PAGE_SIZE)
+            offset = int(flask.request.args.get("pageToken") or 0)
+        except ValueError as exc:
+            raise ApiError(400, f"invalid pageSize or pageToken: {exc}") from exc
+        if size < 0 or offset < 0:
+            raise ApiError(400, "pageSize and pageToken must not be negative")
+        size = min(size or _DEFAULT_PAGE_SIZE, _MAX_PAGE_SIZE)
         rows = self.db.list_tasks(queue, size + 1, offset)
         result: dict[str, Any] = {"tasks": [self._task_view(r, _view_param()) for r in rows[:size]]}
         if len(rows) > size:

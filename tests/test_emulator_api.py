@@ -6,6 +6,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import requests
 from google.api_core import exceptions as api
 from google.cloud import tasks_v2
 from google.protobuf import duration_pb2, field_mask_pb2, timestamp_pb2
@@ -230,3 +231,12 @@ def test_the_producer_reaches_the_emulator_unchanged(
             "hit", {}
         )
     assert len(target[0].hits) == 1
+
+
+def test_malformed_page_tokens_are_invalid_argument(emulator: CloudTasksEmulator) -> None:
+    emulator.create_queue(QUEUE)
+    response = requests.get(
+        f"{emulator.url}/v2/{QUEUE}/tasks", params={"pageToken": "x"}, timeout=5
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["status"] == "INVALID_ARGUMENT"

@@ -99,3 +99,26 @@ def test_long_handler_keeps_its_run_against_a_concurrent_retry() -> None:
     assert retry.headers["X-Tasklease-Outcome"] == "in_progress"
     assert results[0].headers["X-Tasklease-Outcome"] == "processed"
     assert len(calls) == 1
+
+
+def test_a_renewal_racing_the_finish_is_not_reported_as_a_lost_lease(
+    caplog: Any,
+) -> None:
+    store = MemoryStore()
+    ctx = context_for(store)
+    keeper = LeaseKeeper(store, now)
+    started = threading.Event()
+    original = store.renew
+
+    def slow_renew(*args: Any) -> bool:
+        started.set()
+        time.sleep(0.3)  # Meanwhile the execution finishes and completes the run.
+        return original(*args)
+
+    store.renew = slow_renew  # type: ignore[method-assign]
+    with keeper.kept(ctx, LEASE):
+        assert started.wait(5)
+    store.complete("run-1", "attempt-1", None, now())
+    time.sleep(0.5)
+    assert not ctx.lease_lost
+    assert not [r for r in caplog.records if "lost its claim" in r.getMessage()]

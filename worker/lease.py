@@ -107,6 +107,8 @@ class LeaseKeeper:
             _log.exception("lease renewal of run %s failed unexpectedly, retrying", ctx.run_id)
             return max(_interval(entry.lease) / 4, 0.2)
         if not held:
+            if not entry.active:
+                return None  # The execution finished meanwhile: its own finish ended the claim.
             ctx.mark_lease_lost()
             _log.warning(
                 "run %s: attempt %s lost its claim; another attempt took the run over",
