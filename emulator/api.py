@@ -130,7 +130,8 @@ class CloudTasksApi:
         return config
 
     def create_task(self, queue: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._queue(queue)
+        if not self.db.has_queue(queue):
+            raise ApiError(404, f"queue {queue} not found")
         now_us = _now_us()
         spec, view = model.parse_new_task(queue, body, now_us)
         if not spec.get("name"):

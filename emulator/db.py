@@ -175,6 +175,10 @@ class EmulatorDB:
             config = self._queues.get(name)
             return json.loads(json.dumps(config)) if config is not None else None
 
+    def has_queue(self, name: str) -> bool:
+        with self._lock:
+            return name in self._queues
+
     def all_queues(self) -> list[dict[str, Any]]:
         """Every queue's config, not copied: read them, do not change them."""
         with self._lock:

@@ -29,6 +29,8 @@ DEFAULT_RATE, MAX_RATE = 500.0, 500.0
 DEFAULT_BURST = 100
 DEFAULT_CONCURRENCY, MAX_CONCURRENCY = 1000, 5000
 
+_CREATE_TASK_REQUEST = tasks_v2.CreateTaskRequest.pb()  # The raw protobuf message class.
+
 # How an HTTP answer shows up in an Attempt's response_status (google.rpc.Code).
 _RPC_CODE_OF_HTTP = {
     400: 3,
@@ -149,17 +151,20 @@ def retry_settings(config: dict[str, Any]) -> RetrySettings:
 
 
 def parse_new_task(queue: str, body: dict[str, Any], now_us: int) -> tuple[dict[str, Any], str]:
-    """Validate a CreateTask body; return the task spec (REST JSON) and its response view."""
+    """Validate a CreateTask body; return the task spec (REST JSON) and its response view.
+
+    Parsed with the raw protobuf classes of google-cloud-tasks (not their proto-plus
+    wrappers): the same validation, at a fraction of the CPU on the create path.
+    """
+    request = _CREATE_TASK_REQUEST()
     try:
-        request = tasks_v2.CreateTaskRequest.from_json(
-            json.dumps(body), ignore_unknown_fields=False
-        )
-    except (json_format.ParseError, ValueError) as exc:
+        json_format.ParseDict(body, request, ignore_unknown_fields=False)
+    except (json_format.ParseError, ValueError, TypeError) as exc:
         raise ApiError(400, f"invalid CreateTaskRequest: {exc}") from exc
     task = request.task
-    if "app_engine_http_request" in task:
+    if task.HasField("app_engine_http_request"):
         raise ApiError(501, "the emulator serves HTTP targets only", "UNIMPLEMENTED")
-    if "http_request" not in task or not task.http_request.url:
+    if not task.HasField("http_request") or not task.http_request.url:
         raise ApiError(400, "task.httpRequest.url is required")
     if not task.http_request.url.startswith(("http://", "https://")):
         raise ApiError(400, f"task.httpRequest.url must be http(s): {task.http_request.url}")
@@ -171,18 +176,18 @@ def parse_new_task(queue: str, body: dict[str, Any], now_us: int) -> tuple[dict[
                 f"invalid task name {task.name!r}: {prefix}ID, ID of up to 500 "
                 "letters, digits, hyphens or underscores",
             )
-    spec = _to_dict(task)
+    if task.ByteSize() > MAX_TASK_BYTES:
+        raise ApiError(400, f"task is larger than the maximum task size ({MAX_TASK_BYTES} bytes)")
     for output_only in (
-        "createTime",
-        "dispatchCount",
-        "responseCount",
-        "firstAttempt",
-        "lastAttempt",
+        "create_time",
+        "dispatch_count",
+        "response_count",
+        "first_attempt",
+        "last_attempt",
         "view",
     ):
-        spec.pop(output_only, None)
-    if len(tasks_v2.Task.serialize(task)) > MAX_TASK_BYTES:
-        raise ApiError(400, f"task is larger than the maximum task size ({MAX_TASK_BYTES} bytes)")
+        task.ClearField(output_only)
+    spec: dict[str, Any] = json_format.MessageToDict(task)
     schedule = spec.get("scheduleTime")
     if schedule and micros_of(schedule) - now_us > MAX_SCHEDULE_AHEAD_SECONDS * 1_000_000:
         raise ApiError(400, "scheduleTime is more than 30 days in the future")

@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-import requests
+import urllib3
 
 from emulator.faults import Faults
 
@@ -40,13 +40,12 @@ class Sender:
 
     def __init__(self, faults: Faults, pool_size: int = 128) -> None:
         self.faults = faults
-        self._session = requests.Session()
-        adapter = requests.adapters.HTTPAdapter(pool_connections=pool_size, pool_maxsize=pool_size)
-        self._session.mount("http://", adapter)
-        self._session.mount("https://", adapter)
+        # urllib3 directly, not requests: a dispatch's HTTP handling costs a fraction of the
+        # CPU (no request preparation, settings merge or proxy look-up from the environment).
+        self._pool = urllib3.PoolManager(num_pools=16, maxsize=pool_size, retries=False)
 
     def close(self) -> None:
-        self._session.close()
+        self._pool.clear()
 
     def send(
         self, method: str, url: str, headers: dict[str, str], body: bytes, timeout: float
@@ -89,19 +88,24 @@ class Sender:
     ) -> AttemptResult:
         started = _now_us()
         try:
-            response = self._session.request(
-                method, url, headers=headers, data=body, timeout=timeout
+            response = self._pool.request(
+                method,
+                url,
+                body=body,
+                headers=headers,
+                timeout=urllib3.Timeout(total=timeout),
+                redirect=False,
             )
-        except requests.Timeout:
+        except urllib3.exceptions.TimeoutError:
             return AttemptResult(
                 None, None, "no answer within the deadline", None, started, _now_us(), fault
             )
-        except requests.RequestException as exc:
+        except urllib3.exceptions.HTTPError as exc:
             return AttemptResult(
                 None, None, f"{type(exc).__name__}: {exc}"[:300], None, started, _now_us(), fault
             )
         return AttemptResult(
-            response.status_code,
+            response.status,
             response.headers.get(OUTCOME_HEADER),
             None,
             _retry_after(response.headers.get("Retry-After")),
