@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -69,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(response.text.strip())
         return 0 if response.ok else 1
+    os.environ.setdefault("TASKLEASE_LOG_FORMAT", "text")  # A terminal; gunicorn inherits it.
     configure_logging()
     if args.command == "emulator":
         return _serve(args, worker=None)

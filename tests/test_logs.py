@@ -4,7 +4,7 @@ import json
 import logging
 import sys
 
-from worker.logs import CloudLoggingFormatter
+from worker.logs import CloudLoggingFormatter, ReadableFormatter
 
 
 def test_log_line_has_the_shape_cloud_logging_reads() -> None:
@@ -30,3 +30,14 @@ def test_exceptions_are_kept_in_one_line() -> None:
     entry = json.loads(CloudLoggingFormatter().format(record))
     assert entry["severity"] == "ERROR"
     assert "ValueError: boom" in entry["stack_trace"]
+
+
+def test_readable_format_for_the_dev_stack_keeps_the_key_fields() -> None:
+    record = logging.LogRecord(
+        "tasklease.execution", logging.INFO, __file__, 1, "task t: processed", (), None
+    )
+    record.tasklease = {"outcome": "processed", "run_id": "a" * 64, "attempt": 2, "queue": "q"}  # type: ignore[attr-defined]
+    line = ReadableFormatter().format(record)
+    assert "task t: processed" in line
+    assert "outcome=processed" in line and "attempt=2" in line and "queue=q" in line
+    assert "run_id=aaaaaaaaaaaa]" in line  # Cut to 12 characters.

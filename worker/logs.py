@@ -44,8 +44,38 @@ class CloudLoggingFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class ReadableFormatter(logging.Formatter):
+    """One short line per record for a terminal (``TASKLEASE_LOG_FORMAT=text``)."""
+
+    FIELDS = (
+        "outcome",
+        "status",
+        "queue",
+        "task_name",
+        "job_name",
+        "schedule_time",
+        "attempt",
+        "fencing_token",
+        "run_id",
+        "duration_ms",
+    )
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = getattr(record, FIELDS_ATTRIBUTE, None) or {}
+        details = " ".join(
+            f"{name}={str(fields[name])[:12] if name == 'run_id' else fields[name]}"
+            for name in self.FIELDS
+            if fields.get(name) is not None
+        )
+        moment = datetime.fromtimestamp(record.created).strftime("%H:%M:%S")
+        line = f"{moment} {record.levelname:<7} {record.getMessage()}"
+        line = f"{line}  [{details}]" if details else line
+        return line + ("\n" + self.formatException(record.exc_info) if record.exc_info else "")
+
+
 def configure_logging(level: int = logging.INFO) -> None:
-    """Send the ``tasklease`` loggers to stderr as JSON lines, once.
+    """Send the ``tasklease`` loggers to stderr, once: JSON lines for Cloud Logging, or
+    readable lines when ``TASKLEASE_LOG_FORMAT=text`` (``tasklease dev`` sets it).
 
     Does nothing when the application already configured logging (the root logger has a
     handler), so tasklease never overrides a user's choice.
@@ -54,7 +84,8 @@ def configure_logging(level: int = logging.INFO) -> None:
     if logger.handlers or logging.getLogger().handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(CloudLoggingFormatter())
+    text = os.environ.get("TASKLEASE_LOG_FORMAT", "json").lower() == "text"
+    handler.setFormatter(ReadableFormatter() if text else CloudLoggingFormatter())
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False
