@@ -80,11 +80,11 @@ def test_long_handler_keeps_its_run_against_a_concurrent_retry() -> None:
     calls = []
     started = threading.Event()
 
-    @router.task("slow", lease=timedelta(seconds=1))
+    @router.task("slow", lease=timedelta(seconds=2))
     def slow(payload: Any, ctx: TaskContext) -> None:
         calls.append(ctx.attempt_id)
         started.set()
-        time.sleep(2.5)  # Outlives the 1 s lease several times over.
+        time.sleep(5)  # Outlives the 2 s lease more than twice over.
 
     app: flask.Flask = create_app(router, store=MemoryStore(), auth="none")
     results: list[Any] = []
@@ -93,7 +93,7 @@ def test_long_handler_keeps_its_run_against_a_concurrent_retry() -> None:
     )
     worker.start()
     started.wait(5)
-    time.sleep(1.5)  # Past the original lease: without renewal a retry would take over.
+    time.sleep(3)  # Past the original lease: without renewal a retry would take over.
     retry = app.test_client().post("/tasks/slow", headers=task_headers(retry=1))
     worker.join()
     assert retry.headers["X-Tasklease-Outcome"] == "in_progress"
