@@ -32,6 +32,3 @@ class RetryPolicy:
         for attempt in range(self.max_attempts - 1):
             cap = min(self.maximum, self.initial * self.multiplier**attempt)
             yield uniform(0, cap)
-
-
-NO_RETRY = RetryPolicy(max_attempts=1)

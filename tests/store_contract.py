@@ -13,10 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-import pytest
-
 from tests.helpers import T0, claim_request
-from worker import decisions
 from worker.records import RunStatus, Verdict
 from worker.stores.base import LeaseStore
 
@@ -222,10 +219,3 @@ def _race_threads(store: LeaseStore, threads: int, barrier: Any = None) -> int:
 
 def _race_in_process(store_factory: Callable[[], LeaseStore], barrier: Any, results: Any) -> None:
     results.put(_race_threads(store_factory(), threads=10, barrier=barrier))
-
-
-@pytest.mark.parametrize("size", [10, decisions.cap_text.__defaults__[0] + 10])  # type: ignore[index]
-def test_cap_text_keeps_short_text_and_marks_cut_text(size: int) -> None:
-    text = decisions.cap_text("e" * size)
-    assert len(text) <= max(size, decisions.cap_text.__defaults__[0])  # type: ignore[index]
-    assert ("[cut:" in text) == (size > 10)

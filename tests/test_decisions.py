@@ -2,7 +2,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from tests.helpers import T0, claim_request
+from worker import constants as c
 from worker import decisions
 from worker.records import RunStatus, Verdict
 
@@ -57,3 +60,10 @@ def test_results_that_are_not_json_are_replaced_by_a_note() -> None:
     assert "not JSON" in decisions.cap_result({1, 2})["tasklease_result_dropped"]
     assert "not JSON" in decisions.cap_result(float("nan"))["tasklease_result_dropped"]
     assert decisions.cap_result([1, "a"]) == [1, "a"]
+
+
+@pytest.mark.parametrize("size", [10, c.MAX_ERROR_CHARS, c.MAX_ERROR_CHARS + 1, 100_000])
+def test_error_text_is_kept_whole_up_to_the_cap_and_cut_with_a_note_beyond(size: int) -> None:
+    text = decisions.cap_text("e" * size)
+    assert len(text) == min(size, c.MAX_ERROR_CHARS)
+    assert ("[cut:" in text) == (size > c.MAX_ERROR_CHARS)

@@ -253,6 +253,25 @@ def test_lost_claim_is_not_overwritten_and_answers_409(
     assert (record.attempt_id, record.status) == ("newer-attempt", RunStatus.IN_PROGRESS)
 
 
+def test_handler_that_checks_its_lease_after_a_takeover_stops_with_409(
+    app: flask.Flask, shop: Shop, store: SwitchableStore, clock: FakeClock
+) -> None:
+    side_effects: list[str] = []
+
+    def careful(payload: Any, ctx: TaskContext) -> None:
+        store.claim(claim_request(ctx.run_id, "newer-attempt"), clock() + timedelta(minutes=2))
+        ctx.mark_lease_lost()  # What the lease keeper does when a renewal finds the takeover.
+        ctx.check_lease()
+        side_effects.append("should not happen")
+
+    shop.behaviour = careful
+    response = deliver(app)
+    assert (response.status_code, response.headers["X-Tasklease-Outcome"]) == (409, "lost_claim")
+    assert side_effects == []
+    record = store.get(response.headers["X-Tasklease-Run-Id"])
+    assert record is not None and record.attempt_id == "newer-attempt"
+
+
 @pytest.mark.parametrize(
     "headers",
     [{}, {"X-CloudTasks-QueueName": "default"}, {"X-CloudTasks-TaskName": "t"}, job_headers()],
@@ -399,3 +418,14 @@ def test_store_url_comes_from_the_environment(
 
 def test_health_check_answers_without_touching_the_store(app: flask.Flask) -> None:
     assert app.test_client().get("/healthz").json == {"status": "ok"}
+
+
+def test_a_result_that_is_not_json_is_replaced_by_a_note_in_store_and_answer(
+    app: flask.Flask, shop: Shop, store: SwitchableStore
+) -> None:
+    shop.behaviour = lambda payload, ctx: {1, 2}  # A set: not JSON-serialisable.
+    response = deliver(app)
+    assert response.status_code == 200
+    note = response.json["result"]["tasklease_result_dropped"]
+    assert "not JSON-serialisable" in note
+    assert store.get(response.headers["X-Tasklease-Run-Id"]).result == response.json["result"]  # type: ignore[union-attr]

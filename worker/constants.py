@@ -15,7 +15,6 @@ TASKS_PREVIOUS_RESPONSE = "X-CloudTasks-TaskPreviousResponse"
 TASKS_RETRY_REASON = "X-CloudTasks-TaskRetryReason"
 
 # Cloud Scheduler headers. ScheduleTime is only sent for unix-cron schedules.
-SCHEDULER_FLAG = "X-CloudScheduler"
 SCHEDULER_JOB_NAME = "X-CloudScheduler-JobName"
 SCHEDULER_SCHEDULE_TIME = "X-CloudScheduler-ScheduleTime"
 
@@ -50,7 +49,6 @@ MAX_TASK_NAME_LENGTH = 500
 MAX_QUEUE_NAME_LENGTH = 100
 MAX_JOB_NAME_LENGTH = 500
 MAX_HEADER_VALUE_LENGTH = 1024  # No identity header Google sends comes near this.
-MAX_JSON_DEPTH = 200
 
 # Per-handler defaults.
 DEFAULT_LEASE = timedelta(minutes=5)

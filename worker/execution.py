@@ -252,10 +252,13 @@ class Executor:
                     ctx.run_id,
                 ),
             )
+        # Capped once here, for the store and the answer alike (the store's own cap is then a
+        # no-op that keeps direct callers safe).
+        kept = decisions.cap_result(result)
         return self._finish(
             ctx,
-            lambda: self.store.complete(ctx.run_id, ctx.attempt_id, result, self.clock()),
-            Reply(200, Outcome.PROCESSED, "processed", ctx.run_id, {"result": result}),
+            lambda: self.store.complete(ctx.run_id, ctx.attempt_id, kept, self.clock()),
+            Reply(200, Outcome.PROCESSED, "processed", ctx.run_id, {"result": kept}),
         )
 
     def _fail(self, ctx: TaskContext, error: str, body: bytes) -> Reply:
@@ -293,8 +296,6 @@ class Executor:
                 f"this attempt's {reply.outcome.value} outcome was not recorded",
                 ctx.run_id,
             )
-        if "result" in reply.details:
-            reply.details["result"] = decisions.cap_result(reply.details["result"])
         return reply
 
 

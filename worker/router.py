@@ -9,14 +9,8 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from worker import constants as c
-from worker.context import TaskContext
 from worker.errors import ConfigurationError
 from worker.identity import Kind
-
-TaskHandler = Callable[[Any, TaskContext], Any]
-"""``handler(payload, ctx)``: payload is the decoded JSON body."""
-ScheduledHandler = Callable[[TaskContext], Any]
-"""``handler(ctx)``: the raw body, if the job sends one, is ``ctx.body``."""
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,100}", re.ASCII)
