@@ -179,9 +179,7 @@ class SqliteStore(LeaseStore):
         with self._schema_lock:
             if self._schema_ready_pid == os.getpid():
                 return
-            # journal_mode is persistent in the file; switching it needs a moment alone.
-            if connection.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                connection.execute("PRAGMA journal_mode = WAL")
+            self._use_wal(connection)
             connection.execute("BEGIN IMMEDIATE")
             try:
                 version = connection.execute("PRAGMA user_version").fetchone()[0]
@@ -199,6 +197,29 @@ class SqliteStore(LeaseStore):
                     connection.execute("ROLLBACK")
                 raise
             self._schema_ready_pid = os.getpid()
+
+    def _use_wal(self, connection: sqlite3.Connection) -> None:
+        """Switch the file to WAL (a persistent setting), retrying while others hold it.
+
+        Switching needs the file alone, and SQLite can answer "database is locked" at once
+        there instead of waiting for busy_timeout: seen when several gunicorn workers open a
+        fresh file together (tests/test_store_sqlite_open.py).
+        """
+        deadline = time.monotonic() + self._busy_timeout.total_seconds()
+        pause = 0.005
+        while True:
+            try:
+                if connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                    return
+                if connection.execute("PRAGMA journal_mode = WAL").fetchone()[0] == "wal":
+                    return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(f"{self.path}: could not switch to WAL mode: file busy")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
     @contextmanager
     def _guard(self, action: str) -> Iterator[None]:
