@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import multiprocessing
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -60,6 +62,78 @@ def test_stale_attempt_in_another_process_cannot_finish(firestore_host: str | No
     fresh.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE)
     assert not stale.complete("run-1", "attempt-1", "stale", T0 + LEASE)
     assert fresh.get("run-1").attempt_id == "attempt-2"  # type: ignore[union-attr]
+
+
+# The takeover race: processes, each with its own client, take over one expired lease at once.
+RACERS = 8
+ROUNDS = 5
+# Rounds this far apart find the previous winner's lease long expired, the record retained.
+ROUND_STEP = LEASE + timedelta(hours=1)
+
+
+def _takeover_racer(collection: str, index: int, barrier: Any, results: Any) -> None:
+    """One racing process: per round, wait for the others, then claim the contested run."""
+    store = FirestoreStore.from_options(collection=collection, project=PROJECT)
+    writes = 0
+    conditional_update = store._update_if_unchanged
+
+    def counted(*args: Any) -> Any:
+        nonlocal writes
+        writes += 1
+        return conditional_update(*args)
+
+    store._update_if_unchanged = counted  # type: ignore[method-assign]
+    try:
+        store.get("contested")  # Connect before the race, so the race is about the write.
+        for round_ in range(ROUNDS):
+            barrier.wait(timeout=120)
+            writes = 0
+            attempt = f"round-{round_}-racer-{index}"
+            claim = store.claim(claim_request("contested", attempt), T0 + ROUND_STEP * (round_ + 1))
+            results.put((round_, attempt, claim.verdict.value, claim.record.attempt_id, writes))
+    finally:
+        store.close()
+
+
+@IGNORES_UPDATE_TIME
+def test_eight_processes_taking_over_one_expired_lease_have_exactly_one_winner(
+    firestore_host: str | None,
+) -> None:
+    collection = unique_collection()
+    store = new_store(collection)
+    store.claim(claim_request("contested", "original"), T0)  # Its lease expires unrenewed.
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(RACERS)
+    results = context.Queue()
+    processes = [
+        context.Process(target=_takeover_racer, args=(collection, index, barrier, results))
+        for index in range(RACERS)
+    ]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=180) for _ in range(RACERS * ROUNDS)]
+    for process in processes:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    winners = []
+    for round_ in range(ROUNDS):
+        this_round = [o for o in outcomes if o[0] == round_]
+        claimed = [attempt for _, attempt, verdict, _, _ in this_round if verdict == "claimed"]
+        assert len(claimed) == 1, f"round {round_}: {this_round}"
+        winners.extend(claimed)
+        # Every loser saw the winner's claim, whether it lost the write or read it afterwards.
+        assert {(v, holder) for _, a, v, holder, _ in this_round if a not in claimed} == {
+            ("in_progress", claimed[0])
+        }
+        contenders = sum(1 for *_, writes in this_round if writes)
+        print(f"round {round_}: winner {claimed[0]}, {contenders} of {RACERS} tried the write")
+    record = store.get("contested")
+    assert record is not None
+    assert (record.attempt_id, record.fencing_token, record.attempts) == (
+        winners[-1],
+        ROUNDS + 1,
+        ROUNDS + 1,
+    )
 
 
 def test_worker_runs_on_firestore_through_the_app(firestore_host: str | None) -> None:
