@@ -63,8 +63,8 @@ class EmulatorDidNotStart(RuntimeError):
 def start_emulator() -> Iterator[str]:
     """Run an emulator on a free loopback port for the session; yield its host:port.
 
-    Google's emulator first; without it, fail in CI, else fall back to the npm emulator with
-    a warning (and skip if that is missing too).
+    Google's emulator first; without it, fail in CI, else fall back to the npm emulator (its
+    gap tests skip and the end of the run says so), or skip if that is missing too.
     """
     wanted = os.environ.get("TASKLEASE_FIRESTORE_EMULATOR", GCLOUD)
     reason = "TASKLEASE_FIRESTORE_EMULATOR=npm" if wanted == NPM else None
@@ -83,11 +83,6 @@ def start_emulator() -> Iterator[str]:
             pytrace=False,
         )
     session.fallback_reason = reason
-    warn_loudly(
-        f"Google's Firestore emulator is unavailable ({reason}); falling back to "
-        "@firestore-emulator/server, which enforces neither preconditions nor transaction "
-        "isolation: the tests that need them are SKIPPED"
-    )
     if shutil.which("node") is None:
         _unavailable("no node on PATH")
     if not PACKAGE.exists():
@@ -100,26 +95,11 @@ def start_emulator() -> Iterator[str]:
         _unavailable(str(exc))
 
 
-def warn_loudly(message: str) -> None:
-    """Straight to the terminal: pytest captures prints, and warnings are errors here."""
-    os.write(2, f"\n{'!' * 78}\n!! {message}\n{'!' * 78}\n".encode())
-
-
 def _unavailable(reason: str) -> None:
-    pytest.skip(f"Firestore emulator unavailable ({reason}); `make test` installs it with npm")
-
-
-@contextmanager
-def run_emulator() -> Iterator[str]:
-    """Google's emulator if it starts, else the npm one (for scripts such as the benchmark)."""
-    try:
-        with run_gcloud_emulator() as host:
-            yield host
-            return
-    except EmulatorDidNotStart as exc:
-        warn_loudly(f"Google's Firestore emulator did not start ({exc}); using the npm one")
-    with run_npm_emulator() as host:
-        yield host
+    pytest.skip(
+        f"no Firestore emulator ({reason}): install gcloud's google-cloud-cli-firestore-emulator "
+        "(or, as a fallback, `npm ci`)"
+    )
 
 
 @contextmanager
