@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from google.api_core import exceptions as api
+from google.cloud.firestore_v1.document import DocumentReference
 
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.helpers import T0, claim_request, task_headers
@@ -363,3 +364,24 @@ def test_unreachable_firestore_is_store_unavailable_within_the_call_timeout(
     store = new_store(call_timeout=1.0)
     with pytest.raises(StoreUnavailable, match="could not claim"):
         store.claim(claim_request(), T0)
+
+
+@IGNORES_UPDATE_TIME
+def test_purge_does_not_delete_a_run_taken_over_after_it_read_it(
+    firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = new_store()
+    store.claim(claim_request(), T0)
+    later = T0 + timedelta(days=8)  # Past retention: purge reads it as expired.
+    rival = new_store(store.collection)
+    delete = DocumentReference.delete
+
+    def taken_over_first(self: DocumentReference, *args: Any, **kwargs: Any) -> Any:
+        rival.claim(claim_request(attempt_id="attempt-2"), later)
+        return delete(self, *args, **kwargs)
+
+    monkeypatch.setattr(DocumentReference, "delete", taken_over_first)
+    assert store.purge_expired(later) == 0
+    record = store.get("run-1")
+    assert record is not None
+    assert (record.attempt_id, record.status) == ("attempt-2", RunStatus.IN_PROGRESS)

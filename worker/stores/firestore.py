@@ -219,7 +219,12 @@ class FirestoreStore(LeaseStore):
         purged = 0
         with self._guard("purge expired runs"):
             for snapshot in query.stream():
-                snapshot.reference.delete()
+                # Only the version read: a takeover since then makes it a live run again.
+                option = self.client.write_option(last_update_time=snapshot.update_time)
+                try:
+                    snapshot.reference.delete(option=option, **self._call)
+                except (api.FailedPrecondition, api.NotFound):
+                    continue
                 purged += 1
         return purged
 
