@@ -366,6 +366,39 @@ def test_unreachable_firestore_is_store_unavailable_within_the_call_timeout(
         store.claim(claim_request(), T0)
 
 
+# A write that lands although its call fails: the client gives up (deadline passed, connection
+# lost) after the server committed. Only the stored attempt id tells it from a write not made.
+LANDED_THEN_FAILED = api.DeadlineExceeded("deadline exceeded after the write landed")
+
+
+@pytest.mark.parametrize("finish", ["complete", "fail", "release"])
+def test_finish_whose_write_landed_but_whose_call_failed_succeeds_when_retried(
+    scripted: tuple[FirestoreStore, Scripted], finish: str
+) -> None:
+    store, document = scripted
+    store.claim(claim_request(), T0)
+    document.fail("update", LANDED_THEN_FAILED, after_running=True)
+    call = {
+        "complete": lambda now: store.complete("run-1", "attempt-1", {"ok": True}, now),
+        "fail": lambda now: store.fail("run-1", "attempt-1", "PermanentFailure: no", now, "{}"),
+        "release": lambda now: store.release("run-1", "attempt-1", "RuntimeError: boom", now),
+    }[finish]
+    with pytest.raises(StoreUnavailable):
+        call(T0)
+    # The executor retries at once, reading its clock again: our write is there, not lost.
+    assert call(T0 + timedelta(seconds=1))
+
+
+def test_finish_of_another_kind_by_the_same_attempt_is_not_taken_as_landed(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, _ = scripted
+    store.claim(claim_request(), T0)
+    assert store.release("run-1", "attempt-1", "RuntimeError: boom", T0)
+    assert not store.complete("run-1", "attempt-1", None, T0)
+    assert not store.renew("run-1", "attempt-1", T0 + LEASE)
+
+
 @IGNORES_UPDATE_TIME
 def test_purge_does_not_delete_a_run_taken_over_after_it_read_it(
     firestore_host: str | None, monkeypatch: pytest.MonkeyPatch

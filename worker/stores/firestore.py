@@ -156,7 +156,6 @@ class FirestoreStore(LeaseStore):
         ref = self._document(run_id)
         with self._lock:
             remembered = self._writes.get((run_id, attempt_id))
-        expected: RunRecord | None = None
         with self._guard("change a run"):
             for _ in range(MAX_ROUNDS):
                 if remembered is None:
@@ -164,13 +163,11 @@ class FirestoreStore(LeaseStore):
                     if not snapshot.exists:
                         return False
                     record = _decode(run_id, snapshot.to_dict())
-                    if expected is not None and _same_state(record, expected):
-                        # The client retried our write after its first try had succeeded.
-                        self._remember(record, snapshot.update_time)
-                        return True
                     if not decisions.holds(record, attempt_id):
                         self._forget(run_id, attempt_id)
-                        return False
+                        # A finish whose write landed though its call failed (or that the
+                        # client retried) finds its own result: that is success.
+                        return _landed(record, attempt_id, update)
                     remembered = (snapshot.update_time, record)
                 update_time, record = remembered
                 expected = update(record)
@@ -278,13 +275,14 @@ class FirestoreStore(LeaseStore):
             raise StoreUnavailable(f"Firestore store: could not {action}: {exc}") from exc
 
 
-def _same_state(stored: RunRecord, expected: RunRecord) -> bool:
-    return (
-        stored.attempt_id == expected.attempt_id
-        and stored.status is expected.status
-        and stored.lease_expires == expected.lease_expires
-        and stored.finished_at == expected.finished_at
-    )
+def _landed(stored: RunRecord, attempt_id: str, update: Callable[[RunRecord], RunRecord]) -> bool:
+    """Whether ``stored`` is this attempt's finish by ``update`` (complete, fail or release)
+    already written: the same attempt id and the status that finish writes. A renewal is no
+    finish: a renewal finding its attempt finished has lost the lease."""
+    if stored.attempt_id != attempt_id:
+        return False
+    finished = update(stored.replace(status=RunStatus.IN_PROGRESS)).status
+    return finished is not RunStatus.IN_PROGRESS and stored.status is finished
 
 
 def _encode(record: RunRecord) -> dict[str, Any]:
