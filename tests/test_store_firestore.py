@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -201,11 +202,12 @@ def test_renewal_costs_one_rpc(counted: tuple[FirestoreStore, RpcCounter]) -> No
 
 
 class Scripted:
-    """A DocumentReference whose next calls raise first (after or before really running)."""
+    """Scripts a store's documents: their next calls raise (after or before really running)."""
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+    def __init__(self, store: FirestoreStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.script: dict[str, list[tuple[BaseException, bool, Any]]] = {}
+        documents = store._document
+        monkeypatch.setattr(store, "_document", lambda run_id: _Document(documents(run_id), self))
 
     def fail(
         self, method: str, error: BaseException, *, after_running: bool = False, before: Any = None
@@ -213,13 +215,19 @@ class Scripted:
         """The next ``method`` call runs ``before()``, then (maybe) really runs, then raises."""
         self.script.setdefault(method, []).append((error, after_running, before))
 
+
+class _Document:
+    def __init__(self, inner: Any, scripted: Scripted) -> None:
+        self._inner = inner
+        self._scripted = scripted
+
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._inner, name)
         if name not in ("create", "update", "get"):
             return target
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            steps = self.script.get(name)
+            steps = self._scripted.script.get(name)
             if steps:
                 error, after_running, before = steps.pop(0)
                 if before is not None:
@@ -237,9 +245,7 @@ def scripted(
     firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[FirestoreStore, Scripted]:
     store = new_store()
-    document = Scripted(store._document("run-1"))
-    monkeypatch.setattr(store, "_document", lambda run_id: document)
-    return store, document
+    return store, Scripted(store, monkeypatch)
 
 
 def test_create_retried_by_the_client_after_it_succeeded_is_still_our_claim(
@@ -371,6 +377,67 @@ def test_unreachable_firestore_is_store_unavailable_within_the_call_timeout(
 LANDED_THEN_FAILED = api.DeadlineExceeded("deadline exceeded after the write landed")
 
 
+def test_claim_whose_create_landed_but_whose_call_failed_is_our_claim(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, document = scripted
+    document.fail("create", LANDED_THEN_FAILED, after_running=True)
+    claim = store.claim(claim_request(), T0)
+    assert (claim.verdict, claim.record.attempt_id) == (Verdict.CLAIMED, "attempt-1")
+    assert store.complete("run-1", "attempt-1", None, T0)
+
+
+def test_landed_create_that_cannot_be_read_back_does_not_block_the_retry_for_a_lease(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, document = scripted
+    document.fail("create", LANDED_THEN_FAILED, after_running=True)
+    document.fail("get", api.ServiceUnavailable("down"))
+    with pytest.raises(StoreUnavailable):
+        store.claim(claim_request(), T0)  # The delivery answers 503; nothing ran.
+    # Cloud Tasks retries at once, well within the orphan's lease: it must run the task.
+    claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + timedelta(seconds=1))
+    assert claim.verdict is Verdict.CLAIMED
+    assert (claim.record.attempt_id, claim.record.fencing_token) == ("attempt-2", 2)
+
+
+def test_landed_create_that_cannot_be_read_back_is_released_in_the_background(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, document = scripted
+    document.fail("create", LANDED_THEN_FAILED, after_running=True)
+    document.fail("get", api.ServiceUnavailable("down"))
+    with pytest.raises(StoreUnavailable):
+        store.claim(claim_request(), T0)
+    observer = new_store(store.collection)  # Another instance, which this one never calls.
+    deadline = time.monotonic() + 30
+    while (record := observer.get("run-1")) is None or record.status is RunStatus.IN_PROGRESS:
+        assert time.monotonic() < deadline, f"still held: {record}"
+        time.sleep(0.1)
+    assert (record.status, record.attempt_id) == (RunStatus.RELEASED, "attempt-1")
+
+
+def test_landed_create_is_not_released_once_it_is_no_longer_held_by_its_attempt(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, document = scripted
+    document.fail("create", LANDED_THEN_FAILED, after_running=True)
+    document.fail("get", api.ServiceUnavailable("down"))
+    with pytest.raises(StoreUnavailable):
+        store.claim(claim_request(), T0)
+    # The orphan's lease expires and another instance takes the run over before any release.
+    rival = new_store(store.collection)
+    assert rival.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE * 2).verdict is (
+        Verdict.CLAIMED
+    )
+    # A later delivery of the run here: the release runs first and must leave attempt-2 alone.
+    claim = store.claim(claim_request(attempt_id="attempt-3"), T0 + LEASE * 2)
+    assert (claim.verdict, claim.record.attempt_id) == (Verdict.IN_PROGRESS, "attempt-2")
+    record = store.get("run-1")
+    assert record is not None
+    assert (record.status, record.attempt_id) == (RunStatus.IN_PROGRESS, "attempt-2")
+
+
 @pytest.mark.parametrize("finish", ["complete", "fail", "release"])
 def test_finish_whose_write_landed_but_whose_call_failed_succeeds_when_retried(
     scripted: tuple[FirestoreStore, Scripted], finish: str
@@ -397,6 +464,43 @@ def test_finish_of_another_kind_by_the_same_attempt_is_not_taken_as_landed(
     assert store.release("run-1", "attempt-1", "RuntimeError: boom", T0)
     assert not store.complete("run-1", "attempt-1", None, T0)
     assert not store.renew("run-1", "attempt-1", T0 + LEASE)
+
+
+def test_worker_retries_a_finish_that_landed_and_answers_processed(
+    firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = Router()
+    runs: list[str] = []
+    router.task("send_receipt")(lambda payload, ctx: runs.append(ctx.run_id))
+    store = new_store()
+    scripted = Scripted(store, monkeypatch)
+    scripted.fail("update", LANDED_THEN_FAILED, after_running=True)
+    client = create_app(router, store=store, auth="none").test_client()
+    reply = client.post("/tasks/send_receipt", headers=task_headers(), data=b"{}")
+    assert (reply.status_code, reply.headers["X-Tasklease-Outcome"]) == (200, "processed")
+    assert len(runs) == 1
+
+
+def test_worker_answers_503_then_runs_the_retry_when_a_landed_claim_cannot_be_read(
+    firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = Router()
+    runs: list[str] = []
+    router.task("send_receipt")(lambda payload, ctx: runs.append(ctx.run_id))
+    store = new_store()
+    scripted = Scripted(store, monkeypatch)
+    scripted.fail("create", LANDED_THEN_FAILED, after_running=True)
+    scripted.fail("get", api.ServiceUnavailable("down"))
+    client = create_app(router, store=store, auth="none").test_client()
+    outcomes = [
+        client.post("/tasks/send_receipt", headers=task_headers(retry=retry), data=b"{}")
+        for retry in range(2)
+    ]
+    assert [(r.status_code, r.headers["X-Tasklease-Outcome"]) for r in outcomes] == [
+        (503, "unavailable"),
+        (200, "processed"),
+    ]
+    assert len(runs) == 1
 
 
 @IGNORES_UPDATE_TIME
