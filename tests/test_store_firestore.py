@@ -14,8 +14,8 @@ from google.api_core import exceptions as api
 from google.cloud.firestore_v1.document import DocumentReference
 
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
-from tests.helpers import T0, claim_request, task_headers
-from tests.store_contract import LEASE, CrossProcessContract, StoreContract
+from tests.helpers import T0, FakeClock, claim_request, task_headers
+from tests.store_contract import EXPIRED, LEASE, CrossProcessContract, StoreContract
 from worker import Router, create_app
 from worker.errors import StoreUnavailable
 from worker.records import RunStatus, Verdict
@@ -61,8 +61,8 @@ def test_stale_attempt_in_another_process_cannot_finish(firestore_host: str | No
     collection = unique_collection()
     stale, fresh = new_store(collection), new_store(collection)
     stale.claim(claim_request(), T0)
-    fresh.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE)
-    assert not stale.complete("run-1", "attempt-1", "stale", T0 + LEASE)
+    fresh.claim(claim_request(attempt_id="attempt-2"), T0 + EXPIRED)
+    assert not stale.complete("run-1", "attempt-1", '"stale"', T0 + EXPIRED)
     assert fresh.get("run-1").attempt_id == "attempt-2"  # type: ignore[union-attr]
 
 
@@ -169,7 +169,7 @@ def counted(firestore_host: str | None) -> tuple[FirestoreStore, RpcCounter]:
 def test_first_execution_costs_two_rpcs(counted: tuple[FirestoreStore, RpcCounter]) -> None:
     store, rpcs = counted
     assert store.claim(claim_request(), T0).verdict is Verdict.CLAIMED
-    assert store.complete("run-1", "attempt-1", {"ok": True}, T0)
+    assert store.complete("run-1", "attempt-1", '{"ok":true}', T0)
     assert rpcs.take() == ["commit", "commit"]  # create(), then a conditional update().
 
 
@@ -188,7 +188,7 @@ def test_takeover_costs_three_rpcs_and_no_transaction(
     store, rpcs = counted
     store.claim(claim_request(), T0)
     rpcs.take()
-    claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE)
+    claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + EXPIRED)
     assert (claim.verdict, claim.took_over_from) == (Verdict.CLAIMED, "attempt-1")
     assert rpcs.take() == ["commit", "batch_get_documents", "commit"]
 
@@ -197,7 +197,7 @@ def test_renewal_costs_one_rpc(counted: tuple[FirestoreStore, RpcCounter]) -> No
     store, rpcs = counted
     store.claim(claim_request(), T0)
     rpcs.take()
-    assert store.renew("run-1", "attempt-1", T0 + LEASE * 2)
+    assert store.renew("run-1", "attempt-1", LEASE, T0 + LEASE)
     assert rpcs.take() == ["commit"]
 
 
@@ -296,7 +296,7 @@ def test_lost_update_time_race_rereads_and_still_finishes(
     store.claim(claim_request(), T0)
     # Our own renewal (another thread) moved the document on: the precondition fails once.
     document.fail("update", api.FailedPrecondition("update_time mismatch"))
-    assert store.complete("run-1", "attempt-1", "done", T0)
+    assert store.complete("run-1", "attempt-1", '"done"', T0)
     assert store.get("run-1").status is RunStatus.COMPLETED  # type: ignore[union-attr]
 
 
@@ -306,7 +306,7 @@ def test_update_retried_by_the_client_after_it_succeeded_counts_as_done(
     store, document = scripted
     store.claim(claim_request(), T0)
     document.fail("update", api.FailedPrecondition("update_time mismatch"), after_running=True)
-    assert store.complete("run-1", "attempt-1", "done", T0)
+    assert store.complete("run-1", "attempt-1", '"done"', T0)
     assert store.get("run-1").result == "done"  # type: ignore[union-attr]
 
 
@@ -320,9 +320,9 @@ def test_takeover_race_lost_to_another_attempt_reads_its_claim(
     document.fail(
         "update",
         api.FailedPrecondition("update_time mismatch"),
-        before=lambda: rival.claim(claim_request(attempt_id="attempt-3"), T0 + LEASE),
+        before=lambda: rival.claim(claim_request(attempt_id="attempt-3"), T0 + EXPIRED),
     )
-    claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE)
+    claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + EXPIRED)
     assert claim.verdict is Verdict.IN_PROGRESS
     assert claim.record.attempt_id == "attempt-3"
 
@@ -361,6 +361,19 @@ def test_aborted_create_is_retried_and_persistent_contention_is_store_unavailabl
         document.fail("create", api.Aborted("contention"))
     with pytest.raises(StoreUnavailable, match="contention"):
         store.claim(claim_request("run-1", "attempt-9"), T0)
+
+
+def test_claim_reads_the_clock_again_before_each_write(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, document = scripted
+    clock = FakeClock()
+    # The first create meets contention after a slow round trip: the retry must not write a
+    # lease computed from the time read before it.
+    document.fail("create", api.Aborted("contention"), before=lambda: clock.advance(LEASE))
+    claim = store.claim(claim_request(), clock)
+    assert claim.record.claimed_at == T0 + LEASE
+    assert claim.record.lease_expires == T0 + LEASE * 2
 
 
 def test_unreachable_firestore_is_store_unavailable_within_the_call_timeout(
@@ -446,7 +459,7 @@ def test_finish_whose_write_landed_but_whose_call_failed_succeeds_when_retried(
     store.claim(claim_request(), T0)
     document.fail("update", LANDED_THEN_FAILED, after_running=True)
     call = {
-        "complete": lambda now: store.complete("run-1", "attempt-1", {"ok": True}, now),
+        "complete": lambda now: store.complete("run-1", "attempt-1", '{"ok":true}', now),
         "fail": lambda now: store.fail("run-1", "attempt-1", "PermanentFailure: no", now, "{}"),
         "release": lambda now: store.release("run-1", "attempt-1", "RuntimeError: boom", now),
     }[finish]
@@ -463,7 +476,7 @@ def test_finish_of_another_kind_by_the_same_attempt_is_not_taken_as_landed(
     store.claim(claim_request(), T0)
     assert store.release("run-1", "attempt-1", "RuntimeError: boom", T0)
     assert not store.complete("run-1", "attempt-1", None, T0)
-    assert not store.renew("run-1", "attempt-1", T0 + LEASE)
+    assert store.renew("run-1", "attempt-1", LEASE, T0) is None
 
 
 def test_worker_retries_a_finish_that_landed_and_answers_processed(

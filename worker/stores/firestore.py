@@ -23,13 +23,11 @@ holds it), so the task's retry is not locked out for a whole lease.
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -41,7 +39,7 @@ from google.cloud import firestore
 from worker import decisions
 from worker.errors import StoreUnavailable
 from worker.records import Claim, ClaimRequest, RunRecord, RunStatus, Verdict
-from worker.stores.base import Change, LeaseStore
+from worker.stores.base import Change, LeaseStore, Moment, Update, resolve
 
 _T = TypeVar("_T")
 
@@ -148,14 +146,14 @@ class FirestoreStore(LeaseStore):
                     self._orphan_timer = None
         return self._client
 
-    def claim(self, request: ClaimRequest, now: datetime) -> Claim:
+    def claim(self, request: ClaimRequest, now: Moment) -> Claim:
         # The retry of a delivery whose claim landed unseen: give that claim back first. (Other
         # runs' orphans are left to the background, so an outage does not slow every claim.)
         self._release_orphans(request.run_id)
         ref = self._document(request.run_id)
-        fresh = decisions.claim(None, request, now)
         with self._guard("claim a run"):
             for _ in range(MAX_ROUNDS):
+                fresh = decisions.claim(None, request, resolve(now))
                 try:
                     written = ref.create(_encode(fresh.record), **self._call)
                 except api.Aborted:
@@ -174,7 +172,7 @@ class FirestoreStore(LeaseStore):
                     # Our create landed: the client retried it, or its call failed afterwards.
                     self._remember(record, snapshot.update_time)
                     return Claim(Verdict.CLAIMED, record)
-                outcome = decisions.claim(record, request, now)
+                outcome = decisions.claim(record, request, resolve(now))
                 if outcome.verdict is not Verdict.CLAIMED:
                     return outcome
                 try:
@@ -208,8 +206,13 @@ class FirestoreStore(LeaseStore):
         raise StoreUnavailable(f"Firestore store: could not claim a run: {error}") from error
 
     def _if_held(
-        self, run_id: str, attempt_id: str, update: Callable[[RunRecord], RunRecord]
-    ) -> bool:
+        self,
+        run_id: str,
+        attempt_id: str,
+        update: Update,
+        now: Moment,
+        finished: RunStatus | None,
+    ) -> RunRecord | None:
         ref = self._document(run_id)
         with self._lock:
             remembered = self._writes.get((run_id, attempt_id))
@@ -218,20 +221,22 @@ class FirestoreStore(LeaseStore):
                 if remembered is None:
                     snapshot = ref.get(**self._call)
                     if not snapshot.exists:
-                        return False
+                        return None
                     record = _decode(run_id, snapshot.to_dict())
+                    if decisions.finished_by(record, attempt_id, finished):
+                        # An earlier try of this finish landed, though its call failed.
+                        self._forget(run_id, attempt_id)
+                        return record
                     if not decisions.holds(record, attempt_id):
                         self._forget(run_id, attempt_id)
-                        # A finish whose write landed though its call failed (or that the
-                        # client retried) finds its own result: that is success.
-                        return _landed(record, attempt_id, update)
+                        return None
                     remembered = (snapshot.update_time, record)
                 update_time, record = remembered
-                expected = update(record)
+                expected = update(record, resolve(now))
                 written = self._update_if_unchanged(ref, expected, update_time)
                 if written is not None:
                     self._remember(expected, written)
-                    return True
+                    return expected
                 remembered = None  # Changed under us: read it and decide again.
         raise StoreUnavailable(f"run {run_id}: too much contention to change it")
 
@@ -355,13 +360,14 @@ class FirestoreStore(LeaseStore):
                 if only_run is None or key[0] == only_run
             ]
         for (run_id, attempt_id), claimed_at in pending:
-            release = functools.partial(decisions.released, error=ORPHAN_ERROR, now=claimed_at)
             try:
-                released = self._if_held(run_id, attempt_id, release)
+                released = self._if_held(
+                    run_id, attempt_id, _orphan_released, claimed_at, RunStatus.RELEASED
+                )
             except StoreUnavailable:
                 continue  # Still down: kept for the next call or the background retry.
             self._drop_orphan(run_id, attempt_id)
-            if released:
+            if released is not None:
                 log.info("released run %s: attempt %s's claim landed unseen", run_id, attempt_id)
         with self._lock:
             if not self._orphans:
@@ -398,14 +404,8 @@ class FirestoreStore(LeaseStore):
             raise StoreUnavailable(f"Firestore store: could not {action}: {exc}") from exc
 
 
-def _landed(stored: RunRecord, attempt_id: str, update: Callable[[RunRecord], RunRecord]) -> bool:
-    """Whether ``stored`` is this attempt's finish by ``update`` (complete, fail or release)
-    already written: the same attempt id and the status that finish writes. A renewal is no
-    finish: a renewal finding its attempt finished has lost the lease."""
-    if stored.attempt_id != attempt_id:
-        return False
-    finished = update(stored.replace(status=RunStatus.IN_PROGRESS)).status
-    return finished is not RunStatus.IN_PROGRESS and stored.status is finished
+def _orphan_released(record: RunRecord, now: datetime) -> RunRecord:
+    return decisions.released(record, ORPHAN_ERROR, now)
 
 
 def _encode(record: RunRecord) -> dict[str, Any]:
@@ -422,9 +422,10 @@ def _encode(record: RunRecord) -> dict[str, Any]:
         "finished_at": record.finished_at,
         "identity": dict(record.identity),
         # JSON text: Firestore maps cannot hold every JSON value (no arrays of arrays).
-        "result": json.dumps(record.result) if record.result is not None else None,
+        "result": record.result_json,
         "error": record.error,
         "payload": record.payload,
+        "caller": record.caller,
     }
 
 
@@ -443,9 +444,10 @@ def _decode(run_id: str, data: dict[str, Any] | None) -> RunRecord:
         claimed_at=_utc(data["claimed_at"]),
         identity=dict(data.get("identity") or {}),
         finished_at=_utc(data["finished_at"]) if data.get("finished_at") else None,
-        result=json.loads(data["result"]) if data.get("result") is not None else None,
+        result_json=data.get("result"),
         error=data.get("error"),
         payload=data.get("payload"),
+        caller=data.get("caller"),
     )
 
 
