@@ -154,6 +154,28 @@ def test_worker_runs_on_firestore_through_the_app(firestore_host: str | None) ->
     assert len(runs) == 1
 
 
+def test_delivery_rpc_counts_two_per_first_execution_one_per_retried_duplicate(
+    firestore_host: str | None,
+) -> None:
+    router = Router()
+    router.task("send_receipt")(lambda payload, ctx: {"ok": True})
+    store = new_store()
+    app = create_app(router, store=store, auth="none")
+    rpcs = RpcCounter(store.client)
+
+    def deliver(retry: int) -> str:
+        headers = task_headers(retry=retry, execution=retry)
+        response = app.test_client().post("/tasks/send_receipt", headers=headers, data=b"{}")
+        return str(response.headers["X-Tasklease-Outcome"])
+
+    assert deliver(0) == "processed"
+    assert rpcs.take() == ["commit", "commit"]  # create, then the conditional completion.
+    assert deliver(1) == "duplicate"
+    assert rpcs.take() == ["batch_get_documents"]  # A retry reads first: one RPC.
+    assert deliver(0) == "duplicate"  # Not marked as a retry: create-first, then a read.
+    assert rpcs.take() == ["commit", "batch_get_documents"]
+
+
 def test_store_url_selects_firestore(firestore_host: str | None) -> None:
     store = store_from_url(f"firestore://?collection=abc&database=(default)&project={PROJECT}")
     assert isinstance(store, FirestoreStore)
