@@ -34,6 +34,8 @@ test: lint $(NODE_STAMP)
 	$(BIN)/pytest
 
 bench: $(STAMP) $(NODE_STAMP)
+	@command -v wrk >/dev/null || apt-get install -y wrk || (apt-get update && apt-get install -y wrk) \
+		|| echo "warning: could not install wrk; bench.worker_throughput falls back to Python"
 	$(BIN)/python bench/run_all.py
 
 clean:

@@ -31,6 +31,8 @@ _log = logging.getLogger("tasklease.lease")
 
 # Renew this many times per lease: a renewal that fails once still leaves time for another.
 RENEWALS_PER_LEASE = 3
+# Longest sleep of the scheduler thread with nothing to renew.
+IDLE_WAKE = 1.0
 # Shortest pause before retrying a renewal the store could not answer.
 MIN_RETRY_PAUSE = 0.05
 
@@ -130,8 +132,10 @@ class LeaseKeeper:
                 while self._due and self._due[0][1] not in self._entries:
                     heapq.heappop(self._due)  # Finished executions' slots.
                 if not self._due:
-                    self._wakes_at = math.inf
-                    self._condition.wait()
+                    # Idle: wake now and then anyway, so that a new execution (due a lease/3
+                    # away at the soonest) needs to wake this thread only if due sooner.
+                    self._wakes_at = now + IDLE_WAKE
+                    self._condition.wait(IDLE_WAKE)
                     continue
                 due = self._due[0][0]
                 if due <= now:
