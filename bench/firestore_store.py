@@ -21,6 +21,7 @@ from google.cloud import firestore
 
 from tests.firestore_support import RpcCounter, run_gcloud_emulator, run_npm_emulator
 from tests.helpers import claim_request
+from worker import decisions
 from worker.records import Verdict
 from worker.stores import FirestoreStore
 
@@ -73,8 +74,8 @@ def finish_run(
         transaction.delete(run_ref)
 
 
-def seed_sample(client: firestore.Client, collection: str) -> Callable[[str], bool]:
-    def execute(run_id: str) -> bool:
+def seed_sample(client: firestore.Client, collection: str) -> Callable[[str, bool], bool]:
+    def execute(run_id: str, retry: bool) -> bool:  # The sample reads the same way either way.
         ref = client.collection(collection).document(run_id)
         attempt_id = uuid.uuid4().hex
         status = claim_run(client.transaction(), ref, attempt_id, datetime.now(UTC))
@@ -86,10 +87,14 @@ def seed_sample(client: firestore.Client, collection: str) -> Callable[[str], bo
     return execute
 
 
-def tasklease_store(store: FirestoreStore) -> Callable[[str], bool]:
-    def execute(run_id: str) -> bool:
+def tasklease_store(store: FirestoreStore) -> Callable[[str, bool], bool]:
+    def execute(run_id: str, retry: bool) -> bool:
         attempt_id = uuid.uuid4().hex
         now = datetime.now(UTC)
+        if retry:  # As the executor does for a delivery whose headers say it is a retry.
+            seen = store.get(run_id)
+            if seen is not None and decisions.decide(seen, now) is not Verdict.CLAIMED:
+                return False
         claim = store.claim(claim_request(run_id, attempt_id), now)
         if claim.verdict is not Verdict.CLAIMED:
             return False
@@ -99,15 +104,17 @@ def tasklease_store(store: FirestoreStore) -> Callable[[str], bool]:
     return execute
 
 
-def measure(execute: Callable[[str], bool], counter: RpcCounter, runs: int) -> dict[str, float]:
+def measure(
+    execute: Callable[[str, bool], bool], counter: RpcCounter, runs: int
+) -> dict[str, float]:
     ids = [uuid.uuid4().hex for _ in range(runs)]
     counter.take()
     started = time.perf_counter()
-    executed = sum(execute(run_id) for run_id in ids)
+    executed = sum(execute(run_id, False) for run_id in ids)
     first_seconds = time.perf_counter() - started
     first_rpcs = len(counter.take())
     started = time.perf_counter()
-    repeated = sum(execute(run_id) for run_id in ids)
+    repeated = sum(execute(run_id, True) for run_id in ids)  # Redelivered: marked retries.
     duplicate_seconds = time.perf_counter() - started
     duplicate_rpcs = len(counter.take())
     if executed != runs or repeated != 0:
