@@ -97,6 +97,7 @@ class SqliteStore(LeaseStore):
         self._schema_lock = threading.Lock()
         self._next_purge = 0.0
         self._group: GroupCommit[sqlite3.Connection] = GroupCommit(self._commit_batch)
+        self._group_pid = os.getpid()
         self._writer_lock: tuple[int, int] | None = None  # (pid, descriptor of <file>.lock)
 
     def __repr__(self) -> str:
@@ -115,8 +116,15 @@ class SqliteStore(LeaseStore):
                 connection.execute(_UPSERT, _encode(new_record))
             return value
 
-        value: _T = self._group.run(work)
+        value: _T = self._batches().run(work)
         return value
+
+    def _batches(self) -> GroupCommit[sqlite3.Connection]:
+        """This process's group commit: a child must not inherit a batch in flight at fork."""
+        if self._group_pid != os.getpid():
+            self._group = GroupCommit(self._commit_batch)
+            self._group_pid = os.getpid()
+        return self._group
 
     def _commit_batch(self, batch: list[Pending[sqlite3.Connection]]) -> None:
         """Apply a batch of changes in one write transaction: one commit, one sync."""
@@ -187,7 +195,7 @@ class SqliteStore(LeaseStore):
             cursor = connection.execute("DELETE FROM runs WHERE expire_at_us <= ?", (_micros(now),))
             return cursor.rowcount
 
-        purged: int = self._group.run(work)
+        purged: int = self._batches().run(work)
         return purged
 
     def close(self) -> None:
