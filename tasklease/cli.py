@@ -124,6 +124,7 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
             "TASKLEASE_LOCATION": worker.location,
             "TASKLEASE_QUEUE": worker.queue,
             "TASKLEASE_WORKER_URL": worker_url,
+            "TASKLEASE_AUDIENCE": worker_url,
             "TASKLEASE_SERVICE_ACCOUNT": worker.service_account,
             "TASKLEASE_TASKS_ENDPOINT": emulator.url,
             "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS": worker.service_account,

@@ -25,6 +25,7 @@ from worker.stores import MemoryStore
 
 SA = "tasks@p.iam.gserviceaccount.com"
 OTHER_SA = "intruder@p.iam.gserviceaccount.com"
+ROOT = "http://localhost"  # The worker's configured audience: its root URL.
 AUDIENCE = "http://localhost/tasks/send_receipt"
 
 
@@ -83,7 +84,7 @@ def app(keys: Keys, runs: list[str], store: MemoryStore) -> flask.Flask:
     def nightly(ctx: TaskContext) -> None:
         runs.append(ctx.run_id)
 
-    return create_app(router, store=store, auth=OidcAuth([SA], certs_url=keys.url))
+    return create_app(router, store=store, auth=OidcAuth([SA], audience=ROOT, certs_url=keys.url))
 
 
 def post(
@@ -120,13 +121,56 @@ def test_root_url_audience_is_accepted_like_cloud_run(
     assert post(app, keys.token(aud="http://localhost")).status_code == 200
 
 
-def test_forwarded_https_scheme_is_the_audience_behind_cloud_run(
+def test_token_for_another_service_replayed_with_a_spoofed_host_is_refused(
+    app: flask.Flask, keys: Keys, runs: list[str], store: MemoryStore
+) -> None:
+    for audience in ("https://billing.example.com/", "https://billing.example.com"):
+        spoofed = {
+            **task_headers(),
+            "Host": "billing.example.com",
+            "X-Forwarded-Proto": "https",
+        }
+        assert_refused(post(app, keys.token(aud=audience), spoofed), 401, runs, store)
+
+
+def test_forwarded_scheme_does_not_change_the_expected_audience(
     app: flask.Flask, keys: Keys
 ) -> None:
     token = keys.token(aud="https://localhost/tasks/send_receipt")
-    assert post(app, token).status_code == 401
     headers = {**task_headers(), "X-Forwarded-Proto": "https"}
-    assert post(app, token, headers).status_code == 200
+    assert post(app, token, headers).status_code == 401
+
+
+def test_oidc_without_an_audience_refuses_to_start_naming_the_variable(
+    keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TASKLEASE_AUDIENCE", raising=False)
+    monkeypatch.setenv("TASKLEASE_ALLOWED_SERVICE_ACCOUNTS", SA)
+    router = Router()
+    router.task("t")(lambda payload, ctx: None)
+    with pytest.raises(ConfigurationError, match="TASKLEASE_AUDIENCE"):
+        create_app(router, store="memory://", auth=OidcAuth([SA], certs_url=keys.url))
+    with pytest.raises(ConfigurationError, match="TASKLEASE_AUDIENCE"):
+        create_app(router, store="memory://", auth="oidc")
+
+
+def test_audience_from_the_environment_argument_or_every_handler_satisfies_startup(
+    keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TASKLEASE_AUDIENCE", raising=False)
+    monkeypatch.setenv("TASKLEASE_ALLOWED_SERVICE_ACCOUNTS", SA)
+    monkeypatch.setenv("TASKLEASE_OIDC_CERTS_URL", keys.url)
+    router = Router()
+    router.task("send_receipt")(lambda payload, ctx: None)
+    app = create_app(router, store="memory://", auth="oidc", audience=ROOT)
+    assert post(app, keys.token()).status_code == 200
+    per_handler = Router()
+    per_handler.task("send_receipt", audience="https://svc.example/x")(lambda payload, ctx: None)
+    app = create_app(per_handler, store="memory://", auth="oidc")
+    assert post(app, keys.token(aud="https://svc.example/x")).status_code == 200
+    assert post(app, keys.token()).status_code == 401
+    monkeypatch.setenv("TASKLEASE_AUDIENCE", ROOT)
+    assert post(create_app(router, store="memory://"), keys.token()).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -204,7 +248,8 @@ def test_public_keys_are_fetched_once_not_per_request(app: flask.Flask, keys: Ke
 def test_key_server_down_is_503_and_nothing_runs(runs: list[str], store: MemoryStore) -> None:
     router = Router()
     router.task("send_receipt")(lambda payload, ctx: runs.append("ran"))
-    app = create_app(router, store=store, auth=OidcAuth([SA], certs_url="http://127.0.0.1:9/certs"))
+    auth = OidcAuth([SA], audience=ROOT, certs_url="http://127.0.0.1:9/certs")
+    app = create_app(router, store=store, auth=auth)
     response = post(app, TokenIssuer().mint(SA, AUDIENCE))
     assert_refused(response, 503, runs, store)
     assert response.headers["Retry-After"]
@@ -229,6 +274,7 @@ def test_oidc_is_the_default_and_refuses_to_start_unconfigured(
 ) -> None:
     monkeypatch.delenv("TASKLEASE_AUTH", raising=False)
     monkeypatch.delenv("TASKLEASE_ALLOWED_SERVICE_ACCOUNTS", raising=False)
+    monkeypatch.setenv("TASKLEASE_AUDIENCE", ROOT)
     router = Router()
     router.task("t")(lambda payload, ctx: None)
     with pytest.raises(ConfigurationError, match="TASKLEASE_ALLOWED_SERVICE_ACCOUNTS"):

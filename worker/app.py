@@ -33,6 +33,7 @@ def create_app(
     project_header: str = c.PROJECT_HEADER,
     location_header: str = c.LOCATION_HEADER,
     app: flask.Flask | None = None,
+    audience: str | None = None,
 ) -> flask.Flask:
     """A Flask app serving ``router``: ``POST /tasks/<name>`` and ``POST /jobs/<name>``.
 
@@ -41,12 +42,14 @@ def create_app(
     - ``auth``: ``"oidc"`` (the default, configured from the environment), ``"none"`` (turns
       authentication off, with a warning), or an :class:`Authenticator`. None reads
       ``TASKLEASE_AUTH``.
+    - ``audience``: the OIDC token audience (overrides ``TASKLEASE_AUDIENCE``), normally the
+      worker's root URL. With OIDC on, it (or a per-handler audience) is required.
     - ``app``: an existing Flask app to add the routes to, instead of a new one.
     """
     configure_logging()
     if not isinstance(store, LeaseStore):
         store = store_from_url(store)
-    authenticator = authenticator_for(auth)
+    authenticator = authenticator_for(auth, audience)
     if isinstance(authenticator, OidcAuth):
         authenticator.check_configuration(router)
     executor = Executor(

@@ -51,7 +51,7 @@ class AuthRequest:
     """What an authenticator sees of a request."""
 
     authorization: str | None
-    url: str  # The URL the request was made to, as the caller saw it (audience default).
+    url: str  # The URL as the request addressed it. Never an audience: its Host is the caller's.
 
 
 class Authenticator(ABC):
@@ -77,10 +77,13 @@ class OidcAuth(Authenticator):
     """Verifies ``Authorization: Bearer`` as an OIDC ID token signed by Google (or by the keys
     at ``certs_url``, such as the local emulator's).
 
-    Checks signature, expiry, issuer, audience (``audience``, else the URL of the request as
-    Cloud Tasks sets it by default, or the service's root URL), ``email_verified``, and
-    ``email`` in the allow-list (per handler if the handler sets one). Public keys are fetched
-    through an HTTP cache that honours ``Cache-Control``, not on every request.
+    Checks signature, expiry, issuer, audience, ``email_verified``, and ``email`` in the
+    allow-list (per handler if the handler sets one). The audience is the handler's
+    ``audience``, else ``audience`` here (``TASKLEASE_AUDIENCE``); when that is a root URL, the
+    handler's own URL under it (Cloud Tasks' and Scheduler's default audience) is accepted too.
+    It is never taken from the request: ``Host`` and ``X-Forwarded-Proto`` are the caller's to
+    choose, so a token minted for another service could be replayed here. Public keys are
+    fetched through an HTTP cache that honours ``Cache-Control``, not on every request.
     """
 
     def __init__(
@@ -103,20 +106,28 @@ class OidcAuth(Authenticator):
         )
 
     @classmethod
-    def from_env(cls) -> OidcAuth:
+    def from_env(cls, audience: str | None = None) -> OidcAuth:
         """Configured from ``TASKLEASE_ALLOWED_SERVICE_ACCOUNTS`` (comma-separated),
-        ``TASKLEASE_AUDIENCE``, ``TASKLEASE_OIDC_CERTS_URL`` and ``TASKLEASE_OIDC_ISSUERS``."""
+        ``TASKLEASE_AUDIENCE`` (unless ``audience`` is given), ``TASKLEASE_OIDC_CERTS_URL`` and
+        ``TASKLEASE_OIDC_ISSUERS``."""
         issuers = _split(os.environ.get(c.ENV_OIDC_ISSUERS, ""))
         return cls(
             _split(os.environ.get(c.ENV_ALLOWED_SERVICE_ACCOUNTS, "")),
-            audience=os.environ.get(c.ENV_AUDIENCE) or None,
+            audience=audience or os.environ.get(c.ENV_AUDIENCE, "").strip() or None,
             certs_url=os.environ.get(c.ENV_OIDC_CERTS_URL) or GOOGLE_CERTS_URL,
             issuers=issuers or GOOGLE_ISSUERS,
         )
 
     def check_configuration(self, specs: Iterable[HandlerSpec]) -> None:
-        """Refuse to start when some handler could never be called."""
+        """Refuse to start when some handler could never be called, or has no audience."""
         for spec in specs:
+            if not (spec.audience or self.audience):
+                raise ConfigurationError(
+                    f"OIDC authentication is on but no token audience is set for {spec.path}: "
+                    f"set {c.ENV_AUDIENCE} to the worker's URL (e.g. https://SERVICE.run.app), "
+                    "or pass create_app(..., audience=...) or the handler's audience. It is "
+                    "never taken from the request's Host header, which the caller chooses."
+                )
             if not self._allowed_for(spec):
                 raise ConfigurationError(
                     f"OIDC authentication is on but no service account may call {spec.path}: "
@@ -129,7 +140,9 @@ class OidcAuth(Authenticator):
         if scheme.lower() != "bearer" or not token.strip():
             return AuthResult(401, "missing Authorization: Bearer <OIDC ID token>")
         configured = spec.audience or self.audience
-        audiences = [configured] if configured else _default_audiences(request.url)
+        if not configured:  # check_configuration refuses this at start; never guess.
+            return AuthResult(401, "no token audience is configured for this handler")
+        audiences = expected_audiences(configured, spec.path)
         try:
             claims: dict[str, Any] = dict(
                 id_token.verify_token(
@@ -162,9 +175,14 @@ class OidcAuth(Authenticator):
         return self.allowed_service_accounts
 
 
-def authenticator_for(auth: str | Authenticator | None) -> Authenticator:
-    """Resolve ``create_app``'s ``auth`` argument (or ``TASKLEASE_AUTH``) to an authenticator."""
+def authenticator_for(
+    auth: str | Authenticator | None, audience: str | None = None
+) -> Authenticator:
+    """Resolve ``create_app``'s ``auth`` argument (or ``TASKLEASE_AUTH``) to an authenticator;
+    ``audience`` overrides ``TASKLEASE_AUDIENCE``."""
     if isinstance(auth, Authenticator):
+        if audience is not None:
+            raise ConfigurationError("pass the audience to your Authenticator, not create_app")
         return auth
     choice = (auth or os.environ.get(c.ENV_AUTH) or "oidc").strip().lower()
     if choice == "none":
@@ -175,16 +193,19 @@ def authenticator_for(auth: str | Authenticator | None) -> Authenticator:
         )
         return NoAuth()
     if choice == "oidc":
-        return OidcAuth.from_env()
+        return OidcAuth.from_env(audience)
     raise ConfigurationError(f"unknown auth {choice!r}: use 'oidc' (the default) or 'none'")
 
 
-def _default_audiences(url: str) -> list[str]:
-    """Without a configured audience: the URL Cloud Tasks targeted (its default audience), or
-    the service's root URL (the producer's default, and what Cloud Run itself accepts)."""
-    parts = urlsplit(url)
+def expected_audiences(configured: str, path: str) -> list[str]:
+    """The audiences a token may carry for the handler at ``path``: ``configured`` itself and,
+    when it is a service's root URL, that URL with or without ``/`` and the handler's URL under
+    it (what Cloud Tasks and Scheduler put in the token when the task or job sets none)."""
+    parts = urlsplit(configured)
+    if parts.path not in ("", "/") or parts.query or not parts.netloc:
+        return [configured]
     origin = f"{parts.scheme}://{parts.netloc}"
-    return [url, origin, origin + "/"]
+    return [configured, origin, origin + "/", origin + path]
 
 
 def _split(value: str) -> list[str]:
