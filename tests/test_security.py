@@ -284,9 +284,31 @@ def test_oidc_is_the_default_and_refuses_to_start_unconfigured(
     assert post(app, None, path="/tasks/t").status_code == 401
 
 
-def test_unknown_auth_mode_is_a_configuration_error() -> None:
+@pytest.mark.parametrize("mode", ["basic", "off", "false", " none", "none ", "no ne", "non\u0435"])
+def test_unknown_auth_mode_is_a_configuration_error(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(ConfigurationError, match="unknown auth"):
-        create_app(Router(), store="memory://", auth="basic")
+        create_app(Router(), store="memory://", auth=mode)
+    monkeypatch.setenv("TASKLEASE_AUTH", mode)
+    with pytest.raises(ConfigurationError, match="unknown auth"):
+        create_app(Router(), store="memory://")
+
+
+@pytest.mark.parametrize("mode", ["none", "None", "NONE"])
+def test_auth_none_is_accepted_in_any_case_and_every_log_line_says_so(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="tasklease")
+    router = Router()
+    router.task("send_receipt")(lambda payload, ctx: None)
+    client = create_app(router, store="memory://", auth=mode).test_client()
+    client.post("/tasks/send_receipt", headers=task_headers(), data=b"{}")
+    client.post("/tasks/send_receipt", headers={}, data=b"{}")
+    client.post("/tasks/nothing", headers=task_headers(), data=b"{}")
+    lines = [r for r in caplog.records if r.name in ("tasklease.execution", "tasklease.app")]
+    assert len(lines) == 4
+    assert all(r.tasklease.get("auth") == "none" for r in lines)  # type: ignore[attr-defined]
 
 
 # Hostile input from an authenticated caller: still refused, still nothing claimed.
@@ -339,6 +361,8 @@ def test_duplicated_identity_headers_with_conflicting_values_are_400(
         "2026-10-16T25:00:00Z",
         "2026-10-16T12:00:00+99:00",
         "2026-10-16T12:00:00Z\x00",
+        "9999-12-31T23:59:59-23:59",  # Past datetime.max once in UTC: OverflowError.
+        "0001-01-01T00:00:00+23:59",
     ],
 )
 def test_malformed_or_absurd_schedule_times_are_400(

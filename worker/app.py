@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import flask
 from werkzeug.datastructures import Headers
+from werkzeug.exceptions import HTTPException
 
 from worker import constants as c
-from worker.auth import Authenticator, OidcAuth, authenticator_for
+from worker import fallback
+from worker.auth import Authenticator, NoAuth, OidcAuth, authenticator_for
 from worker.execution import Clock, Delivery, Executor, Reply, utc_now
 from worker.identity import HeaderLookup, Kind
-from worker.logs import configure_logging
+from worker.logs import configure_logging, request_fields
 from worker.router import Router
 from worker.stores import LeaseStore, store_from_url
 
@@ -60,11 +64,37 @@ def create_app(
         project_header=project_header,
         location_header=location_header,
     )
+    own_app = app is None
     app = app or flask.Flask("tasklease")
     app.extensions[EXECUTOR_EXTENSION] = executor
+    # With authentication off, every line says so: nobody should read such a log as verified.
+    fields: dict[str, Any] = {"auth": "none"} if isinstance(authenticator, NoAuth) else {}
 
     def serve(kind: Kind, name: str) -> flask.Response:
-        return _respond(executor.execute(_delivery(kind, name)))
+        started = time.monotonic()
+        with request_fields(fields):
+            try:
+                return _respond(executor.execute(_delivery(kind, name)))
+            except Exception as exc:  # A bug: still one line and a JSON answer.
+                reply = fallback.reply_for_crash()
+                fallback.log_reply(reply, started, exc)
+                return _respond(reply)
+
+    def refused(error: HTTPException) -> HTTPException | flask.Response:
+        # A user's own app keeps its own error pages outside tasklease's routes.
+        is_ours = own_app or fallback.is_tasklease_path(flask.request.path)
+        if not is_ours or error.code is None or error.code < 400:
+            return error
+        reply = fallback.reply_for_http_error(error)
+        with request_fields(fields):
+            fallback.log_reply(reply, time.monotonic())
+        response = _respond(reply)
+        allowed = getattr(error, "valid_methods", None)  # MethodNotAllowed's
+        if allowed:
+            response.headers["Allow"] = ", ".join(allowed)
+        return response
+
+    app.register_error_handler(HTTPException, refused)
 
     app.add_url_rule(
         f"{c.TASK_ROUTE_PREFIX}<path:name>",
@@ -81,7 +111,13 @@ def create_app(
     app.add_url_rule("/healthz", "tasklease_health", lambda: {"status": "ok"}, methods=["GET"])
     _log.info(
         "tasklease worker ready",
-        extra={"tasklease": {"handlers": [spec.path for spec in router], "store": repr(store)}},
+        extra={
+            "tasklease": {
+                **fields,
+                "handlers": [spec.path for spec in router],
+                "store": repr(store),
+            }
+        },
     )
     return app
 

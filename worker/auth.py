@@ -184,15 +184,17 @@ def authenticator_for(
         if audience is not None:
             raise ConfigurationError("pass the audience to your Authenticator, not create_app")
         return auth
-    choice = (auth or os.environ.get(c.ENV_AUTH) or "oidc").strip().lower()
-    if choice == "none":
+    # Exactly "oidc" or "none", in any case: a near miss such as " none" or "off" must not
+    # silently pick either mode.
+    choice = (auth if auth is not None else os.environ.get(c.ENV_AUTH, "")) or "oidc"
+    if choice.lower() == "none":
         _log.warning(
             "request authentication is OFF (auth='none'): anyone who can reach this worker can "
             "forge Cloud Tasks / Cloud Scheduler headers and run its handlers. Use it only for "
             "local development."
         )
         return NoAuth()
-    if choice == "oidc":
+    if choice.lower() == "oidc":
         return OidcAuth.from_env(audience)
     raise ConfigurationError(f"unknown auth {choice!r}: use 'oidc' (the default) or 'none'")
 
