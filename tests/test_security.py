@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import time
 from typing import Any
 
@@ -253,6 +254,79 @@ def test_key_server_down_is_503_and_nothing_runs(runs: list[str], store: MemoryS
     response = post(app, TokenIssuer().mint(SA, AUDIENCE))
     assert_refused(response, 503, runs, store)
     assert response.headers["Retry-After"]
+
+
+def test_failed_key_fetches_are_remembered_so_junk_tokens_do_not_hammer_the_key_server(
+    httpserver: HTTPServer, runs: list[str], store: MemoryStore
+) -> None:
+    httpserver.expect_request("/certs").respond_with_data("down", status=500)
+    router = Router()
+    router.task("send_receipt")(lambda payload, ctx: runs.append("ran"))
+    auth = OidcAuth([SA], audience=ROOT, certs_url=httpserver.url_for("/certs"))
+    app = create_app(router, store=store, auth=auth)
+    for n in range(20):
+        response = post(app, TokenIssuer().mint(SA, AUDIENCE), task_headers(task=f"t{n}"))
+        assert_refused(response, 503, runs, store)
+        assert int(response.headers["Retry-After"]) > 0
+    assert len([r for r, _ in httpserver.log if r.path == "/certs"]) == 1
+
+
+def test_a_hanging_key_server_is_given_up_on_within_seconds(
+    runs: list[str], store: MemoryStore
+) -> None:
+    with socket.socket() as silent:  # Accepts connections (the backlog), never answers.
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/certs"
+        router = Router()
+        router.task("send_receipt")(lambda payload, ctx: runs.append("ran"))
+        app = create_app(router, store=store, auth=OidcAuth([SA], audience=ROOT, certs_url=url))
+        started = time.monotonic()
+        assert_refused(post(app, TokenIssuer().mint(SA, AUDIENCE)), 503, runs, store)
+        assert time.monotonic() - started < 10
+        started = time.monotonic()
+        assert_refused(post(app, TokenIssuer().mint(SA, AUDIENCE)), 503, runs, store)
+        assert time.monotonic() - started < 0.5  # Remembered: no second wait.
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://keys.example.com/certs",
+        "http://127.0.0.1.attacker.example/certs",
+        "ftp://127.0.0.1/certs",
+        "/certs",
+    ],
+)
+def test_keys_over_plain_http_are_refused_unless_from_loopback(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigurationError, match="TASKLEASE_OIDC_CERTS_URL"):
+        OidcAuth([SA], audience=ROOT, certs_url=url)
+    monkeypatch.setenv("TASKLEASE_OIDC_CERTS_URL", url)
+    with pytest.raises(ConfigurationError, match="TASKLEASE_OIDC_CERTS_URL"):
+        OidcAuth.from_env()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://keys.example.com/certs",
+        "http://127.0.0.1:8123/oauth2/v1/certs",
+        "http://localhost:8123/certs",
+        "http://[::1]:8123/certs",
+    ],
+)
+def test_keys_over_https_or_from_loopback_are_accepted(url: str) -> None:
+    assert OidcAuth([SA], audience=ROOT, certs_url=url).certs_url == url
+
+
+def test_tokens_that_are_not_jwts_are_refused_without_fetching_keys(
+    app: flask.Flask, keys: Keys, runs: list[str], store: MemoryStore
+) -> None:
+    for junk in ("not-a-jwt", "a.b", "a.b.c.d", "é.b.c", "a." + "b" * 20_000 + ".c"):
+        assert_refused(post(app, junk), 401, runs, store)
+    assert [r for r, _ in keys.server.log if r.path == "/certs"] == []
 
 
 def test_log_line_says_why_without_echoing_the_token(

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import cachecontrol
 import google.auth.exceptions
-import google.auth.transport.requests
 import requests
 from google.oauth2 import id_token
 
 from worker import constants as c
 from worker.errors import ConfigurationError
+from worker.keys import FETCH_TIMEOUT_SECONDS, KeyFetcher, is_loopback_url
 from worker.router import HandlerSpec
 
 _log = logging.getLogger("tasklease.auth")
@@ -31,6 +31,9 @@ GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"
 GOOGLE_ISSUERS = ("accounts.google.com", "https://accounts.google.com")
 # Tolerated clock difference between Google's token issuers and this host.
 CLOCK_SKEW_SECONDS = 30
+# Three base64url segments: anything else is refused before the keys are fetched.
+_JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*", re.ASCII)
+_MAX_TOKEN_CHARS = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -94,16 +97,22 @@ class OidcAuth(Authenticator):
         certs_url: str = GOOGLE_CERTS_URL,
         issuers: Sequence[str] = GOOGLE_ISSUERS,
         session: requests.Session | None = None,
+        fetch_timeout: float = FETCH_TIMEOUT_SECONDS,
     ) -> None:
         self.allowed_service_accounts = frozenset(
             a.strip() for a in allowed_service_accounts if a.strip()
         )
         self.audience = audience
+        scheme = urlsplit(certs_url).scheme
+        if scheme != "https" and not (scheme == "http" and is_loopback_url(certs_url)):
+            # Over plain http, anyone on the path could serve their own keys.
+            raise ConfigurationError(
+                f"{c.ENV_OIDC_CERTS_URL}={certs_url!r}: the keys must come over https "
+                "(plain http only from a loopback address such as the local emulator)"
+            )
         self.certs_url = certs_url
         self.issuers = tuple(issuers)
-        self._transport = google.auth.transport.requests.Request(
-            session=session or cachecontrol.CacheControl(requests.Session())
-        )
+        self._transport = KeyFetcher(session, timeout=fetch_timeout)
 
     @classmethod
     def from_env(cls, audience: str | None = None) -> OidcAuth:
@@ -137,8 +146,11 @@ class OidcAuth(Authenticator):
 
     def authenticate(self, request: AuthRequest, spec: HandlerSpec) -> AuthResult:
         scheme, _, token = (request.authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
             return AuthResult(401, "missing Authorization: Bearer <OIDC ID token>")
+        if len(token) > _MAX_TOKEN_CHARS or not _JWT_SHAPE.fullmatch(token):
+            return AuthResult(401, "invalid ID token: not a JWT")
         configured = spec.audience or self.audience
         if not configured:  # check_configuration refuses this at start; never guess.
             return AuthResult(401, "no token audience is configured for this handler")
@@ -146,15 +158,14 @@ class OidcAuth(Authenticator):
         try:
             claims: dict[str, Any] = dict(
                 id_token.verify_token(
-                    token.strip(),
+                    token,
                     self._transport,
                     audience=audiences,
                     certs_url=self.certs_url,
                     clock_skew_in_seconds=CLOCK_SKEW_SECONDS,
                 )
             )
-        except google.auth.exceptions.TransportError as exc:
-            _log.error("could not fetch OIDC public keys from %s: %s", self.certs_url, exc)
+        except google.auth.exceptions.TransportError:  # KeyFetcher logged it, once.
             return AuthResult(503, "could not fetch the OIDC public keys to verify the token")
         except (ValueError, google.auth.exceptions.GoogleAuthError) as exc:
             return AuthResult(401, f"invalid ID token: {_redacted(exc, token)}")
