@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from worker.errors import StoreUnavailable
 from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
 from worker.stores.base import Change, LeaseStore
+from worker.stores.private_files import create_private_file, make_private_dirs
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")
@@ -62,7 +63,8 @@ _UPSERT = f"INSERT OR REPLACE INTO runs ({_COLUMNS}) VALUES ({_PLACEHOLDERS})"  
 
 
 class SqliteStore(LeaseStore):
-    """Run records in a SQLite file at ``path`` (created, with its folder, on first use).
+    """Run records in a SQLite file at ``path`` (created 0600, with any missing folder 0700,
+    on first use: records hold payloads and errors).
 
     The file is opened lazily, per thread and per process (connections never cross a fork),
     so a worker starts even while the file is unreachable and answers 503 until it is back.
@@ -160,7 +162,9 @@ class SqliteStore(LeaseStore):
         return connection
 
     def _open(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Records hold payloads and errors: the file (and so its -wal/-shm) is owner-only.
+        make_private_dirs(self.path.parent)
+        create_private_file(self.path)
         timeout = self._busy_timeout.total_seconds()
         # isolation_level=None: we issue BEGIN/COMMIT ourselves.
         connection = sqlite3.connect(
