@@ -165,7 +165,7 @@ class SqliteStore(LeaseStore):
     def _open(self) -> sqlite3.Connection:
         # Records hold payloads and errors: the file (and so its -wal/-shm) is owner-only.
         make_private_dirs(self.path.parent)
-        create_private_file(self.path)
+        create_private_file(self.path, _start_in_wal_mode)
         timeout = self._busy_timeout.total_seconds()
         # isolation_level=None: we issue BEGIN/COMMIT ourselves.
         connection = sqlite3.connect(
@@ -235,6 +235,15 @@ class SqliteStore(LeaseStore):
             yield
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailable(f"SQLite store {self.path}: could not {action}: {exc}") from exc
+
+
+def _start_in_wal_mode(path: Path) -> None:
+    """Make ``path`` a database already in WAL mode, before any other process can see it."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute("PRAGMA journal_mode = WAL")
+    finally:
+        connection.close()
 
 
 def _micros(moment: datetime) -> int:
