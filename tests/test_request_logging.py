@@ -121,3 +121,22 @@ def test_text_log_format_escapes_control_characters_from_requests() -> None:
     assert "\n" not in line and "\r" not in line
     assert "\x1b" not in line and "\x07" not in line
     assert "\\n12:00:00" in line and "\\x1b[31m" in line
+
+
+def test_a_handler_that_raises_gets_one_line_carrying_its_stack_trace(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    router = Router()
+
+    @router.task("flaky")
+    def flaky(payload: Any, ctx: TaskContext) -> None:
+        raise ValueError("the mail server said no")
+
+    client = create_app(router, store=MemoryStore(), auth="none").test_client()
+    caplog.set_level("INFO", logger="tasklease")
+    caplog.clear()
+    response = client.post("/tasks/flaky", headers=task_headers(), data=b"{}")
+    assert response.status_code == 500
+    [line] = [r for r in caplog.records if r.name.startswith("tasklease")]
+    assert line.name == "tasklease.execution"
+    assert line.exc_info is not None and "the mail server said no" in str(line.exc_info[1])

@@ -26,6 +26,10 @@ FIELDS_ATTRIBUTE = "tasklease"  # LogRecord attribute that carries the structure
 _REQUEST_FIELDS: ContextVar[Mapping[str, Any] | None] = ContextVar(
     "tasklease_request_fields", default=None
 )
+# An exception whose stack trace goes into the next execution line (see note_error).
+_PENDING_ERROR: ContextVar[BaseException | None] = ContextVar(
+    "tasklease_pending_error", default=None
+)
 # C0 and C1 control characters and DEL: in a terminal they forge lines or change colours.
 _CONTROL = {n: f"\\x{n:02x}" for n in (*range(0x20), *range(0x7F, 0xA0))}
 _CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
@@ -134,6 +138,12 @@ def request_fields(fields: Mapping[str, Any]) -> Iterator[None]:
         _REQUEST_FIELDS.reset(token)
 
 
+def note_error(error: BaseException) -> None:
+    """Put ``error``'s stack trace into this request's execution line, rather than a line of
+    its own: every request writes exactly one line."""
+    _PENDING_ERROR.set(error)
+
+
 def log_execution(
     message: str,
     fields: dict[str, Any],
@@ -143,6 +153,10 @@ def log_execution(
     """Write the one structured line that every request to the worker produces (with the
     stack trace of ``error``, if any, inside that same line)."""
     fields = {**(_REQUEST_FIELDS.get() or {}), **fields}
+    pending = _PENDING_ERROR.get()
+    if pending is not None:
+        _PENDING_ERROR.set(None)
+        error = error or pending
     logging.getLogger(EXECUTION_LOGGER).log(
         level, message, exc_info=error, extra={FIELDS_ATTRIBUTE: fields}
     )
