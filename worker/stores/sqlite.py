@@ -35,6 +35,7 @@ from worker.errors import StoreUnavailable
 from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
 from worker.stores.base import Change, LeaseStore, Moment, resolve
 from worker.stores.group_commit import GroupCommit, Pending
+from worker.stores.private_files import create_private_file, make_private_dirs
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")
@@ -75,7 +76,8 @@ _UPSERT = f"INSERT OR REPLACE INTO runs ({_COLUMNS}) VALUES ({_PLACEHOLDERS})"  
 
 
 class SqliteStore(LeaseStore):
-    """Run records in a SQLite file at ``path`` (created, with its folder, on first use).
+    """Run records in a SQLite file at ``path`` (created 0600, with any missing folder 0700,
+    on first use: records hold payloads and errors).
 
     The file is opened lazily, per thread and per process (connections never cross a fork),
     so a worker starts even while the file is unreachable and answers 503 until it is back.
@@ -165,7 +167,7 @@ class SqliteStore(LeaseStore):
         if self._writer_lock is None or self._writer_lock[0] != pid:
             with self._schema_lock:
                 if self._writer_lock is None or self._writer_lock[0] != pid:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    make_private_dirs(self.path.parent)
                     descriptor = os.open(
                         f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
                     )
@@ -228,7 +230,9 @@ class SqliteStore(LeaseStore):
         return connection
 
     def _open(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Records hold payloads and errors: the file (and so its -wal/-shm) is owner-only.
+        make_private_dirs(self.path.parent)
+        create_private_file(self.path, _start_in_wal_mode)
         timeout = self._busy_timeout.total_seconds()
         # isolation_level=None: we issue BEGIN/COMMIT ourselves.
         connection = sqlite3.connect(
@@ -298,6 +302,15 @@ class SqliteStore(LeaseStore):
             yield
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailable(f"SQLite store {self.path}: could not {action}: {exc}") from exc
+
+
+def _start_in_wal_mode(path: Path) -> None:
+    """Make ``path`` a database already in WAL mode, before any other process can see it."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute("PRAGMA journal_mode = WAL")
+    finally:
+        connection.close()
 
 
 def _micros(moment: datetime) -> int:
