@@ -1,132 +1,125 @@
-"""The Cloud Tasks v2 REST API (the subset ``google-cloud-tasks`` uses), served by Flask.
+"""The Cloud Tasks v2 API (the subset ``google-cloud-tasks`` and gcloud use), transport-free.
 
-Resource paths follow the googleapis HTTP bindings: ``/v2/projects/*/locations/*/queues``,
-``.../queues/*``, ``.../queues/*:pause|resume|purge``, ``.../queues/*/tasks``,
-``.../tasks/*`` and ``.../tasks/*:run``. Errors use Google's JSON error shape.
+:class:`CloudTasksApi` takes and returns REST JSON (camelCase protobuf JSON) and raises
+:class:`~emulator.model.ApiError`; :mod:`emulator.rest` serves it over HTTP and
+:mod:`emulator.grpc_api` over gRPC, so both share one model and one database.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import re
 import time
 from typing import Any
 
-import flask
-
-from emulator import model
+from emulator import locations, model
 from emulator.db import EmulatorDB, TaskRow
 from emulator.dispatcher import Dispatcher
 from emulator.model import ApiError
 from emulator.oidc import TokenIssuer
 
-CERTS_PATH = "/oauth2/v1/certs"
-# Lets the worker cache the keys. Short: a new data dir on the same port means a new key.
-CERTS_MAX_AGE_SECONDS = 300
-_LOCATION = re.compile(r"projects/[^/]+/locations/[^/]+")
-_QUEUE = re.compile(r"(projects/[^/]+/locations/[^/]+/queues/[^/:]+)")
-_DEFAULT_PAGE_SIZE, _MAX_PAGE_SIZE = 100, 1000
+CERTS_PATH = "/oauth2/v1/certs"  # The emulator's OIDC keys (served by emulator.rest).
+CERTS_PATH = "/oauth2/v1/certs"  # The emulator's OIDC keys (served by emulator.rest).
+DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
+DEFAULT_QUEUE_REUSE_WINDOW = 7 * 86_400.0  # Cloud Tasks: a deleted queue's name, 7 days.
+# Cloud Tasks' own messages, for a name that is taken or recently gone.
+TASK_EXISTS = "Requested entity already exists"
+TASK_GONE = (
+    "The task no longer exists, though a task with this name existed recently. "
+    "The task either successfully completed or was deleted."
+)
+QUEUE_TOO_RECENT = (
+    "The queue cannot be created because a queue with this name existed too recently."
+)
+# Output-only Queue fields: ignored on create and update, as the real service does.
+_QUEUE_OUTPUT_ONLY = ("state", "purgeTime", "stats")
+_QUEUE_FILTERS = {"state: PAUSED": "PAUSED", "state: RUNNING": "RUNNING"}
 
 
 class CloudTasksApi:
     """Request handling on top of the emulator's database and dispatcher."""
 
     def __init__(
-        self, db: EmulatorDB, dispatcher: Dispatcher, issuer: TokenIssuer, dedup_window: float
+        self,
+        db: EmulatorDB,
+        dispatcher: Dispatcher,
+        issuer: TokenIssuer,
+        dedup_window: float,
+        queue_reuse_window: float = DEFAULT_QUEUE_REUSE_WINDOW,
     ) -> None:
         self.db = db
         self.dispatcher = dispatcher
         self.issuer = issuer
         self.dedup_window = dedup_window
+        self.queue_reuse_window = queue_reuse_window
 
-    def app(self) -> flask.Flask:
-        app = flask.Flask("tasklease-emulator")
-        app.add_url_rule(
-            "/v2/<path:resource>",
-            "api",
-            self._route,
-            methods=["GET", "POST", "PATCH", "DELETE"],
-        )
-        app.add_url_rule(CERTS_PATH, "certs", self._certs)
-        app.add_url_rule("/healthz", "health", lambda: {"status": "ok"})
-        return app
+    # Locations.
+    def list_locations(self, project: str) -> dict[str, Any]:
+        return {"locations": locations.list_locations(project)}
 
-    def _certs(self) -> flask.Response:
-        response = flask.jsonify(self.issuer.certs())
-        response.headers["Cache-Control"] = f"public, max-age={CERTS_MAX_AGE_SECONDS}"
-        return response
+    def get_location(self, project: str, location_id: str) -> dict[str, Any]:
+        _check_region(location_id)
+        return locations.location(project, location_id)
 
-    def _route(self, resource: str) -> flask.Response:
-        try:
-            status, body = self._dispatch(flask.request.method, resource)
-        except ApiError as exc:
-            status, body = exc.code, exc.body()
-        return flask.Response(json.dumps(body), status=status, content_type="application/json")
-
-    def _dispatch(self, method: str, resource: str) -> tuple[int, dict[str, Any]]:
-        resource, _, verb = resource.partition(":")
-        parts = resource.split("/")
-        if len(parts) == 5 and parts[4] == "queues" and _LOCATION.fullmatch("/".join(parts[:4])):
-            parent = "/".join(parts[:4])
-            if method == "POST":
-                return 200, self.create_queue(parent, _json_body())
-            if method == "GET":
-                return 200, self.list_queues(parent)
-        if len(parts) == 6 and _QUEUE.fullmatch(resource):
-            if verb:
-                if method == "POST" and verb in ("pause", "resume", "purge"):
-                    return 200, self.change_queue(resource, verb)
-            elif method == "GET":
-                return 200, self._queue(resource)
-            elif method == "PATCH":
-                return 200, self.update_queue(resource, _json_body())
-            elif method == "DELETE":
-                self.db.delete_queue(self._queue(resource)["name"], _now_us())
-                return 200, {}
-        if len(parts) == 7 and parts[6] == "tasks" and _QUEUE.fullmatch("/".join(parts[:6])):
-            queue = "/".join(parts[:6])
-            if method == "POST":
-                return 200, self.create_task(queue, _json_body())
-            if method == "GET":
-                return 200, self.list_tasks(queue)
-        if len(parts) == 8 and parts[6] == "tasks" and _QUEUE.fullmatch("/".join(parts[:6])):
-            if verb == "run" and method == "POST":
-                return 200, self.run_task(resource, _json_body())
-            if not verb and method == "GET":
-                return 200, self._task_view(self._task(resource), _view_param())
-            if not verb and method == "DELETE":
-                if not self.db.delete_task(resource, _now_us()):
-                    raise ApiError(404, f"task {resource} not found")
-                return 200, {}
-        raise ApiError(404, f"no method {method} {resource}{':' + verb if verb else ''}")
-
+    # Queues.
     def create_queue(self, parent: str, body: dict[str, Any]) -> dict[str, Any]:
+        _check_region(parent.rsplit("/", 1)[-1])
         name = body.get("name", "")
         if not name.startswith(parent + "/queues/"):
             raise ApiError(400, f"queue.name must be {parent}/queues/QUEUE_ID, not {name!r}")
+        now_us = _now_us()
         if self.db.get_queue(name) is not None:
             raise ApiError(409, f"queue {name} already exists")
-        config = model.parse_queue(name, {k: v for k, v in body.items() if k != "name"})
-        self.db.put_queue(name, config, _now_us())
+        if self.db.queue_deleted_since(name, now_us - int(self.queue_reuse_window * 1e6)):
+            raise ApiError(412, QUEUE_TOO_RECENT, "FAILED_PRECONDITION")
+        settings = {k: v for k, v in body.items() if k != "name" and k not in _QUEUE_OUTPUT_ONLY}
+        config = model.parse_queue(name, settings)
+        self.db.put_queue(name, config, now_us)
         self.dispatcher.wake()
         return config
 
-    def list_queues(self, parent: str) -> dict[str, Any]:
+    def list_queues(
+        self, parent: str, page_size: int = 0, page_token: str = "", filter_: str = ""
+    ) -> dict[str, Any]:
+        _check_region(parent.rsplit("/", 1)[-1])
         queues = self.db.list_queues(parent)
-        return {"queues": queues} if queues else {}
+        if filter_.strip():
+            state = _QUEUE_FILTERS.get(" ".join(filter_.replace(":", ": ").split()))
+            if state is None:
+                raise ApiError(400, f"unsupported filter {filter_!r}: only 'state: PAUSED'")
+            queues = [queue for queue in queues if queue.get("state") == state]
+        page, token = _page(queues, page_size, page_token)
+        result: dict[str, Any] = {"queues": page} if page else {}
+        if token:
+            result["nextPageToken"] = token
+        return result
 
-    def update_queue(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        current = self._queue(name)
+    def get_queue(self, name: str) -> dict[str, Any]:
+        config = self.db.get_queue(name)
+        if config is None:
+            raise ApiError(404, f"queue {name} not found")
+        return config
+
+    def update_queue(self, name: str, body: dict[str, Any], mask: str | None) -> dict[str, Any]:
+        current = self.get_queue(name)
         if body.get("name", name) != name:
             raise ApiError(400, "queue.name cannot be changed")
-        config = model.merge_queue(current, body, flask.request.args.get("updateMask"))
+        if mask:
+            kept = [p for p in mask.split(",") if model.camel(p.strip()) not in _QUEUE_OUTPUT_ONLY]
+            mask = ",".join(kept) or None
+            if mask is None:
+                return current
+        body = {k: v for k, v in body.items() if k not in _QUEUE_OUTPUT_ONLY}
+        config = model.merge_queue(current, body, mask)
+        config["state"] = current["state"]
+        if "purgeTime" in current:
+            config["purgeTime"] = current["purgeTime"]
         self.db.put_queue(name, config, _now_us())
         self.dispatcher.wake()
         return config
 
     def change_queue(self, name: str, verb: str) -> dict[str, Any]:
-        config = self._queue(name)
+        """``pause``, ``resume`` or ``purge``."""
+        config = self.get_queue(name)
         if verb == "purge":
             self.db.purge_queue(name, _now_us())
             config["purgeTime"] = model.rfc3339(_now_us())
@@ -136,7 +129,13 @@ class CloudTasksApi:
         self.dispatcher.wake()
         return config
 
+    def delete_queue(self, name: str) -> dict[str, Any]:
+        self.db.delete_queue(self.get_queue(name)["name"], _now_us())
+        return {}
+
+    # Tasks.
     def create_task(self, queue: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` is a CreateTaskRequest: ``{"task": {...}, "responseView": ...}``."""
         if not self.db.has_queue(queue):
             raise ApiError(404, f"queue {queue} not found")
         now_us = _now_us()
@@ -144,7 +143,9 @@ class CloudTasksApi:
         if not spec.get("name"):
             # Like Cloud Tasks' own generated IDs: numeric, not sequential.
             spec["name"] = f"{queue}/tasks/{random.getrandbits(63)}"
-        schedule_us = model.micros_of(spec["scheduleTime"]) if spec.get("scheduleTime") else now_us
+        # A schedule time in the past means now, as in Cloud Tasks.
+        sent_us = model.micros_of(spec["scheduleTime"]) if spec.get("scheduleTime") else now_us
+        schedule_us = max(now_us, sent_us)
         spec["scheduleTime"] = model.rfc3339(schedule_us)
         spec.setdefault("dispatchDeadline", model.duration(model.DEFAULT_DISPATCH_DEADLINE))
         row = TaskRow(
@@ -164,71 +165,82 @@ class CloudTasksApi:
         )
         # A name is taken while the task exists and for dedup_window after it ran or went.
         if not self.db.insert_task(row, now_us - int(self.dedup_window * 1_000_000)):
-            raise ApiError(409, "Requested entity already exists")
+            raise ApiError(409, TASK_EXISTS)
         self.dispatcher.wake()
-        return self._task_view(row, view)
+        return task_view(row, view)
 
-    def list_tasks(self, queue: str) -> dict[str, Any]:
-        self._queue(queue)
-        try:
-            size = int(flask.request.args.get("pageSize") or _DEFAULT_PAGE_SIZE)
-            offset = int(flask.request.args.get("pageToken") or 0)
-        except ValueError as exc:
-            raise ApiError(400, f"invalid pageSize or pageToken: {exc}") from exc
-        if size < 0 or offset < 0:
-            raise ApiError(400, "pageSize and pageToken must not be negative")
-        size = min(size or _DEFAULT_PAGE_SIZE, _MAX_PAGE_SIZE)
+    def list_tasks(
+        self, queue: str, page_size: int = 0, page_token: str = "", view: str | int = "BASIC"
+    ) -> dict[str, Any]:
+        self.get_queue(queue)
+        size, offset = _page_bounds(page_size, page_token)
         rows = self.db.list_tasks(queue, size + 1, offset)
-        result: dict[str, Any] = {"tasks": [self._task_view(r, _view_param()) for r in rows[:size]]}
+        if not rows:
+            return {}
+        result: dict[str, Any] = {"tasks": [task_view(r, view) for r in rows[:size]]}
         if len(rows) > size:
             result["nextPageToken"] = str(offset + size)
-        return result if rows else {}
+        return result
 
-    def run_task(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    def get_task(self, name: str, view: str | int = "BASIC") -> dict[str, Any]:
+        return task_view(self._task(name), view)
+
+    def delete_task(self, name: str) -> dict[str, Any]:
+        if not self.db.delete_task(name, _now_us()):
+            self._task(name)  # Raises the real service's NOT_FOUND.
+            raise ApiError(404, f"task {name} not found")
+        return {}
+
+    def run_task(self, name: str, view: str | int = "BASIC") -> dict[str, Any]:
+        """Dispatch now, whatever the schedule or queue state; a task being dispatched is
+        dispatched again as soon as its current attempt ends (unless that one succeeds)."""
         row = self._task(name)
-        if not self.dispatcher.run_now(name):
-            raise ApiError(412, f"task {name} is being dispatched", "FAILED_PRECONDITION")
-        return self._task_view(row, body.get("responseView") or "BASIC")
-
-    def _queue(self, name: str) -> dict[str, Any]:
-        config = self.db.get_queue(name)
-        if config is None:
-            raise ApiError(404, f"queue {name} not found")
-        return config
+        self.dispatcher.run_now(name)
+        return task_view(row, view)
 
     def _task(self, name: str) -> TaskRow:
         row = self.db.get_task(name)
-        if row is None:
-            raise ApiError(404, f"task {name} not found")
-        return row
-
-    @staticmethod
-    def _task_view(row: TaskRow, view: str | int) -> dict[str, Any]:
-        runtime = {
-            "createTime": model.rfc3339(row.create_us),
-            "scheduleTime": model.rfc3339(row.schedule_us),
-            "dispatchCount": row.dispatch_count,
-            "responseCount": row.response_count,
-            "firstAttempt": row.first_attempt,
-            "lastAttempt": row.last_attempt,
-        }
-        return model.task_view(row.spec, runtime, "FULL" if view in ("FULL", 2, "2") else "BASIC")
+        if row is not None:
+            return row
+        since_us = _now_us() - int(self.dedup_window * 1_000_000)
+        if self.db.task_tombstoned_since(name, since_us):
+            raise ApiError(404, TASK_GONE)
+        raise ApiError(404, f"task {name} not found")
 
 
-def _json_body() -> dict[str, Any]:
-    if not flask.request.data:
-        return {}
+def task_view(row: TaskRow, view: str | int) -> dict[str, Any]:
+    """A stored task as the API returns it, in the BASIC or FULL view."""
+    runtime = {
+        "createTime": model.rfc3339(row.create_us),
+        "scheduleTime": model.rfc3339(row.schedule_us),
+        "dispatchCount": row.dispatch_count,
+        "responseCount": row.response_count,
+        "firstAttempt": row.first_attempt,
+        "lastAttempt": row.last_attempt,
+    }
+    return model.task_view(row.spec, runtime, "FULL" if view in ("FULL", 2, "2") else "BASIC")
+
+
+def _check_region(location_id: str) -> None:
+    if not locations.is_region(location_id):
+        raise ApiError(400, f"Location {location_id!r} is not a Cloud region (e.g. us-central1)")
+
+
+def _page_bounds(page_size: int | str, page_token: str) -> tuple[int, int]:
     try:
-        body = json.loads(flask.request.data)
+        size = int(page_size or DEFAULT_PAGE_SIZE)
+        offset = int(page_token or 0)
     except ValueError as exc:
-        raise ApiError(400, f"request body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    return body
+        raise ApiError(400, f"invalid pageSize or pageToken: {exc}") from exc
+    if size < 0 or offset < 0:
+        raise ApiError(400, "pageSize and pageToken must not be negative")
+    return min(size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE), offset
 
 
-def _view_param() -> str:
-    return flask.request.args.get("responseView") or "BASIC"
+def _page(items: list[dict[str, Any]], page_size: int, page_token: str) -> tuple[list[Any], str]:
+    size, offset = _page_bounds(page_size, page_token)
+    page = items[offset : offset + size]
+    return page, str(offset + size) if len(items) > offset + size else ""
 
 
 def _now_us() -> int:

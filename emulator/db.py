@@ -46,6 +46,10 @@ CREATE TABLE IF NOT EXISTS tombstones (
     name TEXT PRIMARY KEY,
     at_us INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS queue_tombstones (
+    name TEXT PRIMARY KEY,
+    at_us INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS deliveries (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL,
@@ -196,7 +200,18 @@ class EmulatorDB:
         with self.transaction() as connection:
             self._tombstone_where(connection, "queue = ?", (name,), now_us)
             connection.execute("DELETE FROM queues WHERE name = ?", (name,))
+            connection.execute(
+                "INSERT OR REPLACE INTO queue_tombstones (name, at_us) VALUES (?, ?)",
+                (name, now_us),
+            )
             self._queues.pop(name, None)
+
+    def queue_deleted_since(self, name: str, since_us: int) -> bool:
+        return bool(
+            self._query(
+                "SELECT 1 FROM queue_tombstones WHERE name = ? AND at_us >= ?", (name, since_us)
+            )
+        )
 
     # Tasks.
     def insert_task(self, row: TaskRow, tombstones_since_us: int) -> bool:
@@ -215,6 +230,11 @@ class EmulatorDB:
             except sqlite3.IntegrityError:
                 return False
             return True
+
+    def task_tombstoned_since(self, name: str, since_us: int) -> bool:
+        return bool(
+            self._query("SELECT 1 FROM tombstones WHERE name = ? AND at_us >= ?", (name, since_us))
+        )
 
     def get_task(self, name: str) -> TaskRow | None:
         rows = self._query(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE name = ?", (name,))  # noqa: S608

@@ -55,6 +55,7 @@ class Dispatcher:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="emulator-dispatcher", daemon=True)
         self._next_tombstone_sweep = 0.0
+        self._run_again: set[str] = set()  # RunTask on tasks in flight.
 
     def start(self) -> None:
         self._thread.start()
@@ -84,19 +85,26 @@ class Dispatcher:
             state = self._states.get(queue)
             return state.bucket.effective_rate if state else 0.0
 
-    def run_now(self, name: str) -> bool:
-        """RunTask: dispatch now, whatever the schedule or queue state. False if in flight."""
+    def run_now(self, name: str) -> None:
+        """RunTask: dispatch now, whatever the schedule or queue state. A task in flight is
+        dispatched again as soon as its attempt ends, unless that attempt succeeded."""
         row = self._db.claim_for_dispatch(name)
         if row is None:
-            return False
+            with self._lock:
+                self._run_again.add(name)
+            # The attempt may have ended between the two steps: then the task is pending.
+            row = self._db.claim_for_dispatch(name)
+            if row is None:
+                return
+            with self._lock:
+                self._run_again.discard(name)
         config = self._db.get_queue(row.queue)
         if config is None:
-            return False
+            return
         state = self._state(row.queue, config)
         with self._lock:
             state.in_flight += 1
         self._pool.submit(self._dispatch, row, config, state)
-        return True
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -220,6 +228,8 @@ class Dispatcher:
                 state.bucket.throttle()
             elif result.succeeded:
                 state.bucket.recover()
+            run_again = row.name in self._run_again
+            self._run_again.discard(row.name)
         if result.succeeded:
             self._db.finish_attempt(
                 row.name,
@@ -265,6 +275,8 @@ class Dispatcher:
             retry_reason=reason[:200],
             deliveries=deliveries,
         )
+        if run_again:  # RunTask came during this attempt: dispatch now, even if paused.
+            self.run_now(row.name)
 
     def _state(self, name: str, config: dict[str, Any]) -> _QueueState:
         rate = float(config["rateLimits"]["maxDispatchesPerSecond"])

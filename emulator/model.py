@@ -125,7 +125,7 @@ def merge_queue(
     merged = json.loads(json.dumps(current))
     paths = [p.strip() for p in mask.split(",") if p.strip()] if mask else _leaf_paths(update)
     for path in paths:
-        keys = [_camel(part) for part in path.split(".")]
+        keys = [camel(part) for part in path.split(".")]
         source: Any = update
         for key in keys:
             source = source.get(key) if isinstance(source, dict) else None
@@ -270,6 +270,6 @@ def _leaf_paths(update: dict[str, Any], prefix: str = "") -> list[str]:
     return paths
 
 
-def _camel(part: str) -> str:
+def camel(part: str) -> str:
     head, *rest = part.split("_")
     return head + "".join(word.title() for word in rest)

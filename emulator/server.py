@@ -1,4 +1,5 @@
-"""The emulator as one object: REST API, dispatcher, scheduler, OIDC keys, durable state."""
+"""The emulator as one object: REST and gRPC APIs, dispatcher, scheduler, OIDC keys, durable
+state."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import grpc
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import tasks_v2
+from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
-from emulator import guard
-from emulator.api import CERTS_PATH, CloudTasksApi
+from emulator import guard, rest
+from emulator.api import CERTS_PATH, DEFAULT_QUEUE_REUSE_WINDOW, CloudTasksApi
 from emulator.db import DeliveryRecord, EmulatorDB
 from emulator.dispatcher import Dispatcher
 from emulator.faults import Faults
+from emulator.grpc_api import GrpcServer
 from emulator.oidc import TokenIssuer
 from emulator.scheduler import Job, LocalScheduler
 from emulator.sender import Sender
@@ -32,7 +36,9 @@ class CloudTasksEmulator:
 
     Start it in-process for tests (``with CloudTasksEmulator() as emulator:``) or with
     ``tasklease emulator``. Point the producer at :attr:`url` (``TASKLEASE_TASKS_ENDPOINT``)
-    and the worker at :attr:`certs_url` (``TASKLEASE_OIDC_CERTS_URL``).
+    and the worker at :attr:`certs_url` (``TASKLEASE_OIDC_CERTS_URL``). The same API is
+    served over gRPC on 127.0.0.1 at :attr:`grpc_target`: ``grpc_port`` (default: the REST
+    port + 1, or any free port when ``port`` is 0).
 
     It answers only requests whose Host is loopback, ``host`` or one of ``allowed_hosts``,
     and state-changing calls only in JSON (see :mod:`emulator.guard`).
@@ -44,7 +50,9 @@ class CloudTasksEmulator:
         data_dir: Path | str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        grpc_port: int | None = None,
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
+        queue_reuse_window: float = DEFAULT_QUEUE_REUSE_WINDOW,
         faults: Faults | None = None,
         jobs: Iterable[Job] = (),
         scheduler_on_schedule: bool = True,
@@ -63,8 +71,10 @@ class CloudTasksEmulator:
         self.scheduler = LocalScheduler(
             jobs, self.db, self.issuer, self._sender, on_schedule=scheduler_on_schedule
         )
-        self.api = CloudTasksApi(self.db, self.dispatcher, self.issuer, dedup_window)
-        app = self.api.app()
+        self.api = CloudTasksApi(
+            self.db, self.dispatcher, self.issuer, dedup_window, queue_reuse_window
+        )
+        app = rest.create_app(self.api, self.issuer)
         app.add_url_rule(
             "/emulator/scheduler/jobs/<name>:run", "run_job", self._run_job, methods=["POST"]
         )
@@ -77,6 +87,11 @@ class CloudTasksEmulator:
         reach = f"[{reach}]" if ":" in reach else reach
         self.url = f"http://{reach}:{self._server.server_port}"
         self.certs_url = self.url + CERTS_PATH
+        if grpc_port is None:
+            grpc_port = self._server.server_port + 1 if port else 0
+        self._grpc = GrpcServer(self.api, grpc_port)
+        self.grpc_port = self._grpc.port
+        self.grpc_target = self._grpc.target  # host:port, for grpc.insecure_channel.
         self._serving: threading.Thread | None = None
 
     def start(self) -> CloudTasksEmulator:
@@ -84,6 +99,7 @@ class CloudTasksEmulator:
             target=self._server.serve_forever, args=(0.05,), name="emulator-http", daemon=True
         )
         self._serving.start()
+        self._grpc.start()
         self.dispatcher.start()
         self.scheduler.start()
         return self
@@ -91,6 +107,7 @@ class CloudTasksEmulator:
     def stop(self) -> None:
         self.scheduler.stop()
         self.dispatcher.stop()
+        self._grpc.stop()
         self._server.shutdown()
         self._server.server_close()
         self._sender.close()
@@ -109,8 +126,12 @@ class CloudTasksEmulator:
     ) -> None:
         self.stop()
 
-    def client(self) -> Any:
-        """A ``CloudTasksClient`` for this emulator (REST, anonymous credentials)."""
+    def client(self, transport: str = "rest") -> Any:
+        """A ``CloudTasksClient`` for this emulator: ``"rest"`` (anonymous credentials) or
+        ``"grpc"`` (an insecure channel)."""
+        if transport == "grpc":
+            channel = grpc.insecure_channel(self.grpc_target)
+            return tasks_v2.CloudTasksClient(transport=CloudTasksGrpcTransport(channel=channel))
         return tasks_v2.CloudTasksClient(
             transport="rest",
             client_options=ClientOptions(api_endpoint=self.url),

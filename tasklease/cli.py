@@ -86,6 +86,9 @@ def _emulator_options(parser: argparse.ArgumentParser, port: int) -> None:
         help="another Host header name to answer (loopback names and --host always are)",
     )
     parser.add_argument("--port", type=int, default=port)
+    parser.add_argument(
+        "--grpc-port", type=int, default=None, help="Cloud Tasks over gRPC (default: --port + 1)"
+    )
     parser.add_argument("--data-dir", type=Path, default=Path(".tasklease/emulator"))
     parser.add_argument(
         "--dedup-window",
@@ -114,12 +117,18 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
         data_dir=args.data_dir,
         host=args.host,
         port=args.port,
+        grpc_port=args.grpc_port,
         dedup_window=args.dedup_window,
         faults=faults,
         jobs=jobs,
         allowed_hosts=args.allow_host,
     ) as emulator:
-        log.info("Cloud Tasks emulator on %s (OIDC keys: %s)", emulator.url, emulator.certs_url)
+        log.info(
+            "Cloud Tasks emulator: REST on %s, gRPC on %s (OIDC keys: %s)",
+            emulator.url,
+            emulator.grpc_target,
+            emulator.certs_url,
+        )
         if worker is None:
             return _wait(stop)
         queue = f"projects/{worker.project}/locations/{worker.location}/queues/{worker.queue}"
@@ -149,6 +158,7 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
         ):
             log.info("worker for %s on %s; queue %s", worker.router, worker_url, queue)
             print(
+                f"\nCloud Tasks emulator: REST {emulator.url}, gRPC {emulator.grpc_target}"
                 "\nEnqueue from another shell with:\n"
                 + "".join(
                     f"  export {name}={value}\n"

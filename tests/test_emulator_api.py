@@ -1,7 +1,9 @@
-"""The emulator's REST API through the real google-cloud-tasks client."""
+"""The emulator's API through the real google-cloud-tasks client, over both of its transports:
+REST and gRPC (the client's default)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -26,9 +28,9 @@ def http_task(url: str, task_id: str | None = None, **fields: object) -> tasks_v
     return task
 
 
-@pytest.fixture
-def client(emulator: CloudTasksEmulator):  # type: ignore[no-untyped-def]
-    client = emulator.client()
+@pytest.fixture(params=["rest", "grpc"])
+def client(emulator: CloudTasksEmulator, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    client = emulator.client(request.param)
     client.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=QUEUE))
     return client
 
@@ -46,6 +48,7 @@ def test_queue_is_created_with_the_documented_defaults(client) -> None:  # type:
 
 
 def test_queue_errors_use_googles_error_shape(client) -> None:  # type: ignore[no-untyped-def]
+    # AlreadyExists over gRPC (a Conflict subclass), Conflict over REST, as from Google.
     with pytest.raises(api.Conflict, match="already exists"):
         client.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=QUEUE))
     with pytest.raises(api.NotFound, match="not found"):
@@ -240,3 +243,43 @@ def test_malformed_page_tokens_are_invalid_argument(emulator: CloudTasksEmulator
     )
     assert response.status_code == 400
     assert response.json()["error"]["status"] == "INVALID_ARGUMENT"
+
+
+def test_duplicate_names_raise_already_exists_over_grpc(
+    emulator: CloudTasksEmulator, target: tuple[Target, str]
+) -> None:
+    client = emulator.client("grpc")
+    client.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=QUEUE))
+    client.pause_queue(name=QUEUE)
+    client.create_task(parent=QUEUE, task=http_task(target[1], "once"))
+    with pytest.raises(api.AlreadyExists, match="Requested entity already exists"):
+        client.create_task(parent=QUEUE, task=http_task(target[1], "once"))
+    with pytest.raises(api.AlreadyExists):
+        client.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=QUEUE))
+
+
+def test_rest_and_grpc_share_one_database(
+    emulator: CloudTasksEmulator, target: tuple[Target, str]
+) -> None:
+    rest, grpc = emulator.client("rest"), emulator.client("grpc")
+    rest.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=QUEUE))
+    grpc.pause_queue(name=QUEUE)
+    grpc.create_task(parent=QUEUE, task=http_task(target[1], "shared"))
+    assert rest.get_queue(name=QUEUE).state == tasks_v2.Queue.State.PAUSED
+    assert [t.name for t in rest.list_tasks(parent=QUEUE)] == [f"{QUEUE}/tasks/shared"]
+    with pytest.raises(api.Conflict):
+        rest.create_task(parent=QUEUE, task=http_task(target[1], "shared"))
+    rest.resume_queue(name=QUEUE)
+    emulator.join()
+    assert len(target[0].hits) == 1
+
+
+def test_grpc_listens_on_the_rest_port_plus_one_on_loopback(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with CloudTasksEmulator(data_dir=tmp_path, port=port) as emulator:
+        assert emulator.grpc_target == f"127.0.0.1:{port + 1}"
+        client = emulator.client("grpc")
+        client.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=QUEUE))
+        assert [q.name for q in client.list_queues(parent=PARENT)] == [QUEUE]
