@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import base64
 import random
 import time
 from typing import Any
@@ -133,6 +134,30 @@ class CloudTasksApi:
         self.db.delete_queue(self.get_queue(name)["name"], _now_us())
         return {}
 
+    # IAM: stored and returned, never enforced (the emulator authorises every caller).
+    def get_iam_policy(self, resource: str) -> dict[str, Any]:
+        self.get_queue(resource)
+        return self.db.get_policy(resource) or {"version": 1, "etag": _etag(0)}
+
+    def set_iam_policy(self, resource: str, body: dict[str, Any]) -> dict[str, Any]:
+        current = self.get_iam_policy(resource)
+        policy = body.get("policy")
+        if not isinstance(policy, dict):
+            raise ApiError(400, "setIamPolicy needs a policy")
+        # An etag from an older read means a concurrent change: IAM answers ABORTED.
+        if policy.get("etag") and policy["etag"] != current["etag"]:
+            raise ApiError(409, "There were concurrent policy changes.", "ABORTED")
+        stored = {k: v for k, v in policy.items() if k in ("version", "bindings", "auditConfigs")}
+        stored["etag"] = _etag(int.from_bytes(base64.b64decode(current["etag"]), "big") + 1)
+        stored.setdefault("version", 1)
+        self.db.put_policy(resource, stored)
+        return stored
+
+    def test_iam_permissions(self, resource: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.get_queue(resource)
+        permissions = [p for p in body.get("permissions", []) if isinstance(p, str)]
+        return {"permissions": permissions} if permissions else {}
+
     # Tasks.
     def create_task(self, queue: str, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` is a CreateTaskRequest: ``{"task": {...}, "responseView": ...}``."""
@@ -219,6 +244,10 @@ def task_view(row: TaskRow, view: str | int) -> dict[str, Any]:
         "lastAttempt": row.last_attempt,
     }
     return model.task_view(row.spec, runtime, "FULL" if view in ("FULL", 2, "2") else "BASIC")
+
+
+def _etag(version: int) -> str:
+    return base64.b64encode(version.to_bytes(8, "big")).decode()
 
 
 def _check_region(location_id: str) -> None:

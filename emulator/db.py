@@ -50,6 +50,14 @@ CREATE TABLE IF NOT EXISTS queue_tombstones (
     name TEXT PRIMARY KEY,
     at_us INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS scheduler_jobs (
+    name TEXT PRIMARY KEY,
+    spec TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS iam_policies (
+    resource TEXT PRIMARY KEY,
+    policy TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS deliveries (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL,
@@ -200,6 +208,7 @@ class EmulatorDB:
         with self.transaction() as connection:
             self._tombstone_where(connection, "queue = ?", (name,), now_us)
             connection.execute("DELETE FROM queues WHERE name = ?", (name,))
+            connection.execute("DELETE FROM iam_policies WHERE resource = ?", (name,))
             connection.execute(
                 "INSERT OR REPLACE INTO queue_tombstones (name, at_us) VALUES (?, ?)",
                 (name, now_us),
@@ -355,6 +364,39 @@ class EmulatorDB:
         insert = f"INSERT OR REPLACE INTO tombstones (name, at_us) SELECT name, ? FROM tasks WHERE {where}"  # noqa: S608, E501 - ``where`` is one of this module's constants.
         connection.execute(insert, (now_us, *params))
         connection.execute(f"DELETE FROM tasks WHERE {where}", params)  # noqa: S608
+
+    # IAM policies of queues (REST JSON).
+    def get_policy(self, resource: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT policy FROM iam_policies WHERE resource = ?", (resource,))
+        return json.loads(rows[0][0]) if rows else None
+
+    def put_policy(self, resource: str, policy: dict[str, Any]) -> None:
+        with self._lock:
+            self._connection.execute(
+                "INSERT OR REPLACE INTO iam_policies (resource, policy) VALUES (?, ?)",
+                (resource, json.dumps(policy)),
+            )
+
+    # Cloud Scheduler jobs created through the API (REST JSON).
+    def put_job(self, name: str, spec: dict[str, Any]) -> None:
+        with self._lock:
+            self._connection.execute(
+                "INSERT OR REPLACE INTO scheduler_jobs (name, spec) VALUES (?, ?)",
+                (name, json.dumps(spec)),
+            )
+
+    def get_job(self, name: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT spec FROM scheduler_jobs WHERE name = ?", (name,))
+        return json.loads(rows[0][0]) if rows else None
+
+    def list_jobs(self, prefix: str) -> list[dict[str, Any]]:
+        """Jobs whose name starts with ``prefix``, by name."""
+        rows = self._query("SELECT name, spec FROM scheduler_jobs ORDER BY name")
+        return [json.loads(spec) for name, spec in rows if name.startswith(prefix)]
+
+    def delete_job(self, name: str) -> None:
+        with self._lock:
+            self._connection.execute("DELETE FROM scheduler_jobs WHERE name = ?", (name,))
 
     # Deliveries.
     def log_delivery(self, record: DeliveryRecord) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from google.cloud import tasks_v2
 from google.cloud.location import locations_pb2
+from google.iam.v1 import iam_policy_pb2, policy_pb2
 from google.protobuf import empty_pb2, json_format
 
 from emulator.api import CloudTasksApi
@@ -78,6 +79,21 @@ _TASKS_METHODS: dict[str, tuple[Any, Any, Handler]] = {
         _pb(tasks_v2.ResumeQueueRequest),
         _pb(tasks_v2.Queue),
         lambda api, r: api.change_queue(r.get("name", ""), "resume"),
+    ),
+    "GetIamPolicy": (
+        iam_policy_pb2.GetIamPolicyRequest,
+        policy_pb2.Policy,
+        lambda api, r: api.get_iam_policy(r.get("resource", "")),
+    ),
+    "SetIamPolicy": (
+        iam_policy_pb2.SetIamPolicyRequest,
+        policy_pb2.Policy,
+        lambda api, r: api.set_iam_policy(r.get("resource", ""), r),
+    ),
+    "TestIamPermissions": (
+        iam_policy_pb2.TestIamPermissionsRequest,
+        iam_policy_pb2.TestIamPermissionsResponse,
+        lambda api, r: api.test_iam_permissions(r.get("resource", ""), r),
     ),
     "ListTasks": (
         _pb(tasks_v2.ListTasksRequest),

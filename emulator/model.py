@@ -188,6 +188,7 @@ def parse_new_task(queue: str, body: dict[str, Any], now_us: int) -> tuple[dict[
     ):
         task.ClearField(output_only)
     spec: dict[str, Any] = json_format.MessageToDict(task)
+    spec["httpRequest"].setdefault("httpMethod", "POST")  # UNSPECIFIED means POST.
     schedule = spec.get("scheduleTime")
     if schedule and micros_of(schedule) - now_us > MAX_SCHEDULE_AHEAD_SECONDS * 1_000_000:
         raise ApiError(400, "scheduleTime is more than 30 days in the future")

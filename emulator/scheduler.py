@@ -1,4 +1,5 @@
-"""A local Cloud Scheduler: unix-cron jobs from a TOML file, fired at the emulator's targets.
+"""A local Cloud Scheduler: unix-cron jobs from a TOML file or the Cloud Scheduler API
+(:mod:`emulator.scheduler_api`), fired at the emulator's targets.
 
 Each run sends ``X-CloudScheduler: true``, ``X-CloudScheduler-JobName`` and
 ``X-CloudScheduler-ScheduleTime`` (RFC 3339, constant across the run's retries), plus an OIDC
@@ -12,7 +13,7 @@ import logging
 import threading
 import time
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,7 +39,8 @@ DEFAULT_JOB_RETRY = RetrySettings(max_attempts=1, min_backoff=5, max_backoff=360
 
 @dataclass(frozen=True)
 class Job:
-    """One Cloud Scheduler job with an HTTP target."""
+    """One Cloud Scheduler job with an HTTP target. ``name`` is the job ID, or the full
+    resource name (``projects/P/locations/L/jobs/ID``) for jobs made through the API."""
 
     name: str
     schedule: str
@@ -103,7 +105,9 @@ def parse_job(entry: dict[str, Any]) -> Job:
 
 
 class LocalScheduler:
-    """Fires jobs on their schedules (if ``on_schedule``) and on demand."""
+    """Fires jobs on their schedules (if ``on_schedule``) and on demand. Jobs can be added,
+    replaced and removed while it runs; ``after_run(name, attempt_us, status)`` is called
+    after each run's last attempt."""
 
     def __init__(
         self,
@@ -122,14 +126,29 @@ class LocalScheduler:
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="emulator-scheduler")
         self._runs: list[Future[bool]] = []
         self._stopping = threading.Event()
+        self._changed = threading.Event()
+        self._jobs_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="emulator-cron", daemon=True)
+        self.after_run: Callable[[str, int, int | None], None] | None = None
 
     def start(self) -> None:
-        if self._on_schedule and self.jobs:
+        if self._on_schedule:
             self._thread.start()
+
+    def add(self, job: Job) -> None:
+        """Schedule ``job`` (replacing a job of that name) from now on."""
+        with self._jobs_lock:
+            self.jobs[job.name] = job
+        self._changed.set()
+
+    def remove(self, name: str) -> None:
+        with self._jobs_lock:
+            self.jobs.pop(name, None)
+        self._changed.set()
 
     def stop(self) -> None:
         self._stopping.set()
+        self._changed.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -139,6 +158,10 @@ class LocalScheduler:
         job = self.jobs.get(name)
         if job is None:
             raise KeyError(f"no scheduler job {name!r}")
+        return self.run(job, schedule_time)
+
+    def run(self, job: Job, schedule_time: datetime | None = None) -> Future[bool]:
+        """Trigger ``job``, scheduled or not (a manual run of a paused job)."""
         when = schedule_time or job.next_time(datetime.now(UTC))
         future = self._pool.submit(self._run, job, when)
         self._runs.append(future)
@@ -150,15 +173,26 @@ class LocalScheduler:
         return not pending
 
     def _loop(self) -> None:
-        next_fire = {job.name: job.next_time(datetime.now(UTC)) for job in self.jobs.values()}
+        next_fire: dict[str, tuple[Job, datetime]] = {}
         while not self._stopping.is_set():
+            self._changed.clear()
             now = datetime.now(UTC)
-            for name, when in list(next_fire.items()):
+            with self._jobs_lock:
+                current = dict(self.jobs)
+            # A new or changed job is scheduled from now; a removed one is forgotten.
+            next_fire = {
+                name: next_fire[name]
+                if name in next_fire and next_fire[name][0] == job
+                else (job, job.next_time(now))
+                for name, job in current.items()
+            }
+            for name, (job, when) in list(next_fire.items()):
                 if when <= now:
-                    self.run_job(name, when)
-                    next_fire[name] = self.jobs[name].next_time(when)
-            soonest = min(next_fire.values())
-            self._stopping.wait(max(0.05, min(1.0, (soonest - now).total_seconds())))
+                    self.run(job, when)
+                    next_fire[name] = (job, job.next_time(when))
+            soonest = min((when for _, when in next_fire.values()), default=None)
+            wait = 1.0 if soonest is None else (soonest - now).total_seconds()
+            self._changed.wait(max(0.05, min(1.0, wait)))
 
     def _run(self, job: Job, schedule_time: datetime) -> bool:
         """One scheduled run with its retries; True if the target answered 2xx."""
@@ -171,7 +205,7 @@ class LocalScheduler:
                 **job.headers,
                 "User-Agent": "Google-Cloud-Scheduler",
                 "X-CloudScheduler": "true",
-                "X-CloudScheduler-JobName": job.name,
+                "X-CloudScheduler-JobName": job.name.rsplit("/", 1)[-1],
                 "X-CloudScheduler-ScheduleTime": stamp,
             }
             if job.service_account:
@@ -192,10 +226,19 @@ class LocalScheduler:
                     )
                 )
             if result.succeeded:
+                self._after_run(job, result.started_us, result.status)
                 return True
             if gives_up(job.retry, attempt, time.monotonic() - first) or self._stopping.is_set():
                 _log.warning(
                     "scheduler job %s run %s failed after %d attempts", job.name, stamp, attempt
                 )
+                self._after_run(job, result.started_us, result.status)
                 return False
             self._stopping.wait(backoff(job.retry, attempt))
+
+    def _after_run(self, job: Job, attempt_us: int, status: int | None) -> None:
+        if self.after_run is not None:
+            try:
+                self.after_run(job.name, attempt_us, status)
+            except Exception:
+                _log.exception("recording the run of %s failed", job.name)

@@ -26,6 +26,7 @@ from emulator.faults import Faults
 from emulator.grpc_api import GrpcServer
 from emulator.oidc import TokenIssuer
 from emulator.scheduler import Job, LocalScheduler
+from emulator.scheduler_api import SchedulerApi
 from emulator.sender import Sender
 
 DEFAULT_DEDUP_WINDOW = 3600.0  # Seconds a task name stays taken after it ran or was deleted.
@@ -33,6 +34,10 @@ DEFAULT_DEDUP_WINDOW = 3600.0  # Seconds a task name stays taken after it ran or
 
 class CloudTasksEmulator:
     """A local, faithful Cloud Tasks (and Cloud Scheduler) on 127.0.0.1.
+
+    One port serves the Cloud Tasks v2 REST API (``/v2``), the Cloud Scheduler v1 REST API
+    (``/v1``, jobs kept in the same database) and the OIDC keys; jobs also come from
+    ``jobs`` (the TOML file) at start-up.
 
     Start it in-process for tests (``with CloudTasksEmulator() as emulator:``) or with
     ``tasklease emulator``. Point the producer at :attr:`url` (``TASKLEASE_TASKS_ENDPOINT``)
@@ -74,7 +79,9 @@ class CloudTasksEmulator:
         self.api = CloudTasksApi(
             self.db, self.dispatcher, self.issuer, dedup_window, queue_reuse_window
         )
-        app = rest.create_app(self.api, self.issuer)
+        self.scheduler_api = SchedulerApi(self.db, self.scheduler)
+        self.scheduler_api.load()  # Jobs made through the API before a restart.
+        app = rest.create_app(self.api, self.scheduler_api, self.issuer)
         app.add_url_rule(
             "/emulator/scheduler/jobs/<name>:run", "run_job", self._run_job, methods=["POST"]
         )
