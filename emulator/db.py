@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     first_attempt_us INTEGER,
     previous_response INTEGER,
     retry_reason TEXT,
-    in_flight INTEGER NOT NULL DEFAULT 0
+    in_flight INTEGER NOT NULL DEFAULT 0,
+    execution_count INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS tasks_due ON tasks (queue, in_flight, schedule_us);
 CREATE TABLE IF NOT EXISTS tombstones (
@@ -92,6 +93,8 @@ class TaskRow:
     previous_response: int | None
     retry_reason: str | None
     in_flight: bool
+    # Responses other than 5xx: X-CloudTasks-TaskExecutionCount (response_count counts all).
+    execution_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ class DeliveryRecord:
 
 _TASK_COLUMNS = (
     "name, queue, spec, schedule_us, create_us, dispatch_count, response_count, first_attempt, "
-    "last_attempt, first_attempt_us, previous_response, retry_reason, in_flight"
+    "last_attempt, first_attempt_us, previous_response, retry_reason, in_flight, execution_count"
 )
 
 
@@ -148,6 +151,11 @@ class EmulatorDB:
             self._connection.execute("PRAGMA journal_mode = WAL")
             self._connection.execute("PRAGMA synchronous = NORMAL")  # Durable across crashes.
             self._connection.executescript(_SCHEMA)
+            columns = {row[1] for row in self._connection.execute("PRAGMA table_info(tasks)")}
+            if "execution_count" not in columns:  # A database from before the column.
+                self._connection.execute(
+                    "ALTER TABLE tasks ADD COLUMN execution_count INTEGER NOT NULL DEFAULT 0"
+                )
             # Dispatches cut short by a stop are retried after the restart.
             self._connection.execute("UPDATE tasks SET in_flight = 0 WHERE in_flight = 1")
             rows = self._connection.execute("SELECT name, config FROM queues").fetchall()
@@ -233,7 +241,7 @@ class EmulatorDB:
                 return False
             try:
                 connection.execute(
-                    f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES ({', '.join('?' * 13)})",  # noqa: S608
+                    f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES ({', '.join('?' * 14)})",  # noqa: S608
                     _encode(row),
                 )
             except sqlite3.IntegrityError:
@@ -310,6 +318,7 @@ class EmulatorDB:
         now_us: int,
         schedule_us: int,
         responded: bool,
+        executed: bool = False,
         attempt: dict[str, Any],
         previous_response: int | None,
         retry_reason: str | None,
@@ -326,6 +335,7 @@ class EmulatorDB:
             connection.execute(
                 "UPDATE tasks SET in_flight = 0, schedule_us = ?, "
                 "dispatch_count = dispatch_count + 1, response_count = response_count + ?, "
+                "execution_count = execution_count + ?, "
                 "last_attempt = ?, "
                 "first_attempt = COALESCE(first_attempt, ?), "
                 "first_attempt_us = COALESCE(first_attempt_us, ?), previous_response = ?, "
@@ -333,6 +343,7 @@ class EmulatorDB:
                 (
                     schedule_us,
                     int(responded),
+                    int(executed),
                     json.dumps(attempt),
                     json.dumps(attempt),
                     now_us,
@@ -451,6 +462,7 @@ def _encode(row: TaskRow) -> tuple[Any, ...]:
         row.previous_response,
         row.retry_reason,
         int(row.in_flight),
+        row.execution_count,
     )
 
 
@@ -469,6 +481,7 @@ def _decode(row: tuple[Any, ...]) -> TaskRow:
         previous_response,
         retry_reason,
         in_flight,
+        execution_count,
     ) = row
     return TaskRow(
         name=name,
@@ -484,4 +497,5 @@ def _decode(row: tuple[Any, ...]) -> TaskRow:
         previous_response=previous_response,
         retry_reason=retry_reason,
         in_flight=bool(in_flight),
+        execution_count=execution_count,
     )

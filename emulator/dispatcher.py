@@ -163,7 +163,7 @@ class Dispatcher:
                 responded=False,
                 attempt={},
                 previous_response=None,
-                retry_reason="emulator error",
+                retry_reason=None,
             )
         finally:
             with self._lock:
@@ -179,11 +179,13 @@ class Dispatcher:
         headers["X-CloudTasks-QueueName"] = row.queue.rsplit("/", 1)[-1]
         headers["X-CloudTasks-TaskName"] = row.name.rsplit("/", 1)[-1]
         headers["X-CloudTasks-TaskRetryCount"] = str(row.dispatch_count)
-        headers["X-CloudTasks-TaskExecutionCount"] = str(row.response_count)
+        headers["X-CloudTasks-TaskExecutionCount"] = str(row.execution_count)
         headers["X-CloudTasks-TaskETA"] = f"{row.schedule_us / 1e6:.6f}"
+        # Only on a retry of an attempt that got an answer; the reason is empty for HTTP
+        # targets (captured from production: aertje/cloud-tasks-emulator#114).
         if row.previous_response is not None:
             headers["X-CloudTasks-TaskPreviousResponse"] = str(row.previous_response)
-        if row.retry_reason:
+        if row.retry_reason is not None:
             headers["X-CloudTasks-TaskRetryReason"] = row.retry_reason
         oidc = http.get("oidcToken")
         if oidc and oidc.get("serviceAccountEmail"):
@@ -261,18 +263,18 @@ class Dispatcher:
         delay = backoff(settings, attempts)
         if result.status in (429, 503) and result.retry_after is not None:
             delay = max(delay, result.retry_after)
-        reason = (
-            f"HTTP {result.status}" if result.status is not None else (result.error or "no answer")
-        )
+        if result.status is None:
+            _log.info("attempt of %s got no answer: %s", row.name, result.error)
         self._db.finish_attempt(
             row.name,
             delete=False,
             now_us=now_us,
             schedule_us=now_us + int(delay * 1_000_000),
             responded=result.status is not None,
+            executed=result.status is not None and result.status < 500,
             attempt=attempt,
             previous_response=result.status,
-            retry_reason=reason[:200],
+            retry_reason="" if result.status is not None else None,
             deliveries=deliveries,
         )
         if run_again:  # RunTask came during this attempt: dispatch now, even if paused.

@@ -3,6 +3,7 @@ through the google-cloud-tasks client over both transports."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -152,3 +153,18 @@ def test_run_task_on_a_task_being_dispatched_dispatches_it_again(
     emulator.join(timeout=10)  # Not an hour's backoff: the run dispatched it at once.
     _target_server.clear()
     assert answers == [500, 200]
+
+
+def test_a_database_from_before_the_execution_count_opens_and_keeps_its_tasks(
+    tmp_path, target: tuple[Target, str]
+) -> None:  # type: ignore[no-untyped-def]
+    with CloudTasksEmulator(data_dir=tmp_path) as emulator:
+        emulator.create_queue(QUEUE)
+        emulator.client().pause_queue(name=QUEUE)
+        emulator.client().create_task(parent=QUEUE, task=http_task(target[1], "old"))
+    with sqlite3.connect(tmp_path / "emulator.db") as connection:
+        connection.execute("ALTER TABLE tasks DROP COLUMN execution_count")
+    with CloudTasksEmulator(data_dir=tmp_path) as emulator:
+        emulator.client().resume_queue(name=QUEUE)
+        emulator.join()
+    assert target[0].hits[0].headers["X-Cloudtasks-Taskexecutioncount"] == "0"
