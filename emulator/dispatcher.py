@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import logging
 import threading
 import time
@@ -14,6 +13,7 @@ from emulator import model
 from emulator.db import DeliveryRecord, EmulatorDB, TaskRow
 from emulator.oidc import TokenIssuer
 from emulator.policy import TokenBucket, backoff, gives_up
+from emulator.routing import route
 from emulator.sender import AttemptResult, Sender
 
 _log = logging.getLogger("tasklease.emulator")
@@ -171,9 +171,9 @@ class Dispatcher:
             self.wake()
 
     def _attempt(self, row: TaskRow, config: dict[str, Any], state: _QueueState) -> None:
-        http = row.spec["httpRequest"]
-        url = http["url"]
-        headers = dict(http.get("headers") or {})
+        request = route(row.spec["httpRequest"], config.get("httpTarget"))
+        url = request.url
+        headers = request.headers
         headers.setdefault("User-Agent", "Google-Cloud-Tasks")
         # The headers Cloud Tasks adds to every HTTP-target request (platform-facts.md).
         headers["X-CloudTasks-QueueName"] = row.queue.rsplit("/", 1)[-1]
@@ -187,18 +187,14 @@ class Dispatcher:
             headers["X-CloudTasks-TaskPreviousResponse"] = str(row.previous_response)
         if row.retry_reason is not None:
             headers["X-CloudTasks-TaskRetryReason"] = row.retry_reason
-        oidc = http.get("oidcToken")
-        if oidc and oidc.get("serviceAccountEmail"):
-            audience = oidc.get("audience") or url
-            token = self._issuer.mint(oidc["serviceAccountEmail"], audience)
+        if request.service_account:
+            token = self._issuer.mint(request.service_account, request.audience or url)
             headers["Authorization"] = f"Bearer {token}"
-        body = base64.b64decode(http.get("body") or "")
+        body = request.body
         deadline = model.seconds_of(
             row.spec.get("dispatchDeadline"), model.DEFAULT_DISPATCH_DEADLINE
         )
-        result, duplicate = self._sender.send(
-            http.get("httpMethod", "POST"), url, headers, body, deadline
-        )
+        result, duplicate = self._sender.send(request.method, url, headers, body, deadline)
         attempt_number = row.dispatch_count + 1
         deliveries = [
             DeliveryRecord.of("task", row.queue, row.name, url, attempt=attempt_number, sent=sent)

@@ -236,6 +236,7 @@ def _rpc_code(status: int | None) -> int:
 
 
 def _validate_queue(config: dict[str, Any]) -> None:
+    _validate_http_target(config.get("httpTarget", {}))
     rate = config["rateLimits"]
     if not 0 < float(rate["maxDispatchesPerSecond"]) <= MAX_RATE:
         raise ApiError(400, f"rateLimits.maxDispatchesPerSecond must be in (0, {MAX_RATE}]")
@@ -248,6 +249,22 @@ def _validate_queue(config: dict[str, Any]) -> None:
         raise ApiError(400, "retryConfig.minBackoff must not exceed maxBackoff")
     if retry.max_doublings < 0:
         raise ApiError(400, "retryConfig.maxDoublings must not be negative")
+
+
+def _validate_http_target(target: dict[str, Any]) -> None:
+    """The rules Cloud Tasks documents for a queue's HttpTarget; ApiError otherwise."""
+    uri = target.get("uriOverride", {})
+    if "host" in uri and not uri["host"]:
+        raise ApiError(400, "httpTarget.uriOverride.host cannot be an empty string")
+    if int(uri.get("port", 0)) < 0:
+        raise ApiError(400, "httpTarget.uriOverride.port must be a positive integer")
+    if "oauthToken" in target:
+        raise ApiError(501, "the emulator sends OIDC tokens, not OAuth tokens", "UNIMPLEMENTED")
+    oidc = target.get("oidcToken")
+    if oidc is not None and not (oidc.get("serviceAccountEmail") and oidc.get("audience")):
+        raise ApiError(
+            400, "httpTarget.oidcToken needs both serviceAccountEmail and audience on a queue"
+        )
 
 
 def _to_dict(message: Any) -> dict[str, Any]:
