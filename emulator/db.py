@@ -162,6 +162,8 @@ class EmulatorDB:
         # Queue configs are read on every create and dispatch pass, and only this object
         # writes them: keep them in memory too.
         self._queues: dict[str, dict[str, Any]] = {name: json.loads(c) for name, c in rows}
+        # The in-memory configs have their own lock: reading them never waits for a commit.
+        self._queues_lock = threading.Lock()
 
     def close(self) -> None:
         with self._lock:
@@ -190,25 +192,26 @@ class EmulatorDB:
                 "ON CONFLICT (name) DO UPDATE SET config = excluded.config",
                 (name, json.dumps(config), now_us),
             )
-            self._queues[name] = json.loads(json.dumps(config))
+            with self._queues_lock:
+                self._queues[name] = json.loads(json.dumps(config))
 
     def get_queue(self, name: str) -> dict[str, Any] | None:
         """A copy of the queue's config, to change and put back."""
-        with self._lock:
+        with self._queues_lock:
             config = self._queues.get(name)
             return json.loads(json.dumps(config)) if config is not None else None
 
     def has_queue(self, name: str) -> bool:
-        with self._lock:
+        with self._queues_lock:
             return name in self._queues
 
     def all_queues(self) -> list[dict[str, Any]]:
         """Every queue's config, not copied: read them, do not change them."""
-        with self._lock:
+        with self._queues_lock:
             return list(self._queues.values())
 
     def list_queues(self, parent: str) -> list[dict[str, Any]]:
-        with self._lock:
+        with self._queues_lock:
             names = sorted(n for n in self._queues if n.startswith(f"{parent}/queues/"))
         return [config for config in map(self.get_queue, names) if config is not None]
 
@@ -221,7 +224,8 @@ class EmulatorDB:
                 "INSERT OR REPLACE INTO queue_tombstones (name, at_us) VALUES (?, ?)",
                 (name, now_us),
             )
-            self._queues.pop(name, None)
+            with self._queues_lock:
+                self._queues.pop(name, None)
 
     def queue_deleted_since(self, name: str, since_us: int) -> bool:
         return bool(

@@ -17,6 +17,7 @@ from emulator.routing import route
 from emulator.sender import AttemptResult, Sender
 
 _log = logging.getLogger("tasklease.emulator")
+_BATCH_SECONDS = 0.002
 
 
 @dataclass
@@ -117,6 +118,8 @@ class Dispatcher:
                 if not self._woken:
                     self._wakeup.wait(timeout=max(0.001, wait))
                 self._woken = False
+            # One pass for a burst of creates and finished dispatches, not one pass each.
+            self._stopping.wait(_BATCH_SECONDS)
 
     def _dispatch_due(self) -> float:
         """Start every dispatch that is due and allowed; return seconds until the next check."""

@@ -161,6 +161,12 @@ def parse_new_task(queue: str, body: dict[str, Any], now_us: int) -> tuple[dict[
         json_format.ParseDict(body, request, ignore_unknown_fields=False)
     except (json_format.ParseError, ValueError, TypeError) as exc:
         raise ApiError(400, f"invalid CreateTaskRequest: {exc}") from exc
+    return parse_create_task_request(queue, request, now_us)
+
+
+def parse_create_task_request(queue: str, request: Any, now_us: int) -> tuple[dict[str, Any], str]:
+    """:func:`parse_new_task` for a CreateTaskRequest message (as gRPC delivers it); the
+    message's task loses its output-only fields."""
     task = request.task
     if task.HasField("app_engine_http_request"):
         raise ApiError(501, "the emulator serves HTTP targets only", "UNIMPLEMENTED")

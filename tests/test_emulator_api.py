@@ -21,6 +21,20 @@ PARENT = "projects/p/locations/us-central1"
 QUEUE = f"{PARENT}/queues/q"
 
 
+def two_free_ports() -> int:
+    """A port that is free, and whose successor is free too."""
+    for _ in range(50):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port: int = first.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two consecutive free ports")
+
+
 def http_task(url: str, task_id: str | None = None, **fields: object) -> tasks_v2.Task:
     task = tasks_v2.Task(http_request=tasks_v2.HttpRequest(url=url, body=b'{"a": 1}'), **fields)
     if task_id:
@@ -275,9 +289,7 @@ def test_rest_and_grpc_share_one_database(
 
 
 def test_grpc_listens_on_the_rest_port_plus_one_on_loopback(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = two_free_ports()
     with CloudTasksEmulator(data_dir=tmp_path, port=port) as emulator:
         assert emulator.grpc_target == f"127.0.0.1:{port + 1}"
         client = emulator.client("grpc")
