@@ -372,3 +372,75 @@ def test_tasklease_with_its_worker_packages_as_extras_would_be_refused(
     result = cloud.deploy(f"--source={source}")
     assert result.returncode == 2
     assert "does not install gunicorn" in result.stderr
+
+
+# `tasklease deploy`: the kit for a project of the user's own, run from any directory.
+
+
+def tasklease_deploy(cloud: Cloud, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cloud.log.unlink(missing_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "tasklease.cli", "deploy", *args],
+        cwd=cwd,
+        env=cloud.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_init_writes_a_commented_config_that_plans_a_deploy_of_the_users_router(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    source = user_project(tmp_path)
+    init = tasklease_deploy(cloud, source, "--init", "--project=acme-prod")
+    assert init.returncode == 0, init.stderr
+    written = (source / "tasklease.toml").read_text()
+    assert 'router = "myapp.tasks:router"' in written and 'project = "acme-prod"' in written
+    assert "\n# [[job]]\n" in written  # The example job is there, commented out.
+    plan = tasklease_deploy(cloud, source, "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    assert cloud.calls() == []
+    [deploy] = [line for line in plan.stdout.splitlines() if line.startswith("gcloud run deploy")]
+    assert f"--source={source}" in deploy and "TASKLEASE_ROUTER=myapp.tasks:router" in deploy
+    assert "--project=acme-prod" in deploy
+    assert "# would write" in plan.stdout and not (source / "Procfile").exists()
+
+
+def test_init_does_not_overwrite_a_config(cloud: Cloud, tmp_path: Path) -> None:
+    source = user_project(tmp_path, tasklease__toml="mine\n")
+    result = tasklease_deploy(cloud, source, "--init")
+    assert result.returncode == 2 and "not overwritten" in result.stderr
+    assert (source / "tasklease.toml").read_text() == "mine\n"
+
+
+def test_deploy_without_a_config_points_to_init(cloud: Cloud, tmp_path: Path) -> None:
+    result = tasklease_deploy(cloud, tmp_path, "--dry-run")
+    assert result.returncode == 2 and "tasklease deploy --init" in result.stderr
+
+
+def test_tasklease_deploy_deploys_and_tears_down_a_source_given_by_path(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    source = user_project(tmp_path)
+    config = user_config(tmp_path)
+    result = tasklease_deploy(cloud, tmp_path, f"--source={source}", f"--config={config}")
+    assert result.returncode == 0, result.stderr
+    assert (source / "Procfile").exists()
+    assert [c[:3] for c in cloud.changes() if c[:2] == ["run", "deploy"]] == [
+        ["run", "deploy", "tasklease-worker"]
+    ]
+    down = tasklease_deploy(
+        cloud, tmp_path, f"--source={source}", f"--config={config}", "--teardown"
+    )
+    assert down.returncode == 0, down.stderr
+    assert ["run", "services", "delete"] in [c[:3] for c in cloud.changes()]
+
+
+def test_a_source_that_cannot_start_is_refused_by_tasklease_deploy(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    source = user_project(tmp_path, '"flask"')
+    result = tasklease_deploy(cloud, source, f"--config={user_config(tmp_path)}")
+    assert result.returncode == 2 and "does not install tasklease" in result.stderr
+    assert cloud.calls() == []
