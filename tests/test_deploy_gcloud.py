@@ -24,6 +24,8 @@ import pytest
 
 from tests.test_deploy import Cloud, user_config, user_project
 
+pytestmark = pytest.mark.slow
+
 GCLOUD = shutil.which("gcloud")
 IN_CI = os.environ.get("CI") == "true"
 ACCEPTED = "Unable to connect to proxy"  # Parsed, then failed on the connection.
