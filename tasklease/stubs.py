@@ -33,6 +33,8 @@ from worker import constants as c
 PROJECT, LOCATION, QUEUE = "test-project", "us-central1", "default"
 WORKER_URL = "http://worker.test"
 DEFAULT_MAX_ATTEMPTS = 100  # Cloud Tasks' default for a queue.
+# A drain that has not settled after this many attempts has handlers creating tasks forever.
+DRAIN_LIMIT = 10_000
 
 
 class Response(Protocol):
@@ -85,7 +87,8 @@ class CreatedTask:
     schedule_time: datetime | None
     request: TaskRequest
     attempts: int
-    done: bool
+    done: bool  # Answered with a 2xx.
+    given_up: bool = False  # Out of attempts without a 2xx.
 
 
 @dataclass
@@ -147,7 +150,12 @@ class StubQueue:
         return [self._view(task) for task in self._due()]
 
     def drain(
-        self, client: Client, duplicate_every: int = 0, lose_response_every: int = 0
+        self,
+        client: Client,
+        duplicate_every: int = 0,
+        lose_response_every: int = 0,
+        *,
+        limit: int = DRAIN_LIMIT,
     ) -> DrainSummary:
         """Deliver every pending task, and the tasks those create, until none is left.
 
@@ -155,13 +163,19 @@ class StubQueue:
         (after the other pending tasks), up to ``max_attempts`` per task. Every
         ``duplicate_every``-th attempt is also delivered a second time, and every
         ``lose_response_every``-th attempt's answer is dropped, so the task is retried although
-        the handler ran: the two ways Cloud Tasks delivers a task more than once.
+        the handler ran: the two ways Cloud Tasks delivers a task more than once. Raises
+        ``RuntimeError`` after ``limit`` attempts (handlers that keep creating new tasks).
         """
         summary = DrainSummary()
         attempt = 0
         while due := self._due():
             for task in sorted(due, key=self._eta):
                 attempt += 1
+                if attempt > limit:
+                    raise RuntimeError(
+                        f"drain did not settle after {limit} attempts: do handlers keep "
+                        "creating tasks with new names?"
+                    )
                 headers = self._headers(task)
                 lost = bool(lose_response_every and attempt % lose_response_every == 0)
                 status, delivered = self._send(
@@ -247,7 +261,8 @@ class StubQueue:
             schedule_time=request.schedule_time,
             request=request,
             attempts=task.deliveries,
-            done=task.done or bool(state and state.given_up),
+            done=task.done,
+            given_up=bool(state and state.given_up),
         )
 
 

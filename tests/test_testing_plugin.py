@@ -139,6 +139,7 @@ def test_a_task_that_never_succeeds_is_given_up_after_max_attempts(shop: Shop) -
     summary = queue.drain(shop.client())
     assert summary.outcomes == {"released": 3}
     assert summary.given_up == [queue.tasks[0].task_id]
+    assert (queue.tasks[0].done, queue.tasks[0].given_up) == (False, True)
     assert queue.pending() == [] and queue.drain(shop.client()).deliveries == []
 
 
@@ -213,3 +214,16 @@ def test_the_plugin_loads_job_schedules_from_the_projects_tasklease_toml(
 def test_the_plugin_is_registered_by_its_entry_point(pytestconfig: pytest.Config) -> None:
     plugin = pytestconfig.pluginmanager.get_plugin("tasklease")
     assert plugin is not None and plugin.__name__ == "tasklease.testing"
+
+
+def test_a_drain_that_never_settles_stops_with_a_reason(shop: Shop) -> None:
+    queue = StubQueue()
+    counter = iter(range(10**6))
+
+    @shop.router.task("chain")
+    def chain(payload: dict[str, Any], ctx: TaskContext) -> None:
+        queue.producer.enqueue("chain", {}, key=str(next(counter)))
+
+    queue.producer.enqueue("chain", {}, key="start")
+    with pytest.raises(RuntimeError, match="did not settle after 50 attempts"):
+        queue.drain(shop.client(), limit=50)
