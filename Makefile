@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 # Reinstall whenever pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-# The Firestore emulator the tests start (an npm package: Google's own cannot be installed here).
+# The Firestore tests start Google's emulator (gcloud's google-cloud-cli-firestore-emulator,
+# Java 17+; required when CI=true). The npm emulator is only the local fallback when it is missing.
 NODE_STAMP := node_modules/.installed-$(shell cksum package-lock.json | cut -d' ' -f1)
 
 .PHONY: demo test lint bench clean
@@ -34,6 +35,8 @@ test: lint $(NODE_STAMP)
 	$(BIN)/pytest
 
 bench: $(STAMP) $(NODE_STAMP)
+	@command -v wrk >/dev/null || apt-get install -y wrk || (apt-get update && apt-get install -y wrk) \
+		|| echo "warning: could not install wrk; bench.worker_throughput falls back to Python"
 	$(BIN)/python bench/run_all.py
 
 clean:

@@ -13,11 +13,26 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
 EXECUTION_LOGGER = "tasklease.execution"
 FIELDS_ATTRIBUTE = "tasklease"  # LogRecord attribute that carries the structured fields.
+
+# Fields every line written while serving one request carries (``auth: none``).
+_REQUEST_FIELDS: ContextVar[Mapping[str, Any] | None] = ContextVar(
+    "tasklease_request_fields", default=None
+)
+# An exception whose stack trace goes into the next execution line (see note_error).
+_PENDING_ERROR: ContextVar[BaseException | None] = ContextVar(
+    "tasklease_pending_error", default=None
+)
+# C0 and C1 control characters and DEL: in a terminal they forge lines or change colours.
+_CONTROL = {n: f"\\x{n:02x}" for n in (*range(0x20), *range(0x7F, 0xA0))}
+_CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
 
 _SEVERITIES = {
     logging.DEBUG: "DEBUG",
@@ -48,6 +63,7 @@ class ReadableFormatter(logging.Formatter):
     """One short line per record for a terminal (``TASKLEASE_LOG_FORMAT=text``)."""
 
     FIELDS = (
+        "auth",
         "outcome",
         "status",
         "queue",
@@ -69,8 +85,17 @@ class ReadableFormatter(logging.Formatter):
         )
         moment = datetime.fromtimestamp(record.created).strftime("%H:%M:%S")
         line = f"{moment} {record.levelname:<7} {record.getMessage()}"
-        line = f"{line}  [{details}]" if details else line
-        return line + ("\n" + self.formatException(record.exc_info) if record.exc_info else "")
+        line = escape_controls(f"{line}  [{details}]" if details else line)
+        if not record.exc_info:
+            return line
+        trace = self.formatException(record.exc_info).splitlines()
+        return "\n".join([line, *(escape_controls(part) for part in trace)])
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with control characters written as escapes: request data (a path, a header)
+    reaches log messages, and must not start a new line or send terminal escape codes."""
+    return text.translate(_CONTROL)
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -103,6 +128,35 @@ def _instance_id(pid: int) -> str:
     return f"{revision}/{host}" if revision else host
 
 
-def log_execution(message: str, fields: dict[str, Any], level: int = logging.INFO) -> None:
-    """Write the one structured line that every request to the worker produces."""
-    logging.getLogger(EXECUTION_LOGGER).log(level, message, extra={FIELDS_ATTRIBUTE: fields})
+@contextmanager
+def request_fields(fields: Mapping[str, Any]) -> Iterator[None]:
+    """Add ``fields`` to the execution line of every request served inside this block."""
+    token = _REQUEST_FIELDS.set(fields)
+    try:
+        yield
+    finally:
+        _REQUEST_FIELDS.reset(token)
+
+
+def note_error(error: BaseException) -> None:
+    """Put ``error``'s stack trace into this request's execution line, rather than a line of
+    its own: every request writes exactly one line."""
+    _PENDING_ERROR.set(error)
+
+
+def log_execution(
+    message: str,
+    fields: dict[str, Any],
+    level: int = logging.INFO,
+    error: BaseException | None = None,
+) -> None:
+    """Write the one structured line that every request to the worker produces (with the
+    stack trace of ``error``, if any, inside that same line)."""
+    fields = {**(_REQUEST_FIELDS.get() or {}), **fields}
+    pending = _PENDING_ERROR.get()
+    if pending is not None:
+        _PENDING_ERROR.set(None)
+        error = error or pending
+    logging.getLogger(EXECUTION_LOGGER).log(
+        level, message, exc_info=error, extra={FIELDS_ATTRIBUTE: fields}
+    )
