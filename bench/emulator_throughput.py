@@ -37,7 +37,7 @@ from bench.common import (
     child,
     counting_target,
     free_port,
-    tasklease_emulator,
+    wait_for_port,
     wait_until_received,
 )
 from producer import CloudTasksTransport, Producer
@@ -82,9 +82,24 @@ def grpc_client(address: str) -> tasks_v2.CloudTasksClient:
 
 
 @contextmanager
+def tasklease_emulator(name: str) -> Iterator[tuple[str, str]]:
+    """``tasklease emulator`` in its own process, with a fresh data folder and both ports
+    chosen free (the default gRPC port, REST + 1, may be taken): its REST endpoint and its
+    gRPC address."""
+    port, grpc_port = free_port(), free_port()
+    command = [
+        *(sys.executable, "-m", "tasklease.cli", "emulator"),
+        *("--port", str(port), "--grpc-port", str(grpc_port)),
+        *("--data-dir", str(BENCH_DIR / f"{name}-{port}")),
+    ]
+    with child(command, port, BENCH_DIR / f"{name}-emulator.log"):
+        wait_for_port(grpc_port)
+        yield f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
+
+
+@contextmanager
 def tasklease(transport: str, queues: int, target: str) -> Iterator[list[Producer]]:
-    with tasklease_emulator(f"throughput-{transport}") as endpoint:
-        grpc_address = f"127.0.0.1:{int(endpoint.rsplit(':', 1)[1]) + 1}"  # Its default.
+    with tasklease_emulator(f"throughput-{transport}") as (endpoint, grpc_address):
         rest = Producer("bench", "us-central1", "x", target, tasks_endpoint=endpoint)
         admin = rest.transport.client  # type: ignore[attr-defined]
         for queue in queue_ids(queues):
