@@ -236,21 +236,20 @@ class EmulatorDB:
 
     # Tasks.
     def insert_task(self, row: TaskRow, tombstones_since_us: int) -> bool:
-        """Insert a new task; False if its name is taken (a task, or a tombstone since then)."""
-        with self.transaction() as connection:
-            if connection.execute(
-                "SELECT 1 FROM tombstones WHERE name = ? AND at_us >= ?",
-                (row.name, tombstones_since_us),
-            ).fetchone():
-                return False
+        """Insert a new task; False if its name is taken (a task, or a tombstone since then).
+
+        One statement, so one implicit transaction: the create path's hottest write.
+        """
+        with self._lock:
             try:
-                connection.execute(
-                    f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES ({', '.join('?' * 14)})",  # noqa: S608
-                    _encode(row),
+                cursor = self._connection.execute(
+                    f"INSERT INTO tasks ({_TASK_COLUMNS}) SELECT {', '.join('?' * 14)} "  # noqa: S608
+                    "WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE name = ? AND at_us >= ?)",
+                    (*_encode(row), row.name, tombstones_since_us),
                 )
             except sqlite3.IntegrityError:
                 return False
-            return True
+            return cursor.rowcount == 1
 
     def task_tombstoned_since(self, name: str, since_us: int) -> bool:
         return bool(
