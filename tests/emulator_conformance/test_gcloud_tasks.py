@@ -96,3 +96,11 @@ def test_http_task_commands_deliver_with_an_oidc_token(
     result = auth.authenticate(AuthRequest(hit.headers["Authorization"], url), spec)
     assert (result.status, result.principal) == (200, SA)
     assert "existed recently" in gcloud.fails("tasks", "describe", "t1", "--queue=work", WHERE)
+
+
+def test_location_commands(gcloud: Gcloud) -> None:
+    listed = [location["locationId"] for location in gcloud("tasks", "locations", "list")]
+    assert listed[0] == LOCATION and "europe-west1" in listed
+    assert gcloud("tasks", "locations", "describe", LOCATION)["name"] == (
+        f"projects/{PROJECT}/locations/{LOCATION}"
+    )
