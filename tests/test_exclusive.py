@@ -16,7 +16,7 @@ from tests.helpers import FakeClock, job_headers, task_headers
 from tests.test_lease_keeper import context_for, wait_for
 from worker import Router, TaskContext, create_app, locking
 from worker.constants import MAX_CLOCK_SKEW
-from worker.errors import ConfigurationError
+from worker.errors import ConfigurationError, StoreUnavailable
 from worker.lease import LeaseKeeper
 from worker.records import LockRequest, RunStatus
 from worker.stores import MemoryStore
@@ -30,21 +30,23 @@ JOB_LOCK = locking.job_lock_name("nightly", None, None)
 
 
 class Jobs:
-    """Handlers that block while ``gate`` is closed, counting their executions."""
+    """Handlers that count their executions; the next one blocks on a gate :func:`hold` set."""
 
     def __init__(self) -> None:
         self.router = Router()
         self.calls: Counter[str] = Counter()
         self.contexts: list[TaskContext] = []
         self.started = threading.Semaphore(0)
-        self.gate = threading.Event()
-        self.gate.set()
+        self.gates: list[threading.Event] = []
+        lock = threading.Lock()
 
         def body(name: str, ctx: TaskContext) -> str:
-            self.calls[name] += 1
-            self.contexts.append(ctx)
+            with lock:
+                self.calls[name] += 1
+                self.contexts.append(ctx)
+                gate = self.gates.pop(0) if self.gates else None
             self.started.release()
-            assert self.gate.wait(20), "the test never opened the gate"
+            assert gate is None or gate.wait(20), "the test never opened the gate"
             return f"{name} done"
 
         options: dict[str, Any] = {"lease": LEASE, "exclusive": True, "max_runtime": MAX_RUNTIME}
@@ -98,18 +100,19 @@ def post_task(app: flask.Flask, task: str, account: str, retry: int = 0) -> Any:
     )
 
 
-def hold(jobs: Jobs, pool: ThreadPoolExecutor, deliver: Any) -> Future[Any]:
-    """Start ``deliver`` with the gate closed; return once its handler is running."""
-    jobs.gate.clear()
+def hold(jobs: Jobs, pool: ThreadPoolExecutor, deliver: Any) -> tuple[Future[Any], threading.Event]:
+    """Start ``deliver``, whose handler then waits for the gate returned; return once it runs."""
+    gate = threading.Event()
+    jobs.gates.append(gate)
     future = pool.submit(deliver)
     assert jobs.started.acquire(timeout=10), "the handler never started"
-    return future
+    return future, gate
 
 
 def test_a_second_run_of_an_exclusive_job_is_skipped_recorded_and_answered_200_again(
     app: flask.Flask, jobs: Jobs, store: MemoryStore, background: ThreadPoolExecutor
 ) -> None:
-    first = hold(jobs, background, lambda: post_job(app, slot=SLOT_1))
+    first, gate = hold(jobs, background, lambda: post_job(app, slot=SLOT_1))
     holder = jobs.contexts[0].run_id
     second = post_job(app, slot=SLOT_2)
     assert second.status_code == 200
@@ -118,7 +121,7 @@ def test_a_second_run_of_an_exclusive_job_is_skipped_recorded_and_answered_200_a
     skipped = store.list_runs(RunStatus.SKIPPED)
     assert [r.run_id for r in skipped] == [second.headers["X-Tasklease-Run-Id"]]
     assert skipped[0].result == {"held_by": holder, "lock": JOB_LOCK}
-    jobs.gate.set()
+    gate.set()
     assert first.result(timeout=10).headers["X-Tasklease-Outcome"] == "processed"
     again = post_job(app, slot=SLOT_2)  # Scheduler's duplicate of the skipped run.
     assert (again.status_code, again.headers["X-Tasklease-Outcome"]) == (200, "skipped_overlap")
@@ -132,7 +135,7 @@ def test_a_second_run_of_an_exclusive_job_is_skipped_recorded_and_answered_200_a
 def test_on_overlap_retry_answers_409_and_the_retry_runs_once_the_holder_finished(
     app: flask.Flask, jobs: Jobs, store: MemoryStore, background: ThreadPoolExecutor
 ) -> None:
-    first = hold(jobs, background, lambda: post_job(app, "hourly", SLOT_1))
+    first, gate = hold(jobs, background, lambda: post_job(app, "hourly", SLOT_1))
     busy = post_job(app, "hourly", SLOT_2)
     assert busy.status_code == 409
     assert busy.headers["X-Tasklease-Outcome"] == "in_progress"
@@ -140,7 +143,7 @@ def test_on_overlap_retry_answers_409_and_the_retry_runs_once_the_holder_finishe
     record = store.get(busy.headers["X-Tasklease-Run-Id"])
     assert record is not None
     assert (record.status, record.attempts) == (RunStatus.RELEASED, 0)  # Not consumed.
-    jobs.gate.set()
+    gate.set()
     assert first.result(timeout=10).status_code == 200
     retried = post_job(app, "hourly", SLOT_2)
     assert retried.headers["X-Tasklease-Outcome"] == "processed"
@@ -151,11 +154,11 @@ def test_on_overlap_retry_answers_409_and_the_retry_runs_once_the_holder_finishe
 def test_a_manual_run_takes_the_same_lock(
     app: flask.Flask, jobs: Jobs, clock: FakeClock, background: ThreadPoolExecutor
 ) -> None:
-    first = hold(jobs, background, lambda: post_job(app, slot=SLOT_1))
+    first, gate = hold(jobs, background, lambda: post_job(app, slot=SLOT_1))
     next_slot = (clock() + timedelta(hours=1)).isoformat().replace("+00:00", "Z")
     manual = post_job(app, slot=next_slot)  # `gcloud scheduler jobs run`: the next slot's time.
     assert manual.headers["X-Tasklease-Outcome"] == "skipped_overlap"
-    jobs.gate.set()
+    gate.set()
     first.result(timeout=10)
     assert jobs.calls == Counter({"nightly": 1})
 
@@ -196,7 +199,7 @@ def test_a_run_alive_past_max_runtime_keeps_the_job_and_a_stale_holders_finish_i
     clock: FakeClock,
     background: ThreadPoolExecutor,
 ) -> None:
-    first = hold(jobs, background, lambda: post_job(app, "hourly", SLOT_1))
+    first, gate = hold(jobs, background, lambda: post_job(app, "hourly", SLOT_1))
     ctx = jobs.contexts[0]
     hourly = locking.job_lock_name("hourly", None, None)
     assert ctx.lock == hourly
@@ -209,9 +212,9 @@ def test_a_run_alive_past_max_runtime_keeps_the_job_and_a_stale_holders_finish_i
     # Then its renewals stop (cut off from the store): once its lease lapses, the next run
     # starts, and runs to its end.
     clock.advance(LEASE + MAX_CLOCK_SKEW)
-    jobs.gate.set()
     taken = post_job(app, "hourly", SLOT_2)
     assert taken.headers["X-Tasklease-Outcome"] == "processed"
+    gate.set()  # The first run, still going unheard, ends only now.
     stale = first.result(timeout=10)
     assert (stale.status_code, stale.headers["X-Tasklease-Outcome"]) == (409, "lost_claim")
     record = store.get(ctx.run_id)
@@ -225,7 +228,7 @@ def test_a_run_alive_past_max_runtime_keeps_the_job_and_a_stale_holders_finish_i
 def test_a_task_whose_key_is_busy_gets_409_key_busy_and_keeps_its_run(
     app: flask.Flask, jobs: Jobs, store: MemoryStore, background: ThreadPoolExecutor
 ) -> None:
-    first = hold(jobs, background, lambda: post_task(app, "t1", "acct-1"))
+    first, gate = hold(jobs, background, lambda: post_task(app, "t1", "acct-1"))
     busy = post_task(app, "t2", "acct-1")
     assert busy.status_code == 409
     assert busy.headers["X-Tasklease-Outcome"] == "key_busy"
@@ -234,8 +237,9 @@ def test_a_task_whose_key_is_busy_gets_409_key_busy_and_keeps_its_run(
     record = store.get(busy.headers["X-Tasklease-Run-Id"])
     assert record is not None
     assert (record.status, record.attempts) == (RunStatus.RELEASED, 0)
-    jobs.gate.set()  # Another key runs meanwhile.
+    # Another key runs meanwhile.
     assert post_task(app, "t3", "acct-2").headers["X-Tasklease-Outcome"] == "processed"
+    gate.set()
     assert first.result(timeout=10).headers["X-Tasklease-Outcome"] == "processed"
     retried = post_task(app, "t2", "acct-1", retry=1)
     assert retried.headers["X-Tasklease-Outcome"] == "processed"
@@ -288,3 +292,27 @@ def test_exclusion_options_that_would_do_nothing_are_refused(
 ) -> None:
     with pytest.raises(ConfigurationError, match=message):
         Router().scheduled("job", **options)(lambda ctx: None)
+
+
+class LandsUnseen(MemoryStore):
+    """Takes the lock, then reports the store unavailable, as a lost answer would."""
+
+    def acquire_lock(self, request: LockRequest, now: Any) -> Any:
+        super().acquire_lock(request, now)
+        raise StoreUnavailable("the answer was lost")
+
+
+def test_a_lock_taken_unseen_is_released_with_the_claim_given_back_uncounted(
+    jobs: Jobs, clock: FakeClock
+) -> None:
+    store = LandsUnseen()
+    app = create_app(jobs.router, store=store, auth="none", clock=clock)
+    response = post_job(app)
+    assert (response.status_code, response.headers["X-Tasklease-Outcome"]) == (503, "unavailable")
+    lock = store.get_lock(JOB_LOCK)
+    assert lock is not None
+    assert lock.released  # Not left to block the job for max_runtime.
+    record = store.get(response.headers["X-Tasklease-Run-Id"])
+    assert record is not None
+    assert (record.status, record.attempts) == (RunStatus.RELEASED, 0)
+    assert jobs.calls == Counter()

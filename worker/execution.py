@@ -132,6 +132,8 @@ class Executor:
         handler = delivery.handler[:100]
         log: dict[str, Any] = {"handler": handler, "kind": delivery.kind.value}
         reply = self._execute(delivery, log)
+        if "held_by" in reply.details:  # An exclusive job or key held by another run.
+            log["held_by"] = reply.details["held_by"]
         log.update(
             outcome=reply.outcome.value,
             status=reply.status,
@@ -379,18 +381,21 @@ class Executor:
         lease and safety expiry.
         """
         asked_at, asked = self.clock(), time.monotonic()
+        # Set first: if the store fails, giving the claim back also releases a lock whose
+        # write may have landed unseen (fenced by attempt id, so harmless if it did not).
+        ctx.lock = request.name
         try:
             grant = self.store.acquire_lock(request, self.clock)
         except StoreUnavailable as exc:
             self._give_back(ctx, f"could not take the lock {request.name}: {exc}", count=False)
             return _store_unavailable(f"lease store unavailable: {exc}", ctx.run_id)
-        if grant.acquired:
-            ctx.lock, ctx.lock_fencing_token = request.name, grant.lock.fencing_token
-            deadline = local_deadline(grant.lock.lease_expires, asked_at, asked, spec.lease)
-            ctx.confirm_lease(ctx.lease_expires, min(ctx.lease_deadline, deadline))
-            _log.debug("run %s holds lock %s", ctx.run_id, request.name)
-            return None
-        return self._overlap(spec, ctx, request.name, grant)
+        if not grant.acquired:
+            ctx.lock = None
+            return self._overlap(spec, ctx, request.name, grant)
+        ctx.lock_fencing_token = grant.lock.fencing_token
+        deadline = local_deadline(grant.lock.lease_expires, asked_at, asked, spec.lease)
+        ctx.confirm_lease(ctx.lease_expires, min(ctx.lease_deadline, deadline))
+        return None
 
     def _overlap(self, spec: HandlerSpec, ctx: TaskContext, name: str, grant: LockGrant) -> Reply:
         """The answer to an execution whose lock another run holds: skipped (recorded), or
