@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -39,6 +40,30 @@ APIS = (
     "firestore.googleapis.com",
 )
 DIGEST_LABEL = "tasklease-digest"
+# What each setting's target accepts (Google's documented formats, or narrower). Every value
+# reaches gcloud's command line, and the router and store settings reach --set-env-vars, so a
+# "|" or "," there would add environment variables of the writer's choice.
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+NAME_FORMATS: dict[str, tuple[str, str]] = {
+    "project": (r"(?:[a-z][a-z0-9.-]{0,62}:)?[a-z][a-z0-9-]{4,28}[a-z0-9]", "a project ID"),
+    "region": (r"[a-z]+(?:-[a-z]+)+[0-9]{1,2}", "a region such as us-central1"),
+    "worker.service": (r"[a-z](?:[a-z0-9-]{0,47}[a-z0-9])?", "a Cloud Run service name"),
+    "worker.router": (rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})*:{_IDENTIFIER}", "module:attribute"),
+    "firestore.database": (r"\(default\)|[a-z][a-z0-9-]{2,61}[a-z0-9]", "a database ID"),
+    "firestore.location": (r"[a-z][a-z0-9-]{1,62}", "a Firestore location"),
+    "firestore.collection": (r"[A-Za-z0-9_-]{1,100}", "letters, digits, _ and -"),
+    "accounts.worker": (r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a service account ID"),
+    "accounts.invoker": (r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a service account ID"),
+    "accounts.enqueuers": (
+        r"(?:user|serviceAccount|group):[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+|domain:[a-z0-9.-]+",
+        "an IAM member such as serviceAccount:NAME@PROJECT.iam.gserviceaccount.com",
+    ),
+    # Positional arguments of gcloud: never starting with "-", which would make them flags.
+    "queue.name": (r"[A-Za-z0-9][A-Za-z0-9-]{0,99}", "a queue ID: letters, digits and -"),
+    "job.name": (r"[A-Za-z0-9][A-Za-z0-9_-]{0,499}", "a job ID: letters, digits, _ and -"),
+    "job.schedule": (r"[A-Za-z0-9*/,-]+(?: [A-Za-z0-9*/,-]+){4}", "unix-cron"),
+    "job.time_zone": (r"[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9_+-]+){0,2}", "a tz name"),
+}
 NOT_FOUND_MARKERS = ("not_found", "not found", "does not exist", "404")
 
 
@@ -144,10 +169,37 @@ def load_config(path: Path) -> Config:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DeployError(f"{path}: missing or invalid setting: {exc}") from exc
-    problems = check(config)
+    problems = check_names(config) or check(config)
     if problems:
         raise DeployError(f"{path} is inconsistent:\n" + "\n".join(f"  - {p}" for p in problems))
     return config
+
+
+def check_names(config: Config) -> list[str]:
+    """Every name, ID and reference in the character set its target accepts, so nothing in
+    the file can add a flag or an environment variable to a gcloud call."""
+    values: list[tuple[str, Any]] = [
+        ("project", config.project),
+        ("region", config.region),
+        ("worker.service", config.service),
+        ("worker.router", config.router),
+        ("firestore.database", config.database),
+        ("firestore.location", config.firestore_location),
+        ("firestore.collection", config.collection),
+        ("accounts.worker", config.worker_account),
+        ("accounts.invoker", config.invoker_account),
+        *(("accounts.enqueuers", member) for member in config.enqueuers),
+        *(("queue.name", queue.name) for queue in config.queues),
+        *(("job.name", job.name) for job in config.jobs),
+        *(("job.schedule", job.schedule) for job in config.jobs),
+        *(("job.time_zone", job.time_zone) for job in config.jobs),
+    ]
+    problems = []
+    for name, value in values:
+        pattern, meaning = NAME_FORMATS[name]
+        if not isinstance(value, str) or not re.fullmatch(pattern, value, re.ASCII):
+            problems.append(f"{name} = {value!r} is not {meaning}")
+    return problems
 
 
 def check(config: Config) -> list[str]:
@@ -399,7 +451,9 @@ class Deployer:
         number = "PROJECT_NUMBER"
         if not self.g.dry_run:
             described = self.g.read("projects", "describe", self.c.project) or {}
-            number = str(described.get("projectNumber", number))
+            number = str(described.get("projectNumber", ""))
+            if not number.isdigit() or not number.isascii():
+                raise DeployError(f"gcloud gave {number!r} as the project number")
         url = f"https://{self.c.service}-{number}.{self.c.region}.run.app"
         queue = self.c.queues[0]
         env = {

@@ -65,8 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
     if args.command == "scheduler":
-        response = requests.post(
-            f"{args.emulator}/emulator/scheduler/jobs/{args.job}:run", timeout=10
+        response = requests.post(  # JSON: the emulator refuses other state changes.
+            f"{args.emulator}/emulator/scheduler/jobs/{args.job}:run", json={}, timeout=10
         )
         print(response.text.strip())
         return 0 if response.ok else 1
@@ -79,6 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _emulator_options(parser: argparse.ArgumentParser, port: int) -> None:
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="another Host header name to answer (loopback names and --host always are)",
+    )
     parser.add_argument("--port", type=int, default=port)
     parser.add_argument("--data-dir", type=Path, default=Path(".tasklease/emulator"))
     parser.add_argument(
@@ -111,6 +117,7 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
         dedup_window=args.dedup_window,
         faults=faults,
         jobs=jobs,
+        allowed_hosts=args.allow_host,
     ) as emulator:
         log.info("Cloud Tasks emulator on %s (OIDC keys: %s)", emulator.url, emulator.certs_url)
         if worker is None:
@@ -124,6 +131,7 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
             "TASKLEASE_LOCATION": worker.location,
             "TASKLEASE_QUEUE": worker.queue,
             "TASKLEASE_WORKER_URL": worker_url,
+            "TASKLEASE_AUDIENCE": worker_url,
             "TASKLEASE_SERVICE_ACCOUNT": worker.service_account,
             "TASKLEASE_TASKS_ENDPOINT": emulator.url,
             "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS": worker.service_account,

@@ -244,3 +244,51 @@ def test_a_failing_gcloud_call_stops_with_its_error(cloud: Cloud, tmp_path: Path
     result = cloud.deploy()
     assert result.returncode == 2
     assert "PERMISSION_DENIED" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (
+            ('router = "examples.shop:router"',
+             'router = "examples.shop:router|TASKLEASE_OIDC_CERTS_URL=http://evil.example/c"'),
+            "worker.router",
+        ),
+        (('router = "examples.shop:router"', "router = 5"), "worker.router"),
+        (('service = "tasklease-worker"', 'service = "w --allow-unauthenticated"'),
+         "worker.service"),
+        (('project = "my-project"', 'project = "my-project --impersonate-service-account=x"'),
+         "project"),
+        (('region = "us-central1"', 'region = "us-central1,evil"'), "region"),
+        (('name = "default"', 'name = "--help"'), "queue.name"),
+        (('name = "nightly_reports"', 'name = "nightly reports"'), "job.name"),
+        (('time_zone = "Etc/UTC"', 'time_zone = "Etc/UTC --uri=https://evil.example"'),
+         "job.time_zone"),
+        (('schedule = "0 3 * * *"', 'schedule = "0 3 * * *|x"'), "job.schedule"),
+        (('worker = "tasklease-worker"', 'worker = "evil@other.iam"'), "accounts.worker"),
+        (('invoker = "tasklease-invoker"', 'invoker = "x"'), "accounts.invoker"),
+        (("enqueuers = []", 'enqueuers = ["serviceAccount:a@b.example|X=1"]'),
+         "accounts.enqueuers"),
+        (('collection = "tasklease_runs"', 'collection = "runs&database=other"'),
+         "firestore.collection"),
+        (('database = "(default)"', 'database = "(default)|X=1"'), "firestore.database"),
+        (('location = "us-central1"', 'location = "us central1"'), "firestore.location"),
+    ],
+)  # fmt: skip
+def test_values_outside_their_targets_character_set_are_refused_naming_the_field(
+    cloud: Cloud, tmp_path: Path, change: tuple[str, str], field: str
+) -> None:
+    config = tmp_path / "hostile.toml"
+    text = EXAMPLE.read_text()
+    assert change[0] in text
+    config.write_text(text.replace(*change, 1))
+    result = cloud.deploy(config=config)
+    assert result.returncode == 2
+    assert f"{field} = " in result.stderr
+    assert cloud.calls() == []
+
+
+def test_the_example_configuration_passes_the_name_checks(cloud: Cloud) -> None:
+    result = cloud.deploy("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "TASKLEASE_ROUTER=examples.shop:router|" in result.stdout

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
 
 import flask
+from werkzeug.exceptions import HTTPException
 
 from worker import constants as c
-from worker.auth import Authenticator, OidcAuth, authenticator_for
-from worker.execution import Clock, Executor, utc_now
-from worker.logs import configure_logging
+from worker import fallback
+from worker.auth import Authenticator, NoAuth, OidcAuth, authenticator_for
+from worker.execution import Clock, Executor, Reply, utc_now
+from worker.logs import configure_logging, request_fields
 from worker.router import Router
 from worker.stores import LeaseStore, check_store_is_shared, store_from_url
 from worker.wsgi_routes import DeliveryRoutes
@@ -28,6 +32,7 @@ def create_app(
     project_header: str = c.PROJECT_HEADER,
     location_header: str = c.LOCATION_HEADER,
     app: flask.Flask | None = None,
+    audience: str | None = None,
 ) -> flask.Flask:
     """A Flask app serving ``router``: ``POST /tasks/<name>`` and ``POST /jobs/<name>``.
 
@@ -36,13 +41,15 @@ def create_app(
     - ``auth``: ``"oidc"`` (the default, configured from the environment), ``"none"`` (turns
       authentication off, with a warning), or an :class:`Authenticator`. None reads
       ``TASKLEASE_AUTH``.
+    - ``audience``: the OIDC token audience (overrides ``TASKLEASE_AUDIENCE``), normally the
+      worker's root URL. With OIDC on, it (or a per-handler audience) is required.
     - ``app``: an existing Flask app to add the routes to, instead of a new one.
     """
     configure_logging()
     if not isinstance(store, LeaseStore):
         store = store_from_url(store)
     check_store_is_shared(store)
-    authenticator = authenticator_for(auth)
+    authenticator = authenticator_for(auth, audience)
     if isinstance(authenticator, OidcAuth):
         authenticator.check_configuration(router)
     executor = Executor(
@@ -53,17 +60,51 @@ def create_app(
         project_header=project_header,
         location_header=location_header,
     )
+    own_app = app is None
     app = app or flask.Flask("tasklease")
     app.extensions[EXECUTOR_EXTENSION] = executor
+    # With authentication off, every line says so: nobody should read such a log as verified.
+    fields: dict[str, Any] = {"auth": "none"} if isinstance(authenticator, NoAuth) else {}
 
-    # Deliveries are answered in front of Flask (worker.wsgi_routes); the rest is Flask's.
-    app.wsgi_app = DeliveryRoutes(app.wsgi_app, executor)  # type: ignore[method-assign]
+    def refused(error: HTTPException) -> HTTPException | flask.Response:
+        # A user's own app keeps its own error pages outside tasklease's routes.
+        is_ours = own_app or fallback.is_tasklease_path(flask.request.path)
+        if not is_ours or error.code is None or error.code < 400:
+            return error
+        reply = fallback.reply_for_http_error(error)
+        with request_fields(fields):
+            fallback.log_reply(reply, time.monotonic())
+        response = _respond(reply)
+        allowed = getattr(error, "valid_methods", None)  # MethodNotAllowed's
+        if allowed:
+            response.headers["Allow"] = ", ".join(allowed)
+        return response
+
+    app.register_error_handler(HTTPException, refused)
+
+    # Deliveries are answered in front of Flask (worker.wsgi_routes); the rest is Flask's,
+    # and the error handler above gives what Flask itself refuses one line and a JSON answer.
+    app.wsgi_app = DeliveryRoutes(app.wsgi_app, executor, fields)  # type: ignore[method-assign]
     app.add_url_rule("/healthz", "tasklease_health", lambda: {"status": "ok"}, methods=["GET"])
     _log.info(
         "tasklease worker ready",
-        extra={"tasklease": {"handlers": [spec.path for spec in router], "store": repr(store)}},
+        extra={
+            "tasklease": {
+                **fields,
+                "handlers": [spec.path for spec in router],
+                "store": repr(store),
+            }
+        },
     )
     return app
+
+
+def _respond(reply: Reply) -> flask.Response:
+    response = flask.Response(reply.body_bytes(), reply.status, mimetype="application/json")
+    response.headers.update(reply.headers())
+    if reply.status == 405:
+        response.headers["Allow"] = "POST"
+    return response
 
 
 __all__ = ["create_app"]

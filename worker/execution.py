@@ -20,7 +20,7 @@ from worker.context import TaskContext
 from worker.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
 from worker.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
 from worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
-from worker.logs import instance_id, log_execution
+from worker.logs import instance_id, log_execution, note_error
 from worker.outcome import Outcome
 from worker.records import ClaimRequest, LockGrant, LockRequest, RunRecord, Verdict
 from worker.router import HandlerSpec, Router
@@ -318,9 +318,7 @@ class Executor:
             self._give_back(ctx, f"LeaseLost: {exc}")
             return Reply(409, Outcome.LOST_CLAIM, str(exc), ctx.run_id)
         except Exception as exc:
-            logging.getLogger("tasklease.handler").exception(
-                "handler %s raised; releasing run %s for a retry", spec.name, ctx.run_id
-            )
+            note_error(exc)  # Its stack trace goes into the request's one log line.
             error = f"{type(exc).__name__}: {exc}"
             return self._finish(
                 ctx,

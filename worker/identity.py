@@ -175,7 +175,10 @@ def parse_rfc3339(value: str) -> datetime | None:
         parsed = datetime.fromisoformat(text)
     except ValueError:
         return None
-    parsed = parsed.astimezone(UTC)
+    try:
+        parsed = parsed.astimezone(UTC)
+    except OverflowError:  # Year 9999 with a negative offset is past datetime.max in UTC.
+        return None
     return parsed if _EARLIEST <= parsed < _LATEST else None
 
 

@@ -9,6 +9,8 @@ their own routes (and ``/healthz``) on the same app.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
@@ -17,6 +19,8 @@ from urllib.parse import parse_qsl
 from worker import constants as c
 from worker.execution import Delivery, Executor, Reply
 from worker.identity import HeaderLookup, Kind
+from worker.logs import instance_id, log_execution, request_fields
+from worker.outcome import Outcome
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -25,11 +29,17 @@ _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in H
 
 
 class DeliveryRoutes:
-    """WSGI middleware: serves deliveries through ``executor``, passes the rest to ``app``."""
+    """WSGI middleware: serves deliveries through ``executor``, passes the rest to ``app``.
 
-    def __init__(self, app: WSGIApp, executor: Executor) -> None:
+    ``fields`` go into every delivery's log line (``auth: none`` when authentication is off).
+    """
+
+    def __init__(
+        self, app: WSGIApp, executor: Executor, fields: Mapping[str, Any] | None = None
+    ) -> None:
         self.app = app
         self.executor = executor
+        self.fields = dict(fields or {})
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
@@ -37,9 +47,33 @@ class DeliveryRoutes:
         path: str = environ.get("PATH_INFO", "")
         for prefix, kind in _PREFIXES:
             if path.startswith(prefix) and len(path) > len(prefix):
-                reply = self.executor.execute(_delivery(environ, kind, path[len(prefix) :]))
+                name = path[len(prefix) :]
+                started = time.monotonic()
+                with request_fields(self.fields):
+                    try:
+                        reply = self.executor.execute(_delivery(environ, kind, name))
+                    except Exception as exc:  # A bug: still one line and a JSON answer.
+                        reply = _crashed(kind, name, environ, started, exc)
                 return _respond(reply, start_response)
         return self.app(environ, start_response)
+
+
+def _crashed(
+    kind: Kind, name: str, environ: Mapping[str, Any], started: float, error: Exception
+) -> Reply:
+    """The answer, and the one log line, of a delivery the executor raised on."""
+    reply = Reply(500, Outcome.ERROR, "internal error; see the worker's log")
+    fields = {
+        "handler": name[:100],  # Caller-chosen: cap what it puts in the log.
+        "kind": kind.value,
+        "method": str(environ.get("REQUEST_METHOD", ""))[:16],
+        "outcome": reply.outcome.value,
+        "status": reply.status,
+        "duration_ms": round((time.monotonic() - started) * 1000, 3),
+        "instance": instance_id(),
+    }
+    log_execution(f"{kind.value} {name[:100]}: {reply.message}", fields, logging.ERROR, error)
+    return reply
 
 
 def _delivery(environ: Mapping[str, Any], kind: Kind, name: str) -> Delivery:
@@ -50,7 +84,7 @@ def _delivery(environ: Mapping[str, Any], kind: Kind, name: str) -> Delivery:
         header=_header_lookup(environ),
         query=dict(parse_qsl(query, keep_blank_values=True)) if query else {},
         body=_read_body(environ),
-        url=_public_url(environ),
+        url=_path_and_query(environ),
         authorization=environ.get("HTTP_AUTHORIZATION"),
         method=environ.get("REQUEST_METHOD", "GET"),
     )
@@ -89,15 +123,12 @@ def _read_body(environ: Mapping[str, Any]) -> bytes | None:
     return None if len(chunked) > c.MAX_BODY_BYTES else chunked
 
 
-def _public_url(environ: Mapping[str, Any]) -> str:
-    """The URL as the caller addressed it: Cloud Run terminates TLS and says so in
-    X-Forwarded-Proto, while the app itself sees plain HTTP."""
-    proto = environ.get("HTTP_X_FORWARDED_PROTO", "").split(",")[0].strip().lower()
-    scheme = proto if proto in ("http", "https") else environ.get("wsgi.url_scheme", "http")
-    host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
-    url = f"{scheme}://{host}{environ.get('SCRIPT_NAME', '')}{environ.get('PATH_INFO', '')}"
+def _path_and_query(environ: Mapping[str, Any]) -> str:
+    """What the request addressed, for the authenticator's information only: the audience
+    never comes from the request (its Host is the caller's to choose)."""
+    path = f"{environ.get('SCRIPT_NAME', '')}{environ.get('PATH_INFO', '')}"
     query = environ.get("QUERY_STRING", "")
-    return f"{url}?{query}" if query else url
+    return f"{path}?{query}" if query else path
 
 
 def _respond(reply: Reply, start_response: Callable[..., Any]) -> list[bytes]:

@@ -36,6 +36,7 @@ from worker.errors import StoreUnavailable
 from worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from worker.stores.base import Change, LeaseStore, LockChange, Moment, resolve
 from worker.stores.group_commit import GroupCommit, Pending
+from worker.stores.private_files import create_private_file, make_private_dirs
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")
@@ -98,7 +99,8 @@ _UPSERT_LOCK = (
 
 
 class SqliteStore(LeaseStore):
-    """Run records in a SQLite file at ``path`` (created, with its folder, on first use).
+    """Run records in a SQLite file at ``path`` (created 0600, with any missing folder 0700,
+    on first use: records hold payloads and errors).
 
     The file is opened lazily, per thread and per process (connections never cross a fork),
     so a worker starts even while the file is unreachable and answers 503 until it is back.
@@ -120,6 +122,7 @@ class SqliteStore(LeaseStore):
         self._schema_lock = threading.Lock()
         self._next_purge = 0.0
         self._group: GroupCommit[sqlite3.Connection] = GroupCommit(self._commit_batch)
+        self._group_pid = os.getpid()
         self._writer_lock: tuple[int, int] | None = None  # (pid, descriptor of <file>.lock)
 
     def __repr__(self) -> str:
@@ -138,7 +141,7 @@ class SqliteStore(LeaseStore):
                 connection.execute(_UPSERT, _encode(new_record))
             return value
 
-        value: _T = self._group.run(work)
+        value: _T = self._batches().run(work)
         return value
 
     def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
@@ -149,13 +152,20 @@ class SqliteStore(LeaseStore):
                 connection.execute(_UPSERT_LOCK, _encode_lock(new_lock))
             return value
 
-        value: _T = self._group.run(work)
+        value: _T = self._batches().run(work)
         return value
 
     def get_lock(self, name: str) -> LockRecord | None:
         with self._guard("read a lock"):
             row = self._connection().execute(_SELECT_LOCK, (name,)).fetchone()
         return _decode_lock(row) if row else None
+
+    def _batches(self) -> GroupCommit[sqlite3.Connection]:
+        """This process's group commit: a child must not inherit a batch in flight at fork."""
+        if self._group_pid != os.getpid():
+            self._group = GroupCommit(self._commit_batch)
+            self._group_pid = os.getpid()
+        return self._group
 
     def _commit_batch(self, batch: list[Pending[sqlite3.Connection]]) -> None:
         """Apply a batch of changes in one write transaction: one commit, one sync."""
@@ -196,7 +206,7 @@ class SqliteStore(LeaseStore):
         if self._writer_lock is None or self._writer_lock[0] != pid:
             with self._schema_lock:
                 if self._writer_lock is None or self._writer_lock[0] != pid:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    make_private_dirs(self.path.parent)
                     descriptor = os.open(
                         f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
                     )
@@ -228,7 +238,7 @@ class SqliteStore(LeaseStore):
             lapsed = connection.execute("DELETE FROM locks WHERE lapses_at_us <= ?", moment)
             return purged + lapsed.rowcount
 
-        purged: int = self._group.run(work)
+        purged: int = self._batches().run(work)
         return purged
 
     def close(self) -> None:
@@ -261,7 +271,9 @@ class SqliteStore(LeaseStore):
         return connection
 
     def _open(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Records hold payloads and errors: the file (and so its -wal/-shm) is owner-only.
+        make_private_dirs(self.path.parent)
+        create_private_file(self.path, _start_in_wal_mode)
         timeout = self._busy_timeout.total_seconds()
         # isolation_level=None: we issue BEGIN/COMMIT ourselves.
         connection = sqlite3.connect(
@@ -331,6 +343,15 @@ class SqliteStore(LeaseStore):
             yield
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailable(f"SQLite store {self.path}: could not {action}: {exc}") from exc
+
+
+def _start_in_wal_mode(path: Path) -> None:
+    """Make ``path`` a database already in WAL mode, before any other process can see it."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute("PRAGMA journal_mode = WAL")
+    finally:
+        connection.close()
 
 
 def _micros(moment: datetime) -> int:
