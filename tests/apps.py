@@ -79,3 +79,27 @@ def post_ledger(payload: Any, ctx: TaskContext) -> None:
     started = time.monotonic()
     time.sleep(0.01)
     _interval_log("task", str(payload["account_id"]), ctx, started)
+
+
+@router.scheduled(
+    "outlives_max_runtime",
+    exclusive=True,
+    on_overlap="retry",
+    lease=timedelta(seconds=6),
+    max_runtime=timedelta(seconds=2),
+)
+def outlives_max_runtime(ctx: TaskContext) -> dict[str, Any]:
+    """An exclusive job that runs past its max_runtime (and its first lease), renewing."""
+    return _held_until_the_test_says_go("outlives_max_runtime", ctx)
+
+
+@router.scheduled(
+    "crashes_holding",
+    exclusive=True,
+    on_overlap="retry",
+    lease=timedelta(seconds=3),
+    max_runtime=timedelta(seconds=8),
+)
+def crashes_holding(ctx: TaskContext) -> dict[str, Any]:
+    """An exclusive job whose process the test kills while it holds the job."""
+    return _held_until_the_test_says_go("crashes_holding", ctx)

@@ -7,12 +7,15 @@ comparing the intervals the handlers recorded (one monotonic clock for the whole
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import signal
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +192,76 @@ def test_tasks_over_ten_keys_on_four_processes_never_overlap_within_a_key(
         f"\n{TASKS} tasks, {KEYS} keys, {len(pids)} processes: {elapsed:.1f} s, "
         f"{outcomes['key_busy']} key_busy answers, 0 overlaps, every task once"
     )
+
+
+def deliver_until_processed(url: str, job: str, slot: str, seconds: float = 30) -> list[str]:
+    """Cloud Scheduler's part for a retried run: deliver until 2xx; return every outcome."""
+    outcomes = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        response = requests.post(f"{url}/jobs/{job}", headers=job_headers(job, slot), timeout=30)
+        outcomes.append(response.headers["X-Tasklease-Outcome"])
+        if response.status_code == 200:
+            return outcomes
+        time.sleep(0.25)
+    raise AssertionError(f"{job} {slot} never ran: {Counter(outcomes)}")
+
+
+def test_a_run_alive_past_max_runtime_keeps_the_job_while_its_lease_keeper_renews(
+    tmp_path: Path,
+) -> None:
+    job, lock_name = "outlives_max_runtime", "job///outlives_max_runtime"
+    store = SqliteStore(tmp_path / "runs.db")
+    with servers(tmp_path, 1, workers=2) as [server], ThreadPoolExecutor(1) as pool:
+        first = pool.submit(
+            requests.post, f"{server.url}/jobs/{job}", headers=job_headers(job, SLOT_1), timeout=60
+        )
+        wait_until(lambda: started_count(tmp_path) == 1)
+        taken = store.get_lock(lock_name)
+        assert taken is not None
+        # Past max_runtime (2 s) and past the lease it started with (6 s): still its job.
+        refused = []
+        while datetime.now(UTC) < taken.lease_expires + timedelta(seconds=2):
+            response = requests.post(
+                f"{server.url}/jobs/{job}", headers=job_headers(job, SLOT_2), timeout=30
+            )
+            refused.append(response.headers["X-Tasklease-Outcome"])
+            time.sleep(0.25)
+        lock = store.get_lock(lock_name)
+        assert lock is not None
+        assert set(refused) == {"in_progress"}
+        assert lock.holder_attempt_id == taken.holder_attempt_id
+        assert lock.lease_expires > taken.lease_expires + timedelta(seconds=2)  # Renewed.
+        (tmp_path / "go").touch()
+        assert first.result(timeout=30).headers["X-Tasklease-Outcome"] == "processed"
+        assert deliver_until_processed(server.url, job, SLOT_2)[-1] == "processed"
+    rows = sorted(intervals(tmp_path), key=lambda row: row[4])
+    assert len(rows) == 2
+    assert rows[0][5] <= rows[1][4], "the two runs overlapped"
+
+
+def test_a_run_killed_holding_the_job_lets_the_next_run_start_only_after_max_runtime(
+    tmp_path: Path,
+) -> None:
+    job, lock_name = "crashes_holding", "job///crashes_holding"
+    store = SqliteStore(tmp_path / "runs.db")
+    with servers(tmp_path, 1, workers=2) as [server], ThreadPoolExecutor(1) as pool:
+        doomed = pool.submit(
+            requests.post, f"{server.url}/jobs/{job}", headers=job_headers(job, SLOT_1), timeout=60
+        )
+        wait_until(lambda: started_count(tmp_path) == 1)
+        crashed = store.get_lock(lock_name)
+        assert crashed is not None
+        pid = int((tmp_path / "started.log").read_text().split()[1])
+        os.kill(pid, signal.SIGKILL)  # Mid-run: no finish, no release, no more renewals.
+        assert doomed.exception(timeout=30) is not None
+        (tmp_path / "go").touch()  # The successor, once it starts, need not wait.
+        outcomes = deliver_until_processed(server.url, job, SLOT_2)
+    successor = store.get_lock(lock_name)
+    assert successor is not None
+    assert successor.holder_run_id != crashed.holder_run_id
+    # It waited out the dead holder's lease *and* its max_runtime (8 s from its start).
+    assert successor.started_at >= crashed.safety_expires
+    assert crashed.safety_expires - crashed.started_at == timedelta(seconds=8)
+    assert outcomes[-1] == "processed"
+    assert [row[1] for row in intervals(tmp_path)] == ["crashes_holding"]  # Only the successor.
