@@ -14,7 +14,7 @@ from google.api_core import exceptions as api
 from google.cloud.firestore_v1.document import DocumentReference
 
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
-from tests.helpers import T0, FakeClock, claim_request, task_headers
+from tests.helpers import T0, FakeClock, claim_request, job_headers, task_headers
 from tests.store_contract import (
     EXPIRED,
     LEASE,
@@ -598,3 +598,36 @@ def test_purge_does_not_delete_a_run_taken_over_after_it_read_it(
     record = store.get("run-1")
     assert record is not None
     assert (record.attempt_id, record.status) == ("attempt-2", RunStatus.IN_PROGRESS)
+
+
+@IGNORES_UPDATE_TIME
+def test_an_exclusive_job_on_firestore_skips_an_overlap_without_transactions(
+    firestore_host: str | None,
+) -> None:
+    router = Router()
+    ran: list[str] = []
+    second: dict[str, Any] = {}
+
+    @router.scheduled("nightly", exclusive=True, max_runtime=timedelta(hours=1))
+    def nightly(ctx: Any) -> None:
+        ran.append(ctx.run_id)
+        # Another slot arrives while this run holds the job.
+        second["response"] = app.test_client().post(
+            "/jobs/nightly", headers=job_headers("nightly", "2026-10-16T12:30:00Z")
+        )
+
+    store = new_store()
+    app = create_app(router, store=store, auth="none", clock=FakeClock(T0 + timedelta(hours=1)))
+    rpcs = RpcCounter(store.client)
+    first = app.test_client().post("/jobs/nightly", headers=job_headers())
+    assert first.headers["X-Tasklease-Outcome"] == "processed"
+    skipped = second["response"]
+    assert skipped.headers["X-Tasklease-Outcome"] == "skipped_overlap"
+    assert skipped.json["held_by"] == ran[0]
+    assert len(ran) == 1
+    assert "begin_transaction" not in rpcs.take()
+    [record] = store.list_runs(RunStatus.SKIPPED)
+    assert record.result == {"held_by": ran[0], "lock": "job///nightly"}
+    lock = store.get_lock("job///nightly")
+    assert lock is not None
+    assert (lock.holder_run_id, lock.released) == (ran[0], True)
