@@ -2,7 +2,9 @@
 
 Run it under gunicorn with ``TASKLEASE_ROUTER=examples.shop:router``. Orders enqueue
 ``send_receipt`` keyed by order id; the Cloud Scheduler job ``nightly_reports`` fans out one
-``send_report`` task per customer, keyed by the scheduled run.
+``send_report`` task per customer, keyed by the scheduled run; the job ``nightly_export``
+starts the ``nightly-export`` workflow once per night, through the worker rather than straight
+from Cloud Scheduler, so a retried run does not start it twice.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from examples.ledger import Ledger
 from producer import Producer
 from worker import PermanentFailure, Router, TaskContext
+from worker.targets import workflows_execution
 
 CUSTOMERS = [f"customer-{n:03d}" for n in range(int(os.environ.get("SHOP_CUSTOMERS", "25")))]
 
@@ -58,3 +61,16 @@ def nightly_reports(ctx: TaskContext) -> dict[str, int]:
 def send_report(payload: dict[str, Any], ctx: TaskContext) -> None:
     """Email one customer's nightly report."""
     ledger().record("report", f"{payload['night']}/{payload['customer']}", ctx)
+
+
+# The Scheduler job targets the worker, which claims the run and then calls Workflows with
+# the run's key in the argument ({"tasklease": {"idempotency_key": ...}}). Needs
+# tasklease[workflows]; TASKLEASE_WORKFLOWS_EMULATOR_HOST points it at a local fake.
+router.proxy_job(
+    "nightly_export",
+    target=workflows_execution(
+        f"projects/{os.environ.get('TASKLEASE_PROJECT', 'my-project')}/locations/"
+        f"{os.environ.get('TASKLEASE_LOCATION', 'us-central1')}/workflows/nightly-export",
+        argument={"format": "parquet", "customers": len(CUSTOMERS)},
+    ),
+)
