@@ -299,6 +299,21 @@ def test_workflows_look_up_reads_the_full_view_and_filters_on_the_label(
     assert apis.workflows is not None and len(apis.workflows.executions) == 2
 
 
+def test_workflows_look_up_scans_the_newest_executions_if_the_label_filter_is_refused(
+    apis: FakeGoogleApis,
+) -> None:
+    assert apis.workflows is not None
+    apis.workflows.label_filter = False
+    target = workflows_execution(WORKFLOW, client=apis.workflows_client())
+    first = ctx_for()
+    name = target(first)["name"]
+    target(ctx_for())
+    retry = ctx_for(attempt=2)
+    retry.run_id = first.run_id
+    assert target(retry)["name"] == name
+    assert apis.workflows.calls["ListExecutions"] == 2  # Refused with the filter, then without.
+
+
 def test_cloud_run_overrides_carry_the_key_next_to_the_given_ones(apis: FakeGoogleApis) -> None:
     jobs, executions = apis.run_clients()
     target = cloud_run_job(

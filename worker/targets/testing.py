@@ -76,6 +76,7 @@ class FakeWorkflows(_Fake):
         super().__init__()
         self.lib = import_library("google.cloud.workflows.executions_v1", "workflows")
         self.executions: list[Any] = []  # Oldest first.
+        self.label_filter = True  # False: refuse filters, as an API without them would.
 
     def create_execution(self, request: Any, context: Any) -> Any:
         self._enter("CreateExecution", context)
@@ -91,7 +92,7 @@ class FakeWorkflows(_Fake):
         wanted: dict[str, str] = {}
         if request.filter:
             match = _LABEL_FILTER.fullmatch(request.filter.strip())
-            if match is None:
+            if match is None or not self.label_filter:
                 _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "unsupported filter")
             wanted = {match[1]: match[2]}
         with self.lock:

@@ -8,6 +8,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from google.api_core import exceptions as api_exceptions
+
 from worker.context import TaskContext
 from worker.errors import ConfigurationError, PermanentFailure
 from worker.targets.base import DEFAULT_TIMEOUT, ProxyTarget, Started, loopback_channel
@@ -95,11 +97,19 @@ class WorkflowsExecution(ProxyTarget[Any]):
         return Started(created.name)
 
     def find(self, ctx: TaskContext) -> Started | None:
+        try:
+            return self._find(ctx, f'labels.{KEY_LABEL}="{ctx.idempotency_key}"')
+        except api_exceptions.InvalidArgument:
+            # The label filter follows AIP-160 and the API's documented "label" field, but is
+            # not checked against Google: if it is refused, read the newest executions.
+            return self._find(ctx, "")
+
+    def _find(self, ctx: TaskContext, filter_: str) -> Started | None:
         executions = self.library()
         request = executions.ListExecutionsRequest(
             parent=self.resource,
             view=executions.ExecutionView.FULL,
-            filter=f'labels.{KEY_LABEL}="{ctx.idempotency_key}"',
+            filter=filter_,
             page_size=_FULL_PAGE,
         )
         pages = self.client().list_executions(request=request, timeout=self.timeout)
