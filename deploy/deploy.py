@@ -737,6 +737,33 @@ def check_proxies(config: Config) -> list[str]:
     return problems
 
 
+# The client library each proxy target imports (worker.targets): a plain dependency of the
+# source, since the buildpack installs no extras such as tasklease[workflows].
+PROXY_LIBRARIES = {
+    "workflow": "google-cloud-workflows",
+    "run_job": "google-cloud-run",
+    "build_trigger": "google-cloud-build",
+}
+
+
+def check_proxy_source(source: Path, config: Config) -> list[str]:
+    """Each proxy job's client library installed by the buildpack, or its runs would all fail."""
+    kinds = sorted({job.proxy.kind for job in config.jobs if job.proxy is not None})
+    if not kinds:
+        return []
+    try:
+        installed, what = _installed_by_buildpack(source)
+    except DeployError:
+        return []  # check_source reported it.
+    missing = [PROXY_LIBRARIES[kind] for kind in kinds if PROXY_LIBRARIES[kind] not in installed]
+    if not missing:
+        return []
+    return [
+        f"{what} does not install {', '.join(missing)}: the proxy jobs' targets import it. "
+        "Add it as a plain dependency (the buildpack installs no extras)"
+    ]
+
+
 def _has_binding(policy: Any, member: str, role: str) -> bool:
     return any(
         binding.get("role") == role and member in binding.get("members", [])
@@ -1005,7 +1032,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.teardown:
             deployer.teardown()
         else:
-            problems = check_source(source, config.router)
+            problems = check_source(source, config.router) or check_proxy_source(source, config)
             if problems:
                 raise DeployError(
                     f"the worker built from {source} could not start:\n"
