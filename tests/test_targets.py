@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -153,6 +156,20 @@ def test_duplicate_deliveries_start_one_execution_and_get_its_name(
     assert again.json["result"] == result
     assert case.started(apis) == 1
     assert result["name"].startswith(proxy.target.resource.rsplit("/", 2)[0])
+
+
+def test_a_duplicate_arriving_while_the_start_is_in_flight_starts_nothing(
+    proxy: Proxy, case: Case, apis: FakeGoogleApis
+) -> None:
+    gate = case.fake(apis).gates[case.start_method] = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(proxy.deliver)
+        while case.fake(apis).calls[case.start_method] == 0:
+            time.sleep(0.005)  # The first delivery is inside the API call now.
+        assert outcome(proxy.deliver()) == (409, "in_progress")
+        gate.set()
+        assert outcome(first.result(timeout=10)) == (200, "processed")
+    assert case.started(apis) == 1
 
 
 def test_the_run_key_travels_downstream(proxy: Proxy, case: Case, apis: FakeGoogleApis) -> None:

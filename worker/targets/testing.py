@@ -37,6 +37,8 @@ class _Fake:
         self.lock = threading.Lock()
         self._failures: dict[str, list[grpc.StatusCode]] = defaultdict(list)
         self.calls: dict[str, int] = defaultdict(int)
+        # A method named here waits for its event before it answers (a slow API, for tests).
+        self.gates: dict[str, threading.Event] = {}
 
     def fail(self, method: str, *codes: grpc.StatusCode) -> None:
         """Answer the next calls of ``method`` with these status codes, in order."""
@@ -49,6 +51,9 @@ class _Fake:
             code = self._failures[method].pop(0) if self._failures[method] else None
         if code is not None:
             _abort(context, code, f"injected {code.name}")
+        gate = self.gates.get(method)
+        if gate is not None:
+            gate.wait(timeout=10)
 
     @staticmethod
     def _page(items: list[Any], page_size: int, page_token: str) -> tuple[list[Any], str]:
