@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from worker import constants as c
-from worker import decisions
+from worker import decisions, telemetry
 from worker.auth import Authenticator, AuthRequest
 from worker.context import TaskContext
 from worker.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
@@ -130,14 +130,19 @@ class Executor:
         # The handler name comes from the URL: cap what an unknown one can put in the log.
         handler = delivery.handler[:100]
         log: dict[str, Any] = {"handler": handler, "kind": delivery.kind.value}
-        reply = self._execute(delivery, log)
-        log.update(
-            outcome=reply.outcome.value,
-            status=reply.status,
-            run_id=reply.run_id,
-            duration_ms=round((time.monotonic() - started) * 1000, 3),
-            instance=instance_id(),
-        )
+        spec = self.router.handler(delivery.kind, delivery.handler)
+        label = spec.name if spec is not None else telemetry.UNKNOWN_HANDLER
+        with telemetry.DeliveryTrace(delivery.header, delivery.kind.value, label) as traced:
+            reply = self._execute(delivery, log)
+            seconds = time.monotonic() - started
+            log.update(
+                outcome=reply.outcome.value,
+                status=reply.status,
+                run_id=reply.run_id,
+                duration_ms=round(seconds * 1000, 3),
+                instance=instance_id(),
+            )
+            traced.finished(reply.status, reply.outcome, log, seconds)
         level = logging.ERROR if reply.status >= 500 else logging.INFO
         if reply.outcome in (Outcome.UNAUTHENTICATED, Outcome.FORBIDDEN, Outcome.LOST_CLAIM):
             level = logging.WARNING
@@ -214,7 +219,8 @@ class Executor:
         )
         asked_at, asked = self.clock(), time.monotonic()
         try:
-            claim = self.store.claim(request, self.clock)
+            with telemetry.ClaimStep():
+                claim = self.store.claim(request, self.clock)
         except StoreUnavailable as exc:
             return _store_unavailable(f"lease store unavailable: {exc}", run_id)
         record = claim.record
@@ -287,7 +293,7 @@ class Executor:
             except ValueError as exc:
                 return self._fail(ctx, f"payload is not valid JSON: {exc}", body)
         try:
-            with self.lease_keeper.kept(ctx, spec.lease):
+            with self.lease_keeper.kept(ctx, spec.lease), telemetry.step("handler"):
                 if spec.kind is Kind.TASK:
                     result = spec.function(payload, ctx)
                 else:
@@ -347,7 +353,8 @@ class Executor:
         """
         for pause in (*FINISH_RETRY_PAUSES, None):
             try:
-                held = write()
+                with telemetry.step("finish"):
+                    held = write()
                 break
             except StoreUnavailable as exc:
                 if pause is None:
