@@ -299,3 +299,20 @@ def _one_handler_app() -> flask.Flask:
         return None
 
     return create_app(router, store=MemoryStore(), auth="none")
+
+
+def test_without_an_sdk_fan_out_children_still_carry_the_incoming_trace() -> None:
+    children = MemoryTransport()
+    router = Router()
+
+    @router.task("split")
+    def split(payload: Any, ctx: TaskContext) -> None:
+        producer = Producer("p", "l", "q", "http://127.0.0.1:1", transport=children)
+        producer.fan_out(ctx, "part", [("1", {})])
+
+    app = create_app(router, store=MemoryStore(), auth="none")
+    headers = task_headers(traceparent=TRACEPARENT)
+    assert app.test_client().post("/tasks/split", headers=headers, data="{}").status_code == 200
+    [child] = children.tasks
+    assert child.request.headers["traceparent"] == TRACEPARENT
+    assert child.request.headers["X-Cloud-Trace-Context"] == f"{TRACE_ID}/{0x00F067AA0BA902B7};o=1"

@@ -219,7 +219,7 @@ class Executor:
         )
         asked_at, asked = self.clock(), time.monotonic()
         try:
-            with telemetry.ClaimStep():
+            with telemetry.claim_step():
                 claim = self.store.claim(request, self.clock)
         except StoreUnavailable as exc:
             return _store_unavailable(f"lease store unavailable: {exc}", run_id)

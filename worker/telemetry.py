@@ -27,12 +27,15 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import _internal as _metrics_api
 from opentelemetry.trace import (
+    INVALID_SPAN,
     NonRecordingSpan,
     SpanContext,
     SpanKind,
@@ -107,6 +110,18 @@ class _Instruments:
 
 _tracer: trace.Tracer = trace.get_tracer(INSTRUMENTATION)
 _instruments = _Instruments(metrics.get_meter(INSTRUMENTATION))
+# While no global provider is set, a delivery skips the telemetry calls. The API's public
+# getters read os.environ on every call until one is set (about 1 us a delivery each, on a
+# path bench/worker_throughput.py measures in tens of us); the API's own globals say the
+# same for free. Should they ever be renamed, getattr's default keeps telemetry on.
+_UNKNOWN = object()
+_ENV_PROVIDERS = (
+    "OTEL_PYTHON_TRACER_PROVIDER" in os.environ,
+    "OTEL_PYTHON_METER_PROVIDER" in os.environ,
+)
+_explicit = [False, False]  # use_providers() gave a tracer provider, a meter provider.
+# Whether the current delivery's span records: its steps are spanned only then.
+_RECORDING: ContextVar[bool] = ContextVar("tasklease_span_recording", default=False)
 
 
 def use_providers(
@@ -118,6 +133,23 @@ def use_providers(
     global _tracer, _instruments  # noqa: PLW0603 - one tracer and meter per process.
     _tracer = trace.get_tracer(INSTRUMENTATION, tracer_provider=tracer_provider)
     _instruments = _Instruments(metrics.get_meter(INSTRUMENTATION, meter_provider=meter_provider))
+    _explicit[:] = [tracer_provider is not None, meter_provider is not None]
+
+
+def _tracing() -> bool:
+    return (
+        _explicit[0]
+        or getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is not None
+        or _ENV_PROVIDERS[0]
+    )
+
+
+def _metering() -> bool:
+    return (
+        _explicit[1]
+        or getattr(_metrics_api, "_METER_PROVIDER", _UNKNOWN) is not None
+        or _ENV_PROVIDERS[1]
+    )
 
 
 def incoming_context(header: HeaderLookup) -> SpanContext | None:
@@ -156,21 +188,30 @@ class DeliveryTrace:
     caller cannot grow the metrics' label sets by inventing paths.
     """
 
-    __slots__ = ("_ended", "_token", "kind", "label", "span")
+    __slots__ = ("_ended", "_recording", "_token", "kind", "label", "metering", "span")
 
     def __init__(self, header: HeaderLookup, kind: str, label: str) -> None:
         self.kind = kind
         self.label = label
+        self.metering = _metering()
+        self._ended = False
+        self._recording: Token[bool] | None = None
         parent = incoming_context(header)
-        context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
-        self.span = _tracer.start_span(f"{kind} {label}", context, kind=SpanKind.CONSUMER)
+        if _tracing():
+            context = (
+                None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
+            )
+            self.span = _tracer.start_span(f"{kind} {label}", context, kind=SpanKind.CONSUMER)
+            if self.span.is_recording():
+                self._recording = _RECORDING.set(True)
+        else:
+            self.span = INVALID_SPAN if parent is None else NonRecordingSpan(parent)
         # Current only when it carries a trace: then a fan-out from the handler propagates it.
         self._token = (
             otel_context.attach(trace.set_span_in_context(self.span))
-            if parent is not None or self.span.is_recording()
+            if self.span is not INVALID_SPAN
             else None
         )
-        self._ended = False
 
     def __enter__(self) -> DeliveryTrace:
         return self
@@ -182,8 +223,9 @@ class DeliveryTrace:
         tb: TracebackType | None,
     ) -> None:
         if error is not None and not self._ended:  # A bug: the WSGI layer answers 500 error.
-            attributes = {"handler": self.label, "kind": self.kind, "outcome": Outcome.ERROR.value}
-            _instruments.deliveries.add(1, attributes)
+            if self.metering:
+                attributes = {"handler": self.label, "kind": self.kind, "outcome": "error"}
+                _instruments.deliveries.add(1, attributes)
             if self.span.is_recording():
                 self.span.record_exception(error)
                 self.span.set_status(Status(StatusCode.ERROR, type(error).__name__))
@@ -191,11 +233,12 @@ class DeliveryTrace:
 
     def finished(self, status: int, outcome: Outcome, log: dict[str, Any], seconds: float) -> None:
         """Count the delivery, finish its span, and add the trace fields to its log line."""
-        attributes = {"handler": self.label, "kind": self.kind, "outcome": outcome.value}
-        _instruments.deliveries.add(1, attributes)
-        _instruments.duration.record(seconds, attributes)
-        if outcome is Outcome.IN_PROGRESS:
-            _instruments.overlaps_skipped.add(1, {"handler": self.label, "kind": self.kind})
+        if self.metering:
+            attributes = {"handler": self.label, "kind": self.kind, "outcome": outcome.value}
+            _instruments.deliveries.add(1, attributes)
+            _instruments.duration.record(seconds, attributes)
+            if outcome is Outcome.IN_PROGRESS:
+                _instruments.overlaps_skipped.add(1, {"handler": self.label, "kind": self.kind})
         span = self.span
         if span.is_recording():
             span.set_attributes(
@@ -221,6 +264,8 @@ class DeliveryTrace:
             return
         self._ended = True
         self.span.end()
+        if self._recording is not None:
+            _RECORDING.reset(self._recording)
         if self._token is not None:
             otel_context.detach(self._token)
 
@@ -245,14 +290,19 @@ def log_fields(span_context: SpanContext, log: dict[str, Any]) -> None:
 
 def step(name: str) -> AbstractContextManager[Any]:
     """A child span of the current delivery span, if that one records."""
-    if not trace.get_current_span().is_recording():
+    if not _RECORDING.get():
         return _NO_STEP
     return _tracer.start_as_current_span(name)
 
 
-class ClaimStep:
-    """The ``claim`` step: a child span if tracing records, and always its duration."""
+def claim_step() -> AbstractContextManager[Any]:
+    """The ``claim`` step: a child span if tracing records, and its duration if metered."""
+    if not _RECORDING.get() and not _metering():
+        return _NO_STEP
+    return _ClaimStep()
 
+
+class _ClaimStep:
     __slots__ = ("_started", "_step")
 
     def __enter__(self) -> None:
@@ -271,6 +321,7 @@ class ClaimStep:
 
 
 def lease_renewed(handler: str, renewed: bool) -> None:
+    # Renewals are rare (once per 1/RENEWALS_PER_LEASE of a lease): no fast path needed.
     _instruments.renewals.add(1, {"handler": handler, "result": "renewed" if renewed else "failed"})
 
 
