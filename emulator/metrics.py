@@ -24,6 +24,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from emulator.db import EmulatorDB
 from emulator.sender import AttemptResult
+from worker import otel_setup
 
 INSTRUMENTATION = "tasklease.emulator"
 # Milliseconds, as Cloud Tasks reports attempt delays.
@@ -88,7 +89,11 @@ def unwatch(db: EmulatorDB) -> None:
 
 
 def install(app: flask.Flask) -> None:
-    """Count ``app``'s API calls."""
+    """Count ``app``'s API calls; serve ``/metrics`` if ``TASKLEASE_METRICS=prometheus``."""
+    setup = otel_setup.configure_from_env("tasklease-emulator")
+    if setup.registry is not None:
+        view = otel_setup.metrics_view(setup.registry)
+        app.add_url_rule("/metrics", "metrics", view, methods=["GET"])
 
     @app.after_request
     def count(response: flask.Response) -> flask.Response:
