@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import flask
@@ -34,6 +35,7 @@ from worker import (
     execution,
     telemetry,
 )
+from worker.lease import LeaseKeeper
 from worker.logs import CloudLoggingFormatter
 from worker.stores import MemoryStore
 
@@ -56,7 +58,8 @@ class Telemetry:
 
     def points(self, name: str) -> list[Any]:
         data = self.reader.get_metrics_data()
-        assert data is not None
+        if data is None:  # Nothing recorded yet.
+            return []
         return [
             point
             for resource in data.resource_metrics
@@ -316,3 +319,40 @@ def test_without_an_sdk_fan_out_children_still_carry_the_incoming_trace() -> Non
     [child] = children.tasks
     assert child.request.headers["traceparent"] == TRACEPARENT
     assert child.request.headers["X-Cloud-Trace-Context"] == f"{TRACE_ID}/{0x00F067AA0BA902B7};o=1"
+
+
+def test_lease_renewals_and_a_lost_lease_are_counted(otel: Telemetry) -> None:
+    store = MemoryStore()
+    lease = timedelta(seconds=1.5)
+    record = store.claim(claim_request("run-1", lease=lease), datetime.now(UTC)).record
+    ctx = TaskContext(
+        kind="task",
+        handler="h",
+        run_id="run-1",
+        attempt_id="attempt-1",
+        fencing_token=1,
+        attempt=1,
+        lease_expires=record.lease_expires,
+    )
+    ctx.confirm_lease(record.lease_expires, time.monotonic() + lease.total_seconds())
+    keeper = LeaseKeeper(store, lambda: datetime.now(UTC))
+
+    def renewals() -> dict[str, int]:
+        return {p.attributes["result"]: p.value for p in otel.points("tasklease.lease.renewals")}
+
+    with keeper.kept(ctx, lease):
+        assert wait_for(lambda: renewals().get("renewed", 0) >= 1)
+        later = datetime.now(UTC) + lease + timedelta(seconds=60)
+        store.claim(claim_request("run-1", "attempt-2", lease=lease), later)  # A takeover.
+        assert wait_for(lambda: ctx.lease_lost)
+    [lost] = otel.points("tasklease.lease.lost")
+    assert (lost.attributes, lost.value) == ({"handler": "h"}, 1)
+
+
+def wait_for(condition: Any, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
