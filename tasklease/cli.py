@@ -13,6 +13,7 @@ from pathlib import Path
 
 import requests
 
+from tasklease import deploy_cli
 from worker.logs import configure_logging
 
 DEFAULT_EMULATOR_PORT = 8123
@@ -50,7 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--service-account", default="tasks@dev-project.iam.gserviceaccount.com")
     _emulator_options(dev, port=DEFAULT_EMULATOR_PORT)
 
+    deploy = commands.add_parser(
+        "deploy", help="deploy your project's worker to Cloud Run (see --init, --dry-run)"
+    )
+    deploy_cli.add_arguments(deploy)
+
     args = parser.parse_args(argv)
+    if args.command == "deploy":
+        return deploy_cli.run(args)
     if args.command == "demo":
         from tasklease.demo import DemoSettings, run_demo  # noqa: PLC0415 - heavy imports.
 
