@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,7 +20,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from werkzeug.serving import make_server
 
+from emulator import CloudTasksEmulator
 from producer import Producer, tracing
 from producer.memory import MemoryTransport
 from tests.helpers import FakeClock, SwitchableStore, claim_request, task_headers
@@ -356,3 +359,40 @@ def wait_for(condition: Any, seconds: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def test_the_trace_survives_the_cloud_tasks_api_and_the_emulators_dispatch(
+    otel: Telemetry,
+) -> None:
+    queue = "projects/p/locations/us-central1/queues/traced"
+    with CloudTasksEmulator() as emulator:
+        emulator.create_queue(queue, retryConfig={"minBackoff": "0.05s"})
+        router = Router()
+        server = make_server("127.0.0.1", 0, flask.Flask("placeholder"), threaded=True)
+        worker_url = f"http://127.0.0.1:{server.server_port}"
+        producer = Producer("p", "us-central1", "traced", worker_url, tasks_endpoint=emulator.url)
+
+        @router.task("split")
+        def split(payload: Any, ctx: TaskContext) -> None:
+            producer.fan_out(ctx, "part", [("a", {}), ("b", {})])
+
+        @router.task("part")
+        def part(payload: Any, ctx: TaskContext) -> None:
+            return None
+
+        server.app = create_app(router, store=MemoryStore(), auth="none")
+        serving = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+        serving.start()
+        try:
+            with otel.tracer_provider.get_tracer("test").start_as_current_span("request") as root:
+                producer.enqueue("split", {}, key="order-7")
+            emulator.join(timeout=30)
+            outcomes = [delivery.outcome for delivery in emulator.deliveries()]
+        finally:
+            server.shutdown()
+            server.server_close()
+            producer.close()
+    assert outcomes == ["processed"] * 3
+    names = Counter(span.name for span in otel.spans())
+    assert names["task split"] == 1 and names["task part"] == 2 and names["enqueue part"] == 1
+    assert {span.context.trace_id for span in otel.spans()} == {root.get_span_context().trace_id}
