@@ -25,7 +25,7 @@ from werkzeug.serving import make_server
 from emulator import CloudTasksEmulator
 from producer import Producer, tracing
 from producer.memory import MemoryTransport
-from tests.helpers import FakeClock, SwitchableStore, claim_request, task_headers
+from tests.helpers import T0, FakeClock, SwitchableStore, claim_request, job_headers, task_headers
 from worker import (
     Authenticator,
     AuthRequest,
@@ -173,6 +173,17 @@ def test_outcome_counters_match_a_scripted_run_of_every_outcome(
             store.down = True
         return mode
 
+    @router.task("keyed", concurrency_key=lambda payload: "one-key")
+    def keyed(payload: Any, ctx: TaskContext) -> None:
+        if payload["mode"] == "hold":  # Another task of the key, while this one runs.
+            nested.append(deliver("other", task="t-other", path="/tasks/keyed").status_code)
+
+    @router.scheduled("nightly", exclusive=True, max_runtime=timedelta(minutes=10))
+    def nightly(ctx: TaskContext) -> None:
+        if ctx.schedule_time == T0:  # Another run of the job, while this one runs.
+            slot = job_headers(schedule_time="2026-10-16T11:30:00Z")
+            nested.append(client.post("/jobs/nightly", headers=slot).status_code)
+
     client = create_app(router, store=store, auth=HeaderAuth(), clock=clock).test_client()
 
     def deliver(
@@ -184,8 +195,13 @@ def test_outcome_counters_match_a_scripted_run_of_every_outcome(
             data=json.dumps({"mode": mode}),
         )
 
-    script = ["ok", "ok", "nest", "permanent", "raise", "lost", "unrecorded"]
+    script = ["ok", "ok", "nest", "permanent", "raise"]
     answers = [deliver(mode).headers["X-Tasklease-Outcome"] for mode in script]
+    answers.append(deliver("hold", path="/tasks/keyed").headers["X-Tasklease-Outcome"])
+    answers.append(
+        client.post("/jobs/nightly", headers=job_headers()).headers["X-Tasklease-Outcome"]
+    )
+    answers += [deliver(mode).headers["X-Tasklease-Outcome"] for mode in ["lost", "unrecorded"]]
     store.down = True
     answers.append(deliver("down").headers["X-Tasklease-Outcome"])
     store.down = False
@@ -196,11 +212,12 @@ def test_outcome_counters_match_a_scripted_run_of_every_outcome(
     monkeypatch.setattr(store, "get", lambda run_id: 1 / 0)  # A bug in a store.
     answers.append(deliver("ok", retry="1").headers["X-Tasklease-Outcome"])
     expected = [
-        "processed", "duplicate", "processed", "failed", "released", "lost_claim",
-        "unrecorded", "unavailable", "rejected", "unauthenticated", "forbidden", "error",
+        "processed", "duplicate", "processed", "failed", "released", "processed", "processed",
+        "lost_claim", "unrecorded", "unavailable", "rejected", "unauthenticated", "forbidden",
+        "error",
     ]  # fmt: skip
     assert answers == expected
-    assert nested == [409]
+    assert nested == [409, 409, 200]  # in_progress, key_busy, skipped_overlap
 
     counted = Counter(
         {
@@ -211,12 +228,20 @@ def test_outcome_counters_match_a_scripted_run_of_every_outcome(
     answered = Counter(("work", outcome) for outcome in [*expected, "in_progress"])
     answered[("work", "rejected")] -= 1
     answered[(telemetry.UNKNOWN_HANDLER, "rejected")] += 1
+    answered[("work", "processed")] -= 2
+    answered.update([("keyed", "processed"), ("keyed", "key_busy")])
+    answered.update([("nightly", "processed"), ("nightly", "skipped_overlap")])
     assert counted == +answered
     durations = otel.points("tasklease.delivery.duration")
-    assert sum(point.count for point in durations) == len(expected)  # The crash has no duration.
-    assert [p.value for p in otel.points("tasklease.overlaps_skipped")] == [1]
+    answers_with_duration = answered.total() - 1  # The crash has none.
+    assert sum(point.count for point in durations) == answers_with_duration
+    overlaps = {
+        (p.attributes["handler"], p.attributes["outcome"]): p.value
+        for p in otel.points("tasklease.overlaps_skipped")
+    }
+    assert overlaps == {("keyed", "key_busy"): 1, ("nightly", "skipped_overlap"): 1}
     claims = otel.points("tasklease.claim.duration")
-    assert sum(point.count for point in claims) == 9  # Each that reached the store's claim.
+    assert sum(point.count for point in claims) == 13  # Each that reached the store's claim.
 
 
 def test_log_line_carries_cloud_loggings_trace_fields_without_an_sdk(

@@ -9,8 +9,8 @@ and these metrics:
 - ``tasklease.deliveries`` (handler, kind, outcome) and ``tasklease.delivery.duration``;
 - ``tasklease.claim.duration``: how long the lease store took to answer a claim;
 - ``tasklease.lease.renewals`` (result) and ``tasklease.lease.lost``;
-- ``tasklease.overlaps_skipped``: deliveries answered ``in_progress`` because another attempt
-  held the run's lease.
+- ``tasklease.overlaps_skipped`` (outcome): runs not started because another run held their
+  lock: an exclusive job's (``skipped_overlap``) or a concurrency key's (``key_busy``).
 
 The delivery span is a *child* of the context the producer put into the task's headers (W3C
 ``traceparent``, else Cloud Run's ``X-Cloud-Trace-Context``), not the root of a new trace
@@ -66,6 +66,7 @@ DURATION_BUCKETS: tuple[float, ...] = (
 _CLOUD_TRACE = re.compile(r"([0-9a-fA-F]{32})/([0-9]{1,20})(?:;o=([0-9]+))?")
 _W3C = TraceContextTextMapPropagator()
 _NO_STEP: AbstractContextManager[Any] = nullcontext()
+_OVERLAPS = frozenset({Outcome.SKIPPED_OVERLAP, Outcome.KEY_BUSY})
 
 HeaderLookup = Callable[[str], Sequence[str]]
 
@@ -104,7 +105,7 @@ class _Instruments:
         self.overlaps_skipped = meter.create_counter(
             "tasklease.overlaps_skipped",
             unit="{delivery}",
-            description="Deliveries not run because another attempt held the run's lease.",
+            description="Runs not started because another run held the job's or key's lock.",
         )
 
 
@@ -237,14 +238,17 @@ class DeliveryTrace:
             attributes = {"handler": self.label, "kind": self.kind, "outcome": outcome.value}
             _instruments.deliveries.add(1, attributes)
             _instruments.duration.record(seconds, attributes)
-            if outcome is Outcome.IN_PROGRESS:
-                _instruments.overlaps_skipped.add(1, {"handler": self.label, "kind": self.kind})
+            if outcome in _OVERLAPS:
+                _instruments.overlaps_skipped.add(1, attributes)
         span = self.span
         if span.is_recording():
             span.set_attributes(
                 {
                     f"tasklease.{name}": log[name]
-                    for name in ("run_id", "attempt", "fencing_token", "queue", "job_name")
+                    for name in (
+                        *("run_id", "attempt", "fencing_token"),
+                        *("queue", "job_name", "held_by"),
+                    )
                     if log.get(name) is not None
                 }
                 | {
