@@ -207,9 +207,7 @@ class _StuckRenewals(SwitchableStore):
         super().__init__(MemoryStore())
         self.release = threading.Event()
 
-    def renew(
-        self, run_id: str, attempt_id: str, lease: timedelta, now: Any, **kwargs: Any
-    ) -> Any:
+    def renew(self, run_id: str, attempt_id: str, lease: timedelta, now: Any, **kwargs: Any) -> Any:
         if run_id == "stuck":
             self.release.wait(10)
         return self.inner.renew(run_id, attempt_id, lease, now, **kwargs)
