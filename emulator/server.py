@@ -19,6 +19,7 @@ from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpc
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from emulator import guard, rest
+from emulator import metrics as emulator_metrics
 from emulator.api import CERTS_PATH, DEFAULT_QUEUE_REUSE_WINDOW, CloudTasksApi
 from emulator.db import DeliveryRecord, EmulatorDB
 from emulator.dispatcher import Dispatcher
@@ -70,6 +71,7 @@ class CloudTasksEmulator:
         self.data_dir = Path(data_dir)
         self.faults = faults or Faults()
         self.db = EmulatorDB(self.data_dir / "emulator.db")
+        emulator_metrics.watch(self.db)
         self.issuer = TokenIssuer(self.data_dir / "oidc-key.pem")
         self._sender = Sender(self.faults)
         self.dispatcher = Dispatcher(self.db, self.issuer, self._sender, dedup_window=dedup_window)
@@ -82,6 +84,7 @@ class CloudTasksEmulator:
         self.scheduler_api = SchedulerApi(self.db, self.scheduler)
         self.scheduler_api.load()  # Jobs made through the API before a restart.
         app = rest.create_app(self.api, self.scheduler_api, self.issuer)
+        emulator_metrics.install(app)
         app.add_url_rule(
             "/emulator/scheduler/jobs/<name>:run", "run_job", self._run_job, methods=["POST"]
         )
@@ -118,6 +121,7 @@ class CloudTasksEmulator:
         self._server.shutdown()
         self._server.server_close()
         self._sender.close()
+        emulator_metrics.unwatch(self.db)
         self.db.close()
         if self._tempdir is not None:
             self._tempdir.cleanup()
