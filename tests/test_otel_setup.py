@@ -70,7 +70,7 @@ SCRIPT = textwrap.dedent(
     assert client.post("/tasks/send", headers=task_headers(), data="{}").status_code == 200
     print(client.get("/metrics").get_data(as_text=True))
     with CloudTasksEmulator() as emulator:
-        emulator.create_queue("projects/p/locations/l/queues/q")
+        emulator.create_queue("projects/p/locations/us-central1/queues/q")
         print(requests.get(emulator.url + "/metrics", timeout=5).text)
     """
 )

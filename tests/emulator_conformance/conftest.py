@@ -1,6 +1,6 @@
 """gcloud, a client nobody here wrote, against the emulator (issue 16).
 
-The suite shares one emulator and one throwaway ``CLOUDSDK_CONFIG`` with credentials off and
+Each test module gets an emulator and a throwaway ``CLOUDSDK_CONFIG`` with credentials off and
 the cloudtasks, cloudscheduler and appengine endpoints pointed at the emulator (gcloud asks App
 Engine for the default location when ``--location`` is missing). Without gcloud the tests
 skip, loudly; in CI (``CI=true``) they fail instead.
@@ -61,13 +61,14 @@ def _require_gcloud() -> None:
     pytest.skip(f"!!! {message} !!!")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def conformance_emulator() -> Iterator[CloudTasksEmulator]:
+    # Per module, not per session: a live emulator's queues show in the process-wide metrics.
     with CloudTasksEmulator(queue_reuse_window=60.0) as emulator:
         yield emulator
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gcloud(
     conformance_emulator: CloudTasksEmulator, tmp_path_factory: pytest.TempPathFactory
 ) -> Gcloud:
