@@ -264,13 +264,13 @@ def tally(
     keys = set(keys)
     outcomes = Counter(a.outcome for a in answers)
     effects = downstream.effects()
-    completed = {
-        r.identity.get("task_name") for r in records.values() if r.status is RunStatus.COMPLETED
-    }
+    executions = downstream.executions()
+    key_of = {e.run_id: e.key for e in executions}
+    completed = {key_of.get(r.run_id) for r in records.values() if r.status is RunStatus.COMPLETED}
     lost = {k for k in keys if effects[k] != 1 or k not in completed}
     return Tally(
         delivered=len(answers),
-        executed=len(downstream.executions()),
+        executed=len(executions),
         duplicates_absorbed=outcomes["duplicate"] + outcomes["in_progress"],
         lost=len(lost),
         extra=extra,
