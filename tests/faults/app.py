@@ -43,13 +43,17 @@ def _work(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     key = str(payload["key"])
     ledger = downstream()
     ledger.started(key, ctx)
-    verdict = "raised"
+    verdict, past_lease = "raised", 0
     try:
         steps = max(1, int(payload.get("steps", 1)))
         for _ in range(steps):
             time.sleep(float(payload.get("sleep", 0)) / steps)
             if payload.get("check"):
                 ctx.check_lease()
+                # By this process's own clock, as the worker sees it: past the lease, another
+                # attempt may already have taken the run over.
+                if _clock() >= ctx.lease_expires:
+                    past_lease += 1
         verdict = ledger.write(key, ctx)
         if verdict == REFUSED:
             raise LeaseLost(f"downstream refused fencing token {ctx.fencing_token} for {key}")
@@ -58,7 +62,7 @@ def _work(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
         verdict = "lost" if verdict == "raised" else verdict
         raise
     finally:
-        ledger.ended(ctx, verdict)
+        ledger.ended(ctx, verdict, past_lease)
     return {"verdict": verdict, "pid": os.getpid(), "token": ctx.fencing_token}
 
 
@@ -97,8 +101,11 @@ def build_store() -> LeaseStore:
     return store_from_url(url)
 
 
+_clock = skewed_clock()
+
+
 def build_app() -> flask.Flask:
-    return create_app(router, store=build_store(), clock=skewed_clock())
+    return create_app(router, store=build_store(), clock=_clock)
 
 
 def __getattr__(name: str) -> flask.Flask:

@@ -28,7 +28,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (
     attempt_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, key TEXT NOT NULL,
     fencing_token INTEGER NOT NULL, pid INTEGER NOT NULL, revision TEXT NOT NULL,
-    started REAL NOT NULL, ended REAL, verdict TEXT
+    started REAL NOT NULL, ended REAL, verdict TEXT, past_lease INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS fences (key TEXT PRIMARY KEY, fencing_token INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS effects (
@@ -56,6 +56,7 @@ class Execution:
     started: float
     ended: float | None
     verdict: str | None
+    past_lease: int  # Lease checks that passed although the attempt's lease had expired.
 
 
 class Downstream:
@@ -110,11 +111,11 @@ class Downstream:
             )
         return verdict
 
-    def ended(self, ctx: TaskContext, verdict: str) -> None:
+    def ended(self, ctx: TaskContext, verdict: str, past_lease: int = 0) -> None:
         with self._transaction() as db:
             db.execute(
-                "UPDATE executions SET ended = ?, verdict = ? WHERE attempt_id = ?",
-                (time.time(), verdict, ctx.attempt_id),
+                "UPDATE executions SET ended = ?, verdict = ?, past_lease = ? WHERE attempt_id = ?",
+                (time.time(), verdict, past_lease, ctx.attempt_id),
             )
 
     # Read by the tests.
@@ -122,7 +123,7 @@ class Downstream:
     def executions(self) -> list[Execution]:
         rows = self._connection().execute(
             "SELECT attempt_id, run_id, key, fencing_token, pid, revision, started, ended, "
-            "verdict FROM executions ORDER BY started"
+            "verdict, past_lease FROM executions ORDER BY started"
         )
         return [Execution(*row) for row in rows]
 

@@ -1,0 +1,183 @@
+"""Scenario 5: the store fails during claims, renewals and finishes.
+
+Another process holds SQLite's write lock (``BEGIN EXCLUSIVE``) for several seconds, longer
+than the worker's busy timeout (0.5 s here). Meanwhile running handlers cannot renew or
+record how they ended, and new deliveries cannot claim: they must answer 503 without
+running anything. Once the lock is gone, retries finish every run, each effect once.
+
+SQLite made read-only by file permissions is not tested: these tests run as root, whom
+permissions do not stop, and the worker's open connections would keep writing anyway.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.faults.downstream import ALREADY_APPLIED, APPLIED, Downstream
+from tests.faults.harness import (
+    Deliverer,
+    FaultServer,
+    Tally,
+    overlaps,
+    scale,
+    sqlite_records,
+    tally,
+    unclaimed,
+)
+from worker.records import RunStatus
+
+pytestmark = pytest.mark.faults
+
+_HOLD_LOCK = """
+import sqlite3, sys, time
+connection = sqlite3.connect(sys.argv[1], timeout=30, isolation_level=None)
+connection.execute("BEGIN EXCLUSIVE")
+print(time.time(), flush=True)
+time.sleep(float(sys.argv[2]))
+released = time.time()
+connection.execute("ROLLBACK")
+print(released, flush=True)
+"""
+BUSY_TIMEOUT = 0.5
+OUTAGE = 6.0  # Longer than a lease (2 s) and than a finish's retries (4 x 0.5 s + pauses).
+
+
+def test_a_store_outage_runs_no_handler_without_a_claim_and_loses_nothing(
+    tmp_path: Path, report: Callable[[str, Tally], None]
+) -> None:
+    running = [f"outage-a-{n:04d}" for n in range(scale(12, 60))]  # Mid-handler at the outage.
+    arriving = [f"outage-b-{n:04d}" for n in range(scale(12, 60))]  # First sent during it.
+    slow = {"sleep": 1.5, "steps": 5, "check": True}
+    deliverer = Deliverer("outage")
+    downstream = Downstream(tmp_path / "downstream.db")
+    server = FaultServer(
+        tmp_path,
+        store=f"sqlite:///{tmp_path}/runs.db",
+        workers=2,
+        threads=len(running),
+        env={"TASKLEASE_FAULTS_BUSY_TIMEOUT": str(BUSY_TIMEOUT)},
+    )
+    with server:
+        first = threading.Thread(
+            target=deliverer.deliver_all,
+            args=([(server.url, key, slow) for key in running], len(running)),
+        )
+        first.start()
+        deadline = time.monotonic() + 60
+        while len(downstream.executions()) < len(running) // 2:
+            assert time.monotonic() < deadline, "handlers did not start"
+            time.sleep(0.05)
+        with subprocess.Popen(
+            [sys.executable, "-c", _HOLD_LOCK, str(tmp_path / "runs.db"), str(OUTAGE)],
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as holder:
+            assert holder.stdout is not None
+            locked_at = float(holder.stdout.readline())
+            time.sleep(0.5)
+            during = [(server.url, key, slow) for key in arriving]
+            during += [(server.url, key, slow) for key in running]  # Duplicates of running ones.
+            deliverer.deliver_all(during, 16)
+            released_at = float(holder.stdout.readline())
+        first.join()
+        deliverer.until_done(running + arriving, server.url, lambda _: slow, timeout=180)
+        log = server.log()
+
+    executions = downstream.executions()
+    records = sqlite_records(tmp_path / "runs.db")
+    outcomes = Counter(a.outcome for a in deliverer.answers)
+    writes = downstream.writes()
+    started_during = [e for e in executions if locked_at + 0.5 < e.started < released_at]
+    counts = tally(
+        running + arriving,
+        deliverer.answers,
+        downstream,
+        records,
+        claims_refused_503=outcomes["unavailable"],
+        finishes_unrecorded_503=outcomes["unrecorded"],
+        renewals_failed=log.count("lease renewal of run"),
+        started_during_outage=len(started_during),
+        effects_applied=writes[APPLIED],
+        retried_after_effect=writes[ALREADY_APPLIED],
+    )
+    report("store_outage[sqlite locked]", counts)
+    assert counts.lost == 0
+    assert outcomes["unavailable"] > 0 and outcomes["unrecorded"] > 0
+    assert log.count("lease renewal of run") > 0
+    assert started_during == []  # No handler ran without a claim...
+    assert unclaimed(executions, records) == []  # ...and every entry had a claim of its own.
+    assert overlaps(executions) == []
+    assert writes[APPLIED] == len(running + arriving)
+    assert {r.status for r in records.values()} == {RunStatus.COMPLETED}
+
+
+def test_a_handler_whose_lease_lapses_in_an_outage_stops_before_a_retry_takes_over(
+    tmp_path: Path, report: Callable[[str, Tally], None]
+) -> None:
+    # The outage outlasts the 2 s lease of handlers that run 12 s, checking their lease every
+    # 0.25 s; retries keep arriving, as the queue's would, and take the runs over once the
+    # store is back. The lapsed attempts must have stopped by then.
+    keys = [f"lapse-{n:04d}" for n in range(scale(6, 20))]
+    slow = {"sleep": 12.0, "steps": 48, "check": True}
+    deliverer = Deliverer("lapse")
+    downstream = Downstream(tmp_path / "downstream.db")
+    server = FaultServer(
+        tmp_path,
+        store=f"sqlite:///{tmp_path}/runs.db",
+        workers=2,
+        threads=len(keys) * 2,
+        env={"TASKLEASE_FAULTS_BUSY_TIMEOUT": str(BUSY_TIMEOUT)},
+    )
+    with server:
+        first = threading.Thread(
+            target=deliverer.deliver_all,
+            args=([(server.url, key, slow) for key in keys], len(keys)),
+        )
+        first.start()
+        deadline = time.monotonic() + 60
+        while len(downstream.executions()) < len(keys):
+            assert time.monotonic() < deadline, "handlers did not start"
+            time.sleep(0.05)
+        with subprocess.Popen(
+            [sys.executable, "-c", _HOLD_LOCK, str(tmp_path / "runs.db"), str(OUTAGE)],
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as holder:
+            assert holder.stdout is not None
+            float(holder.stdout.readline())
+            while holder.poll() is None:
+                deliverer.deliver_all([(server.url, key, slow) for key in keys], len(keys))
+                time.sleep(0.2)
+        deliverer.until_done(keys, server.url, lambda _: slow, timeout=180)
+        first.join()
+
+    executions = downstream.executions()
+    records = sqlite_records(tmp_path / "runs.db")
+    outcomes = Counter(a.outcome for a in deliverer.answers)
+    found = overlaps(executions)
+    counts = tally(
+        keys,
+        deliverer.answers,
+        downstream,
+        records,
+        claims_refused_503=outcomes["unavailable"],
+        lost_claim_409=outcomes["lost_claim"],
+        overlapping_executions=len(found),
+        lease_checks_passed_after_expiry=sum(e.past_lease for e in executions),
+        late_writes_refused=downstream.writes()["refused"],
+    )
+    report("store_outage[sqlite locked] lease lapse", counts)
+    assert counts.lost == 0
+    assert unclaimed(executions, records) == []
+    # A lease check must fail once the lease has lapsed unrenewed: from then on a retry may
+    # take the run over, and two handlers would run at once.
+    assert [e for e in executions if e.past_lease] == []
+    assert found == [], f"{len(found)} runs had two handlers running at once"
