@@ -48,13 +48,9 @@ def nightly_reports(ctx: TaskContext) -> dict[str, int]:
     night = ctx.schedule_time.date().isoformat()
     ledger().record("nightly_run", ctx.schedule_time.isoformat(), ctx)
     items = [(customer, {"customer": customer, "night": night}) for customer in CUSTOMERS]
+    # If a child cannot be created, fan_out raises FanOutIncomplete once it tried them all:
+    # the run is released, and the Scheduler's retry creates only the missing children.
     results = producer().fan_out(ctx, "send_report", items)
-    failed = [result for result in results if not result.ok]
-    if failed:
-        # Released: the Scheduler's retry fans out again, and names absorb what was created.
-        raise RuntimeError(
-            f"{len(failed)} of {len(results)} report tasks not created: {failed[0].error}"
-        )
     return {"reports": len(results), "created": sum(result.created for result in results)}
 
 

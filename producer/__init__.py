@@ -7,6 +7,7 @@ producer.enqueue("send_receipt", {"order_id": 42}, key="order-42")
 from producer.cloud_tasks import CloudTasksTransport
 from producer.errors import (
     EnqueueError,
+    FanOutIncomplete,
     InvalidTask,
     PermanentEnqueueError,
     TaskAlreadyExists,
@@ -22,6 +23,7 @@ __all__ = [
     "CloudTasksTransport",
     "EnqueueError",
     "EnqueueResult",
+    "FanOutIncomplete",
     "InvalidTask",
     "MemoryTransport",
     "PermanentEnqueueError",

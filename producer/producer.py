@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from producer.cloud_tasks import CloudTasksTransport
 from producer.errors import (
     EnqueueError,
+    FanOutIncomplete,
     InvalidTask,
     TaskAlreadyExists,
     TransientEnqueueError,
@@ -217,9 +218,19 @@ class Producer:
 
         Each child's key combines ``ctx.run_id`` with the item key, so a re-delivered (or
         retried) scheduler run re-creates nothing, while the next run creates fresh tasks.
+        Every child is tried; if any could not be created, raises :class:`FanOutIncomplete`
+        naming their keys, so the run is released rather than completed with children missing,
+        and its retry creates only those (the others come back ``created=False``).
         """
-        keyed = ((f"{ctx.run_id}/{item_key}", payload) for item_key, payload in items)
-        return self.enqueue_many(task_name, keyed, **options)
+        items = list(items)
+        keyed = [(f"{ctx.run_id}/{item_key}", payload) for item_key, payload in items]
+        results = self.enqueue_many(task_name, keyed, **options)
+        failed = [
+            str(key) for (key, _), result in zip(items, results, strict=True) if not result.ok
+        ]
+        if failed:
+            raise FanOutIncomplete(results, failed)
+        return results
 
     def close(self) -> None:
         self.transport.close()

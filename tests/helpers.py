@@ -8,7 +8,7 @@ from typing import Any
 
 from worker.errors import StoreUnavailable
 from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
-from worker.stores.base import LeaseStore
+from worker.stores.base import LeaseStore, Moment
 
 T0 = datetime(2026, 10, 16, 12, 0, 0, tzinfo=UTC)
 
@@ -91,7 +91,7 @@ class SwitchableStore(LeaseStore):
         self._check()
         return self.inner._read_modify_write(run_id, change)
 
-    def claim(self, request: ClaimRequest, now: datetime) -> Claim:
+    def claim(self, request: ClaimRequest, now: Moment) -> Claim:
         self._check()
         claim = self.inner.claim(request, now)
         if self.down_after_claim:

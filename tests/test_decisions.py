@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -21,8 +22,9 @@ def test_absent_record_is_claimed() -> None:
 def test_each_status_decides_as_documented() -> None:
     record = claimed()
     assert decisions.decide(record, T0) is Verdict.IN_PROGRESS
-    assert decisions.decide(record, record.lease_expires) is Verdict.CLAIMED
-    assert decisions.decide(decisions.completed(record, 1, T0), T0) is Verdict.COMPLETED
+    assert decisions.decide(record, record.lease_expires) is Verdict.IN_PROGRESS  # Skew bound.
+    assert decisions.decide(record, record.lease_expires + c.MAX_CLOCK_SKEW) is Verdict.CLAIMED
+    assert decisions.decide(decisions.completed(record, "1", T0), T0) is Verdict.COMPLETED
     assert decisions.decide(decisions.failed(record, "e", None, T0), T0) is Verdict.FAILED
     assert decisions.decide(decisions.released(record, "e", T0), T0) is Verdict.CLAIMED
 
@@ -56,10 +58,38 @@ def test_release_keeps_error_and_status() -> None:
     )
 
 
-def test_results_that_are_not_json_are_replaced_by_a_note() -> None:
-    assert "not JSON" in decisions.cap_result({1, 2})["tasklease_result_dropped"]
-    assert "not JSON" in decisions.cap_result(float("nan"))["tasklease_result_dropped"]
-    assert decisions.cap_result([1, "a"]) == [1, "a"]
+@pytest.mark.parametrize("result", [{1, 2}, float("nan"), {1: "a", "b": 2}, object()])
+def test_results_json_cannot_encode_are_refused_with_the_reason(result: object) -> None:
+    with pytest.raises(ValueError, match="not JSON-serialisable"):
+        decisions.serialize_result(result)
+
+
+def test_results_serialise_once_to_sorted_compact_json() -> None:
+    assert decisions.serialize_result({"b": [1, "a"], "a": None}) == '{"a":null,"b":[1,"a"]}'
+    assert decisions.serialize_result(None) is None
+
+
+def test_oversized_result_is_replaced_by_a_note() -> None:
+    note = decisions.serialize_result("x" * 100_000)
+    assert note is not None
+    assert "over" in json.loads(note)["tasklease_result_dropped"]
+
+
+def test_a_finish_is_recognised_only_by_its_own_attempt_and_status() -> None:
+    done = decisions.completed(claimed(), None, T0)
+    assert decisions.finished_by(done, "attempt-1", RunStatus.COMPLETED)
+    assert not decisions.finished_by(done, "attempt-2", RunStatus.COMPLETED)
+    assert not decisions.finished_by(done, "attempt-1", RunStatus.FAILED)
+    assert not decisions.finished_by(done, "attempt-1", None)
+
+
+def test_a_run_bound_to_a_caller_is_forbidden_to_every_other_caller() -> None:
+    record = decisions.claim(None, claim_request(caller="a@x"), T0).record
+    assert decisions.decide(record, T0, "a@x") is Verdict.IN_PROGRESS
+    assert decisions.decide(record, T0, "b@x") is Verdict.FORBIDDEN
+    assert decisions.decide(record, T0, None) is Verdict.FORBIDDEN
+    unbound = claimed()
+    assert decisions.decide(unbound, T0, "b@x") is Verdict.IN_PROGRESS
 
 
 @pytest.mark.parametrize("size", [10, c.MAX_ERROR_CHARS, c.MAX_ERROR_CHARS + 1, 100_000])

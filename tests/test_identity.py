@@ -133,4 +133,5 @@ def test_identity_fields_keep_only_what_was_sent() -> None:
     assert parse_job(job_headers()).fields() == {
         "job_name": "nightly",
         "schedule_time": "2026-10-16T12:00:00.000000Z",
+        "trigger": "scheduled",
     }

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import flask
+import pytest
 
 from tests.helpers import SwitchableStore, claim_request, task_headers
 from worker import Router, TaskContext, create_app
+from worker.constants import MAX_CLOCK_SKEW
+from worker.errors import LeaseLost
 from worker.lease import LeaseKeeper
 from worker.stores import MemoryStore
 
@@ -21,9 +26,13 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-def context_for(store: Any, attempt: str = "attempt-1") -> TaskContext:
-    record = store.claim(claim_request(attempt_id=attempt, lease=LEASE), now()).record
-    return TaskContext(
+def context_for(
+    store: Any, attempt: str = "attempt-1", run_id: str = "run-1", lease: timedelta = LEASE
+) -> TaskContext:
+    asked = time.monotonic()
+    request = claim_request(run_id, attempt_id=attempt, lease=lease)
+    record = store.claim(request, now()).record
+    ctx = TaskContext(
         kind="task",
         handler="h",
         run_id=record.run_id,
@@ -32,6 +41,8 @@ def context_for(store: Any, attempt: str = "attempt-1") -> TaskContext:
         attempt=1,
         lease_expires=record.lease_expires,
     )
+    ctx.confirm_lease(record.lease_expires, asked + lease.total_seconds())
+    return ctx
 
 
 def wait_for(condition: Any, seconds: float = 10.0) -> bool:
@@ -58,7 +69,9 @@ def test_renewal_that_finds_a_takeover_marks_the_context_lost() -> None:
     store = MemoryStore()
     ctx = context_for(store)
     # Another attempt took over (as after an expiry): our attempt id no longer matches.
-    store.claim(claim_request(attempt_id="attempt-2", lease=LEASE), ctx.lease_expires)
+    store.claim(
+        claim_request(attempt_id="attempt-2", lease=LEASE), ctx.lease_expires + MAX_CLOCK_SKEW
+    )
     with LeaseKeeper(store, now).kept(ctx, LEASE):
         assert wait_for(lambda: ctx.lease_lost)
 
@@ -110,7 +123,7 @@ def test_a_renewal_racing_the_finish_is_not_reported_as_a_lost_lease(
     started = threading.Event()
     original = store.renew
 
-    def slow_renew(*args: Any) -> bool:
+    def slow_renew(*args: Any) -> Any:
         started.set()
         time.sleep(0.3)  # Meanwhile the execution finishes and completes the run.
         return original(*args)
@@ -122,3 +135,110 @@ def test_a_renewal_racing_the_finish_is_not_reported_as_a_lost_lease(
     time.sleep(0.5)
     assert not ctx.lease_lost
     assert not [r for r in caplog.records if "lost its claim" in r.getMessage()]
+
+
+def test_renewals_that_keep_failing_lose_the_lease_when_it_runs_out_locally() -> None:
+    # An instance cut off from its store must stop before another may take its run over.
+    store = SwitchableStore(MemoryStore())
+    ctx = context_for(store)
+    store.down = True
+    started = time.monotonic()
+    with LeaseKeeper(store, now).kept(ctx, LEASE):
+        assert wait_for(lambda: ctx.lease_lost, seconds=5)
+        lost_after = time.monotonic() - started
+    assert lost_after <= LEASE.total_seconds() + 0.2
+    with pytest.raises(LeaseLost):
+        ctx.check_lease()
+    store.down = False
+    assert not ctx.lease_lost or ctx.lease_seconds_left == 0  # Lost for good.
+
+
+def test_a_self_fenced_handler_stops_before_a_takeover_can_start() -> None:
+    router = Router()
+    store = SwitchableStore(MemoryStore())
+    checks: list[tuple[str, float]] = []
+    starts: list[tuple[str, float]] = []
+
+    @router.task("careful", lease=timedelta(seconds=1))
+    def careful(payload: Any, ctx: TaskContext) -> None:
+        starts.append((ctx.attempt_id, time.monotonic()))
+        store.down_after_claim = False
+        while True:
+            ctx.check_lease()
+            checks.append((ctx.attempt_id, time.monotonic()))
+            if ctx.attempt > 1:
+                return
+            time.sleep(0.02)
+
+    app: flask.Flask = create_app(router, store=store, auth="none")
+    store.down_after_claim = True  # Cut off from the store once the first claim is granted.
+    first = app.test_client().post("/tasks/careful", headers=task_headers())
+    assert first.headers["X-Tasklease-Outcome"] == "lost_claim"
+    store.down = False
+    time.sleep(1 + MAX_CLOCK_SKEW.total_seconds())  # Past lease and skew: a retry takes over.
+    retry = app.test_client().post("/tasks/careful", headers=task_headers(retry=1))
+    assert retry.headers["X-Tasklease-Outcome"] == "processed"
+    first_attempt = starts[0][0]
+    last_check_of_first = max(t for attempt, t in checks if attempt == first_attempt)
+    assert last_check_of_first < starts[1][1]
+    assert last_check_of_first - starts[0][1] <= 1.2
+
+
+def test_max_attempts_does_not_dead_letter_a_run_whose_first_attempt_holds_its_lease() -> None:
+    router = Router()
+    nested: list[Any] = []
+
+    @router.task("once", lease=timedelta(seconds=1), max_attempts=1)
+    def once(payload: Any, ctx: TaskContext) -> str:
+        time.sleep(1.5)  # Outlives the first lease: only renewals keep the run.
+        nested.append(app.test_client().post("/tasks/once", headers=task_headers(retry=1)))
+        return "done"
+
+    app: flask.Flask = create_app(router, store=MemoryStore(), auth="none")
+    first = app.test_client().post("/tasks/once", headers=task_headers())
+    assert nested[0].headers["X-Tasklease-Outcome"] == "in_progress"
+    assert first.headers["X-Tasklease-Outcome"] == "processed"
+
+
+class _StuckRenewals(SwitchableStore):
+    """Renewals of run ``stuck`` block until released; others pass straight through."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryStore())
+        self.release = threading.Event()
+
+    def renew(self, run_id: str, attempt_id: str, lease: timedelta, now: Any) -> Any:
+        if run_id == "stuck":
+            self.release.wait(10)
+        return self.inner.renew(run_id, attempt_id, lease, now)
+
+
+def test_a_renewal_stuck_on_one_run_does_not_delay_another_runs_renewal() -> None:
+    store = _StuckRenewals()
+    stuck = context_for(store, run_id="stuck")
+    free = context_for(store, run_id="free")
+    first_expiry = free.lease_expires
+    keeper = LeaseKeeper(store, now)
+    try:
+        with keeper.kept(stuck, LEASE), keeper.kept(free, LEASE):
+            time.sleep(LEASE.total_seconds() * 0.8)  # Both were due at a third of the lease.
+            renewed = store.get("free")
+            assert renewed is not None
+            assert renewed.lease_expires > first_expiry, "run free was not renewed in time"
+            assert not free.lease_lost
+    finally:
+        store.release.set()
+
+
+def test_a_finished_execution_leaves_the_keeper_at_once() -> None:
+    store = MemoryStore()
+    keeper = LeaseKeeper(store, now)
+    ctx = context_for(store)
+    ctx.body = b"x" * 100_000
+    gone = weakref.ref(ctx)
+    with keeper.kept(ctx, LEASE):
+        assert keeper.kept_count == 1
+    assert keeper.kept_count == 0
+    del ctx
+    gc.collect()
+    assert gone() is None, "the keeper still holds the finished execution and its body"

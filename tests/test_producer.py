@@ -12,16 +12,20 @@ import pytest
 
 from producer import (
     EnqueueResult,
+    FanOutIncomplete,
     InvalidTask,
     MemoryTransport,
     PermanentEnqueueError,
     Producer,
     RetryPolicy,
+    TaskRequest,
     TransientEnqueueError,
     task_id,
 )
 from tests.fake_cloud_tasks import FakeCloudTasks
+from tests.helpers import job_headers
 from worker import Router, TaskContext, create_app
+from worker.stores import MemoryStore
 
 WORKER = "https://worker-xyz.a.run.app"
 SA = "tasks@p.iam.gserviceaccount.com"
@@ -310,3 +314,62 @@ def test_memory_transport_delivers_to_a_worker_in_the_users_own_tests() -> None:
     assert queue.pending() == []
     assert sent == [42]
     assert task.deliveries == 2
+
+
+class _FlakyTransport(MemoryTransport):
+    """Refuses the creates whose task ids are in ``failing`` (a permanent error)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing: set[str] = set()
+
+    def create_task(self, task: TaskRequest, timeout: float) -> None:
+        if task.task_id in self.failing:
+            raise PermanentEnqueueError(f"refused {task.task_id}")
+        super().create_task(task, timeout)
+
+
+def test_fan_out_that_loses_children_raises_and_its_retry_creates_only_those() -> None:
+    transport = _FlakyTransport()
+    producer = Producer("p", "l", "q", "http://127.0.0.1:1", transport=transport)
+    run = Run("c" * 64)
+    items = [(f"customer-{n}", {"customer": n}) for n in range(10)]
+    transport.failing = {task_id("send_report", f"{run.run_id}/customer-3")}
+    transport.failing.add(task_id("send_report", f"{run.run_id}/customer-7"))
+    with pytest.raises(FanOutIncomplete) as raised:
+        producer.fan_out(run, "send_report", items)
+    assert raised.value.failed_keys == ["customer-3", "customer-7"]
+    assert "customer-3, customer-7" in str(raised.value)
+    assert sum(r.created for r in raised.value.results) == 8  # Every other child was tried.
+    transport.failing = set()
+    retry = producer.fan_out(run, "send_report", items)
+    created = [item for (item, _), result in zip(items, retry, strict=True) if result.created]
+    assert created == ["customer-3", "customer-7"]
+    assert len(transport.tasks) == 10
+
+
+def test_a_scheduled_run_whose_fan_out_failed_is_released_and_completed_by_its_retry() -> None:
+    transport = _FlakyTransport()
+    producer = Producer("p", "l", "q", "http://127.0.0.1:1", transport=transport)
+    router = Router()
+
+    @router.scheduled("nightly")
+    def nightly(ctx: TaskContext) -> int:
+        return len(producer.fan_out(ctx, "send_report", [(str(n), {"n": n}) for n in range(5)]))
+
+    app = create_app(router, store=MemoryStore(), auth="none")
+    original = transport.create_task
+    calls = {"n": 0}
+
+    def fail_third(task: TaskRequest, timeout: float) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise PermanentEnqueueError("queue refused one child")
+        original(task, timeout)
+
+    transport.create_task = fail_third  # type: ignore[method-assign]
+    first = app.test_client().post("/jobs/nightly", headers=job_headers())
+    assert (first.status_code, first.headers["X-Tasklease-Outcome"]) == (500, "released")
+    retry = app.test_client().post("/jobs/nightly", headers=job_headers())
+    assert retry.headers["X-Tasklease-Outcome"] == "processed"
+    assert len(transport.tasks) == 5

@@ -11,7 +11,7 @@ from google.api_core import exceptions as api
 
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.helpers import T0, claim_request, task_headers
-from tests.store_contract import LEASE, CrossProcessContract, StoreContract
+from tests.store_contract import EXPIRED, LEASE, CrossProcessContract, StoreContract
 from worker import Router, create_app
 from worker.errors import StoreUnavailable
 from worker.records import RunStatus, Verdict
@@ -57,8 +57,8 @@ def test_stale_attempt_in_another_process_cannot_finish(firestore_host: str | No
     collection = unique_collection()
     stale, fresh = new_store(collection), new_store(collection)
     stale.claim(claim_request(), T0)
-    fresh.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE)
-    assert not stale.complete("run-1", "attempt-1", "stale", T0 + LEASE)
+    fresh.claim(claim_request(attempt_id="attempt-2"), T0 + EXPIRED)
+    assert not stale.complete("run-1", "attempt-1", '"stale"', T0 + EXPIRED)
     assert fresh.get("run-1").attempt_id == "attempt-2"  # type: ignore[union-attr]
 
 
@@ -93,7 +93,7 @@ def counted(firestore_host: str | None) -> tuple[FirestoreStore, RpcCounter]:
 def test_first_execution_costs_two_rpcs(counted: tuple[FirestoreStore, RpcCounter]) -> None:
     store, rpcs = counted
     assert store.claim(claim_request(), T0).verdict is Verdict.CLAIMED
-    assert store.complete("run-1", "attempt-1", {"ok": True}, T0)
+    assert store.complete("run-1", "attempt-1", '{"ok":true}', T0)
     assert rpcs.take() == ["commit", "commit"]  # create(), then a conditional update().
 
 
@@ -112,7 +112,7 @@ def test_takeover_costs_three_rpcs_and_no_transaction(
     store, rpcs = counted
     store.claim(claim_request(), T0)
     rpcs.take()
-    claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE)
+    claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + EXPIRED)
     assert (claim.verdict, claim.took_over_from) == (Verdict.CLAIMED, "attempt-1")
     assert rpcs.take() == ["commit", "batch_get_documents", "commit"]
 
@@ -121,7 +121,7 @@ def test_renewal_costs_one_rpc(counted: tuple[FirestoreStore, RpcCounter]) -> No
     store, rpcs = counted
     store.claim(claim_request(), T0)
     rpcs.take()
-    assert store.renew("run-1", "attempt-1", T0 + LEASE * 2)
+    assert store.renew("run-1", "attempt-1", LEASE, T0 + LEASE)
     assert rpcs.take() == ["commit"]
 
 
@@ -215,7 +215,7 @@ def test_lost_update_time_race_rereads_and_still_finishes(
     store.claim(claim_request(), T0)
     # Our own renewal (another thread) moved the document on: the precondition fails once.
     document.fail("update", api.FailedPrecondition("update_time mismatch"))
-    assert store.complete("run-1", "attempt-1", "done", T0)
+    assert store.complete("run-1", "attempt-1", '"done"', T0)
     assert store.get("run-1").status is RunStatus.COMPLETED  # type: ignore[union-attr]
 
 
@@ -225,7 +225,7 @@ def test_update_retried_by_the_client_after_it_succeeded_counts_as_done(
     store, document = scripted
     store.claim(claim_request(), T0)
     document.fail("update", api.FailedPrecondition("update_time mismatch"), after_running=True)
-    assert store.complete("run-1", "attempt-1", "done", T0)
+    assert store.complete("run-1", "attempt-1", '"done"', T0)
     assert store.get("run-1").result == "done"  # type: ignore[union-attr]
 
 
@@ -239,9 +239,9 @@ def test_takeover_race_lost_to_another_attempt_reads_its_claim(
     document.fail(
         "update",
         api.FailedPrecondition("update_time mismatch"),
-        before=lambda: rival.claim(claim_request(attempt_id="attempt-3"), T0 + LEASE),
+        before=lambda: rival.claim(claim_request(attempt_id="attempt-3"), T0 + EXPIRED),
     )
-    claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE)
+    claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + EXPIRED)
     assert claim.verdict is Verdict.IN_PROGRESS
     assert claim.record.attempt_id == "attempt-3"
 

@@ -29,7 +29,7 @@ class TestSqliteStore(StoreContract, CrossProcessContract):
 def test_completed_record_survives_reopening_the_file(tmp_path: Path) -> None:
     first = SqliteStore(tmp_path / "runs.db")
     first.claim(claim_request(), T0)
-    first.complete("run-1", "attempt-1", {"ok": 1}, T0)
+    first.complete("run-1", "attempt-1", '{"ok":1}', T0)
     first.close()
     claim = SqliteStore(tmp_path / "runs.db").claim(claim_request(attempt_id="attempt-2"), T0)
     assert claim.verdict is Verdict.COMPLETED

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
+import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,9 +15,11 @@ import pytest
 
 from tests.helpers import FakeClock, SwitchableStore, claim_request, job_headers, task_headers
 from worker import PermanentFailure, Router, TaskContext, create_app, execution
+from worker import constants as c
+from worker.errors import ConfigurationError
 from worker.identity import Kind, parse_identity
 from worker.records import RunStatus
-from worker.stores import MemoryStore
+from worker.stores import MemoryStore, SqliteStore
 
 
 class Shop:
@@ -150,7 +154,8 @@ def test_delivery_while_another_attempt_holds_the_lease_gets_409(
     assert response.status_code == 200
     assert nested[0].status_code == 409
     assert nested[0].headers["X-Tasklease-Outcome"] == "in_progress"
-    assert int(nested[0].headers["Retry-After"]) == 60
+    # Until the lease (60 s) plus the clock-skew bound have passed.
+    assert int(nested[0].headers["Retry-After"]) == 60 + c.MAX_CLOCK_SKEW.seconds
     assert shop.calls["send_receipt"] == 1
 
 
@@ -161,6 +166,8 @@ def test_expired_lease_is_taken_over_with_a_higher_fencing_token(
     store.claim(claim_request(run_id, "crashed-attempt"), clock())  # A worker that died.
     assert deliver(app).status_code == 409
     clock.advance(timedelta(minutes=5))
+    assert deliver(app).status_code == 409  # Within the clock-skew bound.
+    clock.advance(c.MAX_CLOCK_SKEW)
     response = deliver(app)
     assert response.headers["X-Tasklease-Outcome"] == "processed"
     assert shop.contexts[0].fencing_token == 2
@@ -420,12 +427,139 @@ def test_health_check_answers_without_touching_the_store(app: flask.Flask) -> No
     assert app.test_client().get("/healthz").json == {"status": "ok"}
 
 
-def test_a_result_that_is_not_json_is_replaced_by_a_note_in_store_and_answer(
+@pytest.mark.parametrize(
+    "result",
+    [{1, 2}, {1: "a", "b": 2}, float("nan")],
+    ids=["set", "int-and-str-keys", "nan"],
+)
+def test_a_result_json_cannot_encode_is_a_clear_failure_not_a_500(
+    app: flask.Flask, shop: Shop, store: SwitchableStore, result: Any
+) -> None:
+    shop.behaviour = lambda payload, ctx: result
+    for _ in range(3):  # The first delivery and every duplicate.
+        response = deliver(app)
+        assert response.status_code == 200
+        assert response.json is not None
+        assert "not JSON-serialisable" in (response.json.get("error") or response.json["message"])
+    record = store.get(response.headers["X-Tasklease-Run-Id"])
+    assert record is not None
+    assert record.status is RunStatus.FAILED
+    assert shop.calls["send_receipt"] == 1
+
+
+def test_first_answer_and_every_duplicate_carry_the_same_result_bytes(
     app: flask.Flask, shop: Shop, store: SwitchableStore
 ) -> None:
-    shop.behaviour = lambda payload, ctx: {1, 2}  # A set: not JSON-serialisable.
-    response = deliver(app)
-    assert response.status_code == 200
-    note = response.json["result"]["tasklease_result_dropped"]
-    assert "not JSON-serialisable" in note
-    assert store.get(response.headers["X-Tasklease-Run-Id"]).result == response.json["result"]  # type: ignore[union-attr]
+    shop.behaviour = lambda payload, ctx: {"z": [1, 2.5, "é"], "a": {"nested": None}}
+    first = deliver(app)
+    again = deliver(app)
+    assert first.headers["X-Tasklease-Outcome"] == "processed"
+    assert again.headers["X-Tasklease-Outcome"] == "duplicate"
+    stored = store.get(first.headers["X-Tasklease-Run-Id"])
+    assert stored is not None
+    result_bytes = stored.result_json
+    assert result_bytes is not None
+    assert f'"result":{result_bytes}}}'.encode() in first.data
+    assert f'"result":{result_bytes}}}'.encode() in again.data
+    expected = {"a": {"nested": None}, "z": [1, 2.5, "é"]}
+    assert first.json["result"] == again.json["result"] == expected  # type: ignore[index]
+
+
+def test_a_manual_run_does_not_consume_the_next_scheduled_run(
+    app: flask.Flask, shop: Shop, store: SwitchableStore, clock: FakeClock, caplog: Any
+) -> None:
+    # `gcloud scheduler jobs run` at 12:00 sends the next slot's time, 13:00 (platform-facts).
+    next_slot = "2026-10-16T13:00:00Z"
+    caplog.set_level(logging.INFO, logger="tasklease")
+    manual = deliver(app, job_headers(schedule_time=next_slot), path="/jobs/nightly")
+    assert manual.headers["X-Tasklease-Outcome"] == "processed"
+    retried = deliver(app, job_headers(schedule_time=next_slot), path="/jobs/nightly")
+    assert retried.headers["X-Tasklease-Outcome"] == "duplicate"  # Its retries stay one run.
+    record = store.get(manual.headers["X-Tasklease-Run-Id"])
+    assert record is not None
+    assert record.identity["trigger"] == "manual"
+    lines = [r for r in caplog.records if getattr(r, "tasklease", {}).get("trigger") == "manual"]
+    assert lines, "the manual run's log line does not say it was manual"
+    clock.advance(timedelta(hours=1))  # The slot itself comes.
+    scheduled = deliver(app, job_headers(schedule_time=next_slot), path="/jobs/nightly")
+    assert scheduled.headers["X-Tasklease-Outcome"] == "processed"
+    assert scheduled.headers["X-Tasklease-Run-Id"] != manual.headers["X-Tasklease-Run-Id"]
+    assert shop.calls["nightly"] == 2
+
+
+def test_manual_run_margin_is_a_router_and_handler_setting(clock: FakeClock) -> None:
+    router = Router(manual_run_margin=timedelta(hours=2))
+    ran: list[str] = []
+
+    @router.scheduled("hourly")
+    def hourly(ctx: TaskContext) -> None:
+        ran.append("router")
+
+    @router.scheduled("tight", manual_run_margin=timedelta(seconds=5))
+    def tight(ctx: TaskContext) -> None:
+        ran.append("tight")
+
+    app = create_app(router, store=MemoryStore(), auth="none", clock=clock)
+    early = job_headers(job="hourly", schedule_time="2026-10-16T13:00:00Z")
+    run = deliver(app, early, path="/jobs/hourly")
+    assert (
+        parse_identity(  # Within the router's 2 h margin: the slot's own run.
+            Kind.SCHEDULER, "hourly", lambda n: [early[n]] if n in early else [], {}
+        ).run_id
+        == run.headers["X-Tasklease-Run-Id"]
+    )
+    tight_headers = job_headers(job="tight", schedule_time="2026-10-16T12:00:10Z")
+    tight_run = deliver(app, tight_headers, path="/jobs/tight")
+    assert tight_run.headers["X-Tasklease-Outcome"] == "processed"
+    assert (
+        parse_identity(
+            Kind.SCHEDULER, "tight", lambda n: [tight_headers[n]] if n in tight_headers else [], {}
+        ).run_id
+        != tight_run.headers["X-Tasklease-Run-Id"]
+    )
+
+
+def test_a_claim_that_waited_on_a_locked_sqlite_file_holds_a_fresh_lease(
+    tmp_path: Any,
+) -> None:
+    router = Router()
+    nested: list[Any] = []
+    runs: list[str] = []
+    store = SqliteStore(tmp_path / "runs.db")
+
+    @router.task("brief", lease=timedelta(seconds=1))
+    def brief(payload: Any, ctx: TaskContext) -> None:
+        runs.append(ctx.attempt_id)
+        if len(runs) == 1:  # A retry arriving as soon as the claim is granted.
+            nested.append(app.test_client().post("/tasks/brief", headers=task_headers(retry=1)))
+
+    app = create_app(router, store=store, auth="none")
+    store.get("warm-up")  # Create the file and schema before locking it.
+    locker = sqlite3.connect(tmp_path / "runs.db", isolation_level=None, check_same_thread=False)
+    locker.execute("BEGIN IMMEDIATE")
+    unlock = threading.Timer(2.5, lambda: locker.execute("COMMIT"))  # Longer than lease + skew.
+    unlock.start()
+    try:
+        first = app.test_client().post("/tasks/brief", headers=task_headers())
+    finally:
+        unlock.join()
+        locker.close()
+    assert first.headers["X-Tasklease-Outcome"] == "processed"
+    assert nested[0].headers["X-Tasklease-Outcome"] == "in_progress"
+    assert len(runs) == 1
+
+
+@pytest.mark.parametrize("store_url", ["memory://", "sqlite:///runs.db"])
+def test_a_local_store_on_cloud_run_refuses_to_start(
+    shop: Shop, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, store_url: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("K_SERVICE", "worker")
+    monkeypatch.delenv("TASKLEASE_ALLOW_LOCAL_STORE", raising=False)
+    with pytest.raises(ConfigurationError, match="TASKLEASE_STORE=firestore"):
+        create_app(shop.router, store=store_url, auth="none")
+    monkeypatch.setenv("TASKLEASE_ALLOW_LOCAL_STORE", "1")
+    assert create_app(shop.router, store=store_url, auth="none")
+    monkeypatch.delenv("K_SERVICE")
+    monkeypatch.delenv("TASKLEASE_ALLOW_LOCAL_STORE")
+    assert create_app(shop.router, store=store_url, auth="none")

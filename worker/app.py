@@ -14,7 +14,7 @@ from worker.execution import Clock, Delivery, Executor, Reply, utc_now
 from worker.identity import HeaderLookup, Kind
 from worker.logs import configure_logging
 from worker.router import Router
-from worker.stores import LeaseStore, store_from_url
+from worker.stores import LeaseStore, check_store_is_shared, store_from_url
 
 _log = logging.getLogger("tasklease.app")
 
@@ -46,6 +46,7 @@ def create_app(
     configure_logging()
     if not isinstance(store, LeaseStore):
         store = store_from_url(store)
+    check_store_is_shared(store)
     authenticator = authenticator_for(auth)
     if isinstance(authenticator, OidcAuth):
         authenticator.check_configuration(router)
@@ -133,8 +134,7 @@ def _public_url(request: flask.Request) -> str:
 
 
 def _respond(reply: Reply) -> flask.Response:
-    response = flask.jsonify(reply.body())
-    response.status_code = reply.status
+    response = flask.Response(reply.body_bytes(), reply.status, mimetype="application/json")
     response.headers.update(reply.headers())
     if reply.status == 405:
         response.headers["Allow"] = "POST"

@@ -40,6 +40,8 @@ ENV_ALLOWED_SERVICE_ACCOUNTS = "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS"
 ENV_AUDIENCE = "TASKLEASE_AUDIENCE"
 ENV_OIDC_CERTS_URL = "TASKLEASE_OIDC_CERTS_URL"
 ENV_OIDC_ISSUERS = "TASKLEASE_OIDC_ISSUERS"
+ENV_ALLOW_LOCAL_STORE = "TASKLEASE_ALLOW_LOCAL_STORE"
+ENV_CLOUD_RUN_SERVICE = "K_SERVICE"  # Set by Cloud Run on every instance (platform-facts.md).
 
 DEFAULT_STORE_URL = "sqlite:///tasklease-runs.db"
 
@@ -54,6 +56,16 @@ MAX_HEADER_VALUE_LENGTH = 1024  # No identity header Google sends comes near thi
 DEFAULT_LEASE = timedelta(minutes=5)
 DEFAULT_RETENTION = timedelta(days=7)  # Must outlive the queue's retry window.
 MIN_LEASE = timedelta(seconds=1)
+
+# The largest disagreement between two instances' wall clocks that the lease tolerates: an
+# expired lease is taken over only once the taker's clock is this far past its expiry, so an
+# instance whose clock runs up to this much ahead cannot start a run its holder still runs.
+# Cloud Run instances are NTP-synchronised to well under this.
+MAX_CLOCK_SKEW = timedelta(seconds=1)
+
+# A scheduler delivery whose schedule time is this far after its arrival is a manual run
+# (`gcloud scheduler jobs run` sends the *next* slot's time, well before it): platform-facts.md.
+DEFAULT_MANUAL_RUN_MARGIN = timedelta(seconds=60)
 
 # Stored result and error text are capped so records stay small (Firestore documents: 1 MiB).
 MAX_RESULT_BYTES = 32 * 1024

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -40,6 +42,9 @@ class TaskContext:
     project: str | None = None
     location: str | None = None
     _lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    # time.monotonic() at which the lease this attempt last confirmed runs out, counted from
+    # before the store call that confirmed it, so never later than the lease the store holds.
+    _deadline: float = field(default=math.inf, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -48,14 +53,39 @@ class TaskContext:
 
     @property
     def lease_lost(self) -> bool:
-        """True once a renewal found that another attempt took the run over."""
-        return self._lost.is_set()
+        """True once a renewal found the run taken over, or once the lease this attempt last
+        confirmed has run out by the local monotonic clock, whatever the store would say: an
+        instance cut off from its store must stop before another may take the run over."""
+        if self._lost.is_set():
+            return True
+        if time.monotonic() >= self._deadline:
+            self._lost.set()  # Lost for good: a later renewal cannot undo a possible takeover.
+            return True
+        return False
+
+    @property
+    def lease_seconds_left(self) -> float:
+        """Seconds until the confirmed lease runs out by the local clock (0 once lost)."""
+        if self.lease_lost:
+            return 0.0
+        return max(0.0, self._deadline - time.monotonic())
+
+    @property
+    def lease_deadline(self) -> float:
+        """The ``time.monotonic()`` at which the confirmed lease runs out (inf: unconfirmed)."""
+        return self._deadline
+
+    def confirm_lease(self, lease_expires: datetime, deadline: float) -> None:
+        """Record a claim or renewal the store confirmed; ``deadline`` is in monotonic time."""
+        self.lease_expires = lease_expires
+        self._deadline = deadline
 
     def check_lease(self) -> None:
-        """Raise :class:`LeaseLost` if the run was taken over; call it between steps."""
+        """Raise :class:`LeaseLost` if the lease is lost; call it between steps."""
         if self.lease_lost:
             raise LeaseLost(
-                f"run {self.run_id} was taken over; attempt {self.attempt_id} must stop"
+                f"run {self.run_id}: attempt {self.attempt_id} lost its lease (taken over, or "
+                "not renewed in time) and must stop"
             )
 
     def mark_lease_lost(self) -> None:

@@ -19,15 +19,27 @@ def is_live(record: RunRecord | None, now: datetime) -> bool:
     return record is not None and record.expire_at > now
 
 
-def decide(record: RunRecord | None, now: datetime) -> Verdict:
-    """What a delivery finding ``record`` at ``now`` may do."""
+def lease_held(record: RunRecord, now: datetime) -> bool:
+    """Whether the holder of an in-progress ``record`` may still be running at ``now``.
+
+    The lease counts as held until ``MAX_CLOCK_SKEW`` past its expiry: the expiry was written
+    from the holder's clock, ``now`` is read from ours, and the two may disagree by that much.
+    """
+    return record.status is RunStatus.IN_PROGRESS and record.lease_expires + c.MAX_CLOCK_SKEW > now
+
+
+def decide(record: RunRecord | None, now: datetime, caller: str | None = None) -> Verdict:
+    """What a delivery from ``caller`` finding ``record`` at ``now`` may do."""
     if record is None or not is_live(record, now):
         return Verdict.CLAIMED
+    if record.caller is not None and record.caller != caller:
+        # The run belongs to another principal: it may neither run it, nor read its result.
+        return Verdict.FORBIDDEN
     if record.status is RunStatus.COMPLETED:
         return Verdict.COMPLETED
     if record.status is RunStatus.FAILED:
         return Verdict.FAILED
-    if record.status is RunStatus.IN_PROGRESS and record.lease_expires > now:
+    if lease_held(record, now):
         return Verdict.IN_PROGRESS
     return Verdict.CLAIMED  # Released, or the holder's lease expired: take it over.
 
@@ -38,7 +50,7 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
     The fencing token and the attempt count carry over from any earlier record, expired or
     not, so a token never repeats for one run.
     """
-    verdict = decide(record, now)
+    verdict = decide(record, now, request.caller)
     if verdict is not Verdict.CLAIMED:
         assert record is not None
         return Claim(verdict, record)
@@ -60,6 +72,7 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
         expire_at=max(now + request.retention, lease_expires),
         claimed_at=now,
         identity=dict(request.identity),
+        caller=request.caller,
     )
     return Claim(Verdict.CLAIMED, claimed, took_over_from=previous_holder)
 
@@ -73,6 +86,17 @@ def holds(record: RunRecord | None, attempt_id: str) -> bool:
     )
 
 
+def finished_by(record: RunRecord | None, attempt_id: str, status: RunStatus | None) -> bool:
+    """Whether ``record`` shows that ``attempt_id`` already finished the run with ``status``:
+    a finish whose write landed although its call failed, now being retried."""
+    return (
+        status is not None
+        and record is not None
+        and record.attempt_id == attempt_id
+        and record.status is status
+    )
+
+
 def renewed(record: RunRecord, lease_expires: datetime) -> RunRecord:
     """The record with its lease extended; retention never ends before the lease."""
     return record.replace(
@@ -80,9 +104,9 @@ def renewed(record: RunRecord, lease_expires: datetime) -> RunRecord:
     )
 
 
-def completed(record: RunRecord, result: Any, now: datetime) -> RunRecord:
-    """The record of a successful run, keeping the handler's (capped) result."""
-    return record.replace(status=RunStatus.COMPLETED, finished_at=now, result=cap_result(result))
+def completed(record: RunRecord, result_json: str | None, now: datetime) -> RunRecord:
+    """The record of a successful run, keeping the handler's result as serialised JSON."""
+    return record.replace(status=RunStatus.COMPLETED, finished_at=now, result_json=result_json)
 
 
 def failed(record: RunRecord, error: str, payload: str | None, now: datetime) -> RunRecord:
@@ -105,12 +129,20 @@ def cap_text(text: str, limit: int = c.MAX_ERROR_CHARS) -> str:
     return text[: limit - len(marker)] + marker
 
 
-def cap_result(result: Any, limit: int = c.MAX_RESULT_BYTES) -> Any:
-    """The result if it serialises to at most ``limit`` bytes of JSON, else a note saying so."""
+def serialize_result(result: Any, limit: int = c.MAX_RESULT_BYTES) -> str | None:
+    """The handler's result as the JSON text stored and answered; None for None.
+
+    A result over ``limit`` bytes is replaced by a note saying so. Raises ``ValueError`` when
+    JSON cannot encode it (NaN, sets, keys that cannot be sorted, ...): keys are sorted so the
+    same result always gives the same bytes.
+    """
+    if result is None:
+        return None
     try:
-        encoded = json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return {"tasklease_result_dropped": f"not JSON-serialisable: {exc}"}
+        encoded = json.dumps(result, allow_nan=False, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"the handler's result is not JSON-serialisable: {exc}") from None
     if len(encoded.encode()) > limit:
-        return {"tasklease_result_dropped": f"{len(encoded)} bytes of JSON, over {limit}"}
-    return result
+        note = {"tasklease_result_dropped": f"{len(encoded)} bytes of JSON, over {limit}"}
+        return json.dumps(note, sort_keys=True, separators=(",", ":"))
+    return encoded

@@ -18,7 +18,7 @@ from worker.auth import Authenticator, AuthRequest
 from worker.context import TaskContext
 from worker.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
 from worker.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
-from worker.lease import LeaseKeeper
+from worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from worker.logs import instance_id, log_execution
 from worker.outcome import Outcome
 from worker.records import ClaimRequest, RunRecord, Verdict
@@ -26,6 +26,7 @@ from worker.router import HandlerSpec, Router
 from worker.stores.base import LeaseStore
 
 Clock = Callable[[], datetime]
+_log = logging.getLogger("tasklease.execution")
 
 # A finish (complete/fail/release) the store refuses is retried after these pauses: the handler
 # already ran, so recording how it ended is worth a short wait.
@@ -62,14 +63,33 @@ class Reply:
     run_id: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
     retry_after: int | None = None
+    # The run's result as stored: JSON text spliced into the body as it is, so the first
+    # answer and every duplicate's carry the same bytes.
+    result_json: str | None = None
 
     def body(self) -> dict[str, Any]:
-        return {
+        """The answer as a mapping (the result decoded), for programs and tests."""
+        body = {
             "outcome": self.outcome.value,
             "message": self.message,
             "run_id": self.run_id,
             **self.details,
         }
+        if self.result_json is not None:
+            body["result"] = json.loads(self.result_json)
+        return body
+
+    def body_bytes(self) -> bytes:
+        """The JSON answer: the envelope, then the stored result's own bytes."""
+        envelope = json.dumps(
+            {"outcome": self.outcome.value, "message": self.message, "run_id": self.run_id}
+            | self.details,
+            separators=(",", ":"),
+            default=str,
+        )
+        if self.result_json is None:
+            return envelope.encode()
+        return f'{envelope[:-1]},"result":{self.result_json}}}'.encode()
 
     def headers(self) -> dict[str, str]:
         headers = {c.OUTCOME_HEADER: self.outcome.value}
@@ -152,14 +172,21 @@ class Executor:
                 delivery.query,
                 project_header=self.project_header,
                 location_header=self.location_header,
+                received_at=self.clock(),
+                manual_run_margin=spec.manual_run_margin,
             )
         except InvalidDelivery as exc:
             return Reply(400, Outcome.REJECTED, str(exc))
         log.update(_identity_fields(identity))
-        return self._claim_and_run(spec, identity, delivery.body, log)
+        return self._claim_and_run(spec, identity, delivery.body, log, auth.principal)
 
     def _claim_and_run(
-        self, spec: HandlerSpec, identity: DeliveryIdentity, body: bytes, log: dict[str, Any]
+        self,
+        spec: HandlerSpec,
+        identity: DeliveryIdentity,
+        body: bytes,
+        log: dict[str, Any],
+        caller: str | None,
     ) -> Reply:
         run_id = identity.run_id
         request = ClaimRequest(
@@ -170,18 +197,17 @@ class Executor:
             lease=spec.lease,
             retention=spec.retention,
             identity=identity.fields(),
+            caller=caller,
         )
+        asked_at, asked = self.clock(), time.monotonic()
         try:
-            claim = self.store.claim(request, self.clock())
+            claim = self.store.claim(request, self.clock)
         except StoreUnavailable as exc:
-            return Reply(
-                503,
-                Outcome.UNAVAILABLE,
-                f"lease store unavailable: {exc}",
-                run_id,
-                retry_after=c.STORE_UNAVAILABLE_RETRY_AFTER,
-            )
+            return _store_unavailable(f"lease store unavailable: {exc}", run_id)
         record = claim.record
+        if claim.verdict is Verdict.FORBIDDEN:
+            # Say nothing of the run: not its status, result, attempts or owner.
+            return Reply(403, Outcome.FORBIDDEN, "this run belongs to another caller", run_id)
         log.update(
             attempt_id=record.attempt_id,
             attempt=record.attempts,
@@ -193,7 +219,8 @@ class Executor:
                 Outcome.DUPLICATE,
                 "already completed",
                 run_id,
-                {"status": record.status.value, "result": record.result},
+                {"status": record.status.value},
+                result_json=record.result_json,
             )
         if claim.verdict is Verdict.FAILED:
             return Reply(
@@ -204,7 +231,7 @@ class Executor:
                 {"status": record.status.value, "error": record.error},
             )
         if claim.verdict is Verdict.IN_PROGRESS:
-            remaining = (record.lease_expires - self.clock()).total_seconds()
+            remaining = (record.lease_expires + c.MAX_CLOCK_SKEW - self.clock()).total_seconds()
             return Reply(
                 409,
                 Outcome.IN_PROGRESS,
@@ -215,10 +242,19 @@ class Executor:
         if claim.took_over_from:
             log["took_over_from"] = claim.took_over_from
         ctx = _context(spec, identity, record, body)
+        ctx.confirm_lease(
+            record.lease_expires, local_deadline(record.lease_expires, asked_at, asked, spec.lease)
+        )
+        if ctx.lease_seconds_left < spec.lease.total_seconds() / RENEWALS_PER_LEASE:
+            # The lease would run out before its first renewal (a clock read long before the
+            # store wrote it): running the handler now could overlap a takeover.
+            self._give_back(ctx, "the claim took too long; lease store overloaded")
+            return _store_unavailable("the lease store took too long to grant the claim", run_id)
         return self._run(spec, ctx, body)
 
     def _run(self, spec: HandlerSpec, ctx: TaskContext, body: bytes) -> Reply:
         if spec.max_attempts is not None and ctx.attempt > spec.max_attempts:
+            # Only reached through a claim: every earlier attempt's lease had run out.
             error = f"gave up after {spec.max_attempts} attempts (max_attempts)"
             return self._fail(ctx, error, body)
         payload: Any = None
@@ -236,6 +272,7 @@ class Executor:
         except PermanentFailure as exc:
             return self._fail(ctx, f"PermanentFailure: {exc}", body)
         except LeaseLost as exc:
+            self._give_back(ctx, f"LeaseLost: {exc}")
             return Reply(409, Outcome.LOST_CLAIM, str(exc), ctx.run_id)
         except Exception as exc:
             logging.getLogger("tasklease.handler").exception(
@@ -244,7 +281,7 @@ class Executor:
             error = f"{type(exc).__name__}: {exc}"
             return self._finish(
                 ctx,
-                lambda: self.store.release(ctx.run_id, ctx.attempt_id, error, self.clock()),
+                lambda: self.store.release(ctx.run_id, ctx.attempt_id, error, self.clock),
                 Reply(
                     500,
                     Outcome.RELEASED,
@@ -252,25 +289,41 @@ class Executor:
                     ctx.run_id,
                 ),
             )
-        # Capped once here, for the store and the answer alike (the store's own cap is then a
-        # no-op that keeps direct callers safe).
-        kept = decisions.cap_result(result)
+        try:
+            # Serialised once, here: the store keeps these bytes and every answer sends them.
+            result_json = decisions.serialize_result(result)
+        except ValueError as exc:
+            # The handler's effects happened: a retry must not repeat them. A dead letter
+            # with the reason, not a 500 on every delivery.
+            return self._fail(ctx, str(exc), body)
         return self._finish(
             ctx,
-            lambda: self.store.complete(ctx.run_id, ctx.attempt_id, kept, self.clock()),
-            Reply(200, Outcome.PROCESSED, "processed", ctx.run_id, {"result": kept}),
+            lambda: self.store.complete(ctx.run_id, ctx.attempt_id, result_json, self.clock),
+            Reply(200, Outcome.PROCESSED, "processed", ctx.run_id, result_json=result_json),
         )
+
+    def _give_back(self, ctx: TaskContext, error: str) -> None:
+        """Release a claim this attempt will not use, if it still holds it (best effort: a
+        lease that runs out does the same, later)."""
+        try:
+            self.store.release(ctx.run_id, ctx.attempt_id, error, self.clock)
+        except StoreUnavailable:
+            _log.warning("run %s: could not release attempt %s", ctx.run_id, ctx.attempt_id)
 
     def _fail(self, ctx: TaskContext, error: str, body: bytes) -> Reply:
         payload = body.decode("utf-8", errors="backslashreplace")
         return self._finish(
             ctx,
-            lambda: self.store.fail(ctx.run_id, ctx.attempt_id, error, self.clock(), payload),
+            lambda: self.store.fail(ctx.run_id, ctx.attempt_id, error, self.clock, payload),
             Reply(200, Outcome.FAILED, error, ctx.run_id, {"status": "failed"}),
         )
 
     def _finish(self, ctx: TaskContext, write: Callable[[], bool], reply: Reply) -> Reply:
-        """Record how the execution ended, only while this attempt still holds the claim."""
+        """Record how the execution ended, only while this attempt still holds the claim.
+
+        A retried write that finds its own earlier try landed counts as done (the store
+        recognises it by attempt id).
+        """
         for pause in (*FINISH_RETRY_PAUSES, None):
             try:
                 held = write()
@@ -278,12 +331,10 @@ class Executor:
             except StoreUnavailable as exc:
                 if pause is None:
                     # The record stays in progress until its lease expires; then a retry runs.
-                    return Reply(
-                        503,
-                        Outcome.UNRECORDED,
+                    return _store_unavailable(
                         f"could not record the outcome ({reply.outcome.value}): {exc}",
                         ctx.run_id,
-                        retry_after=c.STORE_UNAVAILABLE_RETRY_AFTER,
+                        Outcome.UNRECORDED,
                     )
                 time.sleep(pause)
         if not held:
@@ -297,6 +348,12 @@ class Executor:
                 ctx.run_id,
             )
         return reply
+
+
+def _store_unavailable(
+    message: str, run_id: str | None, outcome: Outcome = Outcome.UNAVAILABLE
+) -> Reply:
+    return Reply(503, outcome, message, run_id, retry_after=c.STORE_UNAVAILABLE_RETRY_AFTER)
 
 
 def decode_payload(body: bytes) -> Any:
@@ -341,6 +398,7 @@ def _context(
 
 def _identity_fields(identity: DeliveryIdentity) -> dict[str, Any]:
     fields: dict[str, Any] = identity.fields()
+    fields["trigger"] = identity.trigger
     if identity.kind is Kind.TASK:
         fields.update(retry_count=identity.retry_count, execution_count=identity.execution_count)
     return fields

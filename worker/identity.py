@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TypeVar
 
@@ -57,6 +57,7 @@ class DeliveryIdentity:
     task_name: str | None = None
     job_name: str | None = None
     schedule_time: datetime | None = None
+    manual: bool = False  # A manual Scheduler run ("jobs run", "Force run"), not the slot's.
     # Per-attempt fields, informational only.
     retry_count: int | None = None
     execution_count: int | None = None
@@ -72,6 +73,10 @@ class DeliveryIdentity:
         else:
             assert self.schedule_time is not None
             parts = [self.job_name or "", _rfc3339(self.schedule_time)]
+            if self.manual:
+                # Its own run, derived from the slot it names, so its retries stay one run
+                # while the slot's own delivery still runs.
+                parts.append("manual")
         return "/".join(
             [self.kind.value, self.project or "", self.location or "", self.handler, *parts]
         )
@@ -80,6 +85,13 @@ class DeliveryIdentity:
     def run_id(self) -> str:
         """A fixed-length hash of :attr:`key`; document ids and logs use it."""
         return hashlib.sha256(self.key.encode()).hexdigest()
+
+    @property
+    def trigger(self) -> str:
+        """``manual`` for a manual Scheduler run, else ``scheduled`` (or ``task``)."""
+        if self.kind is Kind.TASK:
+            return "task"
+        return "manual" if self.manual else "scheduled"
 
     def fields(self) -> dict[str, str]:
         """The stable identity fields as strings, for the run record."""
@@ -90,6 +102,7 @@ class DeliveryIdentity:
             "task_name": self.task_name,
             "job_name": self.job_name,
             "schedule_time": _rfc3339(self.schedule_time) if self.schedule_time else None,
+            "trigger": self.trigger if self.kind is Kind.SCHEDULER else None,
         }
         return {name: value for name, value in raw.items() if value is not None}
 
@@ -102,8 +115,15 @@ def parse_identity(
     *,
     project_header: str = c.PROJECT_HEADER,
     location_header: str = c.LOCATION_HEADER,
+    received_at: datetime | None = None,
+    manual_run_margin: timedelta = c.DEFAULT_MANUAL_RUN_MARGIN,
 ) -> DeliveryIdentity:
-    """Build the identity of a delivery, or raise :class:`InvalidDelivery` saying why."""
+    """Build the identity of a delivery, or raise :class:`InvalidDelivery` saying why.
+
+    A Scheduler delivery whose schedule time is more than ``manual_run_margin`` after
+    ``received_at`` is a manual run: Cloud Scheduler sends the *next* slot's time with a manual
+    run (platform-facts.md), and that slot's own delivery must still run.
+    """
     project = _optional(header, project_header, _matching(_PROJECT)) or _query(
         query, c.PROJECT_QUERY, _PROJECT
     )
@@ -124,13 +144,15 @@ def parse_identity(
             previous_response=_optional(header, c.TASKS_PREVIOUS_RESPONSE, _status_code),
             retry_reason=_optional(header, c.TASKS_RETRY_REASON, _matching(_RETRY_REASON)),
         )
+    schedule_time = _required(header, c.SCHEDULER_SCHEDULE_TIME, parse_rfc3339)
     return DeliveryIdentity(
         kind=kind,
         handler=handler,
         project=project,
         location=location,
         job_name=_required(header, c.SCHEDULER_JOB_NAME, _matching(_JOB_NAME)),
-        schedule_time=_required(header, c.SCHEDULER_SCHEDULE_TIME, parse_rfc3339),
+        schedule_time=schedule_time,
+        manual=received_at is not None and schedule_time - received_at > manual_run_margin,
     )
 
 

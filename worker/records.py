@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -25,6 +26,7 @@ class Verdict(StrEnum):
     COMPLETED = "completed"  # Done before: answer 200 with the stored result.
     FAILED = "failed"  # Failed permanently before: answer 200, do not run.
     IN_PROGRESS = "in_progress"  # Another attempt holds an unexpired lease: answer 409.
+    FORBIDDEN = "forbidden"  # The run belongs to another caller: answer 403, reveal nothing.
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,17 @@ class RunRecord:
     claimed_at: datetime
     identity: dict[str, str] = field(default_factory=dict)
     finished_at: datetime | None = None
-    result: Any = None  # The handler's JSON-serialisable return value.
+    # The handler's return value as JSON text, serialised once when the run completed, so the
+    # first answer and every duplicate's carry the same bytes on every store.
+    result_json: str | None = None
     error: str | None = None
     payload: str | None = None  # Kept on failed runs so they can be inspected and replayed.
+    caller: str | None = None  # The verified principal whose delivery created the run.
+
+    @property
+    def result(self) -> Any:
+        """The stored result, decoded (None if there is none)."""
+        return None if self.result_json is None else json.loads(self.result_json)
 
     def replace(self, **changes: Any) -> RunRecord:
         """A copy with ``changes`` applied."""
@@ -63,6 +73,7 @@ class ClaimRequest:
     lease: timedelta
     retention: timedelta
     identity: dict[str, str] = field(default_factory=dict)
+    caller: str | None = None  # The verified principal, when authentication is on.
 
 
 @dataclass(frozen=True)

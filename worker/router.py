@@ -28,6 +28,7 @@ class HandlerSpec:
     max_attempts: int | None = None
     allowed_service_accounts: tuple[str, ...] | None = None
     audience: str | None = None
+    manual_run_margin: timedelta = c.DEFAULT_MANUAL_RUN_MARGIN
 
     @property
     def path(self) -> str:
@@ -49,9 +50,22 @@ class Router:
     - ``max_attempts``: after this many claims of one run, the run is recorded as failed
       without running again (a poison-message guard independent of the queue's settings).
     - ``allowed_service_accounts`` / ``audience``: override the app-wide OIDC settings.
+
+    Option of scheduled handlers (and of the router, as their default):
+
+    - ``manual_run_margin`` (default 60 s): a delivery whose schedule time lies more than this
+      after its arrival is a manual run (``gcloud scheduler jobs run`` or the Console's "Force
+      run" send the *next* slot's time, well before it). It runs as a run of its own, derived
+      from that slot, so its retries stay one run and the slot's own delivery still runs
+      when it comes. Keep it well below the job's interval: for a job firing every minute, a
+      manual run cannot be told apart from an early delivery of the next slot, and counts as
+      that slot's run.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, manual_run_margin: timedelta = c.DEFAULT_MANUAL_RUN_MARGIN) -> None:
+        if manual_run_margin < timedelta(0):
+            raise ConfigurationError("manual_run_margin must not be negative")
+        self.manual_run_margin = manual_run_margin
         self._handlers: dict[tuple[Kind, str], HandlerSpec] = {}
 
     def task(
@@ -66,7 +80,13 @@ class Router:
     ) -> Callable[[_F], _F]:
         """Register ``handler(payload, ctx)`` at ``POST /tasks/<name>`` (default: its name)."""
         return self._decorator(
-            Kind.TASK, name, lease, retention, max_attempts, allowed_service_accounts, audience
+            Kind.TASK,
+            name,
+            lease=lease,
+            retention=retention,
+            max_attempts=max_attempts,
+            allowed_service_accounts=allowed_service_accounts,
+            audience=audience,
         )
 
     def scheduled(
@@ -78,10 +98,20 @@ class Router:
         max_attempts: int | None = None,
         allowed_service_accounts: Iterable[str] | None = None,
         audience: str | None = None,
+        manual_run_margin: timedelta | None = None,
     ) -> Callable[[_F], _F]:
         """Register ``handler(ctx)`` at ``POST /jobs/<name>``, for a Cloud Scheduler job."""
         return self._decorator(
-            Kind.SCHEDULER, name, lease, retention, max_attempts, allowed_service_accounts, audience
+            Kind.SCHEDULER,
+            name,
+            lease=lease,
+            retention=retention,
+            max_attempts=max_attempts,
+            allowed_service_accounts=allowed_service_accounts,
+            audience=audience,
+            manual_run_margin=(
+                self.manual_run_margin if manual_run_margin is None else manual_run_margin
+            ),
         )
 
     def handler(self, kind: Kind, name: str) -> HandlerSpec | None:
@@ -94,30 +124,25 @@ class Router:
     def __len__(self) -> int:
         return len(self._handlers)
 
-    def _decorator(  # noqa: PLR0917 - private; mirrors the public decorators' options.
+    def _decorator(
         self,
         kind: Kind,
         name: str | None,
-        lease: timedelta,
-        retention: timedelta,
-        max_attempts: int | None,
+        *,
         allowed_service_accounts: Iterable[str] | None,
-        audience: str | None,
+        **options: Any,
     ) -> Callable[[_F], _F]:
         def register(function: _F) -> _F:
             spec = HandlerSpec(
                 kind=kind,
                 name=name or function.__name__,
                 function=function,
-                lease=lease,
-                retention=retention,
-                max_attempts=max_attempts,
                 allowed_service_accounts=(
                     tuple(allowed_service_accounts)
                     if allowed_service_accounts is not None
                     else None
                 ),
-                audience=audience,
+                **options,
             )
             self._add(spec)
             return function
@@ -133,6 +158,8 @@ class Router:
             raise ConfigurationError(f"{spec.name}: lease must be at least {c.MIN_LEASE}")
         if spec.retention <= spec.lease:
             raise ConfigurationError(f"{spec.name}: retention must be longer than the lease")
+        if spec.manual_run_margin < timedelta(0):
+            raise ConfigurationError(f"{spec.name}: manual_run_margin must not be negative")
         if spec.max_attempts is not None and spec.max_attempts < 1:
             raise ConfigurationError(f"{spec.name}: max_attempts must be at least 1")
         if (spec.kind, spec.name) in self._handlers:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -15,7 +16,37 @@ from worker.stores.sqlite import SqliteStore
 if TYPE_CHECKING:
     from worker.stores.firestore import FirestoreStore
 
-__all__ = ["FirestoreStore", "LeaseStore", "MemoryStore", "SqliteStore", "store_from_url"]
+__all__ = [
+    "FirestoreStore",
+    "LeaseStore",
+    "MemoryStore",
+    "SqliteStore",
+    "check_store_is_shared",
+    "store_from_url",
+]
+
+
+def check_store_is_shared(store: LeaseStore, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a store that lives on one instance's disk or memory where instances are many.
+
+    On Cloud Run (``K_SERVICE`` set) instances share no disk (platform-facts.md): with a
+    SQLite or in-memory store, two instances that each receive one duplicate would both run
+    it. ``TASKLEASE_ALLOW_LOCAL_STORE=1`` overrides this, e.g. for a service capped at one
+    instance that accepts losing its records on every restart.
+    """
+    environ = os.environ if environ is None else environ
+    if not isinstance(store, (MemoryStore, SqliteStore)):
+        return
+    service = environ.get(c.ENV_CLOUD_RUN_SERVICE)
+    if not service or environ.get(c.ENV_ALLOW_LOCAL_STORE) == "1":
+        return
+    raise ConfigurationError(
+        f"{store!r} keeps runs on this instance only, but this is Cloud Run service "
+        f"{service!r} ({c.ENV_CLOUD_RUN_SERVICE} is set), whose instances share no disk: a "
+        "duplicate reaching two instances would run twice. Set "
+        f"{c.ENV_STORE}=firestore://?collection=tasklease_runs (pip install "
+        f"'tasklease[firestore]'), or {c.ENV_ALLOW_LOCAL_STORE}=1 to accept the risk."
+    )
 
 
 def store_from_url(url: str | None = None) -> LeaseStore:

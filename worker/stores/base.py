@@ -4,17 +4,29 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from datetime import datetime
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import TypeVar
 
 from worker import decisions
 from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
 
 _T = TypeVar("_T")
 
+Moment = datetime | Callable[[], datetime]
+"""A time, or a clock that a store reads as late as it can: inside its atomic change, after any
+wait for a lock, so that a lease is never computed from a time read before a long wait."""
+
+Update = Callable[[RunRecord, datetime], RunRecord]
+"""Given the record an attempt holds and the time, returns the record to write."""
+
 Change = Callable[[RunRecord | None], tuple[RunRecord | None, _T]]
 """Given the stored record (or None), returns the record to write (None: write nothing) and a
 value for the caller."""
+
+
+def resolve(now: Moment) -> datetime:
+    """The time ``now`` stands for: itself, or the clock's reading at this moment."""
+    return now() if callable(now) else now
 
 
 class LeaseStore(ABC):
@@ -31,7 +43,9 @@ class LeaseStore(ABC):
 
     A backend may override :meth:`claim` and :meth:`_if_held` (which renew, complete, fail
     and release go through) with faster equivalents, as the Firestore store does with
-    single-document preconditions, as long as the contract tests still pass.
+    single-document preconditions, as long as the contract tests still pass. Either must
+    read a :data:`Moment` as late as it can, and must recognise its own earlier write when a
+    call that landed is retried (the stored attempt id says whose write it is).
 
     Concurrency: every method may be called from many threads, and a store built from the same
     configuration in several processes must behave as one store. Every method raises
@@ -58,43 +72,99 @@ class LeaseStore(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing to close.
         """Release connections. The store must not be used afterwards."""
 
-    def claim(self, request: ClaimRequest, now: datetime) -> Claim:
-        """Claim the run for ``request.attempt_id`` unless it is done or leased by another."""
+    def claim(self, request: ClaimRequest, now: Moment) -> Claim:
+        """Claim the run for ``request.attempt_id`` unless it is done or leased by another.
+
+        ``now`` is read inside the atomic change, after any wait for a lock, so a claim that
+        waited is not written with a lease the wait already used up.
+        """
 
         def change(record: RunRecord | None) -> tuple[RunRecord | None, Claim]:
-            outcome = decisions.claim(record, request, now)
+            outcome = decisions.claim(record, request, resolve(now))
             return (outcome.record if outcome.record is not record else None), outcome
 
         return self._read_modify_write(request.run_id, change)
 
-    def renew(self, run_id: str, attempt_id: str, lease_expires: datetime) -> bool:
-        """Extend the lease if ``attempt_id`` still holds the claim; False if it does not."""
-        return self._if_held(run_id, attempt_id, lambda r: decisions.renewed(r, lease_expires))
+    def renew(self, run_id: str, attempt_id: str, lease: timedelta, now: Moment) -> datetime | None:
+        """Extend the lease to ``now + lease`` if ``attempt_id`` still holds the claim.
 
-    def complete(self, run_id: str, attempt_id: str, result: Any, now: datetime) -> bool:
-        """Record success with ``result`` if ``attempt_id`` still holds the claim."""
-        return self._if_held(run_id, attempt_id, lambda r: decisions.completed(r, result, now))
+        Returns the new expiry, or None if the claim is gone.
+        """
+        record = self._if_held(
+            run_id, attempt_id, lambda r, at: decisions.renewed(r, at + lease), now, None
+        )
+        return None if record is None else record.lease_expires
+
+    def complete(self, run_id: str, attempt_id: str, result_json: str | None, now: Moment) -> bool:
+        """Record success with the serialised result if ``attempt_id`` still holds the claim."""
+        return self._finish(
+            run_id,
+            attempt_id,
+            lambda r, at: decisions.completed(r, result_json, at),
+            now,
+            RunStatus.COMPLETED,
+        )
 
     def fail(
-        self, run_id: str, attempt_id: str, error: str, now: datetime, payload: str | None = None
+        self, run_id: str, attempt_id: str, error: str, now: Moment, payload: str | None = None
     ) -> bool:
-        """Record a permanent failure (a dead letter) if ``attempt_id`` still holds the claim."""
-        return self._if_held(run_id, attempt_id, lambda r: decisions.failed(r, error, payload, now))
+        """Record a permanent failure (a dead letter) if ``attempt_id`` still holds the claim.
 
-    def release(self, run_id: str, attempt_id: str, error: str, now: datetime) -> bool:
+        ``payload`` is kept on the record so the run can be inspected and replayed.
+        """
+        return self._finish(
+            run_id,
+            attempt_id,
+            lambda r, at: decisions.failed(r, error, payload, at),
+            now,
+            RunStatus.FAILED,
+        )
+
+    def release(self, run_id: str, attempt_id: str, error: str, now: Moment) -> bool:
         """Give the claim back after a retryable failure, so the next delivery runs at once.
 
         The record stays (released) rather than being deleted, so the fencing token and the
         attempt count keep growing across attempts.
         """
-        return self._if_held(run_id, attempt_id, lambda r: decisions.released(r, error, now))
+        return self._finish(
+            run_id,
+            attempt_id,
+            lambda r, at: decisions.released(r, error, at),
+            now,
+            RunStatus.RELEASED,
+        )
+
+    def _finish(
+        self,
+        run_id: str,
+        attempt_id: str,
+        update: Update,
+        now: Moment,
+        status: RunStatus,
+    ) -> bool:
+        return self._if_held(run_id, attempt_id, update, now, status) is not None
 
     def _if_held(
-        self, run_id: str, attempt_id: str, update: Callable[[RunRecord], RunRecord]
-    ) -> bool:
-        def change(record: RunRecord | None) -> tuple[RunRecord | None, bool]:
+        self,
+        run_id: str,
+        attempt_id: str,
+        update: Update,
+        now: Moment,
+        finished: RunStatus | None,
+    ) -> RunRecord | None:
+        """Write ``update(record, now)`` if ``attempt_id`` holds the claim; return the record.
+
+        When the stored record shows that this attempt already finished the run with
+        ``finished`` (an earlier try of this very call landed, though its call failed), that
+        record is returned without writing. Otherwise None: the claim is gone.
+        """
+
+        def change(record: RunRecord | None) -> tuple[RunRecord | None, RunRecord | None]:
+            if decisions.finished_by(record, attempt_id, finished):
+                return None, record
             if record is None or not decisions.holds(record, attempt_id):
-                return None, False
-            return update(record), True
+                return None, None
+            written = update(record, resolve(now))
+            return written, written
 
         return self._read_modify_write(run_id, change)

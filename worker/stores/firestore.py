@@ -20,11 +20,10 @@ attempt id tells our write from another attempt's.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -36,7 +35,7 @@ from google.cloud import firestore
 from worker import decisions
 from worker.errors import StoreUnavailable
 from worker.records import Claim, ClaimRequest, RunRecord, RunStatus, Verdict
-from worker.stores.base import Change, LeaseStore
+from worker.stores.base import Change, LeaseStore, Moment, Update, resolve
 
 _T = TypeVar("_T")
 
@@ -119,11 +118,11 @@ class FirestoreStore(LeaseStore):
                     self._writes.clear()
         return self._client
 
-    def claim(self, request: ClaimRequest, now: datetime) -> Claim:
+    def claim(self, request: ClaimRequest, now: Moment) -> Claim:
         ref = self._document(request.run_id)
-        fresh = decisions.claim(None, request, now)
         with self._guard("claim a run"):
             for _ in range(MAX_ROUNDS):
+                fresh = decisions.claim(None, request, resolve(now))
                 try:
                     written = ref.create(_encode(fresh.record), **self._call)
                 except api.Aborted:
@@ -141,7 +140,7 @@ class FirestoreStore(LeaseStore):
                     # The client retried our create after its first try had succeeded.
                     self._remember(record, snapshot.update_time)
                     return Claim(Verdict.CLAIMED, record)
-                outcome = decisions.claim(record, request, now)
+                outcome = decisions.claim(record, request, resolve(now))
                 if outcome.verdict is not Verdict.CLAIMED:
                     return outcome
                 updated = self._update_if_unchanged(ref, outcome.record, snapshot.update_time)
@@ -151,33 +150,37 @@ class FirestoreStore(LeaseStore):
         raise StoreUnavailable(f"run {request.run_id}: too much contention to claim it")
 
     def _if_held(
-        self, run_id: str, attempt_id: str, update: Callable[[RunRecord], RunRecord]
-    ) -> bool:
+        self,
+        run_id: str,
+        attempt_id: str,
+        update: Update,
+        now: Moment,
+        finished: RunStatus | None,
+    ) -> RunRecord | None:
         ref = self._document(run_id)
         with self._lock:
             remembered = self._writes.get((run_id, attempt_id))
-        expected: RunRecord | None = None
         with self._guard("change a run"):
             for _ in range(MAX_ROUNDS):
                 if remembered is None:
                     snapshot = ref.get(**self._call)
                     if not snapshot.exists:
-                        return False
+                        return None
                     record = _decode(run_id, snapshot.to_dict())
-                    if expected is not None and _same_state(record, expected):
-                        # The client retried our write after its first try had succeeded.
-                        self._remember(record, snapshot.update_time)
-                        return True
+                    if decisions.finished_by(record, attempt_id, finished):
+                        # An earlier try of this finish landed, though its call failed.
+                        self._forget(run_id, attempt_id)
+                        return record
                     if not decisions.holds(record, attempt_id):
                         self._forget(run_id, attempt_id)
-                        return False
+                        return None
                     remembered = (snapshot.update_time, record)
                 update_time, record = remembered
-                expected = update(record)
+                expected = update(record, resolve(now))
                 written = self._update_if_unchanged(ref, expected, update_time)
                 if written is not None:
                     self._remember(expected, written)
-                    return True
+                    return expected
                 remembered = None  # Changed under us: read it and decide again.
         raise StoreUnavailable(f"run {run_id}: too much contention to change it")
 
@@ -273,15 +276,6 @@ class FirestoreStore(LeaseStore):
             raise StoreUnavailable(f"Firestore store: could not {action}: {exc}") from exc
 
 
-def _same_state(stored: RunRecord, expected: RunRecord) -> bool:
-    return (
-        stored.attempt_id == expected.attempt_id
-        and stored.status is expected.status
-        and stored.lease_expires == expected.lease_expires
-        and stored.finished_at == expected.finished_at
-    )
-
-
 def _encode(record: RunRecord) -> dict[str, Any]:
     return {
         "kind": record.kind,
@@ -296,9 +290,10 @@ def _encode(record: RunRecord) -> dict[str, Any]:
         "finished_at": record.finished_at,
         "identity": dict(record.identity),
         # JSON text: Firestore maps cannot hold every JSON value (no arrays of arrays).
-        "result": json.dumps(record.result) if record.result is not None else None,
+        "result": record.result_json,
         "error": record.error,
         "payload": record.payload,
+        "caller": record.caller,
     }
 
 
@@ -317,9 +312,10 @@ def _decode(run_id: str, data: dict[str, Any] | None) -> RunRecord:
         claimed_at=_utc(data["claimed_at"]),
         identity=dict(data.get("identity") or {}),
         finished_at=_utc(data["finished_at"]) if data.get("finished_at") else None,
-        result=json.loads(data["result"]) if data.get("result") is not None else None,
+        result_json=data.get("result"),
         error=data.get("error"),
         payload=data.get("payload"),
+        caller=data.get("caller"),
     )
 
 

@@ -22,12 +22,12 @@ from typing import Any, TypeVar
 
 from worker.errors import StoreUnavailable
 from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
-from worker.stores.base import Change, LeaseStore
+from worker.stores.base import Change, LeaseStore, Moment, resolve
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
@@ -44,14 +44,15 @@ CREATE TABLE IF NOT EXISTS runs (
     identity TEXT NOT NULL,
     result TEXT,
     error TEXT,
-    payload TEXT
+    payload TEXT,
+    caller TEXT
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expire_at_us);
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, claimed_at_us);
 """
 _COLUMNS = (
     "run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires_us, "
-    "expire_at_us, claimed_at_us, finished_at_us, identity, result, error, payload"
+    "expire_at_us, claimed_at_us, finished_at_us, identity, result, error, payload, caller"
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Only these constant column lists are interpolated into SQL; every value is a parameter.
@@ -87,9 +88,9 @@ class SqliteStore(LeaseStore):
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
 
-    def claim(self, request: ClaimRequest, now: datetime) -> Claim:
+    def claim(self, request: ClaimRequest, now: Moment) -> Claim:
         outcome = super().claim(request, now)
-        self._purge_now_and_then(now)
+        self._purge_now_and_then(resolve(now))
         return outcome
 
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
@@ -188,6 +189,8 @@ class SqliteStore(LeaseStore):
                         f"{self.path} has schema version {version}; this tasklease knows "
                         f"{_SCHEMA_VERSION}: upgrade tasklease"
                     )
+                if version == 1:  # Version 2 added the caller column.
+                    connection.execute("ALTER TABLE runs ADD COLUMN caller TEXT")
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     connection.execute(statement)
                 connection.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
@@ -253,15 +256,17 @@ def _encode(record: RunRecord) -> tuple[Any, ...]:
         _micros(record.claimed_at),
         None if record.finished_at is None else _micros(record.finished_at),
         json.dumps(record.identity, sort_keys=True),
-        json.dumps(record.result),
+        record.result_json,
         record.error,
         record.payload,
+        record.caller,
     )
 
 
 def _decode(row: tuple[Any, ...]) -> RunRecord:
     (run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires,
-     expire_at, claimed_at, finished_at, identity, result, error, payload) = row  # fmt: skip
+     expire_at, claimed_at, finished_at, identity, result, error, payload,
+     caller) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         kind=kind,
@@ -275,7 +280,9 @@ def _decode(row: tuple[Any, ...]) -> RunRecord:
         claimed_at=_EPOCH + timedelta(microseconds=claimed_at),
         finished_at=_moment(finished_at),
         identity=json.loads(identity),
-        result=json.loads(result) if result is not None else None,
+        # Version 1 stored a missing result as the JSON text "null".
+        result_json=None if result in (None, "null") else result,
         error=error,
         payload=payload,
+        caller=caller,
     )
