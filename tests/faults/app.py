@@ -49,10 +49,11 @@ def _work(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
         for _ in range(steps):
             time.sleep(float(payload.get("sleep", 0)) / steps)
             if payload.get("check"):
+                # Read before the check, by this process's own clock as the worker sees it:
+                # past the lease, another attempt may already have taken the run over.
+                now = _clock()
                 ctx.check_lease()
-                # By this process's own clock, as the worker sees it: past the lease, another
-                # attempt may already have taken the run over.
-                if _clock() >= ctx.lease_expires:
+                if now >= ctx.lease_expires:
                     past_lease += 1
         verdict = ledger.write(key, ctx)
         if verdict == REFUSED:
