@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import FULL, Tally
+from tests import firestore_support
+from tests.faults.harness import FULL, Backend, Tally
 
 REPORT_FILE = os.environ.get("TASKLEASE_FAULTS_REPORT")
 
@@ -28,3 +30,28 @@ def report(capsys: pytest.CaptureFixture[str]) -> Callable[[str, Tally], None]:
                 out.write(line + "\n")
 
     return emit
+
+
+# The storm and kill scenarios run on Firestore only where transactions are isolated and
+# preconditions enforced (Google's emulator, a real project): not on the npm fallback.
+NEEDS_ISOLATION = pytest.mark.firestore_emulator_gap(
+    "the npm Firestore emulator neither isolates transactions nor enforces preconditions, so "
+    "two claims of one run can both succeed there"
+)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("firestore", marks=NEEDS_ISOLATION)])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """The store a parametrized scenario runs on: a SQLite file, or a fresh Firestore
+    collection on the session's emulator (FIRESTORE_EMULATOR_HOST is inherited)."""
+    if request.param == "sqlite":
+        return Backend("sqlite", f"sqlite:///{tmp_path}/runs.db")
+    request.getfixturevalue("firestore_host")
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT", firestore_support.PROJECT)
+    os.environ.setdefault("GOOGLE_CLOUD_PROJECT", project)  # For the test's own reads.
+    collection = f"faults_{uuid.uuid4().hex[:12]}"
+    return Backend(
+        "firestore",
+        f"firestore://?collection={collection}",
+        {"GOOGLE_CLOUD_PROJECT": project},
+    )

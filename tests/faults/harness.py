@@ -25,7 +25,7 @@ from tests.faults.downstream import Downstream, Execution
 from tests.helpers import task_headers
 from worker.records import RunRecord, RunStatus
 from worker.serve import GunicornWorker
-from worker.stores import SqliteStore
+from worker.stores import SqliteStore, store_from_url
 
 FULL = os.environ.get("TASKLEASE_FAULTS", "").lower() == "full"
 
@@ -275,6 +275,23 @@ def tally(
         lost=len(lost),
         extra=extra,
     )
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The lease store a scenario runs on: its URL and the environment the servers need."""
+
+    name: str
+    url: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def records(self) -> dict[str, RunRecord]:
+        """Every run record, read directly from the store after the scenario."""
+        store = store_from_url(self.url)
+        try:
+            return {r.run_id: r for r in store.list_runs(limit=1_000_000)}
+        finally:
+            store.close()
 
 
 def sqlite_records(path: Path) -> dict[str, RunRecord]:

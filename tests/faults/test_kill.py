@@ -23,6 +23,7 @@ import pytest
 from tests.faults.downstream import ALREADY_APPLIED, APPLIED, REFUSED, Downstream, Execution
 from tests.faults.harness import (
     Answer,
+    Backend,
     Deliverer,
     FaultServer,
     Tally,
@@ -55,7 +56,7 @@ def _wait_for(condition: Callable[[], Any], timeout: float = 60.0) -> Any:
 
 
 def test_sigkill_at_random_points_then_restart_completes_every_run_once(
-    tmp_path: Path, report: Callable[[str, Tally], None]
+    tmp_path: Path, backend: Backend, report: Callable[[str, Tally], None]
 ) -> None:
     rng = random.Random(20261130)
     keys = [f"kill-{n:04d}" for n in range(scale(40, 200))]
@@ -63,7 +64,7 @@ def test_sigkill_at_random_points_then_restart_completes_every_run_once(
     deliverer = Deliverer("kill")
     killed_at: dict[int, float] = {}
     restarts = 0
-    server = FaultServer(tmp_path, store=f"sqlite:///{tmp_path}/runs.db", workers=2)
+    server = FaultServer(tmp_path, store=backend.url, workers=2, env=backend.env)
     with server:
         for round_number in range(rounds):
             pending = sorted(set(keys) - deliverer.done())
@@ -93,9 +94,9 @@ def test_sigkill_at_random_points_then_restart_completes_every_run_once(
 
     downstream = Downstream(tmp_path / "downstream.db")
     executions = downstream.executions()
-    records = sqlite_records(tmp_path / "runs.db")
     writes = downstream.writes()
     never_ended = [e for e in executions if e.ended is None]
+    records = backend.records()
     counts = tally(
         keys,
         deliverer.answers,
@@ -108,7 +109,7 @@ def test_sigkill_at_random_points_then_restart_completes_every_run_once(
         retried_after_effect=writes[ALREADY_APPLIED],
         late_writes_refused=writes[REFUSED],
     )
-    report("kill[sqlite]", counts)
+    report(f"kill[{backend.name}]", counts)
     assert counts.lost == 0
     assert writes[APPLIED] == len(keys)
     assert never_ended, "no kill landed inside a handler: the scenario tested nothing"
