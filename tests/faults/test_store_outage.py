@@ -1,9 +1,10 @@
 """Scenario 5: the store fails during claims, renewals and finishes.
 
 Another process holds SQLite's write lock (``BEGIN EXCLUSIVE``) for several seconds, longer
-than the worker's busy timeout (0.5 s here). Meanwhile running handlers cannot renew or
-record how they ended, and new deliveries cannot claim: they must answer 503 without
-running anything. Once the lock is gone, retries finish every run, each effect once.
+than the worker's busy timeout (0.5 s here); or Google's Firestore emulator is frozen
+(SIGSTOP) for longer than the store's call timeout, then resumed. Meanwhile running handlers
+cannot renew or record how they ended, and new deliveries cannot claim: they must answer 503
+without running anything. Once the store is back, retries finish every run, each effect once.
 
 SQLite made read-only by file permissions is not tested: these tests run as root, whom
 permissions do not stop, and the worker's open connections would keep writing anyway.
@@ -16,13 +17,14 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.faults.downstream import ALREADY_APPLIED, APPLIED, Downstream
 from tests.faults.harness import (
+    Backend,
     Deliverer,
     FaultServer,
     Tally,
@@ -32,6 +34,7 @@ from tests.faults.harness import (
     tally,
     unclaimed,
 )
+from tests.faults.private_firestore import PROJECT, PrivateFirestore, private_firestore
 from worker.records import RunStatus
 
 pytestmark = pytest.mark.faults
@@ -48,22 +51,96 @@ print(released, flush=True)
 """
 BUSY_TIMEOUT = 0.5
 OUTAGE = 6.0  # Longer than a lease (2 s) and than a finish's retries (4 x 0.5 s + pauses).
+FIRESTORE_CALL_TIMEOUT = 1.5
+FIRESTORE_OUTAGE = 10.0  # Longer than a finish's retries (4 x 1.5 s + pauses).
+
+
+class _Outage:
+    """Makes the store unavailable: ``begin()`` returns when it is, ``end()`` when it is back
+    (both return the wall-clock time it happened)."""
+
+    def begin(self) -> float:
+        raise NotImplementedError
+
+    def end(self) -> float:
+        raise NotImplementedError
+
+
+class _SqliteLocked(_Outage):
+    """Another process holds SQLite's write lock for ``seconds``."""
+
+    def __init__(self, path: Path, seconds: float) -> None:
+        self.path, self.seconds = path, seconds
+        self._holder: subprocess.Popen[str] | None = None
+
+    def begin(self) -> float:
+        self._holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_LOCK, str(self.path), str(self.seconds)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._holder.stdout is not None
+        return float(self._holder.stdout.readline())
+
+    def end(self) -> float:
+        assert self._holder is not None and self._holder.stdout is not None
+        released = float(self._holder.stdout.readline())
+        self._holder.wait()
+        self._holder.stdout.close()
+        return released
+
+
+class _FirestoreFrozen(_Outage):
+    """The Firestore emulator's processes are stopped (SIGSTOP) for ``seconds``: every call
+    hangs until the store's call timeout, as on a partitioned network. Then they resume,
+    with their data."""
+
+    def __init__(self, emulator: PrivateFirestore, seconds: float) -> None:
+        self.emulator, self.seconds = emulator, seconds
+        self._began = 0.0
+
+    def begin(self) -> float:
+        self.emulator.freeze()
+        self._began = time.time()
+        return self._began
+
+    def end(self) -> float:
+        time.sleep(max(0.0, self._began + self.seconds - time.time()))
+        self.emulator.thaw()
+        return time.time()
+
+
+@pytest.fixture(params=["sqlite locked", "firestore frozen"])
+def outage(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Backend, _Outage]]:
+    if request.param == "sqlite locked":
+        backend = Backend(
+            "sqlite locked",
+            f"sqlite:///{tmp_path}/runs.db",
+            {"TASKLEASE_FAULTS_BUSY_TIMEOUT": str(BUSY_TIMEOUT)},
+        )
+        yield backend, _SqliteLocked(tmp_path / "runs.db", OUTAGE)
+        return
+    with private_firestore() as emulator:
+        env = {"FIRESTORE_EMULATOR_HOST": emulator.host, "GOOGLE_CLOUD_PROJECT": PROJECT}
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)  # For the test's own reads of the records.
+        url = f"firestore://?collection=outage&call_timeout={FIRESTORE_CALL_TIMEOUT}"
+        yield Backend("firestore frozen", url, env), _FirestoreFrozen(emulator, FIRESTORE_OUTAGE)
 
 
 def test_a_store_outage_runs_no_handler_without_a_claim_and_loses_nothing(
-    tmp_path: Path, report: Callable[[str, Tally], None]
+    tmp_path: Path, outage: tuple[Backend, _Outage], report: Callable[[str, Tally], None]
 ) -> None:
+    backend, failure = outage
     running = [f"outage-a-{n:04d}" for n in range(scale(12, 60))]  # Mid-handler at the outage.
     arriving = [f"outage-b-{n:04d}" for n in range(scale(12, 60))]  # First sent during it.
     slow = {"sleep": 1.5, "steps": 5, "check": True}
     deliverer = Deliverer("outage")
     downstream = Downstream(tmp_path / "downstream.db")
     server = FaultServer(
-        tmp_path,
-        store=f"sqlite:///{tmp_path}/runs.db",
-        workers=2,
-        threads=len(running),
-        env={"TASKLEASE_FAULTS_BUSY_TIMEOUT": str(BUSY_TIMEOUT)},
+        tmp_path, store=backend.url, workers=2, threads=len(running), env=backend.env
     )
     with server:
         first = threading.Thread(
@@ -75,27 +152,21 @@ def test_a_store_outage_runs_no_handler_without_a_claim_and_loses_nothing(
         while len(downstream.executions()) < len(running) // 2:
             assert time.monotonic() < deadline, "handlers did not start"
             time.sleep(0.05)
-        with subprocess.Popen(
-            [sys.executable, "-c", _HOLD_LOCK, str(tmp_path / "runs.db"), str(OUTAGE)],
-            stdout=subprocess.PIPE,
-            text=True,
-        ) as holder:
-            assert holder.stdout is not None
-            locked_at = float(holder.stdout.readline())
-            time.sleep(0.5)
-            during = [(server.url, key, slow) for key in arriving]
-            during += [(server.url, key, slow) for key in running]  # Duplicates of running ones.
-            deliverer.deliver_all(during, 16)
-            released_at = float(holder.stdout.readline())
+        began = failure.begin()
+        time.sleep(0.5)
+        during = [(server.url, key, slow) for key in arriving]
+        during += [(server.url, key, slow) for key in running]  # Duplicates of running ones.
+        deliverer.deliver_all(during, 16)
+        ended = failure.end()
         first.join()
         deliverer.until_done(running + arriving, server.url, lambda _: slow, timeout=180)
         log = server.log()
 
     executions = downstream.executions()
-    records = sqlite_records(tmp_path / "runs.db")
+    records = backend.records()
     outcomes = Counter(a.outcome for a in deliverer.answers)
     writes = downstream.writes()
-    started_during = [e for e in executions if locked_at + 0.5 < e.started < released_at]
+    started_during = [e for e in executions if began + 0.5 < e.started < ended]
     counts = tally(
         running + arriving,
         deliverer.answers,
@@ -108,7 +179,7 @@ def test_a_store_outage_runs_no_handler_without_a_claim_and_loses_nothing(
         effects_applied=writes[APPLIED],
         retried_after_effect=writes[ALREADY_APPLIED],
     )
-    report("store_outage[sqlite locked]", counts)
+    report(f"store_outage[{backend.name}]", counts)
     assert counts.lost == 0
     assert outcomes["unavailable"] > 0 and outcomes["unrecorded"] > 0
     assert log.count("lease renewal of run") > 0
