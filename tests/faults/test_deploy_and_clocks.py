@@ -99,10 +99,10 @@ def test_clock_skew_within_the_documented_bound_never_lets_a_lease_be_taken_over
     downstream = Downstream(tmp_path / "downstream.db")
     with ExitStack() as servers:
         behind = servers.enter_context(
-            FaultServer(tmp_path, store=store, name="behind", clock_skew=-skew)
+            FaultServer(tmp_path, store=store, name="behind", clock_skew=-skew, threads=len(keys))
         )
         ahead = servers.enter_context(
-            FaultServer(tmp_path, store=store, name="ahead", clock_skew=skew)
+            FaultServer(tmp_path, store=store, name="ahead", clock_skew=skew, threads=len(keys))
         )
         # Half the runs are held by the server behind, half by the one ahead; the other
         # server keeps receiving their retries while they run.

@@ -36,6 +36,7 @@ from tests.faults.harness import (
 )
 from tests.faults.private_firestore import PROJECT, PrivateFirestore, private_firestore
 from worker.records import RunStatus
+from worker.stores import store_from_url
 
 pytestmark = pytest.mark.faults
 
@@ -127,6 +128,9 @@ def outage(
         for name, value in env.items():
             monkeypatch.setenv(name, value)  # For the test's own reads of the records.
         url = f"firestore://?collection=outage&call_timeout={FIRESTORE_CALL_TIMEOUT}"
+        warm = store_from_url("firestore://?collection=outage&call_timeout=60")
+        warm.get("warm-up")  # A fresh emulator's first calls are slow: not the outage.
+        warm.close()
         yield Backend("firestore frozen", url, env), _FirestoreFrozen(emulator, FIRESTORE_OUTAGE)
 
 
@@ -134,32 +138,38 @@ def test_a_store_outage_runs_no_handler_without_a_claim_and_loses_nothing(
     tmp_path: Path, outage: tuple[Backend, _Outage], report: Callable[[str, Tally], None]
 ) -> None:
     backend, failure = outage
-    running = [f"outage-a-{n:04d}" for n in range(scale(12, 60))]  # Mid-handler at the outage.
-    arriving = [f"outage-b-{n:04d}" for n in range(scale(12, 60))]  # First sent during it.
-    slow = {"sleep": 1.5, "steps": 5, "check": True}
+    count = scale(8, 40)
+    # At the outage: handlers about to finish, handlers that need renewals throughout it, and
+    # then deliveries of new runs that need a claim.
+    finishing = [f"outage-f-{n:04d}" for n in range(count)]
+    renewing = [f"outage-r-{n:04d}" for n in range(count)]
+    arriving = [f"outage-a-{n:04d}" for n in range(count)]
+    payloads = {
+        **{key: {"sleep": 1.0} for key in finishing},
+        **{key: {"sleep": 4.0, "steps": 16, "check": True} for key in renewing},
+        **{key: {"sleep": 0.2} for key in arriving},
+    }
+    keys = finishing + renewing + arriving
     deliverer = Deliverer("outage")
     downstream = Downstream(tmp_path / "downstream.db")
-    server = FaultServer(
-        tmp_path, store=backend.url, workers=2, threads=len(running), env=backend.env
-    )
+    server = FaultServer(tmp_path, store=backend.url, workers=2, threads=len(keys), env=backend.env)
     with server:
         first = threading.Thread(
             target=deliverer.deliver_all,
-            args=([(server.url, key, slow) for key in running], len(running)),
+            args=([(server.url, key, payloads[key]) for key in finishing + renewing], 2 * count),
         )
         first.start()
         deadline = time.monotonic() + 60
-        while len(downstream.executions()) < len(running) // 2:
-            assert time.monotonic() < deadline, "handlers did not start"
-            time.sleep(0.05)
+        while len(downstream.executions()) < 2 * count:
+            assert first.is_alive() and time.monotonic() < deadline, "handlers did not start"
+            time.sleep(0.02)
         began = failure.begin()
         time.sleep(0.5)
-        during = [(server.url, key, slow) for key in arriving]
-        during += [(server.url, key, slow) for key in running]  # Duplicates of running ones.
-        deliverer.deliver_all(during, 16)
+        # New runs, and duplicates of the running ones.
+        deliverer.deliver_all([(server.url, key, payloads[key]) for key in keys], len(keys))
         ended = failure.end()
         first.join()
-        deliverer.until_done(running + arriving, server.url, lambda _: slow, timeout=180)
+        deliverer.until_done(keys, server.url, payloads.__getitem__, timeout=180)
         log = server.log()
 
     executions = downstream.executions()
@@ -168,7 +178,7 @@ def test_a_store_outage_runs_no_handler_without_a_claim_and_loses_nothing(
     writes = downstream.writes()
     started_during = [e for e in executions if began + 0.5 < e.started < ended]
     counts = tally(
-        running + arriving,
+        keys,
         deliverer.answers,
         downstream,
         records,
@@ -186,18 +196,18 @@ def test_a_store_outage_runs_no_handler_without_a_claim_and_loses_nothing(
     assert started_during == []  # No handler ran without a claim...
     assert unclaimed(executions, records) == []  # ...and every entry had a claim of its own.
     assert overlaps(executions) == []
-    assert writes[APPLIED] == len(running + arriving)
+    assert writes[APPLIED] == len(keys)
     assert {r.status for r in records.values()} == {RunStatus.COMPLETED}
 
 
 def test_a_handler_whose_lease_lapses_in_an_outage_stops_before_a_retry_takes_over(
     tmp_path: Path, report: Callable[[str, Tally], None]
 ) -> None:
-    # The outage outlasts the 2 s lease of handlers that run 12 s, checking their lease every
+    # The outage outlasts the 2 s lease of handlers that run 8 s, checking their lease every
     # 0.25 s; retries keep arriving, as the queue's would, and take the runs over once the
     # store is back. The lapsed attempts must have stopped by then.
     keys = [f"lapse-{n:04d}" for n in range(scale(6, 20))]
-    slow = {"sleep": 12.0, "steps": 48, "check": True}
+    slow = {"sleep": 8.0, "steps": 32, "check": True}
     deliverer = Deliverer("lapse")
     downstream = Downstream(tmp_path / "downstream.db")
     server = FaultServer(
