@@ -43,7 +43,7 @@ def _work(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     key = str(payload["key"])
     ledger = downstream()
     ledger.started(key, ctx)
-    verdict, past_lease = "raised", 0
+    verdict, past_lease, live_until = "raised", 0, time.time()
     try:
         steps = max(1, int(payload.get("steps", 1)))
         for _ in range(steps):
@@ -53,17 +53,19 @@ def _work(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
                 # past the lease, another attempt may already have taken the run over.
                 now = _clock()
                 ctx.check_lease()
+                live_until = time.time()
                 if now >= ctx.lease_expires:
                     past_lease += 1
         verdict = ledger.write(key, ctx)
         if verdict == REFUSED:
             raise LeaseLost(f"downstream refused fencing token {ctx.fencing_token} for {key}")
+        live_until = time.time()
         time.sleep(float(payload.get("after", 0)))
     except LeaseLost:
         verdict = "lost" if verdict == "raised" else verdict
         raise
     finally:
-        ledger.ended(ctx, verdict, past_lease)
+        ledger.ended(ctx, verdict, past_lease, live_until)
     return {"verdict": verdict, "pid": os.getpid(), "token": ctx.fencing_token}
 
 

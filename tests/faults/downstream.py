@@ -28,7 +28,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (
     attempt_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, key TEXT NOT NULL,
     fencing_token INTEGER NOT NULL, pid INTEGER NOT NULL, revision TEXT NOT NULL,
-    started REAL NOT NULL, ended REAL, verdict TEXT, past_lease INTEGER NOT NULL DEFAULT 0
+    started REAL NOT NULL, ended REAL, verdict TEXT, past_lease INTEGER NOT NULL DEFAULT 0,
+    live_until REAL
 );
 CREATE TABLE IF NOT EXISTS fences (key TEXT PRIMARY KEY, fencing_token INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS effects (
@@ -57,6 +58,20 @@ class Execution:
     ended: float | None
     verdict: str | None
     past_lease: int  # Lease checks that passed although the attempt's lease had expired.
+    live_until: float | None  # When its last lease check passed (or its write was made).
+
+    def active_until(self, killed_at: float | None = None) -> float:
+        """When this execution last did, or was entitled to do, anything that matters.
+
+        A handler that stopped on LeaseLost (or a refused write) made no progress after its
+        last passed lease check: it was only on its way out. One whose process was killed
+        counts until the kill (for ever if it was not killed).
+        """
+        if self.ended is None:
+            return float("inf") if killed_at is None else killed_at
+        if self.verdict in (APPLIED, ALREADY_APPLIED) or self.live_until is None:
+            return self.ended
+        return self.live_until
 
 
 class Downstream:
@@ -111,11 +126,14 @@ class Downstream:
             )
         return verdict
 
-    def ended(self, ctx: TaskContext, verdict: str, past_lease: int = 0) -> None:
+    def ended(
+        self, ctx: TaskContext, verdict: str, past_lease: int = 0, live_until: float | None = None
+    ) -> None:
         with self._transaction() as db:
             db.execute(
-                "UPDATE executions SET ended = ?, verdict = ?, past_lease = ? WHERE attempt_id = ?",
-                (time.time(), verdict, past_lease, ctx.attempt_id),
+                "UPDATE executions SET ended = ?, verdict = ?, past_lease = ?, live_until = ? "
+                "WHERE attempt_id = ?",
+                (time.time(), verdict, past_lease, live_until, ctx.attempt_id),
             )
 
     # Read by the tests.
@@ -123,7 +141,7 @@ class Downstream:
     def executions(self) -> list[Execution]:
         rows = self._connection().execute(
             "SELECT attempt_id, run_id, key, fencing_token, pid, revision, started, ended, "
-            "verdict, past_lease FROM executions ORDER BY started"
+            "verdict, past_lease, live_until FROM executions ORDER BY started"
         )
         return [Execution(*row) for row in rows]
 

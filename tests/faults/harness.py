@@ -150,7 +150,19 @@ class Deliverer:
         self._lock = threading.Lock()
         self.answers: list[Answer] = []
 
-    def deliver(self, url: str, key: str, payload: Mapping[str, Any]) -> Answer:
+    def deliver(
+        self, url: str, key: str, payload: Mapping[str, Any], retry_unavailable: bool = False
+    ) -> Answer:
+        """One delivery; with ``retry_unavailable``, repeated while the store answers 503
+        (as the queue would retry it, sooner)."""
+        for _ in range(100):
+            answer = self._deliver_once(url, key, payload)
+            if not (retry_unavailable and answer.outcome == "unavailable"):
+                break
+            time.sleep(0.05)
+        return answer
+
+    def _deliver_once(self, url: str, key: str, payload: Mapping[str, Any]) -> Answer:
         with self._lock:
             retry = self._retries[key]
             self._retries[key] += 1
@@ -194,10 +206,11 @@ class Deliverer:
         self,
         deliveries: Iterable[tuple[str, str, Mapping[str, Any]]],
         concurrency: int = 32,
+        retry_unavailable: bool = False,
     ) -> list[Answer]:
         """Send (url, key, payload) deliveries concurrently, in order of submission."""
         with ThreadPoolExecutor(concurrency) as pool:
-            return list(pool.map(lambda d: self.deliver(*d), deliveries))
+            return list(pool.map(lambda d: self.deliver(*d, retry_unavailable), deliveries))
 
     def until_done(
         self,
@@ -305,11 +318,9 @@ def sqlite_records(path: Path) -> dict[str, RunRecord]:
 def overlaps(
     executions: Iterable[Execution], killed_at: Mapping[int, float] | None = None
 ) -> list[tuple[Execution, Execution]]:
-    """Pairs of executions of one run whose wall-clock intervals intersect.
-
-    An execution that never ended counts until its process was killed (``killed_at``: pid ->
-    time), or for ever if it was not.
-    """
+    """Pairs of executions of one run that were active at once (:meth:`Execution.active_until`:
+    a handler stopped by LeaseLost counts until its last passed lease check; one that never
+    ended, until its process was killed (``killed_at``: pid -> time), or for ever)."""
     killed_at = killed_at or {}
     by_run: dict[str, list[Execution]] = {}
     for execution in executions:
@@ -317,14 +328,12 @@ def overlaps(
     found = []
     for runs in by_run.values():
         runs.sort(key=lambda e: e.started)
-        latest: Execution | None = None  # The earlier execution that ends last.
+        latest: Execution | None = None  # The earlier execution active the longest.
         latest_end = float("-inf")
         for execution in runs:
             if latest is not None and execution.started < latest_end:
                 found.append((latest, execution))
-            end = execution.ended
-            if end is None:
-                end = killed_at.get(execution.pid, float("inf"))
+            end = execution.active_until(killed_at.get(execution.pid))
             if end > latest_end:
                 latest, latest_end = execution, end
     return found

@@ -34,7 +34,10 @@ def _emulator(tmp_path: Path, faults: Faults) -> Iterator[tuple[CloudTasksEmulat
             retryConfig={"minBackoff": "0.1s", "maxBackoff": "1s", "maxAttempts": -1},
             rateLimits={"maxConcurrentDispatches": 32},
         )
-        with FaultServer(tmp_path, store=f"sqlite:///{tmp_path}/runs.db", workers=2) as server:
+        # Threads for every concurrent dispatch: a request gunicorn accepted but has no thread
+        # for would wait unanswered behind the long handlers.
+        server = FaultServer(tmp_path, store=f"sqlite:///{tmp_path}/runs.db", workers=2, threads=32)
+        with server:
             producer = Producer("p", "us-central1", "faults", server.url,
                                 tasks_endpoint=emulator.url)  # fmt: skip
             yield emulator, producer

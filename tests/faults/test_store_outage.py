@@ -156,7 +156,9 @@ def test_a_store_outage_runs_no_handler_without_a_claim_and_loses_nothing(
     with server:
         first = threading.Thread(
             target=deliverer.deliver_all,
+            # Claims contend for the store's lock too: one may time out before the outage.
             args=([(server.url, key, payloads[key]) for key in finishing + renewing], 2 * count),
+            kwargs={"retry_unavailable": True},
         )
         first.start()
         deadline = time.monotonic() + 60
@@ -221,11 +223,12 @@ def test_a_handler_whose_lease_lapses_in_an_outage_stops_before_a_retry_takes_ov
         first = threading.Thread(
             target=deliverer.deliver_all,
             args=([(server.url, key, slow) for key in keys], len(keys)),
+            kwargs={"retry_unavailable": True},
         )
         first.start()
         deadline = time.monotonic() + 60
         while len(downstream.executions()) < len(keys):
-            assert time.monotonic() < deadline, "handlers did not start"
+            assert first.is_alive() and time.monotonic() < deadline, "handlers did not start"
             time.sleep(0.05)
         with subprocess.Popen(
             [sys.executable, "-c", _HOLD_LOCK, str(tmp_path / "runs.db"), str(OUTAGE)],
