@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 # Reinstall whenever pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-# The Firestore emulator the tests start (an npm package: Google's own cannot be installed here).
+# The Firestore tests start Google's emulator (gcloud's google-cloud-cli-firestore-emulator,
+# Java 17+; required when CI=true). The npm emulator is only the local fallback when it is missing.
 NODE_STAMP := node_modules/.installed-$(shell cksum package-lock.json | cut -d' ' -f1)
 
 .PHONY: demo test lint faults bench clean
@@ -28,6 +29,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	cd examples/userapp && MYPYPATH=../.. ../../$(BIN)/mypy --strict --explicit-package-bases myapp tests
 
 test: lint $(NODE_STAMP)
 	$(BIN)/pytest
@@ -38,6 +40,8 @@ faults: $(STAMP) $(NODE_STAMP)
 	TASKLEASE_FAULTS=full $(BIN)/pytest tests/faults -m faults -s -q
 
 bench: $(STAMP) $(NODE_STAMP)
+	@command -v wrk >/dev/null || apt-get install -y wrk || (apt-get update && apt-get install -y wrk) \
+		|| echo "warning: could not install wrk; bench.worker_throughput falls back to Python"
 	$(BIN)/python bench/run_all.py
 
 clean:

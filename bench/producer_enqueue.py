@@ -15,16 +15,28 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
+from google.cloud import tasks_v2
+from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
+
 from bench.common import BENCH_DIR, child, free_port, tasklease_emulator
-from producer import Producer
+from producer import CloudTasksTransport, Producer
 
 QUEUE = "projects/bench/locations/us-central1/queues/enqueue"
 
 
 def measure(endpoint: str, tasks: int, concurrency: int, prefix: str) -> tuple[float, float]:
-    producer = Producer(
-        "bench", "us-central1", "enqueue", "http://127.0.0.1:9/", tasks_endpoint=endpoint
-    )
+    if endpoint.startswith("grpc://"):  # The client's default transport, over loopback.
+        channel = grpc.insecure_channel(endpoint.removeprefix("grpc://"))
+        client = tasks_v2.CloudTasksClient(transport=CloudTasksGrpcTransport(channel=channel))
+        transport = CloudTasksTransport(client=client, transport="grpc")
+        producer = Producer(
+            "bench", "us-central1", "enqueue", "http://127.0.0.1:9/", transport=transport
+        )
+    else:
+        producer = Producer(
+            "bench", "us-central1", "enqueue", "http://127.0.0.1:9/", tasks_endpoint=endpoint
+        )
     started = time.perf_counter()
     for n in range(tasks):
         producer.enqueue("bench", {"n": n}, key=f"{prefix}-seq-{n}")
@@ -53,6 +65,20 @@ def with_stub(
     return harness
 
 
+def with_grpc_stub(
+    latency_ms: int,
+) -> Callable[[Callable[[str], tuple[float, float]]], tuple[float, float]]:
+    def harness(run: Callable[[str], tuple[float, float]]) -> tuple[float, float]:
+        port = free_port()
+        script = str(Path(__file__).with_name("stub_tasks_grpc.py"))
+        with child(
+            [sys.executable, script, str(port), str(latency_ms)], port, BENCH_DIR / "stub.log"
+        ):
+            return run(f"grpc://127.0.0.1:{port}")
+
+    return harness
+
+
 def with_emulator(run: Callable[[str], tuple[float, float]]) -> tuple[float, float]:
     with tasklease_emulator("enqueue") as endpoint:
         admin = Producer("bench", "l", "q", "http://x/", tasks_endpoint=endpoint)
@@ -77,6 +103,7 @@ def main() -> None:
     endpoints = [
         ("stub, instant", with_stub(0), args.tasks),
         ("stub, 20 ms latency", with_stub(20), args.latency_tasks),
+        ("gRPC stub, 20 ms", with_grpc_stub(20), args.latency_tasks),
         ("tasklease emulator", with_emulator, args.tasks),
     ]
     for label, harness, tasks in endpoints:

@@ -9,6 +9,7 @@ BENCHMARKS = [
     "bench.producer_enqueue",
     "bench.emulator_throughput",
     "bench.worker_overhead",
+    "bench.worker_throughput",
     "bench.firestore_store",
 ]
 

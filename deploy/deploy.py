@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import re
 import shlex
 import subprocess
 import sys
@@ -39,6 +41,30 @@ APIS = (
     "firestore.googleapis.com",
 )
 DIGEST_LABEL = "tasklease-digest"
+# What each setting's target accepts (Google's documented formats, or narrower). Every value
+# reaches gcloud's command line, and the router and store settings reach --set-env-vars, so a
+# "|" or "," there would add environment variables of the writer's choice.
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+NAME_FORMATS: dict[str, tuple[str, str]] = {
+    "project": (r"(?:[a-z][a-z0-9.-]{0,62}:)?[a-z][a-z0-9-]{4,28}[a-z0-9]", "a project ID"),
+    "region": (r"[a-z]+(?:-[a-z]+)+[0-9]{1,2}", "a region such as us-central1"),
+    "worker.service": (r"[a-z](?:[a-z0-9-]{0,47}[a-z0-9])?", "a Cloud Run service name"),
+    "worker.router": (rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})*:{_IDENTIFIER}", "module:attribute"),
+    "firestore.database": (r"\(default\)|[a-z][a-z0-9-]{2,61}[a-z0-9]", "a database ID"),
+    "firestore.location": (r"[a-z][a-z0-9-]{1,62}", "a Firestore location"),
+    "firestore.collection": (r"[A-Za-z0-9_-]{1,100}", "letters, digits, _ and -"),
+    "accounts.worker": (r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a service account ID"),
+    "accounts.invoker": (r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a service account ID"),
+    "accounts.enqueuers": (
+        r"(?:user|serviceAccount|group):[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+|domain:[a-z0-9.-]+",
+        "an IAM member such as serviceAccount:NAME@PROJECT.iam.gserviceaccount.com",
+    ),
+    # Positional arguments of gcloud: never starting with "-", which would make them flags.
+    "queue.name": (r"[A-Za-z0-9][A-Za-z0-9-]{0,99}", "a queue ID: letters, digits and -"),
+    "job.name": (r"[A-Za-z0-9][A-Za-z0-9_-]{0,499}", "a job ID: letters, digits, _ and -"),
+    "job.schedule": (r"[A-Za-z0-9*/,-]+(?: [A-Za-z0-9*/,-]+){4}", "unix-cron"),
+    "job.time_zone": (r"[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9_+-]+){0,2}", "a tz name"),
+}
 NOT_FOUND_MARKERS = ("not_found", "not found", "does not exist", "404")
 
 
@@ -144,10 +170,37 @@ def load_config(path: Path) -> Config:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DeployError(f"{path}: missing or invalid setting: {exc}") from exc
-    problems = check(config)
+    problems = check_names(config) or check(config)
     if problems:
         raise DeployError(f"{path} is inconsistent:\n" + "\n".join(f"  - {p}" for p in problems))
     return config
+
+
+def check_names(config: Config) -> list[str]:
+    """Every name, ID and reference in the character set its target accepts, so nothing in
+    the file can add a flag or an environment variable to a gcloud call."""
+    values: list[tuple[str, Any]] = [
+        ("project", config.project),
+        ("region", config.region),
+        ("worker.service", config.service),
+        ("worker.router", config.router),
+        ("firestore.database", config.database),
+        ("firestore.location", config.firestore_location),
+        ("firestore.collection", config.collection),
+        ("accounts.worker", config.worker_account),
+        ("accounts.invoker", config.invoker_account),
+        *(("accounts.enqueuers", member) for member in config.enqueuers),
+        *(("queue.name", queue.name) for queue in config.queues),
+        *(("job.name", job.name) for job in config.jobs),
+        *(("job.schedule", job.schedule) for job in config.jobs),
+        *(("job.time_zone", job.time_zone) for job in config.jobs),
+    ]
+    problems = []
+    for name, value in values:
+        pattern, meaning = NAME_FORMATS[name]
+        if not isinstance(value, str) or not re.fullmatch(pattern, value, re.ASCII):
+            problems.append(f"{name} = {value!r} is not {meaning}")
+    return problems
 
 
 def check(config: Config) -> list[str]:
@@ -242,9 +295,10 @@ class Gcloud:
 
 
 class Deployer:
-    def __init__(self, config: Config, gcloud: Gcloud) -> None:
+    def __init__(self, config: Config, gcloud: Gcloud, source: Path = ROOT) -> None:
         self.c = config
         self.g = gcloud
+        self.source = source  # The directory sent to Cloud Build (`run deploy --source`).
         self.p = f"--project={config.project}"
 
     def deploy(self) -> None:
@@ -399,7 +453,9 @@ class Deployer:
         number = "PROJECT_NUMBER"
         if not self.g.dry_run:
             described = self.g.read("projects", "describe", self.c.project) or {}
-            number = str(described.get("projectNumber", number))
+            number = str(described.get("projectNumber", ""))
+            if not number.isdigit() or not number.isascii():
+                raise DeployError(f"gcloud gave {number!r} as the project number")
         url = f"https://{self.c.service}-{number}.{self.c.region}.run.app"
         queue = self.c.queues[0]
         env = {
@@ -430,7 +486,7 @@ class Deployer:
             # A delimiter that cannot occur in the values (the store URL holds '&' and ',').
             "--set-env-vars=^|^" + "|".join(f"{k}={v}" for k, v in env.items()),
         ]
-        digest = _digest(flags)
+        digest = _digest(flags, self.source)
         current = self.g.read(
             "run", "services", "describe", self.c.service, f"--region={self.c.region}", self.p
         )
@@ -442,7 +498,7 @@ class Deployer:
             "run",
             "deploy",
             self.c.service,
-            f"--source={ROOT}",
+            f"--source={self.source}",
             *flags,
             f"--labels={DIGEST_LABEL}={digest}",
             self.p,
@@ -611,20 +667,181 @@ def _job_settings_wanted(job: Job, url: str, invoker: str) -> tuple[Any, ...]:
     )
 
 
-def _digest(flags: list[str]) -> str:
-    """The source tree (git's view of it) and the deploy settings, hashed."""
+def _digest(flags: list[str], source: Path = ROOT) -> str:
+    """The source tree (git's view of it, else every file) and the deploy settings, hashed."""
     hasher = hashlib.sha256("\n".join(flags).encode())
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        check=False,
-    )
-    for name in sorted(filter(None, listed.stdout.split(b"\0"))):
-        path = ROOT / name.decode()
+    for name in _source_files(source):
+        path = source / name.decode()
         if path.is_file():
             hasher.update(name + b"\0" + path.read_bytes())
     return hasher.hexdigest()[:16]
+
+
+def _source_files(source: Path) -> list[bytes]:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=source,
+        capture_output=True,
+        check=False,
+    )
+    if listed.returncode == 0:
+        return sorted(filter(None, listed.stdout.split(b"\0")))
+    names = []
+    for directory, subdirectories, files in os.walk(source):
+        subdirectories[:] = sorted(d for d in subdirectories if d not in _NOT_SOURCE)
+        for file in files:
+            names.append(str(Path(directory, file).relative_to(source)).encode())
+    return sorted(names)
+
+
+# What the deployed worker imports that the buildpack must install (platform-facts.md, "Cloud
+# Run deploys from source"): the Procfile's server and the production store. tasklease lists
+# both as plain dependencies, so a source that installs tasklease installs them.
+WORKER_NEEDS = ("gunicorn", "google-cloud-firestore")
+PROCFILE = (
+    "web: gunicorn --bind :$PORT --workers ${WEB_CONCURRENCY:-2} --threads "
+    "${GUNICORN_THREADS:-8} --timeout ${GUNICORN_TIMEOUT:-0} --access-logfile - "
+    "'worker.wsgi:app'\n"
+)
+_NOT_SOURCE = {".git", ".venv", "venv", "__pycache__", "node_modules", ".mypy_cache"}
+_REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def check_source(source: Path, router: str) -> list[str]:
+    """What would keep the worker built from ``source`` from starting, found before any gcloud
+    call: the buildpack installs ``requirements.txt`` if present, else the ``[project]``
+    dependencies of ``pyproject.toml``, never extras; gunicorn imports ``worker.wsgi``, which
+    imports the router module from the source."""
+    if not source.is_dir():
+        return [f"source {source} is not a directory"]
+    problems = []
+    try:
+        installed, what = _installed_by_buildpack(source)
+    except DeployError as exc:
+        installed, what = set(), ""
+        problems.append(str(exc))
+    if what and "tasklease" not in installed:
+        problems.append(
+            f"{what} does not install tasklease: the worker (worker.wsgi) would not import. "
+            "Add tasklease to it (not as an extra of your own project: the buildpack installs "
+            "no extras)"
+        )
+    elif what:
+        missing = [name for name in WORKER_NEEDS if name not in installed]
+        if missing:
+            problems.append(
+                f"{what} does not install {', '.join(missing)}: the Procfile's gunicorn and the "
+                "Firestore store need them as plain dependencies (the buildpack installs no "
+                "extras)"
+            )
+    module = router.partition(":")[0]
+    if not _module_in_source(source, module):
+        problems.append(
+            f"router {router}: no module {module} in {source} (looked for "
+            f"{module.replace('.', '/')}.py or a package, also under src/)"
+        )
+    procfile = source / "Procfile"
+    if procfile.exists() and not any(
+        line.startswith("web:") for line in procfile.read_text().splitlines()
+    ):
+        problems.append(f"{procfile} has no web: line, the entrypoint Cloud Run starts")
+    return problems
+
+
+def ensure_procfile(source: Path, *, dry_run: bool) -> None:
+    """Write tasklease's Procfile into ``source`` unless it has one (the buildpack reads it)."""
+    procfile = source / "Procfile"
+    if procfile.exists():
+        return
+    if dry_run:
+        print(f"# would write {procfile}: {PROCFILE.strip()}")
+        return
+    procfile.write_text(PROCFILE)
+    print(f"wrote {procfile}")
+
+
+def _installed_by_buildpack(source: Path) -> tuple[set[str], str]:
+    """The normalised names of what the buildpack installs from ``source``, and from where."""
+    requirements = source / "requirements.txt"
+    if requirements.exists():
+        return _requirements(requirements, source, seen=set()), str(requirements)
+    if (source / "pyproject.toml").exists():
+        return _project(source), f"{source / 'pyproject.toml'} ([project] dependencies)"
+    raise DeployError(
+        f"{source} has neither requirements.txt nor pyproject.toml: the buildpack would install "
+        "nothing, and the worker could not start"
+    )
+
+
+def _project(directory: Path) -> set[str]:
+    """A pyproject project's own name and its [project] dependencies (extras excluded)."""
+    try:
+        project = tomllib.loads((directory / "pyproject.toml").read_text()).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise DeployError(f"cannot read {directory / 'pyproject.toml'}: {exc}") from exc
+    if not project:
+        raise DeployError(
+            f"{directory / 'pyproject.toml'} has no [project] table: the buildpack reads "
+            "dependencies from [project] (or use a requirements.txt)"
+        )
+    names = {_normalise(project.get("name", ""))}
+    for requirement in project.get("dependencies", []):
+        match = _REQUIREMENT_NAME.match(requirement.strip())
+        if match:
+            names |= _installs(match.group())
+    return names
+
+
+def _requirements(path: Path, source: Path, seen: set[Path]) -> set[str]:
+    """Names a requirements file installs: names, ``name @ url``, ``#egg=name``, ``-r`` files
+    and local projects (``.`` or ``-e ./dir``) inside the source."""
+    if path in seen or not path.exists():
+        return set()
+    seen.add(path)
+    names: set[str] = set()
+    for raw in path.read_text().splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        option, _, value = line.partition(" ")
+        if option in ("-r", "--requirement"):
+            names |= _requirements(path.parent / value.strip(), source, seen)
+            continue
+        if option in ("-e", "--editable"):
+            line = value.strip()
+        elif line.startswith("-"):
+            continue  # --index-url, -c, --hash ...: no package named.
+        if "#egg=" in line:
+            names |= _installs(line.split("#egg=", 1)[1].split("&")[0])
+        elif line.startswith((".", "/")):
+            local = (path.parent / line.split("[")[0]).resolve()
+            if local.is_relative_to(source.resolve()) and (local / "pyproject.toml").exists():
+                names |= _project(local)
+        else:
+            match = _REQUIREMENT_NAME.match(line)
+            if match and "://" not in line.split("@")[0]:
+                names |= _installs(match.group())
+    return names
+
+
+def _installs(requirement_name: str) -> set[str]:
+    """A requirement's name, with the worker's packages when it is tasklease (they are its
+    plain dependencies; this repository's own pyproject is checked as a project, not so)."""
+    name = _normalise(requirement_name)
+    return {name, *WORKER_NEEDS} if name == "tasklease" else {name}
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _module_in_source(source: Path, module: str) -> bool:
+    relative = Path(*module.split(".")) if module else Path("-")
+    return any(
+        (root / relative).with_suffix(".py").is_file()
+        or (root / relative / "__init__.py").is_file()
+        for root in (source, source / "src")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -632,16 +849,27 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument(
+        "--source", type=Path, default=ROOT, help="the directory Cloud Run builds the worker from"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run none")
     parser.add_argument("--teardown", action="store_true", help="delete what deploy created")
     parser.add_argument("--gcloud", default="gcloud", help="the gcloud executable")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
-        deployer = Deployer(config, Gcloud(dry_run=args.dry_run, executable=args.gcloud))
+        source = args.source.resolve()
+        deployer = Deployer(config, Gcloud(dry_run=args.dry_run, executable=args.gcloud), source)
         if args.teardown:
             deployer.teardown()
         else:
+            problems = check_source(source, config.router)
+            if problems:
+                raise DeployError(
+                    f"the worker built from {source} could not start:\n"
+                    + "\n".join(f"  - {p}" for p in problems)
+                )
+            ensure_procfile(source, dry_run=args.dry_run)
             deployer.deploy()
     except DeployError as exc:
         print(f"deploy: {exc}", file=sys.stderr)

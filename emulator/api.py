@@ -22,6 +22,8 @@ from emulator.model import ApiError
 from emulator.oidc import TokenIssuer
 
 CERTS_PATH = "/oauth2/v1/certs"
+# Lets the worker cache the keys. Short: a new data dir on the same port means a new key.
+CERTS_MAX_AGE_SECONDS = 300
 _LOCATION = re.compile(r"projects/[^/]+/locations/[^/]+")
 _QUEUE = re.compile(r"(projects/[^/]+/locations/[^/]+/queues/[^/:]+)")
 _DEFAULT_PAGE_SIZE, _MAX_PAGE_SIZE = 100, 1000
@@ -46,9 +48,14 @@ class CloudTasksApi:
             self._route,
             methods=["GET", "POST", "PATCH", "DELETE"],
         )
-        app.add_url_rule(CERTS_PATH, "certs", lambda: flask.jsonify(self.issuer.certs()))
+        app.add_url_rule(CERTS_PATH, "certs", self._certs)
         app.add_url_rule("/healthz", "health", lambda: {"status": "ok"})
         return app
+
+    def _certs(self) -> flask.Response:
+        response = flask.jsonify(self.issuer.certs())
+        response.headers["Cache-Control"] = f"public, max-age={CERTS_MAX_AGE_SECONDS}"
+        return response
 
     def _route(self, resource: str) -> flask.Response:
         try:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from worker.stores.private_files import create_private_file, make_private_dirs
+
 if TYPE_CHECKING:
     from emulator.sender import AttemptResult
 
@@ -126,7 +128,8 @@ class EmulatorDB:
     """All reads and writes of the emulator's state."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(path.parent)  # Task payloads and headers: owner-only, like the key.
+        create_private_file(path)
         self._connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.RLock()
         with self._lock:

@@ -8,6 +8,7 @@ through the same google-auth code path as Google's, with only the certificate UR
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,8 +41,11 @@ class TokenIssuer:
             )
             if key_path is not None:
                 key_path.parent.mkdir(parents=True, exist_ok=True)
-                key_path.write_bytes(private_pem)
-                key_path.chmod(0o600)
+                # Created 0600, never readable by others even for a moment: whoever reads
+                # this key can mint tokens the dev worker accepts.
+                descriptor = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(descriptor, "wb") as file:
+                    file.write(private_pem)
         public_der = key.public_key().public_bytes(
             serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         )

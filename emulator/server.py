@@ -15,6 +15,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import tasks_v2
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
+from emulator import guard
 from emulator.api import CERTS_PATH, CloudTasksApi
 from emulator.db import DeliveryRecord, EmulatorDB
 from emulator.dispatcher import Dispatcher
@@ -32,6 +33,9 @@ class CloudTasksEmulator:
     Start it in-process for tests (``with CloudTasksEmulator() as emulator:``) or with
     ``tasklease emulator``. Point the producer at :attr:`url` (``TASKLEASE_TASKS_ENDPOINT``)
     and the worker at :attr:`certs_url` (``TASKLEASE_OIDC_CERTS_URL``).
+
+    It answers only requests whose Host is loopback, ``host`` or one of ``allowed_hosts``,
+    and state-changing calls only in JSON (see :mod:`emulator.guard`).
     """
 
     def __init__(
@@ -44,6 +48,7 @@ class CloudTasksEmulator:
         faults: Faults | None = None,
         jobs: Iterable[Job] = (),
         scheduler_on_schedule: bool = True,
+        allowed_hosts: Iterable[str] = (),
     ) -> None:
         self._tempdir = None
         if data_dir is None:
@@ -63,10 +68,14 @@ class CloudTasksEmulator:
         app.add_url_rule(
             "/emulator/scheduler/jobs/<name>:run", "run_job", self._run_job, methods=["POST"]
         )
+        guard.install(app, guard.allowed_host_names(host, allowed_hosts))
         self._server: BaseWSGIServer = make_server(
             host, port, app, threaded=True, request_handler=_QuietRequestHandler
         )
-        self.url = f"http://{host}:{self._server.server_port}"
+        # A wildcard bind is reached (and its Host checked) as 127.0.0.1.
+        reach = "127.0.0.1" if host in guard.WILDCARD_HOSTS else host
+        reach = f"[{reach}]" if ":" in reach else reach
+        self.url = f"http://{reach}:{self._server.server_port}"
         self.certs_url = self.url + CERTS_PATH
         self._serving: threading.Thread | None = None
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import requests
 
+from tasklease import deploy_cli
 from worker.logs import configure_logging
 
 DEFAULT_EMULATOR_PORT = 8123
@@ -50,7 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--service-account", default="tasks@dev-project.iam.gserviceaccount.com")
     _emulator_options(dev, port=DEFAULT_EMULATOR_PORT)
 
+    deploy = commands.add_parser(
+        "deploy", help="deploy your project's worker to Cloud Run (see --init, --dry-run)"
+    )
+    deploy_cli.add_arguments(deploy)
+
     args = parser.parse_args(argv)
+    if args.command == "deploy":
+        return deploy_cli.run(args)
     if args.command == "demo":
         from tasklease.demo import DemoSettings, run_demo  # noqa: PLC0415 - heavy imports.
 
@@ -65,8 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
     if args.command == "scheduler":
-        response = requests.post(
-            f"{args.emulator}/emulator/scheduler/jobs/{args.job}:run", timeout=10
+        response = requests.post(  # JSON: the emulator refuses other state changes.
+            f"{args.emulator}/emulator/scheduler/jobs/{args.job}:run", json={}, timeout=10
         )
         print(response.text.strip())
         return 0 if response.ok else 1
@@ -79,6 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _emulator_options(parser: argparse.ArgumentParser, port: int) -> None:
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="another Host header name to answer (loopback names and --host always are)",
+    )
     parser.add_argument("--port", type=int, default=port)
     parser.add_argument("--data-dir", type=Path, default=Path(".tasklease/emulator"))
     parser.add_argument(
@@ -111,6 +125,7 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
         dedup_window=args.dedup_window,
         faults=faults,
         jobs=jobs,
+        allowed_hosts=args.allow_host,
     ) as emulator:
         log.info("Cloud Tasks emulator on %s (OIDC keys: %s)", emulator.url, emulator.certs_url)
         if worker is None:
@@ -124,6 +139,7 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
             "TASKLEASE_LOCATION": worker.location,
             "TASKLEASE_QUEUE": worker.queue,
             "TASKLEASE_WORKER_URL": worker_url,
+            "TASKLEASE_AUDIENCE": worker_url,
             "TASKLEASE_SERVICE_ACCOUNT": worker.service_account,
             "TASKLEASE_TASKS_ENDPOINT": emulator.url,
             "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS": worker.service_account,

@@ -92,6 +92,7 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
             }
             worker_env = {
                 **producer_env,
+                "TASKLEASE_AUDIENCE": worker_url,
                 "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS": SERVICE_ACCOUNT,
                 "TASKLEASE_OIDC_CERTS_URL": emulator.certs_url,
                 "SHOP_LEDGER": str(workdir / "ledger.db"),

@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pytest_httpserver import HTTPServer
@@ -88,10 +89,26 @@ def firestore_host() -> Iterator[str | None]:
                 os.environ["FIRESTORE_EMULATOR_HOST"] = previous
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked firestore_emulator_gap skip, with their reason, on the emulator only."""
-    if firestore_support.LIVE:
+@pytest.fixture(autouse=True)
+def _firestore_emulator_gaps(request: pytest.FixtureRequest) -> None:
+    """Tests marked firestore_emulator_gap skip, with their reason, on the npm fallback only:
+    Google's emulator and a real project have the property they test."""
+    mark = request.node.get_closest_marker("firestore_emulator_gap")
+    if mark is None:
         return
-    for item in items:
-        for mark in item.iter_markers("firestore_emulator_gap"):
-            item.add_marker(pytest.mark.skip(reason=f"emulator gap: {mark.args[0]}"))
+    request.getfixturevalue("firestore_host")
+    if firestore_support.session.backend == firestore_support.NPM:
+        pytest.skip(f"npm Firestore emulator gap: {mark.args[0]}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say at the end of the run, too, that the Firestore tests ran on the weaker fallback."""
+    if firestore_support.session.backend == firestore_support.NPM:
+        terminalreporter.section("Firestore emulator", sep="!", red=True, bold=True)
+        terminalreporter.line(
+            "Firestore tests ran on the npm fallback emulator, NOT Google's: "
+            f"{firestore_support.session.fallback_reason}. "
+            "Tests needing preconditions were skipped.",
+            red=True,
+            bold=True,
+        )

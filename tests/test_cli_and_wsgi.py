@@ -18,6 +18,7 @@ from examples.ledger import Ledger
 from producer import Producer
 from tasklease.cli import main
 from tests.emulator_target import Target
+from tests.helpers import task_headers
 from worker.errors import ConfigurationError
 from worker.serve import free_port
 from worker.wsgi import app_from_env, load_router
@@ -44,7 +45,9 @@ def test_wsgi_builds_the_app_for_the_router_in_the_environment(
     monkeypatch.setenv("TASKLEASE_AUTH", "none")
     app = app_from_env()
     assert isinstance(app, flask.Flask)
-    assert "/tasks/<path:name>" in {rule.rule for rule in app.url_map.iter_rules()}
+    answer = app.test_client().post("/tasks/no_such_handler", headers=task_headers())
+    assert (answer.status_code, answer.headers["X-Tasklease-Outcome"]) == (404, "rejected")
+    assert app.test_client().get("/healthz").json == {"status": "ok"}
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ def test_oidc_token_verifies_through_google_auth_against_the_emulators_keys(
     emulator.create_queue(QUEUE)
     create(emulator, url, "signed", oidcToken={"serviceAccountEmail": SA})
     emulator.join()
-    auth = OidcAuth([SA], certs_url=emulator.url + CERTS_PATH)
+    auth = OidcAuth([SA], audience=url, certs_url=emulator.url + CERTS_PATH)
     spec = HandlerSpec(Kind.TASK, "hit", lambda p, c: None)
     result = auth.authenticate(AuthRequest(recorder.hits[0].headers["Authorization"], url), spec)
     assert (result.status, result.principal) == (200, SA)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import time
 from typing import Any
 
@@ -25,6 +26,7 @@ from worker.stores import MemoryStore
 
 SA = "tasks@p.iam.gserviceaccount.com"
 OTHER_SA = "intruder@p.iam.gserviceaccount.com"
+ROOT = "http://localhost"  # The worker's configured audience: its root URL.
 AUDIENCE = "http://localhost/tasks/send_receipt"
 
 
@@ -83,7 +85,7 @@ def app(keys: Keys, runs: list[str], store: MemoryStore) -> flask.Flask:
     def nightly(ctx: TaskContext) -> None:
         runs.append(ctx.run_id)
 
-    return create_app(router, store=store, auth=OidcAuth([SA], certs_url=keys.url))
+    return create_app(router, store=store, auth=OidcAuth([SA], audience=ROOT, certs_url=keys.url))
 
 
 def post(
@@ -120,13 +122,56 @@ def test_root_url_audience_is_accepted_like_cloud_run(
     assert post(app, keys.token(aud="http://localhost")).status_code == 200
 
 
-def test_forwarded_https_scheme_is_the_audience_behind_cloud_run(
+def test_token_for_another_service_replayed_with_a_spoofed_host_is_refused(
+    app: flask.Flask, keys: Keys, runs: list[str], store: MemoryStore
+) -> None:
+    for audience in ("https://billing.example.com/", "https://billing.example.com"):
+        spoofed = {
+            **task_headers(),
+            "Host": "billing.example.com",
+            "X-Forwarded-Proto": "https",
+        }
+        assert_refused(post(app, keys.token(aud=audience), spoofed), 401, runs, store)
+
+
+def test_forwarded_scheme_does_not_change_the_expected_audience(
     app: flask.Flask, keys: Keys
 ) -> None:
     token = keys.token(aud="https://localhost/tasks/send_receipt")
-    assert post(app, token).status_code == 401
     headers = {**task_headers(), "X-Forwarded-Proto": "https"}
-    assert post(app, token, headers).status_code == 200
+    assert post(app, token, headers).status_code == 401
+
+
+def test_oidc_without_an_audience_refuses_to_start_naming_the_variable(
+    keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TASKLEASE_AUDIENCE", raising=False)
+    monkeypatch.setenv("TASKLEASE_ALLOWED_SERVICE_ACCOUNTS", SA)
+    router = Router()
+    router.task("t")(lambda payload, ctx: None)
+    with pytest.raises(ConfigurationError, match="TASKLEASE_AUDIENCE"):
+        create_app(router, store="memory://", auth=OidcAuth([SA], certs_url=keys.url))
+    with pytest.raises(ConfigurationError, match="TASKLEASE_AUDIENCE"):
+        create_app(router, store="memory://", auth="oidc")
+
+
+def test_audience_from_the_environment_argument_or_every_handler_satisfies_startup(
+    keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TASKLEASE_AUDIENCE", raising=False)
+    monkeypatch.setenv("TASKLEASE_ALLOWED_SERVICE_ACCOUNTS", SA)
+    monkeypatch.setenv("TASKLEASE_OIDC_CERTS_URL", keys.url)
+    router = Router()
+    router.task("send_receipt")(lambda payload, ctx: None)
+    app = create_app(router, store="memory://", auth="oidc", audience=ROOT)
+    assert post(app, keys.token()).status_code == 200
+    per_handler = Router()
+    per_handler.task("send_receipt", audience="https://svc.example/x")(lambda payload, ctx: None)
+    app = create_app(per_handler, store="memory://", auth="oidc")
+    assert post(app, keys.token(aud="https://svc.example/x")).status_code == 200
+    assert post(app, keys.token()).status_code == 401
+    monkeypatch.setenv("TASKLEASE_AUDIENCE", ROOT)
+    assert post(create_app(router, store="memory://"), keys.token()).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -204,10 +249,86 @@ def test_public_keys_are_fetched_once_not_per_request(app: flask.Flask, keys: Ke
 def test_key_server_down_is_503_and_nothing_runs(runs: list[str], store: MemoryStore) -> None:
     router = Router()
     router.task("send_receipt")(lambda payload, ctx: runs.append("ran"))
-    app = create_app(router, store=store, auth=OidcAuth([SA], certs_url="http://127.0.0.1:9/certs"))
+    auth = OidcAuth([SA], audience=ROOT, certs_url="http://127.0.0.1:9/certs")
+    app = create_app(router, store=store, auth=auth)
     response = post(app, TokenIssuer().mint(SA, AUDIENCE))
     assert_refused(response, 503, runs, store)
     assert response.headers["Retry-After"]
+
+
+def test_failed_key_fetches_are_remembered_so_junk_tokens_do_not_hammer_the_key_server(
+    httpserver: HTTPServer, runs: list[str], store: MemoryStore
+) -> None:
+    httpserver.expect_request("/certs").respond_with_data("down", status=500)
+    router = Router()
+    router.task("send_receipt")(lambda payload, ctx: runs.append("ran"))
+    auth = OidcAuth([SA], audience=ROOT, certs_url=httpserver.url_for("/certs"))
+    app = create_app(router, store=store, auth=auth)
+    junk = TokenIssuer().mint(SA, AUDIENCE)  # One key: making one per request takes seconds.
+    for n in range(20):
+        response = post(app, junk, task_headers(task=f"t{n}"))
+        assert_refused(response, 503, runs, store)
+        assert int(response.headers["Retry-After"]) > 0
+    assert len([r for r, _ in httpserver.log if r.path == "/certs"]) == 1
+
+
+def test_a_hanging_key_server_is_given_up_on_within_seconds(
+    runs: list[str], store: MemoryStore
+) -> None:
+    with socket.socket() as silent:  # Accepts connections (the backlog), never answers.
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/certs"
+        router = Router()
+        router.task("send_receipt")(lambda payload, ctx: runs.append("ran"))
+        app = create_app(router, store=store, auth=OidcAuth([SA], audience=ROOT, certs_url=url))
+        token = TokenIssuer().mint(SA, AUDIENCE)
+        started = time.monotonic()
+        assert_refused(post(app, token), 503, runs, store)
+        assert 2.5 < time.monotonic() - started < 10  # The 3 s read timeout, not 120 s.
+        started = time.monotonic()
+        assert_refused(post(app, token, task_headers(task="t2")), 503, runs, store)
+        assert time.monotonic() - started < 2  # Remembered: no second 3 s wait.
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://keys.example.com/certs",
+        "http://127.0.0.1.attacker.example/certs",
+        "ftp://127.0.0.1/certs",
+        "/certs",
+    ],
+)
+def test_keys_over_plain_http_are_refused_unless_from_loopback(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigurationError, match="TASKLEASE_OIDC_CERTS_URL"):
+        OidcAuth([SA], audience=ROOT, certs_url=url)
+    monkeypatch.setenv("TASKLEASE_OIDC_CERTS_URL", url)
+    with pytest.raises(ConfigurationError, match="TASKLEASE_OIDC_CERTS_URL"):
+        OidcAuth.from_env()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://keys.example.com/certs",
+        "http://127.0.0.1:8123/oauth2/v1/certs",
+        "http://localhost:8123/certs",
+        "http://[::1]:8123/certs",
+    ],
+)
+def test_keys_over_https_or_from_loopback_are_accepted(url: str) -> None:
+    assert OidcAuth([SA], audience=ROOT, certs_url=url).certs_url == url
+
+
+def test_tokens_that_are_not_jwts_are_refused_without_fetching_keys(
+    app: flask.Flask, keys: Keys, runs: list[str], store: MemoryStore
+) -> None:
+    for junk in ("not-a-jwt", "a.b", "a.b.c.d", "é.b.c", "a." + "b" * 20_000 + ".c"):
+        assert_refused(post(app, junk), 401, runs, store)
+    assert [r for r, _ in keys.server.log if r.path == "/certs"] == []
 
 
 def test_log_line_says_why_without_echoing_the_token(
@@ -229,6 +350,7 @@ def test_oidc_is_the_default_and_refuses_to_start_unconfigured(
 ) -> None:
     monkeypatch.delenv("TASKLEASE_AUTH", raising=False)
     monkeypatch.delenv("TASKLEASE_ALLOWED_SERVICE_ACCOUNTS", raising=False)
+    monkeypatch.setenv("TASKLEASE_AUDIENCE", ROOT)
     router = Router()
     router.task("t")(lambda payload, ctx: None)
     with pytest.raises(ConfigurationError, match="TASKLEASE_ALLOWED_SERVICE_ACCOUNTS"):
@@ -238,9 +360,31 @@ def test_oidc_is_the_default_and_refuses_to_start_unconfigured(
     assert post(app, None, path="/tasks/t").status_code == 401
 
 
-def test_unknown_auth_mode_is_a_configuration_error() -> None:
+@pytest.mark.parametrize("mode", ["basic", "off", "false", " none", "none ", "no ne", "non\u0435"])
+def test_unknown_auth_mode_is_a_configuration_error(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(ConfigurationError, match="unknown auth"):
-        create_app(Router(), store="memory://", auth="basic")
+        create_app(Router(), store="memory://", auth=mode)
+    monkeypatch.setenv("TASKLEASE_AUTH", mode)
+    with pytest.raises(ConfigurationError, match="unknown auth"):
+        create_app(Router(), store="memory://")
+
+
+@pytest.mark.parametrize("mode", ["none", "None", "NONE"])
+def test_auth_none_is_accepted_in_any_case_and_every_log_line_says_so(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="tasklease")
+    router = Router()
+    router.task("send_receipt")(lambda payload, ctx: None)
+    client = create_app(router, store="memory://", auth=mode).test_client()
+    client.post("/tasks/send_receipt", headers=task_headers(), data=b"{}")
+    client.post("/tasks/send_receipt", headers={}, data=b"{}")
+    client.post("/tasks/nothing", headers=task_headers(), data=b"{}")
+    lines = [r for r in caplog.records if r.name in ("tasklease.execution", "tasklease.app")]
+    assert len(lines) == 4
+    assert all(r.tasklease.get("auth") == "none" for r in lines)  # type: ignore[attr-defined]
 
 
 # Hostile input from an authenticated caller: still refused, still nothing claimed.
@@ -293,6 +437,8 @@ def test_duplicated_identity_headers_with_conflicting_values_are_400(
         "2026-10-16T25:00:00Z",
         "2026-10-16T12:00:00+99:00",
         "2026-10-16T12:00:00Z\x00",
+        "9999-12-31T23:59:59-23:59",  # Past datetime.max once in UTC: OverflowError.
+        "0001-01-01T00:00:00+23:59",
     ],
 )
 def test_malformed_or_absurd_schedule_times_are_400(

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from google.api_core import exceptions as api
+from google.cloud.firestore_v1.document import DocumentReference
 
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
-from tests.helpers import T0, claim_request, task_headers
+from tests.helpers import T0, FakeClock, claim_request, task_headers
 from tests.store_contract import EXPIRED, LEASE, CrossProcessContract, StoreContract
 from worker import Router, create_app
 from worker.errors import StoreUnavailable
@@ -62,6 +66,78 @@ def test_stale_attempt_in_another_process_cannot_finish(firestore_host: str | No
     assert fresh.get("run-1").attempt_id == "attempt-2"  # type: ignore[union-attr]
 
 
+# The takeover race: processes, each with its own client, take over one expired lease at once.
+RACERS = 8
+ROUNDS = 5
+# Rounds this far apart find the previous winner's lease long expired, the record retained.
+ROUND_STEP = LEASE + timedelta(hours=1)
+
+
+def _takeover_racer(collection: str, index: int, barrier: Any, results: Any) -> None:
+    """One racing process: per round, wait for the others, then claim the contested run."""
+    store = FirestoreStore.from_options(collection=collection, project=PROJECT)
+    writes = 0
+    conditional_update = store._update_if_unchanged
+
+    def counted(*args: Any) -> Any:
+        nonlocal writes
+        writes += 1
+        return conditional_update(*args)
+
+    store._update_if_unchanged = counted  # type: ignore[method-assign]
+    try:
+        store.get("contested")  # Connect before the race, so the race is about the write.
+        for round_ in range(ROUNDS):
+            barrier.wait(timeout=120)
+            writes = 0
+            attempt = f"round-{round_}-racer-{index}"
+            claim = store.claim(claim_request("contested", attempt), T0 + ROUND_STEP * (round_ + 1))
+            results.put((round_, attempt, claim.verdict.value, claim.record.attempt_id, writes))
+    finally:
+        store.close()
+
+
+@IGNORES_UPDATE_TIME
+def test_eight_processes_taking_over_one_expired_lease_have_exactly_one_winner(
+    firestore_host: str | None,
+) -> None:
+    collection = unique_collection()
+    store = new_store(collection)
+    store.claim(claim_request("contested", "original"), T0)  # Its lease expires unrenewed.
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(RACERS)
+    results = context.Queue()
+    processes = [
+        context.Process(target=_takeover_racer, args=(collection, index, barrier, results))
+        for index in range(RACERS)
+    ]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=180) for _ in range(RACERS * ROUNDS)]
+    for process in processes:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    winners = []
+    for round_ in range(ROUNDS):
+        this_round = [o for o in outcomes if o[0] == round_]
+        claimed = [attempt for _, attempt, verdict, _, _ in this_round if verdict == "claimed"]
+        assert len(claimed) == 1, f"round {round_}: {this_round}"
+        winners.extend(claimed)
+        # Every loser saw the winner's claim, whether it lost the write or read it afterwards.
+        assert {(v, holder) for _, a, v, holder, _ in this_round if a not in claimed} == {
+            ("in_progress", claimed[0])
+        }
+        contenders = sum(1 for *_, writes in this_round if writes)
+        print(f"round {round_}: winner {claimed[0]}, {contenders} of {RACERS} tried the write")
+    record = store.get("contested")
+    assert record is not None
+    assert (record.attempt_id, record.fencing_token, record.attempts) == (
+        winners[-1],
+        ROUNDS + 1,
+        ROUNDS + 1,
+    )
+
+
 def test_worker_runs_on_firestore_through_the_app(firestore_host: str | None) -> None:
     router = Router()
     runs: list[str] = []
@@ -76,6 +152,28 @@ def test_worker_runs_on_firestore_through_the_app(firestore_host: str | None) ->
     ]
     assert outcomes == ["processed", "duplicate", "duplicate"]
     assert len(runs) == 1
+
+
+def test_delivery_rpc_counts_two_per_first_execution_one_per_retried_duplicate(
+    firestore_host: str | None,
+) -> None:
+    router = Router()
+    router.task("send_receipt")(lambda payload, ctx: {"ok": True})
+    store = new_store()
+    app = create_app(router, store=store, auth="none")
+    rpcs = RpcCounter(store.client)
+
+    def deliver(retry: int) -> str:
+        headers = task_headers(retry=retry, execution=retry)
+        response = app.test_client().post("/tasks/send_receipt", headers=headers, data=b"{}")
+        return str(response.headers["X-Tasklease-Outcome"])
+
+    assert deliver(0) == "processed"
+    assert rpcs.take() == ["commit", "commit"]  # create, then the conditional completion.
+    assert deliver(1) == "duplicate"
+    assert rpcs.take() == ["batch_get_documents"]  # A retry reads first: one RPC.
+    assert deliver(0) == "duplicate"  # Not marked as a retry: create-first, then a read.
+    assert rpcs.take() == ["commit", "batch_get_documents"]
 
 
 def test_store_url_selects_firestore(firestore_host: str | None) -> None:
@@ -126,11 +224,12 @@ def test_renewal_costs_one_rpc(counted: tuple[FirestoreStore, RpcCounter]) -> No
 
 
 class Scripted:
-    """A DocumentReference whose next calls raise first (after or before really running)."""
+    """Scripts a store's documents: their next calls raise (after or before really running)."""
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+    def __init__(self, store: FirestoreStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.script: dict[str, list[tuple[BaseException, bool, Any]]] = {}
+        documents = store._document
+        monkeypatch.setattr(store, "_document", lambda run_id: _Document(documents(run_id), self))
 
     def fail(
         self, method: str, error: BaseException, *, after_running: bool = False, before: Any = None
@@ -138,13 +237,19 @@ class Scripted:
         """The next ``method`` call runs ``before()``, then (maybe) really runs, then raises."""
         self.script.setdefault(method, []).append((error, after_running, before))
 
+
+class _Document:
+    def __init__(self, inner: Any, scripted: Scripted) -> None:
+        self._inner = inner
+        self._scripted = scripted
+
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._inner, name)
         if name not in ("create", "update", "get"):
             return target
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            steps = self.script.get(name)
+            steps = self._scripted.script.get(name)
             if steps:
                 error, after_running, before = steps.pop(0)
                 if before is not None:
@@ -162,9 +267,7 @@ def scripted(
     firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[FirestoreStore, Scripted]:
     store = new_store()
-    document = Scripted(store._document("run-1"))
-    monkeypatch.setattr(store, "_document", lambda run_id: document)
-    return store, document
+    return store, Scripted(store, monkeypatch)
 
 
 def test_create_retried_by_the_client_after_it_succeeded_is_still_our_claim(
@@ -282,6 +385,19 @@ def test_aborted_create_is_retried_and_persistent_contention_is_store_unavailabl
         store.claim(claim_request("run-1", "attempt-9"), T0)
 
 
+def test_claim_reads_the_clock_again_before_each_write(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, document = scripted
+    clock = FakeClock()
+    # The first create meets contention after a slow round trip: the retry must not write a
+    # lease computed from the time read before it.
+    document.fail("create", api.Aborted("contention"), before=lambda: clock.advance(LEASE))
+    claim = store.claim(claim_request(), clock)
+    assert claim.record.claimed_at == T0 + LEASE
+    assert claim.record.lease_expires == T0 + LEASE * 2
+
+
 def test_unreachable_firestore_is_store_unavailable_within_the_call_timeout(
     firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -289,3 +405,155 @@ def test_unreachable_firestore_is_store_unavailable_within_the_call_timeout(
     store = new_store(call_timeout=1.0)
     with pytest.raises(StoreUnavailable, match="could not claim"):
         store.claim(claim_request(), T0)
+
+
+# A write that lands although its call fails: the client gives up (deadline passed, connection
+# lost) after the server committed. Only the stored attempt id tells it from a write not made.
+LANDED_THEN_FAILED = api.DeadlineExceeded("deadline exceeded after the write landed")
+
+
+def test_claim_whose_create_landed_but_whose_call_failed_is_our_claim(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, document = scripted
+    document.fail("create", LANDED_THEN_FAILED, after_running=True)
+    claim = store.claim(claim_request(), T0)
+    assert (claim.verdict, claim.record.attempt_id) == (Verdict.CLAIMED, "attempt-1")
+    assert store.complete("run-1", "attempt-1", None, T0)
+
+
+def test_landed_create_that_cannot_be_read_back_does_not_block_the_retry_for_a_lease(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, document = scripted
+    document.fail("create", LANDED_THEN_FAILED, after_running=True)
+    document.fail("get", api.ServiceUnavailable("down"))
+    with pytest.raises(StoreUnavailable):
+        store.claim(claim_request(), T0)  # The delivery answers 503; nothing ran.
+    # Cloud Tasks retries at once, well within the orphan's lease: it must run the task.
+    claim = store.claim(claim_request(attempt_id="attempt-2"), T0 + timedelta(seconds=1))
+    assert claim.verdict is Verdict.CLAIMED
+    assert (claim.record.attempt_id, claim.record.fencing_token) == ("attempt-2", 2)
+
+
+def test_landed_create_that_cannot_be_read_back_is_released_in_the_background(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, document = scripted
+    document.fail("create", LANDED_THEN_FAILED, after_running=True)
+    document.fail("get", api.ServiceUnavailable("down"))
+    with pytest.raises(StoreUnavailable):
+        store.claim(claim_request(), T0)
+    observer = new_store(store.collection)  # Another instance, which this one never calls.
+    deadline = time.monotonic() + 30
+    while (record := observer.get("run-1")) is None or record.status is RunStatus.IN_PROGRESS:
+        assert time.monotonic() < deadline, f"still held: {record}"
+        time.sleep(0.1)
+    assert (record.status, record.attempt_id) == (RunStatus.RELEASED, "attempt-1")
+
+
+def test_landed_create_is_not_released_once_it_is_no_longer_held_by_its_attempt(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, document = scripted
+    document.fail("create", LANDED_THEN_FAILED, after_running=True)
+    document.fail("get", api.ServiceUnavailable("down"))
+    with pytest.raises(StoreUnavailable):
+        store.claim(claim_request(), T0)
+    # The orphan's lease expires and another instance takes the run over before any release.
+    rival = new_store(store.collection)
+    assert rival.claim(claim_request(attempt_id="attempt-2"), T0 + LEASE * 2).verdict is (
+        Verdict.CLAIMED
+    )
+    # A later delivery of the run here: the release runs first and must leave attempt-2 alone.
+    claim = store.claim(claim_request(attempt_id="attempt-3"), T0 + LEASE * 2)
+    assert (claim.verdict, claim.record.attempt_id) == (Verdict.IN_PROGRESS, "attempt-2")
+    record = store.get("run-1")
+    assert record is not None
+    assert (record.status, record.attempt_id) == (RunStatus.IN_PROGRESS, "attempt-2")
+
+
+@pytest.mark.parametrize("finish", ["complete", "fail", "release"])
+def test_finish_whose_write_landed_but_whose_call_failed_succeeds_when_retried(
+    scripted: tuple[FirestoreStore, Scripted], finish: str
+) -> None:
+    store, document = scripted
+    store.claim(claim_request(), T0)
+    document.fail("update", LANDED_THEN_FAILED, after_running=True)
+    call = {
+        "complete": lambda now: store.complete("run-1", "attempt-1", '{"ok":true}', now),
+        "fail": lambda now: store.fail("run-1", "attempt-1", "PermanentFailure: no", now, "{}"),
+        "release": lambda now: store.release("run-1", "attempt-1", "RuntimeError: boom", now),
+    }[finish]
+    with pytest.raises(StoreUnavailable):
+        call(T0)
+    # The executor retries at once, reading its clock again: our write is there, not lost.
+    assert call(T0 + timedelta(seconds=1))
+
+
+def test_finish_of_another_kind_by_the_same_attempt_is_not_taken_as_landed(
+    scripted: tuple[FirestoreStore, Scripted],
+) -> None:
+    store, _ = scripted
+    store.claim(claim_request(), T0)
+    assert store.release("run-1", "attempt-1", "RuntimeError: boom", T0)
+    assert not store.complete("run-1", "attempt-1", None, T0)
+    assert store.renew("run-1", "attempt-1", LEASE, T0) is None
+
+
+def test_worker_retries_a_finish_that_landed_and_answers_processed(
+    firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = Router()
+    runs: list[str] = []
+    router.task("send_receipt")(lambda payload, ctx: runs.append(ctx.run_id))
+    store = new_store()
+    scripted = Scripted(store, monkeypatch)
+    scripted.fail("update", LANDED_THEN_FAILED, after_running=True)
+    client = create_app(router, store=store, auth="none").test_client()
+    reply = client.post("/tasks/send_receipt", headers=task_headers(), data=b"{}")
+    assert (reply.status_code, reply.headers["X-Tasklease-Outcome"]) == (200, "processed")
+    assert len(runs) == 1
+
+
+def test_worker_answers_503_then_runs_the_retry_when_a_landed_claim_cannot_be_read(
+    firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = Router()
+    runs: list[str] = []
+    router.task("send_receipt")(lambda payload, ctx: runs.append(ctx.run_id))
+    store = new_store()
+    scripted = Scripted(store, monkeypatch)
+    scripted.fail("create", LANDED_THEN_FAILED, after_running=True)
+    scripted.fail("get", api.ServiceUnavailable("down"))
+    client = create_app(router, store=store, auth="none").test_client()
+    outcomes = [
+        client.post("/tasks/send_receipt", headers=task_headers(retry=retry), data=b"{}")
+        for retry in range(2)
+    ]
+    assert [(r.status_code, r.headers["X-Tasklease-Outcome"]) for r in outcomes] == [
+        (503, "unavailable"),
+        (200, "processed"),
+    ]
+    assert len(runs) == 1
+
+
+@IGNORES_UPDATE_TIME
+def test_purge_does_not_delete_a_run_taken_over_after_it_read_it(
+    firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = new_store()
+    store.claim(claim_request(), T0)
+    later = T0 + timedelta(days=8)  # Past retention: purge reads it as expired.
+    rival = new_store(store.collection)
+    delete = DocumentReference.delete
+
+    def taken_over_first(self: DocumentReference, *args: Any, **kwargs: Any) -> Any:
+        rival.claim(claim_request(attempt_id="attempt-2"), later)
+        return delete(self, *args, **kwargs)
+
+    monkeypatch.setattr(DocumentReference, "delete", taken_over_first)
+    assert store.purge_expired(later) == 0
+    record = store.get("run-1")
+    assert record is not None
+    assert (record.attempt_id, record.status) == ("attempt-2", RunStatus.IN_PROGRESS)

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import gc
+
 import pytest
 
+from tests.helpers import T0, claim_request
 from tests.store_contract import StoreContract
 from worker.stores import MemoryStore
 
@@ -10,3 +13,14 @@ class TestMemoryStore(StoreContract):
     @pytest.fixture
     def store(self) -> MemoryStore:
         return MemoryStore()
+
+
+def test_stored_records_are_not_tracked_by_the_cycle_collector() -> None:
+    # Thousands of tracked records would slow every collection, and so every request.
+    store = MemoryStore()
+    for index in range(100):
+        store.claim(claim_request(f"run-{index}"), T0)
+    for _ in range(3):  # Each pass untracks one more level of nested tuples.
+        gc.collect()
+    assert not any(gc.is_tracked(packed) for packed in store._records.values())
+    assert store.get("run-7") == store.claim(claim_request("run-7", "again"), T0).record

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from typing import Any
 
 import flask
-from werkzeug.datastructures import Headers
+from werkzeug.exceptions import HTTPException
 
 from worker import constants as c
-from worker.auth import Authenticator, OidcAuth, authenticator_for
-from worker.execution import Clock, Delivery, Executor, Reply, utc_now
-from worker.identity import HeaderLookup, Kind
-from worker.logs import configure_logging
+from worker import fallback
+from worker.auth import Authenticator, NoAuth, OidcAuth, authenticator_for
+from worker.execution import Clock, Executor, Reply, utc_now
+from worker.logs import configure_logging, request_fields
 from worker.router import Router
 from worker.stores import LeaseStore, check_store_is_shared, store_from_url
+from worker.wsgi_routes import DeliveryRoutes
 
 _log = logging.getLogger("tasklease.app")
 
 EXECUTOR_EXTENSION = "tasklease"  # app.extensions key holding the Executor.
-# Routes accept every method so that a wrong one is answered (405) and logged like any
-# other rejected delivery, with the outcome header.
-_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 def create_app(
@@ -33,6 +32,7 @@ def create_app(
     project_header: str = c.PROJECT_HEADER,
     location_header: str = c.LOCATION_HEADER,
     app: flask.Flask | None = None,
+    audience: str | None = None,
 ) -> flask.Flask:
     """A Flask app serving ``router``: ``POST /tasks/<name>`` and ``POST /jobs/<name>``.
 
@@ -41,13 +41,15 @@ def create_app(
     - ``auth``: ``"oidc"`` (the default, configured from the environment), ``"none"`` (turns
       authentication off, with a warning), or an :class:`Authenticator`. None reads
       ``TASKLEASE_AUTH``.
+    - ``audience``: the OIDC token audience (overrides ``TASKLEASE_AUDIENCE``), normally the
+      worker's root URL. With OIDC on, it (or a per-handler audience) is required.
     - ``app``: an existing Flask app to add the routes to, instead of a new one.
     """
     configure_logging()
     if not isinstance(store, LeaseStore):
         store = store_from_url(store)
     check_store_is_shared(store)
-    authenticator = authenticator_for(auth)
+    authenticator = authenticator_for(auth, audience)
     if isinstance(authenticator, OidcAuth):
         authenticator.check_configuration(router)
     executor = Executor(
@@ -58,79 +60,43 @@ def create_app(
         project_header=project_header,
         location_header=location_header,
     )
+    own_app = app is None
     app = app or flask.Flask("tasklease")
     app.extensions[EXECUTOR_EXTENSION] = executor
+    # With authentication off, every line says so: nobody should read such a log as verified.
+    fields: dict[str, Any] = {"auth": "none"} if isinstance(authenticator, NoAuth) else {}
 
-    def serve(kind: Kind, name: str) -> flask.Response:
-        return _respond(executor.execute(_delivery(kind, name)))
+    def refused(error: HTTPException) -> HTTPException | flask.Response:
+        # A user's own app keeps its own error pages outside tasklease's routes.
+        is_ours = own_app or fallback.is_tasklease_path(flask.request.path)
+        if not is_ours or error.code is None or error.code < 400:
+            return error
+        reply = fallback.reply_for_http_error(error)
+        with request_fields(fields):
+            fallback.log_reply(reply, time.monotonic())
+        response = _respond(reply)
+        allowed = getattr(error, "valid_methods", None)  # MethodNotAllowed's
+        if allowed:
+            response.headers["Allow"] = ", ".join(allowed)
+        return response
 
-    app.add_url_rule(
-        f"{c.TASK_ROUTE_PREFIX}<path:name>",
-        "tasklease_task",
-        lambda name: serve(Kind.TASK, name),
-        methods=_ALL_METHODS,
-    )
-    app.add_url_rule(
-        f"{c.SCHEDULER_ROUTE_PREFIX}<path:name>",
-        "tasklease_job",
-        lambda name: serve(Kind.SCHEDULER, name),
-        methods=_ALL_METHODS,
-    )
+    app.register_error_handler(HTTPException, refused)
+
+    # Deliveries are answered in front of Flask (worker.wsgi_routes); the rest is Flask's,
+    # and the error handler above gives what Flask itself refuses one line and a JSON answer.
+    app.wsgi_app = DeliveryRoutes(app.wsgi_app, executor, fields)  # type: ignore[method-assign]
     app.add_url_rule("/healthz", "tasklease_health", lambda: {"status": "ok"}, methods=["GET"])
     _log.info(
         "tasklease worker ready",
-        extra={"tasklease": {"handlers": [spec.path for spec in router], "store": repr(store)}},
+        extra={
+            "tasklease": {
+                **fields,
+                "handlers": [spec.path for spec in router],
+                "store": repr(store),
+            }
+        },
     )
     return app
-
-
-def _delivery(kind: Kind, name: str) -> Delivery:
-    request = flask.request
-    return Delivery(
-        kind=kind,
-        handler=name,
-        header=_header_lookup(request.headers),
-        query=request.args.to_dict(),
-        body=_read_body(request),
-        url=_public_url(request),
-        authorization=request.headers.get("Authorization"),
-        method=request.method,
-    )
-
-
-def _header_lookup(headers: Headers) -> HeaderLookup:
-    """Case-insensitive lookup of every value of a header.
-
-    Built once per request: werkzeug's ``getlist`` scans the whole WSGI environ on each call,
-    and the identity needs a dozen lookups.
-    """
-    values: dict[str, list[str]] = {}
-    for name, value in headers.items():
-        values.setdefault(name.lower(), []).append(value)
-
-    def lookup(name: str) -> Sequence[str]:
-        return values.get(name.lower(), ())
-
-    return lookup
-
-
-def _read_body(request: flask.Request) -> bytes | None:
-    """The body, or None if it is larger than Cloud Tasks allows (read no further than that)."""
-    length = request.content_length
-    if length is not None and length > c.MAX_BODY_BYTES:
-        return None
-    body = request.stream.read(c.MAX_BODY_BYTES + 1)
-    return None if len(body) > c.MAX_BODY_BYTES else body
-
-
-def _public_url(request: flask.Request) -> str:
-    """The URL as the caller addressed it: Cloud Run terminates TLS and says so in
-    X-Forwarded-Proto, while the app itself sees plain HTTP."""
-    proto = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
-    scheme = proto if proto in ("http", "https") else request.scheme
-    url = f"{scheme}://{request.host}{request.path}"
-    query = request.query_string.decode("latin-1")
-    return f"{url}?{query}" if query else url
 
 
 def _respond(reply: Reply) -> flask.Response:

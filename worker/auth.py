@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import cachecontrol
 import google.auth.exceptions
-import google.auth.transport.requests
 import requests
 from google.oauth2 import id_token
 
 from worker import constants as c
 from worker.errors import ConfigurationError
+from worker.keys import FETCH_TIMEOUT_SECONDS, KeyFetcher, is_loopback_url
 from worker.router import HandlerSpec
 
 _log = logging.getLogger("tasklease.auth")
@@ -31,6 +31,9 @@ GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"
 GOOGLE_ISSUERS = ("accounts.google.com", "https://accounts.google.com")
 # Tolerated clock difference between Google's token issuers and this host.
 CLOCK_SKEW_SECONDS = 30
+# Three base64url segments: anything else is refused before the keys are fetched.
+_JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*", re.ASCII)
+_MAX_TOKEN_CHARS = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class AuthRequest:
     """What an authenticator sees of a request."""
 
     authorization: str | None
-    url: str  # The URL the request was made to, as the caller saw it (audience default).
+    url: str  # The URL as the request addressed it. Never an audience: its Host is the caller's.
 
 
 class Authenticator(ABC):
@@ -77,10 +80,13 @@ class OidcAuth(Authenticator):
     """Verifies ``Authorization: Bearer`` as an OIDC ID token signed by Google (or by the keys
     at ``certs_url``, such as the local emulator's).
 
-    Checks signature, expiry, issuer, audience (``audience``, else the URL of the request as
-    Cloud Tasks sets it by default, or the service's root URL), ``email_verified``, and
-    ``email`` in the allow-list (per handler if the handler sets one). Public keys are fetched
-    through an HTTP cache that honours ``Cache-Control``, not on every request.
+    Checks signature, expiry, issuer, audience, ``email_verified``, and ``email`` in the
+    allow-list (per handler if the handler sets one). The audience is the handler's
+    ``audience``, else ``audience`` here (``TASKLEASE_AUDIENCE``); when that is a root URL, the
+    handler's own URL under it (Cloud Tasks' and Scheduler's default audience) is accepted too.
+    It is never taken from the request: ``Host`` and ``X-Forwarded-Proto`` are the caller's to
+    choose, so a token minted for another service could be replayed here. Public keys are
+    fetched through an HTTP cache that honours ``Cache-Control``, not on every request.
     """
 
     def __init__(
@@ -91,32 +97,46 @@ class OidcAuth(Authenticator):
         certs_url: str = GOOGLE_CERTS_URL,
         issuers: Sequence[str] = GOOGLE_ISSUERS,
         session: requests.Session | None = None,
+        fetch_timeout: float = FETCH_TIMEOUT_SECONDS,
     ) -> None:
         self.allowed_service_accounts = frozenset(
             a.strip() for a in allowed_service_accounts if a.strip()
         )
         self.audience = audience
+        scheme = urlsplit(certs_url).scheme
+        if scheme != "https" and not (scheme == "http" and is_loopback_url(certs_url)):
+            # Over plain http, anyone on the path could serve their own keys.
+            raise ConfigurationError(
+                f"{c.ENV_OIDC_CERTS_URL}={certs_url!r}: the keys must come over https "
+                "(plain http only from a loopback address such as the local emulator)"
+            )
         self.certs_url = certs_url
         self.issuers = tuple(issuers)
-        self._transport = google.auth.transport.requests.Request(
-            session=session or cachecontrol.CacheControl(requests.Session())
-        )
+        self._transport = KeyFetcher(session, timeout=fetch_timeout)
 
     @classmethod
-    def from_env(cls) -> OidcAuth:
+    def from_env(cls, audience: str | None = None) -> OidcAuth:
         """Configured from ``TASKLEASE_ALLOWED_SERVICE_ACCOUNTS`` (comma-separated),
-        ``TASKLEASE_AUDIENCE``, ``TASKLEASE_OIDC_CERTS_URL`` and ``TASKLEASE_OIDC_ISSUERS``."""
+        ``TASKLEASE_AUDIENCE`` (unless ``audience`` is given), ``TASKLEASE_OIDC_CERTS_URL`` and
+        ``TASKLEASE_OIDC_ISSUERS``."""
         issuers = _split(os.environ.get(c.ENV_OIDC_ISSUERS, ""))
         return cls(
             _split(os.environ.get(c.ENV_ALLOWED_SERVICE_ACCOUNTS, "")),
-            audience=os.environ.get(c.ENV_AUDIENCE) or None,
+            audience=audience or os.environ.get(c.ENV_AUDIENCE, "").strip() or None,
             certs_url=os.environ.get(c.ENV_OIDC_CERTS_URL) or GOOGLE_CERTS_URL,
             issuers=issuers or GOOGLE_ISSUERS,
         )
 
     def check_configuration(self, specs: Iterable[HandlerSpec]) -> None:
-        """Refuse to start when some handler could never be called."""
+        """Refuse to start when some handler could never be called, or has no audience."""
         for spec in specs:
+            if not (spec.audience or self.audience):
+                raise ConfigurationError(
+                    f"OIDC authentication is on but no token audience is set for {spec.path}: "
+                    f"set {c.ENV_AUDIENCE} to the worker's URL (e.g. https://SERVICE.run.app), "
+                    "or pass create_app(..., audience=...) or the handler's audience. It is "
+                    "never taken from the request's Host header, which the caller chooses."
+                )
             if not self._allowed_for(spec):
                 raise ConfigurationError(
                     f"OIDC authentication is on but no service account may call {spec.path}: "
@@ -126,22 +146,26 @@ class OidcAuth(Authenticator):
 
     def authenticate(self, request: AuthRequest, spec: HandlerSpec) -> AuthResult:
         scheme, _, token = (request.authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
             return AuthResult(401, "missing Authorization: Bearer <OIDC ID token>")
+        if len(token) > _MAX_TOKEN_CHARS or not _JWT_SHAPE.fullmatch(token):
+            return AuthResult(401, "invalid ID token: not a JWT")
         configured = spec.audience or self.audience
-        audiences = [configured] if configured else _default_audiences(request.url)
+        if not configured:  # check_configuration refuses this at start; never guess.
+            return AuthResult(401, "no token audience is configured for this handler")
+        audiences = expected_audiences(configured, spec.path)
         try:
             claims: dict[str, Any] = dict(
                 id_token.verify_token(
-                    token.strip(),
+                    token,
                     self._transport,
                     audience=audiences,
                     certs_url=self.certs_url,
                     clock_skew_in_seconds=CLOCK_SKEW_SECONDS,
                 )
             )
-        except google.auth.exceptions.TransportError as exc:
-            _log.error("could not fetch OIDC public keys from %s: %s", self.certs_url, exc)
+        except google.auth.exceptions.TransportError:  # KeyFetcher logged it, once.
             return AuthResult(503, "could not fetch the OIDC public keys to verify the token")
         except (ValueError, google.auth.exceptions.GoogleAuthError) as exc:
             return AuthResult(401, f"invalid ID token: {_redacted(exc, token)}")
@@ -162,29 +186,39 @@ class OidcAuth(Authenticator):
         return self.allowed_service_accounts
 
 
-def authenticator_for(auth: str | Authenticator | None) -> Authenticator:
-    """Resolve ``create_app``'s ``auth`` argument (or ``TASKLEASE_AUTH``) to an authenticator."""
+def authenticator_for(
+    auth: str | Authenticator | None, audience: str | None = None
+) -> Authenticator:
+    """Resolve ``create_app``'s ``auth`` argument (or ``TASKLEASE_AUTH``) to an authenticator;
+    ``audience`` overrides ``TASKLEASE_AUDIENCE``."""
     if isinstance(auth, Authenticator):
+        if audience is not None:
+            raise ConfigurationError("pass the audience to your Authenticator, not create_app")
         return auth
-    choice = (auth or os.environ.get(c.ENV_AUTH) or "oidc").strip().lower()
-    if choice == "none":
+    # Exactly "oidc" or "none", in any case: a near miss such as " none" or "off" must not
+    # silently pick either mode.
+    choice = (auth if auth is not None else os.environ.get(c.ENV_AUTH, "")) or "oidc"
+    if choice.lower() == "none":
         _log.warning(
             "request authentication is OFF (auth='none'): anyone who can reach this worker can "
             "forge Cloud Tasks / Cloud Scheduler headers and run its handlers. Use it only for "
             "local development."
         )
         return NoAuth()
-    if choice == "oidc":
-        return OidcAuth.from_env()
+    if choice.lower() == "oidc":
+        return OidcAuth.from_env(audience)
     raise ConfigurationError(f"unknown auth {choice!r}: use 'oidc' (the default) or 'none'")
 
 
-def _default_audiences(url: str) -> list[str]:
-    """Without a configured audience: the URL Cloud Tasks targeted (its default audience), or
-    the service's root URL (the producer's default, and what Cloud Run itself accepts)."""
-    parts = urlsplit(url)
+def expected_audiences(configured: str, path: str) -> list[str]:
+    """The audiences a token may carry for the handler at ``path``: ``configured`` itself and,
+    when it is a service's root URL, that URL with or without ``/`` and the handler's URL under
+    it (what Cloud Tasks and Scheduler put in the token when the task or job sets none)."""
+    parts = urlsplit(configured)
+    if parts.path not in ("", "/") or parts.query or not parts.netloc:
+        return [configured]
     origin = f"{parts.scheme}://{parts.netloc}"
-    return [url, origin, origin + "/"]
+    return [configured, origin, origin + "/", origin + path]
 
 
 def _split(value: str) -> list[str]:

@@ -19,7 +19,7 @@ from worker.context import TaskContext
 from worker.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
 from worker.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
 from worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
-from worker.logs import instance_id, log_execution
+from worker.logs import instance_id, log_execution, note_error
 from worker.outcome import Outcome
 from worker.records import ClaimRequest, RunRecord, Verdict
 from worker.router import HandlerSpec, Router
@@ -31,6 +31,9 @@ _log = logging.getLogger("tasklease.execution")
 # A finish (complete/fail/release) the store refuses is retried after these pauses: the handler
 # already ran, so recording how it ended is worth a short wait.
 FINISH_RETRY_PAUSES = (0.05, 0.2, 0.5)
+
+# Verdicts a read alone may act on: a finished run stays finished until its record expires.
+_SETTLED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.FORBIDDEN})
 
 _AUTH_OUTCOMES = {401: Outcome.UNAUTHENTICATED, 403: Outcome.FORBIDDEN, 503: Outcome.UNAVAILABLE}
 
@@ -189,6 +192,16 @@ class Executor:
         caller: str | None,
     ) -> Reply:
         run_id = identity.run_id
+        if identity.is_retry:
+            # A retry has most likely been seen before: one read answers a finished run
+            # without a write (no write lock on SQLite, one RPC on Firestore).
+            try:
+                seen = self.store.get(run_id)
+            except StoreUnavailable as exc:
+                return _store_unavailable(f"lease store unavailable: {exc}", run_id)
+            verdict = decisions.decide(seen, self.clock(), caller)
+            if seen is not None and verdict in _SETTLED:
+                return self._settled(verdict, seen, log)
         request = ClaimRequest(
             run_id=run_id,
             kind=identity.kind.value,
@@ -205,40 +218,13 @@ class Executor:
         except StoreUnavailable as exc:
             return _store_unavailable(f"lease store unavailable: {exc}", run_id)
         record = claim.record
-        if claim.verdict is Verdict.FORBIDDEN:
-            # Say nothing of the run: not its status, result, attempts or owner.
-            return Reply(403, Outcome.FORBIDDEN, "this run belongs to another caller", run_id)
+        if claim.verdict is not Verdict.CLAIMED:
+            return self._settled(claim.verdict, record, log)
         log.update(
             attempt_id=record.attempt_id,
             attempt=record.attempts,
             fencing_token=record.fencing_token,
         )
-        if claim.verdict is Verdict.COMPLETED:
-            return Reply(
-                200,
-                Outcome.DUPLICATE,
-                "already completed",
-                run_id,
-                {"status": record.status.value},
-                result_json=record.result_json,
-            )
-        if claim.verdict is Verdict.FAILED:
-            return Reply(
-                200,
-                Outcome.DUPLICATE,
-                "already failed permanently",
-                run_id,
-                {"status": record.status.value, "error": record.error},
-            )
-        if claim.verdict is Verdict.IN_PROGRESS:
-            remaining = (record.lease_expires + c.MAX_CLOCK_SKEW - self.clock()).total_seconds()
-            return Reply(
-                409,
-                Outcome.IN_PROGRESS,
-                "another attempt holds the lease",
-                run_id,
-                retry_after=max(1, int(remaining + 0.999)),
-            )
         if claim.took_over_from:
             log["took_over_from"] = claim.took_over_from
         ctx = _context(spec, identity, record, body)
@@ -251,6 +237,43 @@ class Executor:
             self._give_back(ctx, "the claim took too long; lease store overloaded")
             return _store_unavailable("the lease store took too long to grant the claim", run_id)
         return self._run(spec, ctx, body)
+
+    def _settled(self, verdict: Verdict, record: RunRecord, log: dict[str, Any]) -> Reply:
+        """The answer to a delivery that may not run the handler, given the stored record."""
+        run_id = record.run_id
+        if verdict is Verdict.FORBIDDEN:
+            # Say nothing of the run: not its status, result, attempts or owner.
+            return Reply(403, Outcome.FORBIDDEN, "this run belongs to another caller", run_id)
+        log.update(
+            attempt_id=record.attempt_id,
+            attempt=record.attempts,
+            fencing_token=record.fencing_token,
+        )
+        if verdict is Verdict.COMPLETED:
+            return Reply(
+                200,
+                Outcome.DUPLICATE,
+                "already completed",
+                run_id,
+                {"status": record.status.value},
+                result_json=record.result_json,
+            )
+        if verdict is Verdict.FAILED:
+            return Reply(
+                200,
+                Outcome.DUPLICATE,
+                "already failed permanently",
+                run_id,
+                {"status": record.status.value, "error": record.error},
+            )
+        remaining = (record.lease_expires + c.MAX_CLOCK_SKEW - self.clock()).total_seconds()
+        return Reply(
+            409,
+            Outcome.IN_PROGRESS,
+            "another attempt holds the lease",
+            run_id,
+            retry_after=max(1, int(remaining + 0.999)),
+        )
 
     def _run(self, spec: HandlerSpec, ctx: TaskContext, body: bytes) -> Reply:
         if spec.max_attempts is not None and ctx.attempt > spec.max_attempts:
@@ -275,9 +298,7 @@ class Executor:
             self._give_back(ctx, f"LeaseLost: {exc}")
             return Reply(409, Outcome.LOST_CLAIM, str(exc), ctx.run_id)
         except Exception as exc:
-            logging.getLogger("tasklease.handler").exception(
-                "handler %s raised; releasing run %s for a retry", spec.name, ctx.run_id
-            )
+            note_error(exc)  # Its stack trace goes into the request's one log line.
             error = f"{type(exc).__name__}: {exc}"
             return self._finish(
                 ctx,

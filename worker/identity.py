@@ -87,6 +87,12 @@ class DeliveryIdentity:
         return hashlib.sha256(self.key.encode()).hexdigest()
 
     @property
+    def is_retry(self) -> bool:
+        """Whether Cloud Tasks says it tried this task before (the counts are hints only:
+        the run record decides)."""
+        return bool(self.retry_count or self.execution_count)
+
+    @property
     def trigger(self) -> str:
         """``manual`` for a manual Scheduler run, else ``scheduled`` (or ``task``)."""
         if self.kind is Kind.TASK:
@@ -169,7 +175,10 @@ def parse_rfc3339(value: str) -> datetime | None:
         parsed = datetime.fromisoformat(text)
     except ValueError:
         return None
-    parsed = parsed.astimezone(UTC)
+    try:
+        parsed = parsed.astimezone(UTC)
+    except OverflowError:  # Year 9999 with a negative offset is past datetime.max in UTC.
+        return None
     return parsed if _EARLIEST <= parsed < _LATEST else None
 
 

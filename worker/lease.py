@@ -31,6 +31,8 @@ _log = logging.getLogger("tasklease.lease")
 
 # Renew this many times per lease: a renewal that fails once still leaves time for another.
 RENEWALS_PER_LEASE = 3
+# Longest sleep of the scheduler thread with nothing to renew.
+IDLE_WAKE = 1.0
 # Shortest pause before retrying a renewal the store could not answer.
 MIN_RETRY_PAUSE = 0.05
 
@@ -57,6 +59,7 @@ class LeaseKeeper:
         self._condition = threading.Condition()
         self._entries: dict[int, _Entry] = {}  # Executions still running, by sequence number.
         self._due: list[tuple[float, int]] = []  # (monotonic due time, sequence), a heap.
+        self._wakes_at = math.inf  # When the scheduler thread's current wait ends.
 
     @property
     def kept_count(self) -> int:
@@ -91,7 +94,10 @@ class LeaseKeeper:
     def _schedule(self, due: float, sequence: int) -> None:
         """Call with the condition held."""
         heapq.heappush(self._due, (due, sequence))
-        self._condition.notify()
+        if due < self._wakes_at:
+            # Wake the scheduler only when it would otherwise sleep past this renewal: most
+            # executions end long before their first renewal, and a wake-up per request costs.
+            self._condition.notify()
 
     def _start_if_needed(self) -> None:
         if self._pid == os.getpid():
@@ -122,13 +128,21 @@ class LeaseKeeper:
     def _next_due(self) -> int:
         with self._condition:
             while True:
+                now = time.monotonic()
+                while self._due and self._due[0][1] not in self._entries:
+                    heapq.heappop(self._due)  # Finished executions' slots.
                 if not self._due:
-                    self._condition.wait()
+                    # Idle: wake now and then anyway, so that a new execution (due a lease/3
+                    # away at the soonest) needs to wake this thread only if due sooner.
+                    self._wakes_at = now + IDLE_WAKE
+                    self._condition.wait(IDLE_WAKE)
                     continue
-                wait = self._due[0][0] - time.monotonic()
-                if wait <= 0:
+                due = self._due[0][0]
+                if due <= now:
+                    self._wakes_at = now
                     return heapq.heappop(self._due)[1]
-                self._condition.wait(wait)
+                self._wakes_at = due
+                self._condition.wait(due - now)
 
     def _renew_and_reschedule(self, sequence: int, entry: _Entry) -> None:
         next_in = self._renew(sequence, entry)

@@ -19,3 +19,4 @@ class Outcome(StrEnum):
     UNAUTHENTICATED = "unauthenticated"  # 401: no valid ID token.
     FORBIDDEN = "forbidden"  # 403: a valid token from a caller that is not allowed.
     UNAVAILABLE = "unavailable"  # 503: the store (or key server) is down; nothing ran.
+    ERROR = "error"  # 500: the worker itself failed unexpectedly (a bug); see the log line.

@@ -28,6 +28,7 @@ def free_port() -> int:
 class GunicornWorker:
     """``gunicorn worker.wsgi:app`` for ``router`` (``module:attribute``) on 127.0.0.1.
 
+    With ``auth="oidc"``, ``TASKLEASE_AUDIENCE`` defaults to the server's own URL.
     Use as a context manager: it starts, waits until ``/healthz`` answers, and stops the
     server (SIGTERM, then SIGKILL) on exit.
     """
@@ -64,6 +65,9 @@ class GunicornWorker:
             "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
             **(env or {}),
         }
+        if auth == "oidc":
+            # The URL this server answers on is the only audience its tokens may carry.
+            self._env.setdefault(c.ENV_AUDIENCE, self.url)
         self._log_path = log_path
         self._stream_logs = stream_logs  # Inherit stdout/stderr (``tasklease dev``).
         self._process: subprocess.Popen[bytes] | None = None

@@ -14,12 +14,16 @@ Firestore evaluates atomically:
 
 A failed precondition means the document changed under us: the store reads it again and
 decides from what is there. That also covers the client's own automatic retries (a commit
-retried after an UNAVAILABLE can fail against the write its first try made): the stored
-attempt id tells our write from another attempt's.
+retried after an UNAVAILABLE can fail against the write its first try made) and a write that
+landed although its call failed: the stored attempt id tells our write from another
+attempt's. A claim whose write may have landed but cannot be read back is answered
+:class:`StoreUnavailable` and released later (conditionally, only while that attempt still
+holds it), so the task's retry is not locked out for a whole lease.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -49,6 +53,23 @@ MAX_REMEMBERED_WRITES = 10_000
 _TRANSIENT = retries.if_exception_type(
     api.ServiceUnavailable, api.DeadlineExceeded, api.InternalServerError, api.ResourceExhausted
 )
+# Errors after which a write may have landed: the server may have committed it before the
+# call failed (RetryError: the client's retries ran out of time, the last one such an error).
+_UNCERTAIN = (
+    api.DeadlineExceeded,
+    api.ServiceUnavailable,
+    api.InternalServerError,
+    api.Unknown,
+    api.Cancelled,
+    api.RetryError,
+)
+# Background retries of releasing claims that may have landed unseen: first delay, then doubling.
+ORPHAN_RETRY_FIRST = 0.5
+ORPHAN_RETRY_MAX = 60.0
+MAX_ORPHANS = 10_000
+ORPHAN_ERROR = "the claim's write landed but its call failed; released, the handler never ran"
+
+log = logging.getLogger("tasklease.store.firestore")
 
 
 class FirestoreStore(LeaseStore):
@@ -83,6 +104,11 @@ class FirestoreStore(LeaseStore):
         self._lock = threading.Lock()
         # (run id, attempt id) -> (update_time of our last write, the record we wrote).
         self._writes: OrderedDict[tuple[str, str], tuple[datetime, RunRecord]] = OrderedDict()
+        # Claims whose write may have landed though the claim failed: (run id, attempt id) ->
+        # the claim's time. Released on the next call, or by a background retry.
+        self._orphans: OrderedDict[tuple[str, str], datetime] = OrderedDict()
+        self._orphan_timer: threading.Timer | None = None
+        self._orphan_delay = ORPHAN_RETRY_FIRST
 
     @classmethod
     def from_options(
@@ -116,9 +142,14 @@ class FirestoreStore(LeaseStore):
                         )
                     self._client_pid = os.getpid()
                     self._writes.clear()
+                    self._orphans.clear()  # The parent process still owns them.
+                    self._orphan_timer = None
         return self._client
 
     def claim(self, request: ClaimRequest, now: Moment) -> Claim:
+        # The retry of a delivery whose claim landed unseen: give that claim back first. (Other
+        # runs' orphans are left to the background, so an outage does not slow every claim.)
+        self._release_orphans(request.run_id)
         ref = self._document(request.run_id)
         with self._guard("claim a run"):
             for _ in range(MAX_ROUNDS):
@@ -128,26 +159,51 @@ class FirestoreStore(LeaseStore):
                 except api.Aborted:
                     continue  # Contention: a Conflict subclass, but nothing was written.
                 except api.Conflict:  # AlreadyExists (or a conflict with our own retried try).
-                    pass
+                    snapshot = ref.get(**self._call)
+                except _UNCERTAIN as exc:
+                    snapshot = self._read_back(ref, fresh.record, exc)
                 else:
                     self._remember(fresh.record, written.update_time)
                     return fresh
-                snapshot = ref.get(**self._call)
                 if not snapshot.exists:
                     continue  # Deleted in between (TTL or purge): create again.
                 record = _decode(request.run_id, snapshot.to_dict())
-                if record.attempt_id == request.attempt_id:
-                    # The client retried our create after its first try had succeeded.
+                if decisions.holds(record, request.attempt_id):
+                    # Our create landed: the client retried it, or its call failed afterwards.
                     self._remember(record, snapshot.update_time)
                     return Claim(Verdict.CLAIMED, record)
                 outcome = decisions.claim(record, request, resolve(now))
                 if outcome.verdict is not Verdict.CLAIMED:
                     return outcome
-                updated = self._update_if_unchanged(ref, outcome.record, snapshot.update_time)
+                try:
+                    updated = self._update_if_unchanged(ref, outcome.record, snapshot.update_time)
+                except _UNCERTAIN as exc:
+                    snapshot = self._read_back(ref, outcome.record, exc)
+                    landed = _decode(request.run_id, snapshot.to_dict())
+                    self._remember(landed, snapshot.update_time)
+                    return Claim(Verdict.CLAIMED, landed, outcome.took_over_from)
                 if updated is not None:
                     self._remember(outcome.record, updated)
                     return outcome
         raise StoreUnavailable(f"run {request.run_id}: too much contention to claim it")
+
+    def _read_back(self, ref: Any, claimed: RunRecord, error: Exception) -> Any:
+        """The document after a claim's write failed in a way that may have landed it: its
+        snapshot if it shows this attempt's claim. Otherwise the claim fails (StoreUnavailable),
+        noted as an orphan to release in case it landed unseen or lands late."""
+        try:
+            snapshot = ref.get(**self._call)
+        except (api.GoogleAPIError, ValueError, OSError):
+            self._note_orphan(claimed)
+            raise StoreUnavailable(
+                f"Firestore store: could not claim a run (nor read it back): {error}"
+            ) from error
+        if snapshot.exists and decisions.holds(
+            _decode(claimed.run_id, snapshot.to_dict()), claimed.attempt_id
+        ):
+            return snapshot
+        self._note_orphan(claimed)
+        raise StoreUnavailable(f"Firestore store: could not claim a run: {error}") from error
 
     def _if_held(
         self,
@@ -222,11 +278,20 @@ class FirestoreStore(LeaseStore):
         purged = 0
         with self._guard("purge expired runs"):
             for snapshot in query.stream():
-                snapshot.reference.delete()
+                # Only the version read: a takeover since then makes it a live run again.
+                option = self.client.write_option(last_update_time=snapshot.update_time)
+                try:
+                    snapshot.reference.delete(option=option, **self._call)
+                except (api.FailedPrecondition, api.NotFound):
+                    continue
                 purged += 1
         return purged
 
     def close(self) -> None:
+        with self._lock:
+            timer, self._orphan_timer = self._orphan_timer, None
+        if timer is not None:
+            timer.cancel()
         if self._client is not None and self._client_pid == os.getpid():
             self._client.close()  # type: ignore[no-untyped-call]
 
@@ -264,6 +329,69 @@ class FirestoreStore(LeaseStore):
         with self._lock:
             self._writes.pop((run_id, attempt_id), None)
 
+    def _note_orphan(self, claimed: RunRecord) -> None:
+        """Remember a claim that may have landed unseen, and release it soon.
+
+        Safe because attempt ids are single use: the delivery whose claim failed never runs
+        the handler, and no later claim carries its attempt id.
+        """
+        with self._lock:
+            self._orphans[(claimed.run_id, claimed.attempt_id)] = claimed.claimed_at
+            while len(self._orphans) > MAX_ORPHANS:
+                self._orphans.popitem(last=False)  # Its lease expires by itself.
+        self._schedule_orphan_release()
+
+    def _drop_orphan(self, run_id: str, attempt_id: str) -> None:
+        with self._lock:
+            self._orphans.pop((run_id, attempt_id), None)
+
+    def _release_orphans(self, only_run: str | None = None) -> None:
+        """Give back claims that may have landed unseen (all, or ``only_run``'s), each only
+        while its attempt still holds it.
+
+        Released as of the claim's own time (nothing ran), so the next delivery runs at once.
+        """
+        if not self._orphans:
+            return
+        with self._lock:
+            pending = [
+                (key, claimed_at)
+                for key, claimed_at in self._orphans.items()
+                if only_run is None or key[0] == only_run
+            ]
+        for (run_id, attempt_id), claimed_at in pending:
+            try:
+                released = self._if_held(
+                    run_id, attempt_id, _orphan_released, claimed_at, RunStatus.RELEASED
+                )
+            except StoreUnavailable:
+                continue  # Still down: kept for the next call or the background retry.
+            self._drop_orphan(run_id, attempt_id)
+            if released is not None:
+                log.info("released run %s: attempt %s's claim landed unseen", run_id, attempt_id)
+        with self._lock:
+            if not self._orphans:
+                self._orphan_delay = ORPHAN_RETRY_FIRST
+        self._schedule_orphan_release()
+
+    def _schedule_orphan_release(self) -> None:
+        with self._lock:
+            if self._orphan_timer is not None or not self._orphans:
+                return
+            timer = threading.Timer(self._orphan_delay, self._release_orphans_in_background)
+            timer.daemon = True
+            self._orphan_timer = timer
+            self._orphan_delay = min(self._orphan_delay * 2, ORPHAN_RETRY_MAX)
+        timer.start()
+
+    def _release_orphans_in_background(self) -> None:
+        with self._lock:
+            self._orphan_timer = None
+        try:
+            self._release_orphans()
+        except Exception:  # A background thread has no caller to tell; it must not die noisily.
+            log.exception("could not release claims that may have landed unseen")
+
     @contextmanager
     def _guard(self, action: str) -> Iterator[None]:
         """Turn Firestore and transport errors into :class:`StoreUnavailable`."""
@@ -274,6 +402,10 @@ class FirestoreStore(LeaseStore):
         except (api.GoogleAPIError, ValueError, OSError) as exc:
             # ValueError: @transactional gives up after its retries on ABORTED.
             raise StoreUnavailable(f"Firestore store: could not {action}: {exc}") from exc
+
+
+def _orphan_released(record: RunRecord, now: datetime) -> RunRecord:
+    return decisions.released(record, ORPHAN_ERROR, now)
 
 
 def _encode(record: RunRecord) -> dict[str, Any]:

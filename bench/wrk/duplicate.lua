@@ -1,0 +1,11 @@
+-- The same task name every time, marked as a retry as Cloud Tasks marks one: duplicates.
+request = function()
+  local h = {}
+  h["Content-Type"] = "application/json"
+  h["X-CloudTasks-QueueName"] = "bench"
+  h["X-CloudTasks-TaskName"] = "same-task"
+  h["X-CloudTasks-TaskRetryCount"] = "1"
+  h["X-CloudTasks-TaskExecutionCount"] = "1"
+  h["X-CloudTasks-TaskETA"] = "1792152000.5"
+  return wrk.format("POST", "/tasks/noop", h, '{"order_id": 42}')
+end

@@ -1,0 +1,91 @@
+"""Group commit: concurrent changes share a transaction, each gets its own result or error."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from worker.stores.group_commit import GroupCommit, Pending
+
+
+class Recorder:
+    """A commit_batch that records batch sizes and can be slowed to let a queue build up."""
+
+    def __init__(self, pause: float = 0.0, fail_commit: bool = False) -> None:
+        self.batches: list[int] = []
+        self.pause = pause
+        self.fail_commit = fail_commit
+        self.inside = 0
+        self.overlaps = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, batch: list[Pending[str]]) -> None:
+        with self.lock:
+            self.inside += 1
+            self.overlaps += self.inside > 1
+        try:
+            time.sleep(self.pause)
+            for pending in batch:
+                try:
+                    pending.value = pending.work("connection")
+                except Exception as exc:
+                    pending.error = exc
+            if self.fail_commit:
+                for pending in batch:
+                    pending.error = RuntimeError("commit failed")
+            self.batches.append(len(batch))
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+
+def test_a_lone_change_is_committed_by_its_own_thread_at_once() -> None:
+    recorder = Recorder()
+    group: GroupCommit[str] = GroupCommit(recorder)
+    assert group.run(lambda connection: f"done on {connection}") == "done on connection"
+    assert recorder.batches == [1]
+
+
+def test_concurrent_changes_share_batches_and_each_gets_its_own_value() -> None:
+    recorder = Recorder(pause=0.02)
+    group: GroupCommit[str] = GroupCommit(recorder)
+    with ThreadPoolExecutor(16) as pool:
+        values = list(pool.map(lambda n: group.run(lambda _: n * 2), range(64)))
+    assert values == [n * 2 for n in range(64)]
+    assert sum(recorder.batches) == 64
+    assert len(recorder.batches) < 64, "no change ever shared a commit"
+    assert recorder.overlaps == 0, "two batches were committed at once"
+
+
+def test_a_failing_change_fails_alone_and_a_failed_commit_fails_its_whole_batch() -> None:
+    group: GroupCommit[str] = GroupCommit(Recorder())
+
+    def broken(_: Any) -> None:
+        raise ValueError("bad change")
+
+    with pytest.raises(ValueError, match="bad change"):
+        group.run(broken)
+    assert group.run(lambda _: "still fine") == "still fine"
+    failing: GroupCommit[str] = GroupCommit(Recorder(fail_commit=True))
+    with pytest.raises(RuntimeError, match="commit failed"):
+        failing.run(lambda _: "lost")
+
+
+def test_a_commit_that_raises_fails_its_batch_and_the_next_change_still_commits() -> None:
+    calls = {"n": 0}
+
+    def flaky(batch: list[Pending[str]]) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("disk gone")
+        for pending in batch:
+            pending.value = pending.work("connection")
+
+    group: GroupCommit[str] = GroupCommit(flaky)
+    with pytest.raises(OSError, match="disk gone"):
+        group.run(lambda _: "lost")
+    assert group.run(lambda _: "committed") == "committed"
