@@ -38,16 +38,20 @@ def downstream() -> Downstream:
 
 
 def _work(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
-    """Record the entry, sleep ``sleep`` s in ``steps`` steps (checking the lease between them
-    if ``check``), write the fenced effect, sleep ``after`` s, record the end."""
+    """Record the entry, sleep ``sleep`` s (or until the time ``until``) in ``steps`` steps,
+    checking the lease between them if ``check``; write the fenced effect, sleep ``after`` s,
+    record the end."""
     key = str(payload["key"])
     ledger = downstream()
     ledger.started(key, ctx)
     verdict, past_lease, live_until = "raised", 0, time.time()
     try:
         steps = max(1, int(payload.get("steps", 1)))
+        duration = float(payload.get("sleep", 0))
+        if "until" in payload:  # A wall-clock time: its retries after it do not wait.
+            duration = max(0.0, float(payload["until"]) - time.time())
         for _ in range(steps):
-            time.sleep(float(payload.get("sleep", 0)) / steps)
+            time.sleep(duration / steps)
             if payload.get("check"):
                 # Read before the check, by this process's own clock as the worker sees it:
                 # past the lease, another attempt may already have taken the run over.
