@@ -7,7 +7,7 @@ and the rules are tested without any store at all.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from worker import constants as c
@@ -39,6 +39,8 @@ def decide(record: RunRecord | None, now: datetime, caller: str | None = None) -
         return Verdict.COMPLETED
     if record.status is RunStatus.FAILED:
         return Verdict.FAILED
+    if record.status is RunStatus.SKIPPED:
+        return Verdict.SKIPPED
     if lease_held(record, now):
         return Verdict.IN_PROGRESS
     return Verdict.CLAIMED  # Released, or the holder's lease expired: take it over.
@@ -69,7 +71,7 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
         fencing_token=(record.fencing_token if record else 0) + 1,
         attempts=(record.attempts if record else 0) + 1,
         lease_expires=lease_expires,
-        expire_at=max(now + request.retention, lease_expires),
+        expire_at=max(now + request.retention, lease_expires + c.MAX_CLOCK_SKEW),
         claimed_at=now,
         identity=dict(request.identity),
         caller=request.caller,
@@ -97,11 +99,20 @@ def finished_by(record: RunRecord | None, attempt_id: str, status: RunStatus | N
     )
 
 
-def renewed(record: RunRecord, lease_expires: datetime) -> RunRecord:
-    """The record with its lease extended; retention never ends before the lease."""
-    return record.replace(
-        lease_expires=lease_expires, expire_at=max(record.expire_at, lease_expires)
-    )
+def renewed(
+    record: RunRecord, lease_expires: datetime, keep_for: timedelta | None = None
+) -> RunRecord:
+    """The record with its lease extended, kept ``keep_for`` past the new expiry."""
+    return kept(record.replace(lease_expires=lease_expires), lease_expires, keep_for)
+
+
+def kept(record: RunRecord, since: datetime, keep_for: timedelta | None) -> RunRecord:
+    """``record`` kept at least ``keep_for`` (the handler's retention) after ``since``, and
+    never purged before its lease plus the clock-skew grace has passed: a record gone while
+    its holder may still run would let a takeover skip the grace and restart the fencing
+    token at 1, below the tokens downstream stores have already seen."""
+    floor = max(since + (keep_for or timedelta(0)), record.lease_expires + c.MAX_CLOCK_SKEW)
+    return record if record.expire_at >= floor else record.replace(expire_at=floor)
 
 
 def completed(record: RunRecord, result_json: str | None, now: datetime) -> RunRecord:
@@ -121,8 +132,32 @@ def released(record: RunRecord, error: str, now: datetime) -> RunRecord:
     return record.replace(status=RunStatus.RELEASED, lease_expires=now, error=cap_text(error))
 
 
+def skipped(record: RunRecord, held_by: str, lock: str, now: datetime) -> RunRecord:
+    """The record of an exclusive job's run that found ``lock`` held by run ``held_by``: kept,
+    so a person can list skipped runs and see which run held the job, and so duplicates of it
+    are answered without running."""
+    details = json.dumps({"held_by": held_by, "lock": lock}, sort_keys=True, separators=(",", ":"))
+    return record.replace(
+        status=RunStatus.SKIPPED,
+        finished_at=now,
+        result_json=details,
+        error=f"skipped: {lock} was held by run {held_by}",
+    )
+
+
+def yielded(record: RunRecord, reason: str, now: datetime) -> RunRecord:
+    """The record of a claim given back unused because its lock was busy: released, with the
+    attempt not counted (``max_attempts`` counts executions, not waits for a lock). The
+    fencing token keeps its increase: tokens must never repeat, gaps are harmless."""
+    return released(record, reason, now).replace(attempts=record.attempts - 1)
+
+
 def cap_text(text: str, limit: int = c.MAX_ERROR_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, saying so when cut."""
+    """``text`` cut to ``limit`` characters, saying so when cut, and storable: a lone
+    surrogate (a file name decoded with os.fsdecode, say) becomes an escape, since neither
+    SQLite nor Firestore can encode one, and a finish that cannot be stored would leave the
+    run to be executed again."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) <= limit:
         return text
     marker = f"... [cut: {len(text)} characters, {limit} kept]"

@@ -7,8 +7,16 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from worker import decisions
-from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
+from worker import decisions, locking
+from worker.records import (
+    Claim,
+    ClaimRequest,
+    LockGrant,
+    LockRecord,
+    LockRequest,
+    RunRecord,
+    RunStatus,
+)
 
 _T = TypeVar("_T")
 
@@ -22,6 +30,11 @@ Update = Callable[[RunRecord, datetime], RunRecord]
 Change = Callable[[RunRecord | None], tuple[RunRecord | None, _T]]
 """Given the stored record (or None), returns the record to write (None: write nothing) and a
 value for the caller."""
+
+
+LockChange = Callable[[LockRecord | None], tuple[LockRecord | None, _T]]
+"""Given the stored lock (or None), returns the lock to write (None: write nothing) and a value
+for the caller."""
 
 
 def resolve(now: Moment) -> datetime:
@@ -39,7 +52,12 @@ class LeaseStore(ABC):
       rule: claim, renew, complete, fail and release are all built on it here, with the rules
       themselves in :mod:`worker.decisions`.
     - :meth:`get` and :meth:`list_runs`: plain reads.
-    - :meth:`purge_expired`: delete records past ``expire_at``.
+    - :meth:`purge_expired`: delete records past ``expire_at`` (and locks that decide nothing
+      any more, :func:`worker.locking.lapses_at`).
+    - for exclusive jobs and concurrency keys, :meth:`_read_modify_write_lock` and
+      :meth:`get_lock`: the same for :class:`~worker.records.LockRecord`, kept apart from the
+      runs (a table, a collection). Acquire, renew and release are built on them here, with
+      the rules in :mod:`worker.locking`.
 
     A backend may override :meth:`claim` and :meth:`_if_held` (which renew, complete, fail
     and release go through) with faster equivalents, as the Firestore store does with
@@ -69,6 +87,50 @@ class LeaseStore(ABC):
     def purge_expired(self, now: datetime) -> int:
         """Delete every record whose ``expire_at`` is at or before ``now``; return how many."""
 
+    def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
+        """Apply ``change`` to the lock called ``name`` atomically; return its value."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no locks")
+
+    def get_lock(self, name: str) -> LockRecord | None:
+        """The stored lock called ``name``, or None."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no locks")
+
+    def acquire_lock(self, request: LockRequest, now: Moment) -> LockGrant:
+        """Take the lock for ``request.attempt_id`` unless another run holds it (or held it
+        less than its ``min_gap`` ago). Call it only while holding the run's claim."""
+
+        def change(lock: LockRecord | None) -> tuple[LockRecord | None, LockGrant]:
+            grant = locking.acquire(lock, request, resolve(now))
+            return (grant.lock if grant.lock is not lock else None), grant
+
+        return self._read_modify_write_lock(request.name, change)
+
+    def renew_lock(
+        self, name: str, attempt_id: str, lease: timedelta, now: Moment
+    ) -> datetime | None:
+        """Extend the holder's lease on the lock; None if ``attempt_id`` no longer holds it."""
+
+        def change(lock: LockRecord | None) -> tuple[LockRecord | None, datetime | None]:
+            if lock is None or not locking.holds(lock, attempt_id):
+                return None, None
+            written = locking.renewed(lock, lease, resolve(now))
+            return written, written.lease_expires
+
+        return self._read_modify_write_lock(name, change)
+
+    def release_lock(self, name: str, attempt_id: str, now: Moment) -> bool:
+        """Give the lock back if ``attempt_id`` holds it (fenced: a stale holder's release
+        changes nothing and answers False). True again for a release retried after it landed."""
+
+        def change(lock: LockRecord | None) -> tuple[LockRecord | None, bool]:
+            if locking.released_by(lock, attempt_id):
+                return None, True
+            if lock is None or not locking.holds(lock, attempt_id):
+                return None, False
+            return locking.released(lock, resolve(now)), True
+
+        return self._read_modify_write_lock(name, change)
+
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing to close.
         """Release connections. The store must not be used afterwards."""
 
@@ -85,28 +147,61 @@ class LeaseStore(ABC):
 
         return self._read_modify_write(request.run_id, change)
 
-    def renew(self, run_id: str, attempt_id: str, lease: timedelta, now: Moment) -> datetime | None:
-        """Extend the lease to ``now + lease`` if ``attempt_id`` still holds the claim.
+    def renew(
+        self,
+        run_id: str,
+        attempt_id: str,
+        lease: timedelta,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> datetime | None:
+        """Extend the lease to ``now + lease`` if ``attempt_id`` still holds the claim, and
+        keep the record at least ``keep_for`` (the handler's retention) past that.
 
         Returns the new expiry, or None if the claim is gone.
         """
         record = self._if_held(
-            run_id, attempt_id, lambda r, at: decisions.renewed(r, at + lease), now, None
+            run_id,
+            attempt_id,
+            lambda r, at: decisions.renewed(r, at + lease, keep_for),
+            now,
+            None,
         )
         return None if record is None else record.lease_expires
 
-    def complete(self, run_id: str, attempt_id: str, result_json: str | None, now: Moment) -> bool:
-        """Record success with the serialised result if ``attempt_id`` still holds the claim."""
+    def complete(
+        self,
+        run_id: str,
+        attempt_id: str,
+        result_json: str | None,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> bool:
+        """Record success with the serialised result if ``attempt_id`` still holds the claim.
+
+        Every finish keeps the record at least ``keep_for`` (the handler's retention) after it,
+        so a run that outlived its retention still answers the duplicates that follow it.
+        """
         return self._finish(
             run_id,
             attempt_id,
             lambda r, at: decisions.completed(r, result_json, at),
             now,
             RunStatus.COMPLETED,
+            keep_for=keep_for,
         )
 
     def fail(
-        self, run_id: str, attempt_id: str, error: str, now: Moment, payload: str | None = None
+        self,
+        run_id: str,
+        attempt_id: str,
+        error: str,
+        now: Moment,
+        payload: str | None = None,
+        *,
+        keep_for: timedelta | None = None,
     ) -> bool:
         """Record a permanent failure (a dead letter) if ``attempt_id`` still holds the claim.
 
@@ -118,9 +213,18 @@ class LeaseStore(ABC):
             lambda r, at: decisions.failed(r, error, payload, at),
             now,
             RunStatus.FAILED,
+            keep_for=keep_for,
         )
 
-    def release(self, run_id: str, attempt_id: str, error: str, now: Moment) -> bool:
+    def release(
+        self,
+        run_id: str,
+        attempt_id: str,
+        error: str,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> bool:
         """Give the claim back after a retryable failure, so the next delivery runs at once.
 
         The record stays (released) rather than being deleted, so the fencing token and the
@@ -132,6 +236,28 @@ class LeaseStore(ABC):
             lambda r, at: decisions.released(r, error, at),
             now,
             RunStatus.RELEASED,
+            keep_for=keep_for,
+        )
+
+    def skip(self, run_id: str, attempt_id: str, held_by: str, lock: str, now: Moment) -> bool:
+        """Record the run as skipped (its job's ``lock`` held by run ``held_by``), if
+        ``attempt_id`` still holds the claim. Duplicates of it are then answered as skipped."""
+        return self._finish(
+            run_id,
+            attempt_id,
+            lambda r, at: decisions.skipped(r, held_by, lock, at),
+            now,
+            RunStatus.SKIPPED,
+        )
+
+    def yield_claim(self, run_id: str, attempt_id: str, reason: str, now: Moment) -> bool:
+        """Give an unused claim back (its lock was busy) without counting the attempt."""
+        return self._finish(
+            run_id,
+            attempt_id,
+            lambda r, at: decisions.yielded(r, reason, at),
+            now,
+            RunStatus.RELEASED,
         )
 
     def _finish(
@@ -141,8 +267,13 @@ class LeaseStore(ABC):
         update: Update,
         now: Moment,
         status: RunStatus,
+        *,
+        keep_for: timedelta | None = None,
     ) -> bool:
-        return self._if_held(run_id, attempt_id, update, now, status) is not None
+        def finish(record: RunRecord, at: datetime) -> RunRecord:
+            return decisions.kept(update(record, at), at, keep_for)
+
+        return self._if_held(run_id, attempt_id, finish, now, status) is not None
 
     def _if_held(
         self,
