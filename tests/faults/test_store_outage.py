@@ -213,11 +213,10 @@ def test_a_store_outage_runs_no_handler_without_a_claim_and_loses_nothing(
 def test_a_handler_whose_lease_lapses_in_an_outage_stops_before_a_retry_takes_over(
     tmp_path: Path, report: Callable[[str, Tally], None]
 ) -> None:
-    # The outage outlasts the 2 s lease of handlers that run 8 s, checking their lease every
-    # 0.25 s; retries keep arriving, as the queue's would, and take the runs over once the
-    # store is back. The lapsed attempts must have stopped by then.
+    # The outage outlasts the 2 s lease of handlers that run until a time after it, checking
+    # their lease every 0.25 s or so; retries keep arriving, as the queue's would, and take the
+    # runs over once the store is back. The lapsed attempts must have stopped by then.
     keys = [f"lapse-{n:04d}" for n in range(scale(6, 20))]
-    slow = {"sleep": 8.0, "steps": 32, "check": True}
     deliverer = Deliverer("lapse")
     downstream = Downstream(tmp_path / "downstream.db")
     server = FaultServer(
@@ -228,6 +227,7 @@ def test_a_handler_whose_lease_lapses_in_an_outage_stops_before_a_retry_takes_ov
         env={"TASKLEASE_FAULTS_BUSY_TIMEOUT": str(BUSY_TIMEOUT)},
     )
     with server:
+        slow = {"until": time.time() + OUTAGE + scale(6, 10), "steps": 48, "check": True}
         first = threading.Thread(
             target=deliverer.deliver_all,
             args=([(server.url, key, slow) for key in keys], len(keys)),
