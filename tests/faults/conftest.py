@@ -44,6 +44,27 @@ NEEDS_ISOLATION = pytest.mark.firestore_emulator_gap(
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """The store a parametrized scenario runs on: a SQLite file, or a fresh Firestore
     collection on the session's emulator (FIRESTORE_EMULATOR_HOST is inherited)."""
+    return _backend(request, tmp_path)
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param(
+            "firestore",
+            marks=[
+                NEEDS_ISOLATION,
+                pytest.mark.skipif(not FULL, reason="on Firestore in the full suite only"),
+            ],
+        ),
+    ]
+)
+def backend_full(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Like ``backend``, with the Firestore variant left to ``make faults`` (time)."""
+    return _backend(request, tmp_path)
+
+
+def _backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "sqlite":
         return Backend("sqlite", f"sqlite:///{tmp_path}/runs.db")
     request.getfixturevalue("firestore_host")

@@ -22,12 +22,12 @@ import pytest
 
 from tests.faults.downstream import Downstream
 from tests.faults.harness import (
+    Backend,
     Deliverer,
     FaultServer,
     Tally,
     overlaps,
     scale,
-    sqlite_records,
     tally,
     unclaimed,
 )
@@ -43,14 +43,19 @@ def _payload(key: str) -> dict[str, Any]:
 
 
 def test_old_and_new_revisions_serving_one_queue_run_each_task_once(
-    tmp_path: Path, report: Callable[[str, Tally], None]
+    tmp_path: Path, backend_full: Backend, report: Callable[[str, Tally], None]
 ) -> None:
+    backend = backend_full
     keys = [f"deploy-{n:04d}" for n in range(scale(60, 300))]
-    store = f"sqlite:///{tmp_path}/runs.db"
+    store, env = backend.url, backend.env
     deliverer = Deliverer("deploy")
     with ExitStack() as servers:
-        old = servers.enter_context(FaultServer(tmp_path, store=store, name="old", revision="r1"))
-        new = servers.enter_context(FaultServer(tmp_path, store=store, name="new", revision="r2"))
+        old = servers.enter_context(
+            FaultServer(tmp_path, store=store, name="old", revision="r1", env=env)
+        )
+        new = servers.enter_context(
+            FaultServer(tmp_path, store=store, name="new", revision="r2", env=env)
+        )
         # Every task goes to both revisions at once; the old one is stopped midway.
         sending = threading.Thread(
             target=deliverer.deliver_all,
@@ -67,7 +72,7 @@ def test_old_and_new_revisions_serving_one_queue_run_each_task_once(
         deliverer.until_done(keys, new.url, _payload, timeout=180)
 
     executions = downstream.executions()
-    records = sqlite_records(tmp_path / "runs.db")
+    records = backend.records()
     by_revision = Counter(e.revision for e in executions)
     counts = tally(
         keys,
@@ -78,7 +83,7 @@ def test_old_and_new_revisions_serving_one_queue_run_each_task_once(
         executed_new=by_revision["r2"],
         refused_by_stopped_server=sum(a.status is None for a in deliverer.answers),
     )
-    report("deploy_overlap[sqlite]", counts)
+    report(f"deploy_overlap[{backend.name}]", counts)
     assert counts.lost == 0
     assert by_revision["r1"] > 0 and by_revision["r2"] > 0
     assert [e for e in executions if e.ended is None] == []  # The old one drained.
@@ -89,20 +94,25 @@ def test_old_and_new_revisions_serving_one_queue_run_each_task_once(
 
 
 def test_clock_skew_within_the_documented_bound_never_lets_a_lease_be_taken_over(
-    tmp_path: Path, report: Callable[[str, Tally], None]
+    tmp_path: Path, backend_full: Backend, report: Callable[[str, Tally], None]
 ) -> None:
+    backend = backend_full
     skew = constants.MAX_CLOCK_SKEW.total_seconds() / 2
     keys = [f"skew-{n:04d}" for n in range(scale(8, 20))]
     held = {"sleep": 4.0, "steps": 16, "check": True}
-    store = f"sqlite:///{tmp_path}/runs.db"
+    store, env = backend.url, backend.env
     deliverer = Deliverer("skew", handler="brief")  # The shortest lease: 1 s.
     downstream = Downstream(tmp_path / "downstream.db")
     with ExitStack() as servers:
         behind = servers.enter_context(
-            FaultServer(tmp_path, store=store, name="behind", clock_skew=-skew, threads=len(keys))
+            FaultServer(
+                tmp_path, store=store, name="behind", clock_skew=-skew, threads=len(keys), env=env
+            )
         )
         ahead = servers.enter_context(
-            FaultServer(tmp_path, store=store, name="ahead", clock_skew=skew, threads=len(keys))
+            FaultServer(
+                tmp_path, store=store, name="ahead", clock_skew=skew, threads=len(keys), env=env
+            )
         )
         # Half the runs are held by the server behind, half by the one ahead; the other
         # server keeps receiving their retries while they run.
@@ -125,7 +135,7 @@ def test_clock_skew_within_the_documented_bound_never_lets_a_lease_be_taken_over
         deliverer.until_done(keys, lambda: ahead.url, lambda _: held, timeout=120)
 
     executions = downstream.executions()
-    records = sqlite_records(tmp_path / "runs.db")
+    records = backend.records()
     outcomes = Counter(a.outcome for a in deliverer.answers)
     counts = tally(
         keys,
@@ -138,7 +148,7 @@ def test_clock_skew_within_the_documented_bound_never_lets_a_lease_be_taken_over
         lost_claim_409=outcomes["lost_claim"],
         takeovers=len(executions) - len(keys),
     )
-    report("clock_skew[sqlite]", counts)
+    report(f"clock_skew[{backend.name}]", counts)
     assert counts.lost == 0
     assert outcomes["in_progress"] > 0  # Retries reached the other server and were refused.
     # No retry took a run over from a live holder. (On a starved machine a holder may miss

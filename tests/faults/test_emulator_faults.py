@@ -19,7 +19,7 @@ import pytest
 from emulator import CloudTasksEmulator, DeliveryRecord, Faults
 from producer import Producer
 from tests.faults.downstream import Downstream
-from tests.faults.harness import FaultServer, Tally, overlaps, scale, sqlite_records, tally
+from tests.faults.harness import Backend, FaultServer, Tally, overlaps, scale, tally
 from worker.records import RunStatus
 
 pytestmark = pytest.mark.faults
@@ -27,7 +27,9 @@ pytestmark = pytest.mark.faults
 QUEUE = "projects/p/locations/us-central1/queues/faults"
 
 
-def _emulator(tmp_path: Path, faults: Faults) -> Iterator[tuple[CloudTasksEmulator, Producer]]:
+def _emulator(
+    tmp_path: Path, faults: Faults, backend: Backend
+) -> Iterator[tuple[CloudTasksEmulator, Producer]]:
     with CloudTasksEmulator(data_dir=tmp_path / "emulator", faults=faults) as emulator:
         emulator.create_queue(
             QUEUE,
@@ -36,7 +38,7 @@ def _emulator(tmp_path: Path, faults: Faults) -> Iterator[tuple[CloudTasksEmulat
         )
         # Threads for every concurrent dispatch: a request gunicorn accepted but has no thread
         # for would wait unanswered behind the long handlers.
-        server = FaultServer(tmp_path, store=f"sqlite:///{tmp_path}/runs.db", workers=2, threads=32)
+        server = FaultServer(tmp_path, store=backend.url, workers=2, threads=32, env=backend.env)
         with server:
             producer = Producer("p", "us-central1", "faults", server.url,
                                 tasks_endpoint=emulator.url)  # fmt: skip
@@ -51,28 +53,29 @@ def _by_task(deliveries: list[DeliveryRecord]) -> dict[str, list[DeliveryRecord]
 
 
 def _counts(
-    keys: list[str], deliveries: list[DeliveryRecord], downstream: Downstream, tmp_path: Path
+    keys: list[str], deliveries: list[DeliveryRecord], downstream: Downstream, backend: Backend
 ) -> Tally:
     outcomes = Counter(d.outcome for d in deliveries)
-    counts = tally(keys, [], downstream, sqlite_records(tmp_path / "runs.db"))
+    counts = tally(keys, [], downstream, backend.records())
     counts.delivered = len(deliveries)
     counts.duplicates_absorbed = outcomes["duplicate"] + outcomes["in_progress"]
     return counts
 
 
 def test_lost_responses_are_retried_and_answered_from_the_record(
-    tmp_path: Path, report: Callable[[str, Tally], None]
+    tmp_path: Path, backend_full: Backend, report: Callable[[str, Tally], None]
 ) -> None:
+    backend = backend_full
     tasks = scale(150, 1000)
     keys = [f"lost-{n:05d}" for n in range(tasks)]
     faults = Faults(lost_response=0.3, duplicate=0.1, seed=7)
-    for emulator, producer in _emulator(tmp_path, faults):
+    for emulator, producer in _emulator(tmp_path, faults, backend):
         results = producer.enqueue_many("work", [(key, {"key": key}) for key in keys])
         assert all(r.created for r in results)
         emulator.join(timeout=scale(120, 600))
         deliveries = emulator.deliveries()
     downstream = Downstream(tmp_path / "downstream.db")
-    counts = _counts(keys, deliveries, downstream, tmp_path)
+    counts = _counts(keys, deliveries, downstream, backend)
     faulted = Counter(d.fault for d in deliveries)
     after_loss = []  # Every delivery made after a lost response of its task.
     for attempts in _by_task(deliveries).values():
@@ -84,7 +87,7 @@ def test_lost_responses_are_retried_and_answered_from_the_record(
         retries_after_loss=len(after_loss),
         answered_from_record=sum(d.outcome == "duplicate" for d in after_loss),
     )
-    report("lost_responses[sqlite]", counts)
+    report(f"lost_responses[{backend.name}]", counts)
     assert counts.lost == 0
     assert counts.executed == tasks
     assert faulted["lost_response"] > tasks // 10  # The faults did happen.
@@ -101,7 +104,8 @@ def test_an_attempt_outliving_the_dispatch_deadline_keeps_the_run_until_it_finis
     # checking its (2 s, renewed) lease every second.
     tasks = scale(3, 10)
     keys = [f"deadline-{n:03d}" for n in range(tasks)]
-    for emulator, producer in _emulator(tmp_path, Faults()):
+    backend = Backend("sqlite", f"sqlite:///{tmp_path}/runs.db")
+    for emulator, producer in _emulator(tmp_path, Faults(), backend):
         producer.enqueue_many(
             "work",
             [(key, {"key": key, "sleep": 18, "steps": 18, "check": True}) for key in keys],
@@ -111,7 +115,7 @@ def test_an_attempt_outliving_the_dispatch_deadline_keeps_the_run_until_it_finis
         deliveries = emulator.deliveries()
     downstream = Downstream(tmp_path / "downstream.db")
     executions = downstream.executions()
-    counts = _counts(keys, deliveries, downstream, tmp_path)
+    counts = _counts(keys, deliveries, downstream, backend)
     outcomes = Counter(d.outcome for d in deliveries)
     counts.extra.update(deadline_passed=sum(d.status is None for d in deliveries),
                         in_progress_409=outcomes["in_progress"])  # fmt: skip
@@ -124,5 +128,5 @@ def test_an_attempt_outliving_the_dispatch_deadline_keeps_the_run_until_it_finis
         middle = {(d.status, d.outcome) for d in attempts[1:-1]}
         assert middle == {(409, "in_progress")}
         assert (attempts[-1].status, attempts[-1].outcome) == (200, "duplicate")
-    records = sqlite_records(tmp_path / "runs.db")
+    records = backend.records()
     assert {(r.status, r.attempts) for r in records.values()} == {(RunStatus.COMPLETED, 1)}
