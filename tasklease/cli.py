@@ -111,6 +111,7 @@ def _emulator_options(parser: argparse.ArgumentParser, port: int) -> None:
 
 def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
     from emulator import CloudTasksEmulator, Faults, load_jobs  # noqa: PLC0415
+    from tasklease.dev_summary import MinuteSummary  # noqa: PLC0415
     from worker.serve import GunicornWorker  # noqa: PLC0415
 
     jobs = load_jobs(args.scheduler_config) if args.scheduler_config else []
@@ -145,15 +146,18 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
             "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS": worker.service_account,
             "TASKLEASE_OIDC_CERTS_URL": emulator.certs_url,
         }
-        with GunicornWorker(
-            worker.router,
-            store=worker.store,
-            auth="oidc",
-            workers=worker.workers,
-            port=worker.worker_port,
-            env=env,
-            log_path=None,
-            stream_logs=True,
+        with (
+            MinuteSummary(),
+            GunicornWorker(
+                worker.router,
+                store=worker.store,
+                auth="oidc",
+                workers=worker.workers,
+                port=worker.worker_port,
+                env=env,
+                log_path=None,
+                stream_logs=True,
+            ),
         ):
             log.info("worker for %s on %s; queue %s", worker.router, worker_url, queue)
             print(

@@ -10,7 +10,7 @@ import flask
 from werkzeug.exceptions import HTTPException
 
 from worker import constants as c
-from worker import fallback
+from worker import fallback, otel_setup
 from worker.auth import Authenticator, NoAuth, OidcAuth, authenticator_for
 from worker.execution import Clock, Executor, Reply, utc_now
 from worker.logs import configure_logging, request_fields
@@ -46,6 +46,7 @@ def create_app(
     - ``app``: an existing Flask app to add the routes to, instead of a new one.
     """
     configure_logging()
+    telemetry = otel_setup.configure_from_env("tasklease-worker")
     if not isinstance(store, LeaseStore):
         store = store_from_url(store)
     check_store_is_shared(store)
@@ -86,6 +87,9 @@ def create_app(
     # and the error handler above gives what Flask itself refuses one line and a JSON answer.
     app.wsgi_app = DeliveryRoutes(app.wsgi_app, executor, fields)  # type: ignore[method-assign]
     app.add_url_rule("/healthz", "tasklease_health", lambda: {"status": "ok"}, methods=["GET"])
+    if telemetry.registry is not None:  # TASKLEASE_METRICS=prometheus
+        view = otel_setup.metrics_view(telemetry.registry)
+        app.add_url_rule("/metrics", "tasklease_metrics", view, methods=["GET"])
     _log.info(
         "tasklease worker ready",
         extra={
