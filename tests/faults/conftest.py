@@ -69,7 +69,8 @@ def _backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         return Backend("sqlite", f"sqlite:///{tmp_path}/runs.db")
     request.getfixturevalue("firestore_host")
     project = os.environ.get("GOOGLE_CLOUD_PROJECT", firestore_support.PROJECT)
-    os.environ.setdefault("GOOGLE_CLOUD_PROJECT", project)  # For the test's own reads.
+    # For the test's own reads of the records; undone after the test.
+    request.getfixturevalue("monkeypatch").setenv("GOOGLE_CLOUD_PROJECT", project)
     collection = f"faults_{uuid.uuid4().hex[:12]}"
     return Backend(
         "firestore",
