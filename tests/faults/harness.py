@@ -31,8 +31,6 @@ FULL = os.environ.get("TASKLEASE_FAULTS", "").lower() == "full"
 
 # Answers after which the queue stops retrying: the run is done, one way or another.
 TERMINAL = {"processed", "duplicate", "failed"}
-# Answers from a delivery that did not run the handler (the worker absorbed it).
-ABSORBED = {"duplicate", "in_progress", "unavailable"}
 
 
 def scale(reduced: int, full: int) -> int:
