@@ -15,6 +15,7 @@ from google.cloud.firestore_v1.document import DocumentReference
 
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.helpers import T0, FakeClock, claim_request, task_headers
+from tests.operations_contract import OperationsContract
 from tests.store_contract import EXPIRED, LEASE, CrossProcessContract, StoreContract
 from worker import Router, create_app
 from worker.errors import StoreUnavailable
@@ -39,7 +40,7 @@ def _close_stores() -> Iterator[None]:
         _open.pop().close()
 
 
-class TestFirestoreStore(StoreContract, CrossProcessContract):
+class TestFirestoreStore(StoreContract, OperationsContract, CrossProcessContract):
     @pytest.fixture
     def store(self, firestore_host: str | None) -> FirestoreStore:
         return new_store()

@@ -17,6 +17,7 @@ class RunStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"  # Permanently: a dead-letter record, never run again by a retry.
     RELEASED = "released"  # A retryable failure gave the claim back; the next delivery runs it.
+    SKIPPED = "skipped"  # An exclusive job's run found another run holding the job: not run.
 
 
 class Verdict(StrEnum):
@@ -51,6 +52,10 @@ class RunRecord:
     error: str | None = None
     payload: str | None = None  # Kept on failed runs so they can be inspected and replayed.
     caller: str | None = None  # The verified principal whose delivery created the run.
+    # Operator replays (``tasklease runs replay``): the run this one re-runs, and the run that
+    # re-ran this one. Kept across claims, so the link survives the replay's own retries.
+    replay_of: str | None = None
+    replayed_as: str | None = None
 
     @property
     def result(self) -> Any:

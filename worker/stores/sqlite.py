@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from worker.errors import StoreUnavailable
+from worker.queries import Position, RunFilter
 from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
 from worker.stores.base import Change, LeaseStore, Moment, resolve
 from worker.stores.group_commit import GroupCommit, Pending
@@ -58,14 +59,26 @@ CREATE TABLE IF NOT EXISTS runs (
     result TEXT,
     error TEXT,
     payload TEXT,
-    caller TEXT
+    caller TEXT,
+    replay_of TEXT,
+    replayed_as TEXT
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expire_at_us);
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, claimed_at_us);
+-- Operator listings and look-ups (tasklease runs, the dashboard): no version bump needed.
+CREATE INDEX IF NOT EXISTS runs_by_claim ON runs (claimed_at_us, run_id);
+CREATE INDEX IF NOT EXISTS runs_by_handler ON runs (handler, claimed_at_us);
+CREATE INDEX IF NOT EXISTS runs_by_task_name ON runs (json_extract(identity, '$.task_name'));
+CREATE INDEX IF NOT EXISTS runs_by_job_name ON runs (json_extract(identity, '$.job_name'));
 """
+# Columns added without a schema version: added when missing, whatever the version says, so
+# this works alongside other migrations. An older tasklease ignores (and, rewriting a run,
+# clears) them: they are only operators' replay links.
+_ADDED_COLUMNS = {"replay_of": "TEXT", "replayed_as": "TEXT"}
 _COLUMNS = (
     "run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires_us, "
-    "expire_at_us, claimed_at_us, finished_at_us, identity, result, error, payload, caller"
+    "expire_at_us, claimed_at_us, finished_at_us, identity, result, error, payload, caller, "
+    "replay_of, replayed_as"
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Only these constant column lists are interpolated into SQL; every value is a parameter.
@@ -192,6 +205,43 @@ class SqliteStore(LeaseStore):
             )
         return [_decode(row) for row in rows]
 
+    # --- Operations: listing and lookup (issue 17) ------------------------------------------
+
+    def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        status = filters.status_to_scan
+        for column, value in (
+            ("status", status.value if status else None),
+            ("handler", filters.handler),
+            ("kind", filters.kind),
+        ):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if filters.older_than is not None:
+            clauses.append("claimed_at_us < ?")
+            params.append(_micros(filters.older_than))
+        if filters.newer_than is not None:
+            clauses.append("claimed_at_us >= ?")
+            params.append(_micros(filters.newer_than))
+        if after is not None:
+            clauses.append("(claimed_at_us < ? OR (claimed_at_us = ? AND run_id < ?))")
+            params.extend([_micros(after[0]), _micros(after[0]), after[1]])
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"{_SELECT}{where} ORDER BY claimed_at_us DESC, run_id DESC LIMIT ?"
+        with self._guard("list runs"):
+            rows = self._connection().execute(sql, [*params, limit]).fetchall()
+        return [_decode(row) for row in rows]
+
+    def _find_by_identity(self, name: str, value: str) -> list[RunRecord]:
+        if name not in ("task_name", "job_name"):  # The two indexed identity fields.
+            raise ValueError(f"runs are not looked up by {name!r}")
+        sql = f"{_SELECT} WHERE json_extract(identity, '$.{name}') = ?"
+        with self._guard("look runs up"):
+            rows = self._connection().execute(sql, (value,)).fetchall()
+        return [_decode(row) for row in rows]
+
     def purge_expired(self, now: datetime) -> int:
         def work(connection: sqlite3.Connection) -> int:
             cursor = connection.execute("DELETE FROM runs WHERE expire_at_us <= ?", (_micros(now),))
@@ -264,6 +314,7 @@ class SqliteStore(LeaseStore):
                     connection.execute("ALTER TABLE runs ADD COLUMN caller TEXT")
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     connection.execute(statement)
+                _add_missing_columns(connection)
                 connection.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
                 connection.execute("COMMIT")
             except BaseException:
@@ -304,6 +355,13 @@ class SqliteStore(LeaseStore):
             raise StoreUnavailable(f"SQLite store {self.path}: could not {action}: {exc}") from exc
 
 
+def _add_missing_columns(connection: sqlite3.Connection) -> None:
+    present = {row[1] for row in connection.execute("PRAGMA table_info(runs)")}
+    for name, kind in _ADDED_COLUMNS.items():
+        if name not in present:  # Constant names and types only: nothing from outside.
+            connection.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+
+
 def _start_in_wal_mode(path: Path) -> None:
     """Make ``path`` a database already in WAL mode, before any other process can see it."""
     connection = sqlite3.connect(path, isolation_level=None)
@@ -340,13 +398,15 @@ def _encode(record: RunRecord) -> tuple[Any, ...]:
         record.error,
         record.payload,
         record.caller,
+        record.replay_of,
+        record.replayed_as,
     )
 
 
 def _decode(row: tuple[Any, ...]) -> RunRecord:
     (run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires,
      expire_at, claimed_at, finished_at, identity, result, error, payload,
-     caller) = row  # fmt: skip
+     caller, replay_of, replayed_as) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         kind=kind,
@@ -365,4 +425,6 @@ def _decode(row: tuple[Any, ...]) -> RunRecord:
         error=error,
         payload=payload,
         caller=caller,
+        replay_of=replay_of,
+        replayed_as=replayed_as,
     )
