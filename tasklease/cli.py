@@ -13,6 +13,7 @@ from pathlib import Path
 
 import requests
 
+from tasklease import runs
 from worker.logs import configure_logging
 
 DEFAULT_EMULATOR_PORT = 8123
@@ -50,7 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--service-account", default="tasks@dev-project.iam.gserviceaccount.com")
     _emulator_options(dev, port=DEFAULT_EMULATOR_PORT)
 
+    runs.add_parser(commands)
+
     args = parser.parse_args(argv)
+    if args.command == "runs":
+        return runs.run(args)
     if args.command == "demo":
         from tasklease.demo import DemoSettings, run_demo  # noqa: PLC0415 - heavy imports.
 

@@ -5,7 +5,7 @@ Every store's test class inherits :class:`OperationsContract` next to ``StoreCon
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -20,11 +20,12 @@ from worker.stores.base import LeaseStore
 NOW = T0 + timedelta(hours=1)
 
 
-def seed_every_state(store: LeaseStore) -> dict[str, RunRecord]:
-    """One run per state, claimed a minute apart (``live`` newest); return them by name."""
+def seed_every_state(store: LeaseStore, t0: datetime = T0) -> dict[str, RunRecord]:
+    """One run per state, claimed a minute apart from ``t0`` on, but ``live``, claimed just
+    before ``t0 + 1 hour`` (NOW), when ``stuck``'s lease has long expired."""
     names = ["stuck", "completed", "failed", "released", "skipped", "manual", "live"]
     for index, name in enumerate(names):
-        at = T0 + timedelta(minutes=index)
+        at = t0 + timedelta(minutes=index)
         if name in ("manual", "skipped"):
             identity = {"job_name": "nightly", "schedule_time": f"2026-10-16T12:0{index}:00Z"}
             identity["trigger"] = "manual" if name == "manual" else "scheduled"
@@ -32,7 +33,7 @@ def seed_every_state(store: LeaseStore) -> dict[str, RunRecord]:
         else:
             request = claim_request(name, identity={"queue": "default", "task_name": f"t-{name}"})
         if name == "live":
-            at = NOW - timedelta(seconds=10)
+            at = t0 + (NOW - T0) - timedelta(seconds=10)
         assert store.claim(request, at).verdict is Verdict.CLAIMED
         if name == "completed":
             assert store.complete(name, "attempt-1", '{"sent":true}', at)
