@@ -14,7 +14,7 @@ from pathlib import Path
 
 import requests
 
-from tasklease import runs
+from tasklease import deploy_cli, runs
 from worker.keys import is_loopback_url
 from worker.logs import configure_logging
 
@@ -56,6 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     dev.add_argument("--dashboard-port", type=int, default=DEFAULT_DASHBOARD_PORT)
 
+    deploy = commands.add_parser(
+        "deploy", help="deploy your project's worker to Cloud Run (see --init, --dry-run)"
+    )
+    deploy_cli.add_arguments(deploy)
+
     runs.add_parser(commands)
 
     board = commands.add_parser("dashboard", help="serve the operators' web page over the store")
@@ -65,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     board.add_argument("--schedules", type=Path, help="[[job]] tables, for stuck jobs")
 
     args = parser.parse_args(argv)
+    if args.command == "deploy":
+        return deploy_cli.run(args)
     if args.command == "runs":
         return runs.run(args)
     if args.command == "dashboard":

@@ -247,6 +247,206 @@ def test_a_failing_gcloud_call_stops_with_its_error(cloud: Cloud, tmp_path: Path
     assert "PERMISSION_DENIED" in result.stderr
 
 
+# The source the worker is built from (issue 13): checked before any gcloud call.
+
+
+def user_project(tmp_path: Path, dependencies: str = '"tasklease"', **files: str) -> Path:
+    """A user's app in its own directory: a pyproject, a router module, and ``files``."""
+    source = tmp_path / "userapp"
+    (source / "myapp").mkdir(parents=True)
+    (source / "myapp" / "__init__.py").write_text("")
+    (source / "myapp" / "tasks.py").write_text("from worker import Router\nrouter = Router()\n")
+    (source / "pyproject.toml").write_text(
+        f'[project]\nname = "myapp"\nversion = "1"\ndependencies = [{dependencies}]\n'
+    )
+    for name, text in files.items():
+        (source / name.replace("__", ".")).write_text(text)
+    return source
+
+
+def user_config(tmp_path: Path) -> Path:
+    config = tmp_path / "user.toml"
+    config.write_text(EXAMPLE.read_text().replace('"examples.shop:router"', '"myapp.tasks:router"'))
+    return config
+
+
+def test_the_checkout_itself_installs_what_the_worker_needs(cloud: Cloud) -> None:
+    result = cloud.deploy("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"--source={ROOT}" in result.stdout
+
+
+def test_a_user_project_deploys_from_its_own_source(cloud: Cloud, tmp_path: Path) -> None:
+    source = user_project(tmp_path)
+    result = cloud.deploy(f"--source={source}", config=user_config(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [deploy] = [c for c in cloud.changes() if c[:2] == ["run", "deploy"]]
+    assert f"--source={source}" in deploy
+    assert "TASKLEASE_ROUTER=myapp.tasks:router" in next(
+        a for a in deploy if a.startswith("--set-env-vars=")
+    )
+    assert (source / "Procfile").read_text().startswith("web: gunicorn --bind :$PORT")
+    assert "'worker.wsgi:app'" in (source / "Procfile").read_text()
+
+
+def test_dry_run_says_it_would_write_the_procfile_and_writes_nothing(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    source = user_project(tmp_path)
+    result = cloud.deploy("--dry-run", f"--source={source}", config=user_config(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert f"# would write {source / 'Procfile'}" in result.stdout
+    assert not (source / "Procfile").exists()
+
+
+def test_a_procfile_of_the_users_own_is_kept(cloud: Cloud, tmp_path: Path) -> None:
+    source = user_project(tmp_path, Procfile="web: gunicorn myown:app\n")
+    assert cloud.deploy(f"--source={source}", config=user_config(tmp_path)).returncode == 0
+    assert (source / "Procfile").read_text() == "web: gunicorn myown:app\n"
+
+
+@pytest.mark.parametrize(
+    "requirements",
+    [
+        "tasklease>=0.1\n",
+        "flask  # web\ntasklease[firestore] ; python_version >= '3.11'\n",
+        "tasklease @ git+https://github.com/example/tasklease@v1\n",
+        "-e git+https://github.com/example/tasklease#egg=tasklease\n",
+        "-r base.txt\n",
+    ],
+)
+def test_requirements_that_install_tasklease_are_accepted(
+    cloud: Cloud, tmp_path: Path, requirements: str
+) -> None:
+    source = user_project(tmp_path, dependencies="", requirements__txt=requirements)
+    (source / "base.txt").write_text("tasklease\n")
+    result = cloud.deploy("--dry-run", f"--source={source}", config=user_config(tmp_path))
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("dependencies", "files", "message"),
+    [
+        ('"flask"', {}, "does not install tasklease"),
+        # An extra of the user's own project is never installed by the buildpack.
+        ('"flask"', {"requirements__txt": "gunicorn\n"}, "requirements.txt does not install"),
+        ('"tasklease"', {"Procfile": "worker: python x.py\n"}, "has no web: line"),
+    ],
+)
+def test_a_source_the_worker_could_not_start_from_is_refused_before_any_call(
+    cloud: Cloud, tmp_path: Path, dependencies: str, files: dict[str, str], message: str
+) -> None:
+    source = user_project(tmp_path, dependencies, **files)
+    result = cloud.deploy(f"--source={source}", config=user_config(tmp_path))
+    assert result.returncode == 2
+    assert "could not start" in result.stderr and message in result.stderr
+    assert cloud.calls() == []
+
+
+def test_tasklease_only_as_an_optional_extra_is_refused(cloud: Cloud, tmp_path: Path) -> None:
+    source = user_project(tmp_path, '"flask"')
+    with (source / "pyproject.toml").open("a") as pyproject:
+        pyproject.write('[project.optional-dependencies]\nworker = ["tasklease"]\n')
+    result = cloud.deploy(f"--source={source}", config=user_config(tmp_path))
+    assert result.returncode == 2 and "does not install tasklease" in result.stderr
+
+
+def test_a_router_module_missing_from_the_source_is_refused(cloud: Cloud, tmp_path: Path) -> None:
+    source = user_project(tmp_path)
+    config = tmp_path / "other.toml"
+    config.write_text(EXAMPLE.read_text().replace('"examples.shop:router"', '"other.jobs:router"'))
+    result = cloud.deploy(f"--source={source}", config=config)
+    assert result.returncode == 2 and "no module other.jobs" in result.stderr
+    assert cloud.calls() == []
+
+
+def test_tasklease_with_its_worker_packages_as_extras_would_be_refused(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """The check guards this repository too: deployed from its own checkout, tasklease must
+    list gunicorn and google-cloud-firestore as plain dependencies."""
+    source = tmp_path / "checkout"
+    (source / "examples").mkdir(parents=True)
+    (source / "examples" / "shop.py").write_text("")
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    (source / "pyproject.toml").write_text(pyproject.replace('    "gunicorn>=22",\n', "", 1))
+    result = cloud.deploy(f"--source={source}")
+    assert result.returncode == 2
+    assert "does not install gunicorn" in result.stderr
+
+
+# `tasklease deploy`: the kit for a project of the user's own, run from any directory.
+
+
+def tasklease_deploy(cloud: Cloud, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cloud.log.unlink(missing_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "tasklease.cli", "deploy", *args],
+        cwd=cwd,
+        env=cloud.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_init_writes_a_commented_config_that_plans_a_deploy_of_the_users_router(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    source = user_project(tmp_path)
+    init = tasklease_deploy(cloud, source, "--init", "--project=acme-prod")
+    assert init.returncode == 0, init.stderr
+    written = (source / "tasklease.toml").read_text()
+    assert 'router = "myapp.tasks:router"' in written and 'project = "acme-prod"' in written
+    assert "\n# [[job]]\n" in written  # The example job is there, commented out.
+    plan = tasklease_deploy(cloud, source, "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    assert cloud.calls() == []
+    [deploy] = [line for line in plan.stdout.splitlines() if line.startswith("gcloud run deploy")]
+    assert f"--source={source}" in deploy and "TASKLEASE_ROUTER=myapp.tasks:router" in deploy
+    assert "--project=acme-prod" in deploy
+    assert "# would write" in plan.stdout and not (source / "Procfile").exists()
+
+
+def test_init_does_not_overwrite_a_config(cloud: Cloud, tmp_path: Path) -> None:
+    source = user_project(tmp_path, tasklease__toml="mine\n")
+    result = tasklease_deploy(cloud, source, "--init")
+    assert result.returncode == 2 and "not overwritten" in result.stderr
+    assert (source / "tasklease.toml").read_text() == "mine\n"
+
+
+def test_deploy_without_a_config_points_to_init(cloud: Cloud, tmp_path: Path) -> None:
+    result = tasklease_deploy(cloud, tmp_path, "--dry-run")
+    assert result.returncode == 2 and "tasklease deploy --init" in result.stderr
+
+
+def test_tasklease_deploy_deploys_and_tears_down_a_source_given_by_path(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    source = user_project(tmp_path)
+    config = user_config(tmp_path)
+    result = tasklease_deploy(cloud, tmp_path, f"--source={source}", f"--config={config}")
+    assert result.returncode == 0, result.stderr
+    assert (source / "Procfile").exists()
+    assert [c[:3] for c in cloud.changes() if c[:2] == ["run", "deploy"]] == [
+        ["run", "deploy", "tasklease-worker"]
+    ]
+    down = tasklease_deploy(
+        cloud, tmp_path, f"--source={source}", f"--config={config}", "--teardown"
+    )
+    assert down.returncode == 0, down.stderr
+    assert ["run", "services", "delete"] in [c[:3] for c in cloud.changes()]
+
+
+def test_a_source_that_cannot_start_is_refused_by_tasklease_deploy(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    source = user_project(tmp_path, '"flask"')
+    result = tasklease_deploy(cloud, source, f"--config={user_config(tmp_path)}")
+    assert result.returncode == 2 and "does not install tasklease" in result.stderr
+    assert cloud.calls() == []
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [

@@ -1,0 +1,79 @@
+"""``tasklease deploy``: the deploy kit (``deploy/deploy.py``) for a project of your own.
+
+    tasklease deploy --init [--router myapp.tasks:router]   # writes ./tasklease.toml
+    tasklease deploy --dry-run                               # prints every command
+    tasklease deploy                                         # deploys ./ to Cloud Run
+    tasklease deploy --teardown
+
+The source (``--source``, default ``.``) is what Cloud Run builds the worker from; it is
+checked before any gcloud call, and given tasklease's Procfile if it has none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+CONFIG_NAME = "tasklease.toml"
+DEFAULT_ROUTER = "myapp.tasks:router"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--source", type=Path, default=Path("."), help="your project's directory (default: .)"
+    )
+    parser.add_argument("--config", type=Path, default=None, help=f"default: SOURCE/{CONFIG_NAME}")
+    parser.add_argument("--init", action="store_true", help="write a commented config and stop")
+    parser.add_argument("--router", default=None, help=f"with --init (default {DEFAULT_ROUTER})")
+    parser.add_argument("--project", default=None, help="with --init: the Google Cloud project")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run none")
+    parser.add_argument("--teardown", action="store_true", help="delete what deploy created")
+    parser.add_argument("--gcloud", default="gcloud", help="the gcloud executable")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = args.config if args.config is not None else args.source / CONFIG_NAME
+    if args.init:
+        return init(config, router=args.router or DEFAULT_ROUTER, project=args.project)
+    if not config.exists():
+        print(
+            f"tasklease deploy: no {config}: write one with `tasklease deploy --init` "
+            "(then set project, region and router)",
+            file=sys.stderr,
+        )
+        return 2
+    from deploy import deploy as kit  # noqa: PLC0415 - only this command needs it.
+
+    argv = [f"--config={config}", f"--source={args.source}", f"--gcloud={args.gcloud}"]
+    argv += ["--dry-run"] * args.dry_run + ["--teardown"] * args.teardown
+    return kit.main(argv)
+
+
+def init(config: Path, *, router: str, project: str | None = None) -> int:
+    """Write the deploy kit's commented example, made the user's: their router, no job."""
+    if config.exists():
+        print(f"tasklease deploy: {config} exists; not overwritten", file=sys.stderr)
+        return 2
+    config.write_text(template(router, project))
+    print(f"wrote {config}: set project, region and your queues, then `tasklease deploy --dry-run`")
+    return 0
+
+
+def template(router: str, project: str | None = None) -> str:
+    from deploy import deploy as kit  # noqa: PLC0415
+
+    text = kit.DEFAULT_CONFIG.read_text()
+    text = re.sub(r'(?m)^router = "[^"]*"', f'router = "{router}"', text, count=1)
+    if project:
+        text = re.sub(r'(?m)^project = "[^"]*"', f'project = "{project}"', text, count=1)
+    header, _, jobs = text.partition("\n[[job]]")
+    # The example's job calls a handler the user may not have: keep it, commented out.
+    commented = "\n".join(f"# {line}" if line else "#" for line in f"[[job]]{jobs}".splitlines())
+    intro = (
+        "# tasklease deploy reads this file (see `tasklease deploy --help`). Times in seconds.\n"
+        '# Every Cloud Scheduler job needs a handler: @router.scheduled("name").\n'
+    )
+    body = re.sub(r"\A(#[^\n]*\n)+\n*", "", header)  # The kit's own header comment.
+    return f"{intro}\n{body}\n\n# Uncomment for a Scheduler job:\n{commented}\n"

@@ -1,0 +1,63 @@
+"""tasklease's pytest plugin: test your handlers as Cloud Tasks and Cloud Scheduler call them.
+
+Installed with tasklease (entry point ``pytest11``), so the fixtures are there in any project
+that depends on it:
+
+- ``tasklease_queue``: a :class:`~tasklease.stubs.StubQueue`. Enqueue with its ``producer``,
+  look at ``tasks``, and ``drain(client, duplicate_every=0, lose_response_every=0)`` to deliver
+  every pending task (and those they create) to a Flask test client.
+- ``tasklease_scheduler``: a :class:`~tasklease.stubs.StubScheduler`, with the ``[[job]]``
+  schedules of the project's ``tasklease.toml``; ``fire(client, job, at=..., manual=False)``.
+
+Importing this module has no side effects and imports neither Flask nor Google's clients: the
+fixtures do, when a test asks for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from tasklease.stubs import StubQueue, StubScheduler
+
+CONFIG_INI = "tasklease_config"
+CONFIG_NAME = "tasklease.toml"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        CONFIG_INI,
+        f"the {CONFIG_NAME} whose [[job]] schedules tasklease_scheduler knows "
+        f"(default: {CONFIG_NAME} in the rootdir, if there is one)",
+        default="",
+    )
+
+
+@pytest.fixture
+def tasklease_queue() -> Iterator[StubQueue]:
+    """An in-memory Cloud Tasks queue with a producer, delivering to a Flask test client."""
+    from tasklease.stubs import StubQueue  # noqa: PLC0415 - only tests that use it pay.
+
+    queue = StubQueue()
+    yield queue
+    queue.close()
+
+
+@pytest.fixture
+def tasklease_scheduler(request: pytest.FixtureRequest) -> StubScheduler:
+    """Cloud Scheduler deliveries (scheduled and manual runs) to a Flask test client."""
+    from tasklease.stubs import StubScheduler  # noqa: PLC0415
+
+    scheduler = StubScheduler()
+    configured = str(request.config.getini(CONFIG_INI))
+    root = request.config.rootpath
+    config = root / configured if configured else root / CONFIG_NAME
+    if configured and not config.is_file():
+        raise pytest.UsageError(f"{CONFIG_INI} = {configured!r}: no file {config}")
+    if config.is_file():
+        scheduler.load(Path(config))
+    return scheduler
