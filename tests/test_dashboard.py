@@ -127,6 +127,10 @@ def test_the_csrf_cookie_is_strict_and_http_only(client: FlaskClient) -> None:
     cookie = response.headers["Set-Cookie"]
     assert cookie.startswith(f"{CSRF_COOKIE}=")
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+    assert "Secure" not in cookie
+    client.delete_cookie(CSRF_COOKIE)
+    proxied = client.get("/runs/stuck/release", headers={"X-Forwarded-Proto": "https"})
+    assert "Secure" in proxied.headers["Set-Cookie"]  # Cloud Run: https before the proxy.
 
 
 # --- Mounted in the worker ---------------------------------------------------------------

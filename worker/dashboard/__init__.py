@@ -145,7 +145,9 @@ class _Views:
                 token,
                 httponly=True,
                 samesite="Strict",
-                secure=flask.request.is_secure,
+                # Behind Cloud Run's front end the app sees http; the browser used https.
+                secure=flask.request.is_secure
+                or flask.request.headers.get("X-Forwarded-Proto") == "https",
                 path=flask.url_for(f"{self.name}.runs"),
             )
         return response
