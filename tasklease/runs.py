@@ -60,7 +60,11 @@ def add_parser(commands: Any) -> None:
     listing.add_argument("--cursor", help="the cursor a previous page printed")
 
     show = actions.add_parser("show", parents=[common], help="one run in full")
-    show.add_argument("run_id", metavar="RUN_ID", help="a run id, or a Cloud Tasks task name")
+    show.add_argument(
+        "run_id", metavar="RUN_ID", nargs="?", help="a run id, or a Cloud Tasks task name"
+    )
+    show.add_argument("--job", help="instead: the newest run of this Scheduler job")
+    show.add_argument("--schedule-time", help="with --job: its run for this slot (RFC 3339)")
 
     stuck = actions.add_parser(
         "stuck", parents=[common], help="crashed attempts and jobs that missed their schedule"
@@ -140,9 +144,17 @@ def _list(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
 
 
 def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    record = operations.show(args.run_id)
+    if (args.run_id is None) == (args.job is None):
+        return _error(args, err, out, Exit.USAGE, "give a RUN_ID or --job, not both")
+    if args.job is not None:
+        found = operations.store.find_runs(job_name=args.job, schedule_time=args.schedule_time)
+        record = found[0] if found else None
+        wanted = f"{args.job} {args.schedule_time or ''}".strip()
+    else:
+        record = operations.show(args.run_id)
+        wanted = args.run_id
     if record is None:
-        return _error(args, err, out, Exit.NOT_FOUND, f"no run {args.run_id}")
+        return _error(args, err, out, Exit.NOT_FOUND, f"no run {wanted}")
     now = operations.clock()
     summary = run_summary(record, now)
     if args.json:

@@ -132,6 +132,8 @@ class OperationsContract:
         assert ids(store.find_runs(job_name="nightly")) == ["manual", "skipped"]
         found = store.find_runs(job_name="nightly", schedule_time="2026-10-16T12:05:00Z")
         assert ids(found) == ["manual"]
+        same = store.find_runs(job_name="nightly", schedule_time="2026-10-16T05:05:00.000-07:00")
+        assert ids(same) == ["manual"]
         assert store.find_runs(task_name="nope") == []
         with pytest.raises(ValueError):
             store.find_runs()

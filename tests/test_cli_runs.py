@@ -110,6 +110,15 @@ def test_show_prints_a_run_and_answers_3_for_an_unknown_one(
     assert "payload_bytes" in out and "identity.task_name" in out
     code, shown = as_json(capsys, "runs", "show", "t-failed", "--store", url)  # By task name.
     assert code == Exit.OK and shown["run_id"] == "failed" and set(shown) == SUMMARY_KEYS
+    code, shown = as_json(
+        capsys, "runs", "show", "--job", "nightly", "--schedule-time", "2026-10-16T12:04:00Z",
+        "--store", url,
+    )  # fmt: skip
+    assert code == Exit.OK and shown["run_id"] == "skipped"
+    code, shown = as_json(capsys, "runs", "show", "--job", "nightly", "--store", url)
+    assert shown["run_id"] == "manual"  # The newest.
+    code, _, err = tasklease(capsys, "runs", "show", "--store", url)
+    assert code == Exit.USAGE and "RUN_ID or --job" in err
     code, error = as_json(capsys, "runs", "show", "nope", "--store", url)
     assert code == Exit.NOT_FOUND == error["exit_code"] == 3
     assert "no run nope" in error["error"]

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from worker import decisions
+from worker.identity import parse_rfc3339
 from worker.queries import MAX_PAGE, Position, RunFilter, RunPage, decode_cursor, encode_cursor
 from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
 
@@ -24,6 +25,10 @@ Update = Callable[[RunRecord, datetime], RunRecord]
 Change = Callable[[RunRecord | None], tuple[RunRecord | None, _T]]
 """Given the stored record (or None), returns the record to write (None: write nothing) and a
 value for the caller."""
+
+
+def _instant(text: str | None) -> datetime | None:
+    return parse_rfc3339(text) if text else None
 
 
 def resolve(now: Moment) -> datetime:
@@ -233,7 +238,8 @@ class LeaseStore(ABC):
         schedule_time: str | None = None,
     ) -> list[RunRecord]:
         """The runs of one task (by its Cloud Tasks name) or of one job (optionally only its
-        run for ``schedule_time``, RFC 3339 as stored), newest claim first."""
+        run for ``schedule_time``, RFC 3339 with any offset: the same instant matches),
+        newest claim first."""
         if (task_name is None) == (job_name is None):
             raise ValueError("look runs up by task_name or by job_name, not both or neither")
         if task_name is not None:
@@ -242,7 +248,12 @@ class LeaseStore(ABC):
             assert job_name is not None
             records = self._find_by_identity("job_name", job_name)
             if schedule_time is not None:
-                records = [r for r in records if r.identity.get("schedule_time") == schedule_time]
+                wanted = _instant(schedule_time)
+                if wanted is None:
+                    raise ValueError(f"schedule_time {schedule_time!r} is not RFC 3339")
+                records = [
+                    r for r in records if _instant(r.identity.get("schedule_time")) == wanted
+                ]
         return sorted(records, key=lambda r: (r.claimed_at, r.run_id), reverse=True)
 
     def operator_release(
