@@ -67,7 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     board.add_argument("--store", default=None, help="store URL (default: $TASKLEASE_STORE)")
     board.add_argument("--host", default="127.0.0.1")
     board.add_argument("--port", type=int, default=DEFAULT_DASHBOARD_PORT)
-    board.add_argument("--schedules", type=Path, help="[[job]] tables, for stuck jobs")
+    board.add_argument(
+        "--schedules", type=Path, help="[[job]] tables, for stuck jobs (default: ./tasklease.toml)"
+    )
 
     args = parser.parse_args(argv)
     if args.command == "deploy":
@@ -222,12 +224,12 @@ def _serving_dashboard(
 
     from producer import Producer  # noqa: PLC0415
     from worker.dashboard import create_dashboard_app  # noqa: PLC0415
-    from worker.schedules import load_schedules  # noqa: PLC0415
+    from worker.schedules import default_schedules, load_schedules  # noqa: PLC0415
     from worker.stores import store_from_url  # noqa: PLC0415
 
     app = create_dashboard_app(
         store_from_url(store_url),
-        schedules=load_schedules(schedules) if schedules else None,
+        schedules=load_schedules(path) if (path := default_schedules(schedules)) else None,
         producer=(lambda: Producer.from_env(producer_env)) if producer_env else None,
     )
     server = make_server(host, port, app, threaded=True)

@@ -22,7 +22,7 @@ from worker.errors import ConfigurationError, StoreUnavailable
 from worker.operations import OperationRefused, Operations, StuckReport, run_summary
 from worker.queries import RunFilter, parse_duration
 from worker.records import RunRecord, RunStatus
-from worker.schedules import DEFAULT_GRACE, OverdueJob, load_schedules
+from worker.schedules import DEFAULT_GRACE, OverdueJob, default_schedules, load_schedules
 from worker.stores import LeaseStore, store_from_url
 
 
@@ -72,7 +72,8 @@ def add_parser(commands: Any) -> None:
     stuck.add_argument(
         "--schedules",
         type=Path,
-        help="a TOML file of [[job]] tables: the emulator's jobs file or deploy/tasklease.toml",
+        help="a TOML file of [[job]] tables: the emulator's jobs file or the deploy config "
+        "(default: ./tasklease.toml when there is one)",
     )
     stuck.add_argument("--grace", type=_duration, default=DEFAULT_GRACE)
     stuck.add_argument("--limit", type=_positive, default=100)
@@ -170,7 +171,8 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
 
 
 def _stuck(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    schedules = load_schedules(args.schedules) if args.schedules else None
+    path = default_schedules(args.schedules)
+    schedules = load_schedules(path) if path else None
     report = operations.stuck(schedules, args.grace, args.limit)
     now = operations.clock()
     if args.json:

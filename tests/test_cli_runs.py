@@ -172,6 +172,22 @@ def test_stuck_exits_5_with_crashed_runs_and_late_jobs(
     assert (code, out.strip()) == (Exit.OK, "nothing stuck: no expired lease")
 
 
+def test_stuck_reads_the_projects_deploy_config_by_default(
+    seeded: tuple[str, dict[str, RunRecord]],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url, _ = seeded
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "tasklease.toml").write_text('[[job]]\nname = "weekly"\nschedule = "0 0 * * 0"\n')
+    monkeypatch.chdir(project)
+    code, report = as_json(capsys, "runs", "stuck", "--store", url)
+    assert code == Exit.STUCK
+    assert [job["name"] for job in report["jobs"]] == ["weekly"]
+
+
 def test_replay_enqueues_once_and_reports_json(
     seeded: tuple[str, dict[str, RunRecord]],
     capsys: pytest.CaptureFixture[str],

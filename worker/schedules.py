@@ -20,6 +20,10 @@ from worker.queries import is_manual
 from worker.records import RunRecord, RunStatus
 from worker.stores.base import LeaseStore
 
+# The deploy config `tasklease deploy --init` writes in a project: its [[job]] tables are the
+# schedules `runs stuck` and the dashboard check when given none.
+DEFAULT_SCHEDULES = Path("tasklease.toml")
+
 # How long after a slot its run may still be finishing (attempts and retries) before it counts
 # as missed: Cloud Scheduler's attempt deadline defaults to 3 minutes, with up to 5 retries.
 DEFAULT_GRACE = timedelta(minutes=15)
@@ -51,6 +55,13 @@ class OverdueJob:
     due: datetime
     last_success: datetime | None  # The schedule time of the newest successful run.
     last_success_run_id: str | None
+
+
+def default_schedules(path: Path | None) -> Path | None:
+    """``path``, else ./tasklease.toml when it exists, else None."""
+    if path is not None:
+        return path
+    return DEFAULT_SCHEDULES if DEFAULT_SCHEDULES.is_file() else None
 
 
 def load_schedules(path: str | Path) -> list[Schedule]:
