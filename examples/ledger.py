@@ -10,6 +10,8 @@ import os
 import sqlite3
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from worker import TaskContext
@@ -29,6 +31,26 @@ class Ledger:
                 "INSERT INTO side_effects (kind, key, run_id, fencing_token) VALUES (?, ?, ?, ?)",
                 (kind, key, ctx.run_id, ctx.fencing_token),
             )
+
+    @contextmanager
+    def exclusive(self, kind: str, key: str) -> Iterator[None]:
+        """Mark ``kind:key`` as running for the ``with`` block; if it already was (two
+        executions overlapping), record an ``overlap`` side effect, which the demo reports."""
+        with self._connection() as connection:
+            try:
+                connection.execute("INSERT INTO running (item) VALUES (?)", (f"{kind}:{key}",))
+                mine = True
+            except sqlite3.IntegrityError:
+                connection.execute(
+                    "INSERT INTO side_effects (kind, key) VALUES ('overlap', ?)", (f"{kind}:{key}",)
+                )
+                mine = False
+        try:
+            yield
+        finally:
+            if mine:
+                with self._connection() as connection:
+                    connection.execute("DELETE FROM running WHERE item = ?", (f"{kind}:{key}",))
 
     def counts(self, kind: str | None = None) -> Counter[str]:
         """How many times each key's side effect happened."""
@@ -50,5 +72,6 @@ class Ledger:
                 "CREATE TABLE IF NOT EXISTS side_effects (kind TEXT, key TEXT, run_id TEXT, "
                 "fencing_token INTEGER, at TEXT DEFAULT CURRENT_TIMESTAMP)"
             )
+            connection.execute("CREATE TABLE IF NOT EXISTS running (item TEXT PRIMARY KEY)")
             self._local.connection, self._local.pid = connection, os.getpid()
         return connection

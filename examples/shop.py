@@ -3,12 +3,18 @@
 Run it under gunicorn with ``TASKLEASE_ROUTER=examples.shop:router``. Orders enqueue
 ``send_receipt`` keyed by order id; the Cloud Scheduler job ``nightly_reports`` fans out one
 ``send_report`` task per customer, keyed by the scheduled run.
+
+Two handlers show mutual exclusion: ``reconcile_stock`` is an exclusive job (never two runs
+at once, whichever timer or manual run fires it), and ``post_ledger`` posts each order to its
+customer's account, one posting per account at a time (``concurrency_key``).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import time
+from datetime import timedelta
 from typing import Any
 
 from examples.ledger import Ledger
@@ -58,3 +64,28 @@ def nightly_reports(ctx: TaskContext) -> dict[str, int]:
 def send_report(payload: dict[str, Any], ctx: TaskContext) -> None:
     """Email one customer's nightly report."""
     ledger().record("report", f"{payload['night']}/{payload['customer']}", ctx)
+
+
+@router.scheduled(
+    "reconcile_stock",
+    exclusive=True,
+    max_runtime=timedelta(hours=2),
+    min_gap=timedelta(minutes=5),
+    on_overlap="skip",
+)
+def reconcile_stock(ctx: TaskContext) -> dict[str, str]:
+    """Recount the stock. Two runs at once would double-count: a run that finds another
+    still going (a second timer, a manual run, the next tick) is skipped and recorded."""
+    with ledger().exclusive("stock_reconcile", "warehouse"):
+        time.sleep(float(os.environ.get("SHOP_RECONCILE_SECONDS", "1")))
+        ledger().record("stock_reconcile", "warehouse", ctx)
+    return {"reconciled": "warehouse"}
+
+
+@router.task("post_ledger", concurrency_key=lambda payload: payload["account_id"])
+def post_ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Post one order to its customer's account: a read-modify-write of the balance, so two
+    postings to one account must not interleave; other accounts post in parallel."""
+    with ledger().exclusive("posting", payload["account_id"]):
+        time.sleep(0.01)  # Reading and writing the balance.
+        ledger().record("posting", f"order-{payload['order_id']}", ctx)

@@ -2,8 +2,10 @@
 
 Orders enqueue receipt tasks keyed by order id (some orders twice); a nightly Cloud
 Scheduler job fans out one report task per customer, and its run is delivered twice. The
-emulator duplicates deliveries and drops responses at random. At the end every side effect
-must have happened exactly once; the exit status says whether it did.
+emulator duplicates deliveries and drops responses at random. Each order is also posted to
+its customer's account, one posting per account at a time, and two Scheduler jobs (two timers)
+fire the exclusive ``reconcile_stock`` at once. At the end every side effect must have
+happened exactly once, and no two exclusive executions overlapped; the exit status says so.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from examples.ledger import Ledger  # noqa: E402
 PROJECT, LOCATION, QUEUE = "demo-project", "us-central1", "default"
 SERVICE_ACCOUNT = "tasks@demo-project.iam.gserviceaccount.com"
 QUEUE_PATH = f"projects/{PROJECT}/locations/{LOCATION}/queues/{QUEUE}"
+ACCOUNTS = 10
+JOB_RETRY = RetrySettings(max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3)
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,21 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
             schedule="0 3 * * *",
             url=f"{worker_url}/jobs/nightly_reports",
             service_account=SERVICE_ACCOUNT,
-            retry=RetrySettings(max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3),
+            retry=JOB_RETRY,
         )
+        # Two timers firing one exclusive job: the overlap ShedLock exists for.
+        reconcile = [
+            Job(
+                name=name,
+                schedule="0 4 * * *",
+                url=f"{worker_url}/jobs/reconcile_stock",
+                service_account=SERVICE_ACCOUNT,
+                retry=RetrySettings(
+                    max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3
+                ),
+            )
+            for name in ("reconcile_stock", "reconcile_stock_backup")
+        ]
         faults = Faults(settings.duplicate, settings.lost_response, settings.seed)
         say(
             out,
@@ -69,7 +86,7 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
         with CloudTasksEmulator(
             data_dir=workdir / "emulator",
             faults=faults,
-            jobs=[nightly],
+            jobs=[nightly, *reconcile],
             scheduler_on_schedule=False,
         ) as emulator:
             emulator.create_queue(
@@ -97,6 +114,7 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                 "TASKLEASE_OIDC_CERTS_URL": emulator.certs_url,
                 "SHOP_LEDGER": str(workdir / "ledger.db"),
                 "SHOP_CUSTOMERS": str(settings.customers),
+                "SHOP_RECONCILE_SECONDS": "1",
                 "PYTHONPATH": str(SOURCE_ROOT),
             }
             say(
@@ -125,9 +143,18 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                                 "send_receipt", {"order_id": order}, key=f"order-{order}"
                             )
                         )
+                    account = f"account-{order % ACCOUNTS}"  # Few: postings contend.
+                    producer.enqueue(
+                        "post_ledger",
+                        {"order_id": order, "account_id": account},
+                        key=f"posting-{order}",
+                    )
                 say(out, "Cloud Scheduler fires nightly_reports, and delivers that run twice")
                 first = emulator.scheduler.run_job("nightly_reports")
                 emulator.scheduler.run_job("nightly_reports")
+                say(out, "two timers fire the exclusive reconcile_stock at the same moment")
+                for job in reconcile:
+                    emulator.scheduler.run_job(job.name)
                 emulator.scheduler.join(timeout=60)
                 emulator.join(QUEUE_PATH, timeout=120)
                 run_ok = first.result()
@@ -146,6 +173,8 @@ class _Report:
     absorbed: int
     executions: dict[str, Counter[str]]
     missing: dict[str, int]
+    skipped_overlaps: int
+    keys_busy: int
 
     @classmethod
     def build(
@@ -162,7 +191,13 @@ class _Report:
         for key, count in counts.items():
             kind, _, item = key.partition(":")
             executions.setdefault(kind, Counter())[item] = count
-        expected = {"receipt": settings.orders, "report": settings.customers, "nightly_run": 1}
+        expected = {
+            "receipt": settings.orders,
+            "report": settings.customers,
+            "nightly_run": 1,
+            "posting": settings.orders,
+            "stock_reconcile": 1,
+        }
         missing = {
             kind: number - len(executions.get(kind, {})) for kind, number in expected.items()
         }
@@ -175,12 +210,19 @@ class _Report:
             absorbed=sum(d.outcome in ("duplicate", "in_progress") for d in deliveries),
             executions=executions,
             missing=missing,
+            skipped_overlaps=len({d.name for d in deliveries if d.outcome == "skipped_overlap"}),
+            keys_busy=sum(d.outcome == "key_busy" for d in deliveries),
         )
+
+    @property
+    def overlaps(self) -> int:
+        """Executions that found another of the same exclusive work still running."""
+        return sum(self.executions.get("overlap", Counter()).values())
 
     @property
     def exactly_once(self) -> bool:
         counts = [n for kind in self.executions.values() for n in kind.values()]
-        return not any(self.missing.values()) and all(n == 1 for n in counts)
+        return not any(self.missing.values()) and all(n == 1 for n in counts) and not self.overlaps
 
     def print(self, out: TextIO, seconds: float, run_ok: bool) -> None:
         rows = [
@@ -195,12 +237,21 @@ class _Report:
             "receipt": "receipts sent, per order",
             "report": "reports sent, per customer",
             "nightly_run": "nightly fan-outs, per scheduled run",
+            "posting": "ledger postings, per order",
+            "stock_reconcile": "stock reconciliations (two timers fired)",
         }
         for kind, label in labels.items():
             counts = self.executions.get(kind, Counter())
             spread = f"{min(counts.values())}..{max(counts.values())}" if counts else "-"
             missing = f", {self.missing[kind]} never ran" if self.missing[kind] else ""
             rows.append((f"executions: {label}", f"{len(counts)} x {spread}{missing}"))
+        rows.append(
+            (
+                "overlaps prevented (exclusive job, concurrency keys)",
+                f"{self.skipped_overlaps} run skipped, {self.keys_busy} postings deferred "
+                f"(key_busy); {self.overlaps} overlapped",
+            )
+        )
         width = max(len(label) for label, _ in rows)
         print("", file=out)
         for label, value in rows:

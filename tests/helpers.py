@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from worker.errors import StoreUnavailable
-from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
+from worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from worker.stores.base import LeaseStore, Moment
 
 T0 = datetime(2026, 10, 16, 12, 0, 0, tzinfo=UTC)
@@ -100,6 +100,13 @@ class SwitchableStore(LeaseStore):
 
     def get(self, run_id: str) -> RunRecord | None:
         return self.inner.get(run_id)
+
+    def _read_modify_write_lock(self, name: str, change: Any) -> Any:
+        self._check()
+        return self.inner._read_modify_write_lock(name, change)
+
+    def get_lock(self, name: str) -> LockRecord | None:
+        return self.inner.get_lock(name)
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
         return self.inner.list_runs(status, limit)

@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.helpers import T0, claim_request
 from worker.constants import MAX_CLOCK_SKEW
-from worker.records import RunStatus, Verdict
+from worker.records import LockRequest, RunStatus, Verdict
 from worker.stores.base import LeaseStore
 
 LEASE = timedelta(minutes=5)
@@ -215,6 +215,105 @@ class StoreContract:
         assert record is not None
         assert record.status is RunStatus.COMPLETED
         assert record.fencing_token == 1
+
+    # Locks: exclusive jobs and concurrency keys.
+
+    def test_a_lock_is_kept_from_other_runs_while_its_holder_lives(self, store: LeaseStore) -> None:
+        first = store.acquire_lock(lock_request(), T0)
+        assert first.acquired
+        assert (first.lock.holder_run_id, first.lock.fencing_token) == ("run-a", 1)
+        assert store.get_lock("job/nightly") == first.lock
+        other = store.acquire_lock(lock_request("run-b", "b1"), T0 + LEASE)
+        assert not other.acquired
+        assert other.lock.holder_run_id == "run-a"
+        assert other.free_at == T0 + HOUR
+        assert store.get_lock("job/nightly") == first.lock
+
+    def test_a_crashed_holder_keeps_the_lock_until_max_runtime_then_it_is_taken_over(
+        self, store: LeaseStore
+    ) -> None:
+        store.acquire_lock(lock_request(), T0)
+        assert not store.acquire_lock(lock_request("run-b", "b1"), T0 + HOUR / 2).acquired
+        taken = store.acquire_lock(lock_request("run-b", "b1"), T0 + HOUR)
+        assert taken.acquired
+        assert taken.took_over_from == "run-a"
+        assert taken.lock.fencing_token == 2
+        # The crashed holder's late finish is fenced.
+        assert not store.release_lock("job/nightly", "a1", T0 + HOUR)
+        assert store.renew_lock("job/nightly", "a1", LEASE, T0 + HOUR) is None
+        assert store.get_lock("job/nightly") == taken.lock
+
+    def test_a_holder_renewing_past_max_runtime_keeps_the_lock(self, store: LeaseStore) -> None:
+        store.acquire_lock(lock_request(), T0)
+        moment = T0
+        while moment < T0 + 2 * HOUR:
+            moment += LEASE / 3
+            assert store.renew_lock("job/nightly", "a1", LEASE, moment) == moment + LEASE
+        assert not store.acquire_lock(lock_request("run-b", "b1"), moment).acquired
+        # Once it stops renewing, its lease alone holds the lock (max_runtime has passed).
+        assert store.acquire_lock(lock_request("run-b", "b1"), moment + EXPIRED).acquired
+
+    def test_a_released_lock_is_free_at_once_except_within_min_gap_of_the_last_start(
+        self, store: LeaseStore
+    ) -> None:
+        gap = timedelta(minutes=5)
+        store.acquire_lock(lock_request(min_gap=gap), T0)
+        assert store.release_lock("job/nightly", "a1", T0 + timedelta(minutes=1))
+        assert store.release_lock("job/nightly", "a1", T0 + timedelta(minutes=1)), "retried"
+        early = store.acquire_lock(lock_request("run-b", "b1"), T0 + timedelta(minutes=2))
+        assert (early.acquired, early.free_at) == (False, T0 + gap)
+        assert early.lock.holder_run_id == "run-a"
+        later = store.acquire_lock(lock_request("run-b", "b1"), T0 + gap)
+        assert later.acquired
+        assert later.took_over_from is None
+
+    def test_an_acquisition_retried_after_it_landed_is_recognised(self, store: LeaseStore) -> None:
+        first = store.acquire_lock(lock_request(), T0)
+        again = store.acquire_lock(lock_request(), T0 + timedelta(seconds=1))
+        assert again.acquired
+        assert again.lock == first.lock
+
+    def test_another_attempt_of_the_holding_run_takes_the_lock_over(
+        self, store: LeaseStore
+    ) -> None:
+        store.acquire_lock(lock_request(), T0)
+        retry = store.acquire_lock(lock_request("run-a", "a2"), T0 + EXPIRED)
+        assert retry.acquired
+        assert (retry.lock.holder_attempt_id, retry.lock.fencing_token) == ("a2", 2)
+        assert not store.release_lock("job/nightly", "a1", T0 + EXPIRED)
+
+    def test_purge_deletes_locks_that_decide_nothing_any_more(self, store: LeaseStore) -> None:
+        store.acquire_lock(lock_request(name="key/a"), T0)
+        store.acquire_lock(lock_request(name="key/b", max_runtime=None), T0)
+        store.release_lock("key/b", "a1", T0)
+        assert store.purge_expired(T0 + EXPIRED) == 1
+        assert store.get_lock("key/b") is None
+        assert store.get_lock("key/a") is not None
+
+    def test_twenty_runs_racing_for_one_lock_one_acquires_it(self, store: LeaseStore) -> None:
+        start = threading.Barrier(20)
+
+        def race(index: int) -> bool:
+            start.wait()
+            return store.acquire_lock(lock_request(f"run-{index}", f"a{index}"), T0).acquired
+
+        with ThreadPoolExecutor(20) as pool:
+            won = list(pool.map(race, range(20)))
+        assert won.count(True) == 1
+        lock = store.get_lock("job/nightly")
+        assert lock is not None
+        assert lock.holder_run_id == f"run-{won.index(True)}"
+
+
+HOUR = timedelta(hours=1)
+
+
+def lock_request(
+    run_id: str = "run-a", attempt_id: str = "a1", name: str = "job/nightly", **changes: Any
+) -> LockRequest:
+    fields: dict[str, Any] = {"lease": LEASE, "max_runtime": HOUR}
+    fields.update(changes)
+    return LockRequest(name=name, run_id=run_id, attempt_id=attempt_id, **fields)
 
 
 class CrossProcessContract:

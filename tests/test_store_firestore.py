@@ -14,9 +14,15 @@ from google.api_core import exceptions as api
 from google.cloud.firestore_v1.document import DocumentReference
 
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
-from tests.helpers import T0, FakeClock, claim_request, task_headers
+from tests.helpers import T0, FakeClock, claim_request, job_headers, task_headers
 from tests.operations_contract import OperationsContract
-from tests.store_contract import EXPIRED, LEASE, CrossProcessContract, StoreContract
+from tests.store_contract import (
+    EXPIRED,
+    LEASE,
+    CrossProcessContract,
+    StoreContract,
+    lock_request,
+)
 from worker import Router, create_app
 from worker.errors import StoreUnavailable
 from worker.records import RunStatus, Verdict
@@ -54,6 +60,10 @@ class TestFirestoreStore(StoreContract, OperationsContract, CrossProcessContract
     @IGNORES_UPDATE_TIME
     def test_stale_attempt_cannot_finish_a_run_taken_over(self, store: FirestoreStore) -> None:
         super().test_stale_attempt_cannot_finish_a_run_taken_over(store)
+
+    @IGNORES_UPDATE_TIME
+    def test_twenty_runs_racing_for_one_lock_one_acquires_it(self, store: FirestoreStore) -> None:
+        super().test_twenty_runs_racing_for_one_lock_one_acquires_it(store)
 
 
 @IGNORES_UPDATE_TIME
@@ -194,6 +204,37 @@ def test_first_execution_costs_two_rpcs(counted: tuple[FirestoreStore, RpcCounte
     assert store.claim(claim_request(), T0).verdict is Verdict.CLAIMED
     assert store.complete("run-1", "attempt-1", '{"ok":true}', T0)
     assert rpcs.take() == ["commit", "commit"]  # create(), then a conditional update().
+
+
+def test_a_lock_is_one_document_changed_without_transactions(
+    counted: tuple[FirestoreStore, RpcCounter],
+) -> None:
+    store, rpcs = counted
+    assert store.acquire_lock(lock_request(min_gap=LEASE), T0).acquired
+    assert rpcs.take() == ["batch_get_documents", "commit"]  # get(), then create().
+    assert store.renew_lock("job/nightly", "a1", LEASE, T0 + LEASE / 3) == T0 + LEASE / 3 + LEASE
+    assert store.release_lock("job/nightly", "a1", T0 + LEASE / 2)
+    assert rpcs.take() == ["batch_get_documents", "commit"] * 2  # get(), conditional update().
+    assert not store.acquire_lock(lock_request("run-b", "b1"), T0 + LEASE / 2).acquired
+    assert rpcs.take() == ["batch_get_documents"]  # Busy: a read decides, nothing written.
+
+
+@IGNORES_UPDATE_TIME
+def test_a_lock_write_that_landed_unseen_is_recognised_by_attempt_id(
+    firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = new_store()
+    original = DocumentReference.create
+
+    def create_then_fail(self: DocumentReference, *args: Any, **kwargs: Any) -> Any:
+        original(self, *args, **kwargs)
+        raise api.ServiceUnavailable("the create landed, its answer was lost")
+
+    monkeypatch.setattr(DocumentReference, "create", create_then_fail)
+    grant = store.acquire_lock(lock_request(), T0)
+    assert grant.acquired
+    assert grant.lock.holder_attempt_id == "a1"
+    assert grant.lock.fencing_token == 1
 
 
 def test_duplicate_costs_two_rpcs(counted: tuple[FirestoreStore, RpcCounter]) -> None:
@@ -558,3 +599,36 @@ def test_purge_does_not_delete_a_run_taken_over_after_it_read_it(
     record = store.get("run-1")
     assert record is not None
     assert (record.attempt_id, record.status) == ("attempt-2", RunStatus.IN_PROGRESS)
+
+
+@IGNORES_UPDATE_TIME
+def test_an_exclusive_job_on_firestore_skips_an_overlap_without_transactions(
+    firestore_host: str | None,
+) -> None:
+    router = Router()
+    ran: list[str] = []
+    second: dict[str, Any] = {}
+
+    @router.scheduled("nightly", exclusive=True, max_runtime=timedelta(hours=1))
+    def nightly(ctx: Any) -> None:
+        ran.append(ctx.run_id)
+        # Another slot arrives while this run holds the job.
+        second["response"] = app.test_client().post(
+            "/jobs/nightly", headers=job_headers("nightly", "2026-10-16T12:30:00Z")
+        )
+
+    store = new_store()
+    app = create_app(router, store=store, auth="none", clock=FakeClock(T0 + timedelta(hours=1)))
+    rpcs = RpcCounter(store.client)
+    first = app.test_client().post("/jobs/nightly", headers=job_headers())
+    assert first.headers["X-Tasklease-Outcome"] == "processed"
+    skipped = second["response"]
+    assert skipped.headers["X-Tasklease-Outcome"] == "skipped_overlap"
+    assert skipped.json["held_by"] == ran[0]
+    assert len(ran) == 1
+    assert "begin_transaction" not in rpcs.take()
+    [record] = store.list_runs(RunStatus.SKIPPED)
+    assert record.result == {"held_by": ran[0], "lock": "job///nightly"}
+    lock = store.get_lock("job///nightly")
+    assert lock is not None
+    assert (lock.holder_run_id, lock.released) == (ran[0], True)

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import T0, claim_request
 from tests.operations_contract import OperationsContract
-from tests.store_contract import CrossProcessContract, StoreContract
+from tests.store_contract import CrossProcessContract, StoreContract, lock_request
 from worker.errors import ConfigurationError, StoreUnavailable
 from worker.records import RunStatus, Verdict
 from worker.stores import SqliteStore, store_from_url
@@ -87,3 +87,17 @@ def test_sqlite_url_keeps_absolute_paths(tmp_path: Path) -> None:
 def test_unknown_store_url_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="unknown store URL"):
         store_from_url("redis://localhost")
+
+
+def test_a_version_2_file_gains_the_locks_table_and_keeps_its_runs(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    old = SqliteStore(path)
+    old.claim(claim_request(), T0)
+    old.close()
+    connection = sqlite3.connect(path)
+    connection.executescript("DROP TABLE locks; PRAGMA user_version = 2;")
+    connection.close()
+    store = SqliteStore(path)
+    assert store.get("run-1") is not None
+    assert store.acquire_lock(lock_request(), T0).acquired
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3

@@ -73,5 +73,10 @@ DEFAULT_MANUAL_RUN_MARGIN = timedelta(seconds=60)
 MAX_RESULT_BYTES = 32 * 1024
 MAX_ERROR_CHARS = 4 * 1024
 
+# Retry-After (seconds) at most for a delivery whose lock (exclusive job, concurrency key) is
+# held by a live run: that run may end at any moment, and its lease could run for minutes.
+LOCK_BUSY_RETRY_AFTER_MAX = 10
+MAX_CONCURRENCY_KEY_LENGTH = 500
+
 # Seconds a client should wait before retrying when the store is down.
 STORE_UNAVAILABLE_RETRY_AFTER = 5

@@ -41,6 +41,10 @@ class TaskContext:
     schedule_time: datetime | None = None
     project: str | None = None
     location: str | None = None
+    # The lock this execution holds (an exclusive job's, or its concurrency key's), renewed
+    # and released with the run; its fencing token grows with every holder of the lock.
+    lock: str | None = None
+    lock_fencing_token: int | None = None
     _lost: threading.Event = field(default_factory=threading.Event, repr=False)
     # time.monotonic() at which the lease this attempt last confirmed runs out, counted from
     # before the store call that confirmed it, so never later than the lease the store holds.

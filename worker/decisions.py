@@ -41,6 +41,8 @@ def decide(record: RunRecord | None, now: datetime, caller: str | None = None) -
         return Verdict.COMPLETED
     if record.status is RunStatus.FAILED:
         return Verdict.FAILED
+    if record.status is RunStatus.SKIPPED:
+        return Verdict.SKIPPED
     if lease_held(record, now):
         return Verdict.IN_PROGRESS
     return Verdict.CLAIMED  # Released, or the holder's lease expired: take it over.
@@ -123,6 +125,26 @@ def failed(record: RunRecord, error: str, payload: str | None, now: datetime) ->
 def released(record: RunRecord, error: str, now: datetime) -> RunRecord:
     """The record of a retryable failure: claimable again at once by the next delivery."""
     return record.replace(status=RunStatus.RELEASED, lease_expires=now, error=cap_text(error))
+
+
+def skipped(record: RunRecord, held_by: str, lock: str, now: datetime) -> RunRecord:
+    """The record of an exclusive job's run that found ``lock`` held by run ``held_by``: kept,
+    so a person can list skipped runs and see which run held the job, and so duplicates of it
+    are answered without running."""
+    details = json.dumps({"held_by": held_by, "lock": lock}, sort_keys=True, separators=(",", ":"))
+    return record.replace(
+        status=RunStatus.SKIPPED,
+        finished_at=now,
+        result_json=details,
+        error=f"skipped: {lock} was held by run {held_by}",
+    )
+
+
+def yielded(record: RunRecord, reason: str, now: datetime) -> RunRecord:
+    """The record of a claim given back unused because its lock was busy: released, with the
+    attempt not counted (``max_attempts`` counts executions, not waits for a lock). The
+    fencing token keeps its increase: tokens must never repeat, gaps are harmless."""
+    return released(record, reason, now).replace(attempts=record.attempts - 1)
 
 
 def cap_text(text: str, limit: int = c.MAX_ERROR_CHARS) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -13,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from worker import constants as c
-from worker import decisions
+from worker import decisions, locking
 from worker.auth import Authenticator, AuthRequest
 from worker.context import TaskContext
 from worker.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
@@ -21,7 +22,7 @@ from worker.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
 from worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from worker.logs import instance_id, log_execution, note_error
 from worker.outcome import Outcome
-from worker.records import ClaimRequest, RunRecord, Verdict
+from worker.records import ClaimRequest, LockGrant, LockRequest, RunRecord, Verdict
 from worker.router import HandlerSpec, Router
 from worker.stores.base import LeaseStore
 
@@ -33,7 +34,7 @@ _log = logging.getLogger("tasklease.execution")
 FINISH_RETRY_PAUSES = (0.05, 0.2, 0.5)
 
 # Verdicts a read alone may act on: a finished run stays finished until its record expires.
-_SETTLED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.FORBIDDEN})
+_SETTLED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.FORBIDDEN, Verdict.SKIPPED})
 
 _AUTH_OUTCOMES = {401: Outcome.UNAUTHENTICATED, 403: Outcome.FORBIDDEN, 503: Outcome.UNAVAILABLE}
 
@@ -131,6 +132,8 @@ class Executor:
         handler = delivery.handler[:100]
         log: dict[str, Any] = {"handler": handler, "kind": delivery.kind.value}
         reply = self._execute(delivery, log)
+        if "held_by" in reply.details:  # An exclusive job or key held by another run.
+            log["held_by"] = reply.details["held_by"]
         log.update(
             outcome=reply.outcome.value,
             status=reply.status,
@@ -266,6 +269,16 @@ class Executor:
                 run_id,
                 {"status": record.status.value, "error": record.error},
             )
+        if verdict is Verdict.SKIPPED:
+            details = record.result or {}
+            log.update(held_by=details.get("held_by"), lock=details.get("lock"))
+            return Reply(
+                200,
+                Outcome.SKIPPED_OVERLAP,
+                f"skipped before: run {details.get('held_by')} held the job",
+                run_id,
+                {"status": record.status.value, "held_by": details.get("held_by")},
+            )
         remaining = (record.lease_expires + c.MAX_CLOCK_SKEW - self.clock()).total_seconds()
         return Reply(
             409,
@@ -286,6 +299,13 @@ class Executor:
                 payload = decode_payload(body)
             except ValueError as exc:
                 return self._fail(ctx, f"payload is not valid JSON: {exc}", body)
+        lock = self._lock_request(spec, ctx, payload)
+        if isinstance(lock, str):
+            return self._fail(ctx, lock, body)
+        if lock is not None:
+            refused = self._take_lock(spec, ctx, lock)
+            if refused is not None:
+                return refused
         try:
             with self.lease_keeper.kept(ctx, spec.lease):
                 if spec.kind is Kind.TASK:
@@ -323,10 +343,124 @@ class Executor:
             Reply(200, Outcome.PROCESSED, "processed", ctx.run_id, result_json=result_json),
         )
 
-    def _give_back(self, ctx: TaskContext, error: str) -> None:
-        """Release a claim this attempt will not use, if it still holds it (best effort: a
-        lease that runs out does the same, later)."""
+    def _lock_request(
+        self, spec: HandlerSpec, ctx: TaskContext, payload: Any
+    ) -> LockRequest | str | None:
+        """The lock this execution must hold first (None: none); a str says why the payload
+        has no concurrency key (a permanent failure: no retry will give it one)."""
+        if spec.exclusive:
+            name = locking.job_lock_name(spec.name, ctx.project, ctx.location)
+        elif spec.concurrency_key is not None:
+            try:
+                key = spec.concurrency_key(payload)
+            except Exception as exc:
+                return f"concurrency_key raised {type(exc).__name__}: {exc}"
+            if key is None or not isinstance(key, (str, int)) or isinstance(key, bool):
+                return f"concurrency_key gave {key!r}: a str or int is needed"
+            if len(str(key)) > c.MAX_CONCURRENCY_KEY_LENGTH:
+                return f"concurrency_key is over {c.MAX_CONCURRENCY_KEY_LENGTH} characters"
+            name = locking.key_lock_name(spec.name, ctx.project, ctx.location, str(key))
+        else:
+            return None
+        return LockRequest(
+            name=name,
+            run_id=ctx.run_id,
+            attempt_id=ctx.attempt_id,
+            lease=spec.lease,
+            max_runtime=spec.max_runtime,
+            min_gap=spec.min_gap,
+        )
+
+    def _take_lock(self, spec: HandlerSpec, ctx: TaskContext, request: LockRequest) -> Reply | None:
+        """Acquire ``request``'s lock for the claimed ``ctx``; None when held, else the reply.
+
+        Taken after the run's claim, so a crash between the two leaves a claim whose lease
+        lapses, never a lock without a claim; a lock whose holder crashed lapses by its own
+        lease and safety expiry.
+        """
+        asked_at, asked = self.clock(), time.monotonic()
+        # Set first: if the store fails, giving the claim back also releases a lock whose
+        # write may have landed unseen (fenced by attempt id, so harmless if it did not).
+        ctx.lock = request.name
         try:
+            grant = self.store.acquire_lock(request, self.clock)
+        except StoreUnavailable as exc:
+            self._give_back(ctx, f"could not take the lock {request.name}: {exc}", count=False)
+            return _store_unavailable(f"lease store unavailable: {exc}", ctx.run_id)
+        if not grant.acquired:
+            ctx.lock = None
+            return self._overlap(spec, ctx, request.name, grant)
+        ctx.lock_fencing_token = grant.lock.fencing_token
+        deadline = local_deadline(grant.lock.lease_expires, asked_at, asked, spec.lease)
+        ctx.confirm_lease(ctx.lease_expires, min(ctx.lease_deadline, deadline))
+        return None
+
+    def _overlap(self, spec: HandlerSpec, ctx: TaskContext, name: str, grant: LockGrant) -> Reply:
+        """The answer to an execution whose lock another run holds: skipped (recorded), or
+        given back unused for the queue to retry."""
+        holder = grant.lock.holder_run_id
+        if spec.kind is Kind.SCHEDULER and spec.on_overlap == "skip":
+            return self._finish(
+                ctx,
+                lambda: self.store.skip(ctx.run_id, ctx.attempt_id, holder, name, self.clock),
+                Reply(
+                    200,
+                    Outcome.SKIPPED_OVERLAP,
+                    f"skipped: run {holder} holds the job",
+                    ctx.run_id,
+                    {"status": "skipped", "held_by": holder},
+                ),
+            )
+        assert grant.free_at is not None
+        wait = (grant.free_at - self.clock()).total_seconds()
+        if not grant.lock.released:  # A live holder may end at any moment.
+            wait = min(wait, c.LOCK_BUSY_RETRY_AFTER_MAX)
+        outcome = Outcome.KEY_BUSY if spec.kind is Kind.TASK else Outcome.IN_PROGRESS
+        what = "its concurrency key" if spec.kind is Kind.TASK else "the job"
+        return self._finish(
+            ctx,
+            lambda: self.store.yield_claim(
+                ctx.run_id, ctx.attempt_id, f"{outcome.value}: {name} held by {holder}", self.clock
+            ),
+            Reply(
+                409,
+                outcome,
+                f"run {holder} holds {what}; retry later",
+                ctx.run_id,
+                {"held_by": holder},
+                retry_after=max(1, math.ceil(wait)),
+            ),
+        )
+
+    def _release_lock(self, ctx: TaskContext) -> bool:
+        """Release the lock ``ctx`` holds, fenced by its attempt id. False: another run took
+        it (this attempt's lease lapsed meanwhile). Retried on store errors like a finish;
+        if the store stays down, the lock lapses by itself."""
+        name = ctx.lock
+        if name is None:
+            return True
+        for pause in (*FINISH_RETRY_PAUSES, None):
+            try:
+                held = self.store.release_lock(name, ctx.attempt_id, self.clock)
+            except StoreUnavailable:
+                if pause is None:
+                    _log.warning("run %s: could not release lock %s", ctx.run_id, name)
+                    return True
+                time.sleep(pause)
+            else:
+                ctx.lock = None
+                return held
+        return True  # Unreachable: the loop returns.
+
+    def _give_back(self, ctx: TaskContext, error: str, *, count: bool = True) -> None:
+        """Release a claim this attempt will not use, if it still holds it (best effort: a
+        lease that runs out does the same, later). ``count=False``: the handler never ran,
+        the attempt does not count. Its lock, if any, is released first."""
+        try:
+            self._release_lock(ctx)
+            if not count:
+                self.store.yield_claim(ctx.run_id, ctx.attempt_id, error, self.clock)
+                return
             self.store.release(ctx.run_id, ctx.attempt_id, error, self.clock)
         except StoreUnavailable:
             _log.warning("run %s: could not release attempt %s", ctx.run_id, ctx.attempt_id)
@@ -343,8 +477,20 @@ class Executor:
         """Record how the execution ended, only while this attempt still holds the claim.
 
         A retried write that finds its own earlier try landed counts as done (the store
-        recognises it by attempt id).
+        recognises it by attempt id). The lock the attempt holds is released first, fenced:
+        if another run took it, this attempt's lease lapsed while it ran, and its outcome is
+        refused like that of a run taken over.
         """
+        lock = ctx.lock
+        if not self._release_lock(ctx):
+            self._give_back(ctx, f"the lock {lock} was taken over by another run while it ran")
+            return Reply(
+                409,
+                Outcome.LOST_CLAIM,
+                f"the lock {lock} was taken over by another run; "
+                f"this attempt's {reply.outcome.value} outcome was not recorded",
+                ctx.run_id,
+            )
         for pause in (*FINISH_RETRY_PAUSES, None):
             try:
                 held = write()

@@ -160,6 +160,15 @@ class LeaseKeeper:
         asked_at, asked = self._clock(), time.monotonic()
         try:
             lease_expires = self._store.renew(ctx.run_id, ctx.attempt_id, entry.lease, self._clock)
+            # The lock (exclusive job, concurrency key) shares the run's lease: losing either
+            # is losing the lease. Renewed second, it never expires before the run's.
+            lock = ctx.lock
+            if (
+                lease_expires is not None
+                and lock is not None
+                and self._store.renew_lock(lock, ctx.attempt_id, entry.lease, self._clock) is None
+            ):
+                lease_expires = None
         except Exception as exc:
             # StoreUnavailable is expected; anything else is a bug in a store, but the
             # execution must still stop in time, so both are retried until the deadline.
@@ -186,7 +195,7 @@ class LeaseKeeper:
             if not finished:  # Else its own finish ended the claim meanwhile: not a loss.
                 ctx.mark_lease_lost()
                 _log.warning(
-                    "run %s: attempt %s lost its claim; another attempt took the run over",
+                    "run %s: attempt %s lost its claim or its lock; another attempt took it over",
                     ctx.run_id,
                     ctx.attempt_id,
                 )

@@ -18,5 +18,7 @@ class Outcome(StrEnum):
     REJECTED = "rejected"  # 4xx: the request is not a valid delivery; nothing was claimed.
     UNAUTHENTICATED = "unauthenticated"  # 401: no valid ID token.
     FORBIDDEN = "forbidden"  # 403: a valid token from a caller that is not allowed.
+    SKIPPED_OVERLAP = "skipped_overlap"  # 200: an exclusive job's other run held it; recorded.
+    KEY_BUSY = "key_busy"  # 409: another task of the same concurrency key runs; retry later.
     UNAVAILABLE = "unavailable"  # 503: the store (or key server) is down; nothing ran.
     ERROR = "error"  # 500: the worker itself failed unexpectedly (a bug); see the log line.

@@ -28,6 +28,7 @@ class Verdict(StrEnum):
     FAILED = "failed"  # Failed permanently before: answer 200, do not run.
     IN_PROGRESS = "in_progress"  # Another attempt holds an unexpired lease: answer 409.
     FORBIDDEN = "forbidden"  # The run belongs to another caller: answer 403, reveal nothing.
+    SKIPPED = "skipped"  # Skipped as an overlap before: answer 200, do not run.
 
 
 @dataclass(frozen=True)
@@ -92,4 +93,60 @@ class Claim:
 
     verdict: Verdict
     record: RunRecord
+    took_over_from: str | None = None
+
+
+@dataclass(frozen=True)
+class LockRecord:
+    """A named lock (an exclusive job, or one concurrency key of a task handler), held by one
+    attempt of one run under the same renewing lease as that run.
+
+    The record stays after a release: it remembers the last holder, whose start ``min_gap``
+    counts from, and its fencing token keeps growing.
+    """
+
+    name: str
+    holder_run_id: str
+    holder_attempt_id: str
+    fencing_token: int  # Grows with every acquisition of this lock.
+    started_at: datetime  # When the holder acquired it.
+    lease_expires: datetime  # The holder's lease, renewed with its run's; now on release.
+    # The safety expiry for a holder that stopped renewing (ShedLock's lockAtMostFor): a
+    # holder whose lease lapsed still blocks other runs until then. started_at + max_runtime,
+    # or started_at when there is none; now on release.
+    safety_expires: datetime
+    next_start_at: datetime  # No other run starts before this: started_at + min_gap.
+    released_at: datetime | None = None
+
+    @property
+    def released(self) -> bool:
+        return self.released_at is not None
+
+    def replace(self, **changes: Any) -> LockRecord:
+        """A copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class LockRequest:
+    """What one claimed attempt asks for: the lock ``name``, held under its run's lease."""
+
+    name: str
+    run_id: str
+    attempt_id: str
+    lease: timedelta
+    max_runtime: timedelta | None = None
+    min_gap: timedelta = timedelta(0)
+
+
+@dataclass(frozen=True)
+class LockGrant:
+    """The store's answer to a :class:`LockRequest`: ``lock`` as it stands afterwards (ours
+    when ``acquired``, the holder's otherwise). ``free_at`` is the earliest moment the lock
+    can be free for another run, when busy; ``took_over_from`` names the run whose lapsed
+    hold this acquisition replaced."""
+
+    acquired: bool
+    lock: LockRecord
+    free_at: datetime | None = None
     took_over_from: str | None = None

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from worker import constants as c
 from worker.errors import ConfigurationError
@@ -14,6 +14,9 @@ from worker.identity import Kind
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,100}", re.ASCII)
+
+OnOverlap = Literal["skip", "retry"]
+ConcurrencyKey = Callable[[Any], Any]
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,11 @@ class HandlerSpec:
     allowed_service_accounts: tuple[str, ...] | None = None
     audience: str | None = None
     manual_run_margin: timedelta = c.DEFAULT_MANUAL_RUN_MARGIN
+    exclusive: bool = False
+    max_runtime: timedelta | None = None
+    min_gap: timedelta = timedelta(0)
+    on_overlap: OnOverlap = "skip"
+    concurrency_key: ConcurrencyKey | None = None
 
     @property
     def path(self) -> str:
@@ -60,6 +68,28 @@ class Router:
       when it comes. Keep it well below the job's interval: for a job firing every minute, a
       manual run cannot be told apart from an early delivery of the next slot, and counts as
       that slot's run.
+
+    Options of scheduled handlers, for jobs whose runs must not overlap (a nightly job still
+    running when the next tick fires, two timers firing one job, a manual run meanwhile):
+
+    - ``exclusive=True``: at most one run of the handler executes at a time, across every
+      instance and process. The job lock is held under the run's own renewing lease, so a
+      live run never loses it however long it runs.
+    - ``max_runtime``: the safety expiry for a holder that stopped renewing (ShedLock's
+      lockAtMostFor): until then its lapsed lease still keeps other runs out, in case it is
+      still working unheard. A run still renewing past it keeps the lock. Default: the lease
+      alone decides.
+    - ``min_gap`` (ShedLock's lockAtLeastFor): a run starting less than this after the last
+      run *started* counts as an overlap; it absorbs clock drift between timers.
+    - ``on_overlap``: ``"skip"`` (default) answers 200 and records the run as skipped, naming
+      the run that held the job; ``"retry"`` answers 409 with Retry-After, so Cloud Scheduler
+      retries it within the job's retry config (its retry_count defaults to 0: set it).
+
+    Option of task handlers:
+
+    - ``concurrency_key=lambda payload: payload["account_id"]``: at most one task per key
+      runs at a time, across instances. A task whose key is busy is answered 409 (outcome
+      ``key_busy``) with Retry-After, without consuming an attempt; Cloud Tasks retries it.
     """
 
     def __init__(self, *, manual_run_margin: timedelta = c.DEFAULT_MANUAL_RUN_MARGIN) -> None:
@@ -77,6 +107,7 @@ class Router:
         max_attempts: int | None = None,
         allowed_service_accounts: Iterable[str] | None = None,
         audience: str | None = None,
+        concurrency_key: ConcurrencyKey | None = None,
     ) -> Callable[[_F], _F]:
         """Register ``handler(payload, ctx)`` at ``POST /tasks/<name>`` (default: its name)."""
         return self._decorator(
@@ -87,6 +118,7 @@ class Router:
             max_attempts=max_attempts,
             allowed_service_accounts=allowed_service_accounts,
             audience=audience,
+            concurrency_key=concurrency_key,
         )
 
     def scheduled(
@@ -99,6 +131,10 @@ class Router:
         allowed_service_accounts: Iterable[str] | None = None,
         audience: str | None = None,
         manual_run_margin: timedelta | None = None,
+        exclusive: bool = False,
+        max_runtime: timedelta | None = None,
+        min_gap: timedelta = timedelta(0),
+        on_overlap: OnOverlap = "skip",
     ) -> Callable[[_F], _F]:
         """Register ``handler(ctx)`` at ``POST /jobs/<name>``, for a Cloud Scheduler job."""
         return self._decorator(
@@ -112,6 +148,10 @@ class Router:
             manual_run_margin=(
                 self.manual_run_margin if manual_run_margin is None else manual_run_margin
             ),
+            exclusive=exclusive,
+            max_runtime=max_runtime,
+            min_gap=min_gap,
+            on_overlap=on_overlap,
         )
 
     def handler(self, kind: Kind, name: str) -> HandlerSpec | None:
@@ -162,6 +202,25 @@ class Router:
             raise ConfigurationError(f"{spec.name}: manual_run_margin must not be negative")
         if spec.max_attempts is not None and spec.max_attempts < 1:
             raise ConfigurationError(f"{spec.name}: max_attempts must be at least 1")
+        _check_exclusion(spec)
         if (spec.kind, spec.name) in self._handlers:
             raise ConfigurationError(f"{spec.kind.value} handler {spec.name!r} is registered twice")
         self._handlers[(spec.kind, spec.name)] = spec
+
+
+def _check_exclusion(spec: HandlerSpec) -> None:
+    """Refuse exclusion options that would silently do nothing, or something else."""
+    if spec.on_overlap not in get_args(OnOverlap):
+        raise ConfigurationError(f"{spec.name}: on_overlap must be 'skip' or 'retry'")
+    if not spec.exclusive and (
+        spec.max_runtime is not None or spec.min_gap or spec.on_overlap != "skip"
+    ):
+        raise ConfigurationError(
+            f"{spec.name}: max_runtime, min_gap and on_overlap apply only with exclusive=True"
+        )
+    if spec.max_runtime is not None and spec.max_runtime <= timedelta(0):
+        raise ConfigurationError(f"{spec.name}: max_runtime must be positive")
+    if spec.min_gap < timedelta(0):
+        raise ConfigurationError(f"{spec.name}: min_gap must not be negative")
+    if spec.concurrency_key is not None and not callable(spec.concurrency_key):
+        raise ConfigurationError(f"{spec.name}: concurrency_key must be a function of the payload")

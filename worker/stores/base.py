@@ -8,10 +8,18 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from worker import decisions
+from worker import decisions, locking
 from worker.identity import parse_rfc3339
 from worker.queries import MAX_PAGE, Position, RunFilter, RunPage, decode_cursor, encode_cursor
-from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
+from worker.records import (
+    Claim,
+    ClaimRequest,
+    LockGrant,
+    LockRecord,
+    LockRequest,
+    RunRecord,
+    RunStatus,
+)
 
 _T = TypeVar("_T")
 
@@ -31,6 +39,11 @@ def _instant(text: str | None) -> datetime | None:
     return parse_rfc3339(text) if text else None
 
 
+LockChange = Callable[[LockRecord | None], tuple[LockRecord | None, _T]]
+"""Given the stored lock (or None), returns the lock to write (None: write nothing) and a value
+for the caller."""
+
+
 def resolve(now: Moment) -> datetime:
     """The time ``now`` stands for: itself, or the clock's reading at this moment."""
     return now() if callable(now) else now
@@ -46,7 +59,12 @@ class LeaseStore(ABC):
       rule: claim, renew, complete, fail and release are all built on it here, with the rules
       themselves in :mod:`worker.decisions`.
     - :meth:`get` and :meth:`list_runs`: plain reads.
-    - :meth:`purge_expired`: delete records past ``expire_at``.
+    - :meth:`purge_expired`: delete records past ``expire_at`` (and locks that decide nothing
+      any more, :func:`worker.locking.lapses_at`).
+    - for exclusive jobs and concurrency keys, :meth:`_read_modify_write_lock` and
+      :meth:`get_lock`: the same for :class:`~worker.records.LockRecord`, kept apart from the
+      runs (a table, a collection). Acquire, renew and release are built on them here, with
+      the rules in :mod:`worker.locking`.
 
     A backend may override :meth:`claim` and :meth:`_if_held` (which renew, complete, fail
     and release go through) with faster equivalents, as the Firestore store does with
@@ -75,6 +93,50 @@ class LeaseStore(ABC):
     @abstractmethod
     def purge_expired(self, now: datetime) -> int:
         """Delete every record whose ``expire_at`` is at or before ``now``; return how many."""
+
+    def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
+        """Apply ``change`` to the lock called ``name`` atomically; return its value."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no locks")
+
+    def get_lock(self, name: str) -> LockRecord | None:
+        """The stored lock called ``name``, or None."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no locks")
+
+    def acquire_lock(self, request: LockRequest, now: Moment) -> LockGrant:
+        """Take the lock for ``request.attempt_id`` unless another run holds it (or held it
+        less than its ``min_gap`` ago). Call it only while holding the run's claim."""
+
+        def change(lock: LockRecord | None) -> tuple[LockRecord | None, LockGrant]:
+            grant = locking.acquire(lock, request, resolve(now))
+            return (grant.lock if grant.lock is not lock else None), grant
+
+        return self._read_modify_write_lock(request.name, change)
+
+    def renew_lock(
+        self, name: str, attempt_id: str, lease: timedelta, now: Moment
+    ) -> datetime | None:
+        """Extend the holder's lease on the lock; None if ``attempt_id`` no longer holds it."""
+
+        def change(lock: LockRecord | None) -> tuple[LockRecord | None, datetime | None]:
+            if lock is None or not locking.holds(lock, attempt_id):
+                return None, None
+            written = locking.renewed(lock, lease, resolve(now))
+            return written, written.lease_expires
+
+        return self._read_modify_write_lock(name, change)
+
+    def release_lock(self, name: str, attempt_id: str, now: Moment) -> bool:
+        """Give the lock back if ``attempt_id`` holds it (fenced: a stale holder's release
+        changes nothing and answers False). True again for a release retried after it landed."""
+
+        def change(lock: LockRecord | None) -> tuple[LockRecord | None, bool]:
+            if locking.released_by(lock, attempt_id):
+                return None, True
+            if lock is None or not locking.holds(lock, attempt_id):
+                return None, False
+            return locking.released(lock, resolve(now)), True
+
+        return self._read_modify_write_lock(name, change)
 
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing to close.
         """Release connections. The store must not be used afterwards."""
@@ -137,6 +199,27 @@ class LeaseStore(ABC):
             run_id,
             attempt_id,
             lambda r, at: decisions.released(r, error, at),
+            now,
+            RunStatus.RELEASED,
+        )
+
+    def skip(self, run_id: str, attempt_id: str, held_by: str, lock: str, now: Moment) -> bool:
+        """Record the run as skipped (its job's ``lock`` held by run ``held_by``), if
+        ``attempt_id`` still holds the claim. Duplicates of it are then answered as skipped."""
+        return self._finish(
+            run_id,
+            attempt_id,
+            lambda r, at: decisions.skipped(r, held_by, lock, at),
+            now,
+            RunStatus.SKIPPED,
+        )
+
+    def yield_claim(self, run_id: str, attempt_id: str, reason: str, now: Moment) -> bool:
+        """Give an unused claim back (its lock was busy) without counting the attempt."""
+        return self._finish(
+            run_id,
+            attempt_id,
+            lambda r, at: decisions.yielded(r, reason, at),
             now,
             RunStatus.RELEASED,
         )

@@ -36,11 +36,11 @@ from google.api_core import exceptions as api
 from google.api_core import retry as retries
 from google.cloud import firestore
 
-from worker import decisions
+from worker import decisions, locking
 from worker.errors import StoreUnavailable
 from worker.queries import Position, RunFilter
-from worker.records import Claim, ClaimRequest, RunRecord, RunStatus, Verdict
-from worker.stores.base import Change, LeaseStore, Moment, Update, resolve
+from worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus, Verdict
+from worker.stores.base import Change, LeaseStore, LockChange, Moment, Update, resolve
 
 _T = TypeVar("_T")
 
@@ -258,6 +258,44 @@ class FirestoreStore(LeaseStore):
             result: _T = apply(self.client.transaction())
             return result
 
+    @property
+    def lock_collection(self) -> str:
+        """Locks (exclusive jobs, concurrency keys) live beside the runs: ``<collection>_locks``."""
+        return f"{self.collection}_locks"
+
+    def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
+        """One lock document changed by compare-and-set, no transaction: read it, then
+        ``create()`` it (precondition: absent) or ``update()`` it (precondition: the update
+        time read). A failed precondition means another writer came first: read again and
+        decide again. A write that may have landed unseen is read again too; the lock rules
+        recognise this attempt's own landed write by its attempt id (2 RPCs per change)."""
+        ref = self._lock_document(name)
+        with self._guard("change a lock"):
+            for _ in range(MAX_ROUNDS):
+                snapshot = ref.get(**self._call)
+                current = _decode_lock(name, snapshot.to_dict()) if snapshot.exists else None
+                new_lock, value = change(current)
+                if new_lock is None:
+                    return value
+                try:
+                    if snapshot.exists:
+                        option = self.client.write_option(last_update_time=snapshot.update_time)
+                        ref.update(_encode_lock(new_lock), option=option, **self._call)
+                    else:
+                        ref.create(_encode_lock(new_lock), **self._call)
+                except (api.Conflict, api.FailedPrecondition, api.NotFound, *_UNCERTAIN):
+                    continue  # Conflict covers Aborted and AlreadyExists.
+                return value
+        raise StoreUnavailable(f"lock {name}: too much contention to change it")
+
+    def get_lock(self, name: str) -> LockRecord | None:
+        with self._guard("read a lock"):
+            snapshot = self._lock_document(name).get(**self._call)
+        return _decode_lock(name, snapshot.to_dict()) if snapshot.exists else None
+
+    def _lock_document(self, name: str) -> Any:
+        return self.client.collection(self.lock_collection).document(locking.lock_id(name))
+
     def get(self, run_id: str) -> RunRecord | None:
         with self._guard("read a run"):
             snapshot = self._document(run_id).get(**self._call)
@@ -343,6 +381,16 @@ class FirestoreStore(LeaseStore):
         with self._guard("purge expired runs"):
             for snapshot in query.stream():
                 # Only the version read: a takeover since then makes it a live run again.
+                option = self.client.write_option(last_update_time=snapshot.update_time)
+                try:
+                    snapshot.reference.delete(option=option, **self._call)
+                except (api.FailedPrecondition, api.NotFound):
+                    continue
+                purged += 1
+            locks = self.client.collection(self.lock_collection).where(
+                filter=firestore.FieldFilter("lapses_at", "<=", now)
+            )
+            for snapshot in locks.stream():
                 option = self.client.write_option(last_update_time=snapshot.update_time)
                 try:
                     snapshot.reference.delete(option=option, **self._call)
@@ -516,6 +564,37 @@ def _decode(run_id: str, data: dict[str, Any] | None) -> RunRecord:
         caller=data.get("caller"),
         replay_of=data.get("replay_of"),
         replayed_as=data.get("replayed_as"),
+    )
+
+
+def _encode_lock(lock: LockRecord) -> dict[str, Any]:
+    return {
+        "name": lock.name,
+        "holder_run_id": lock.holder_run_id,
+        "holder_attempt_id": lock.holder_attempt_id,
+        "fencing_token": lock.fencing_token,
+        "started_at": lock.started_at,
+        "lease_expires": lock.lease_expires,
+        "safety_expires": lock.safety_expires,
+        "next_start_at": lock.next_start_at,
+        "released_at": lock.released_at,
+        # From then on the document decides nothing: a TTL policy may delete it.
+        "lapses_at": locking.lapses_at(lock),
+    }
+
+
+def _decode_lock(name: str, data: dict[str, Any] | None) -> LockRecord:
+    data = data or {}
+    return LockRecord(
+        name=data.get("name", name),
+        holder_run_id=data["holder_run_id"],
+        holder_attempt_id=data["holder_attempt_id"],
+        fencing_token=int(data["fencing_token"]),
+        started_at=_utc(data["started_at"]),
+        lease_expires=_utc(data["lease_expires"]),
+        safety_expires=_utc(data["safety_expires"]),
+        next_start_at=_utc(data["next_start_at"]),
+        released_at=_utc(data["released_at"]) if data.get("released_at") else None,
     )
 
 

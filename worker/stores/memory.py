@@ -7,9 +7,10 @@ import threading
 from datetime import datetime
 from typing import Any, TypeVar
 
+from worker import locking
 from worker.queries import Position, RunFilter, before
-from worker.records import RunRecord, RunStatus
-from worker.stores.base import Change, LeaseStore
+from worker.records import LockRecord, RunRecord, RunStatus
+from worker.stores.base import Change, LeaseStore, LockChange
 
 _T = TypeVar("_T")
 _FIELDS = tuple(field.name for field in dataclasses.fields(RunRecord))
@@ -29,6 +30,7 @@ class MemoryStore(LeaseStore):
 
     def __init__(self) -> None:
         self._records: dict[str, Packed] = {}
+        self._locks: dict[str, LockRecord] = {}  # Few: one per exclusive job or busy key.
         self._lock = threading.Lock()
 
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
@@ -38,6 +40,17 @@ class MemoryStore(LeaseStore):
             if new_record is not None:
                 self._records[run_id] = _pack(new_record)
             return value
+
+    def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
+        with self._lock:
+            new_lock, value = change(self._locks.get(name))
+            if new_lock is not None:
+                self._locks[name] = new_lock
+            return value
+
+    def get_lock(self, name: str) -> LockRecord | None:
+        with self._lock:
+            return self._locks.get(name)
 
     def get(self, run_id: str) -> RunRecord | None:
         with self._lock:
@@ -57,7 +70,10 @@ class MemoryStore(LeaseStore):
             ]
             for key in expired:
                 del self._records[key]
-            return len(expired)
+            lapsed = [name for name, lock in self._locks.items() if locking.lapses_at(lock) <= now]
+            for name in lapsed:
+                del self._locks[name]
+            return len(expired) + len(lapsed)
 
     def __repr__(self) -> str:
         return f"MemoryStore({len(self._records)} records)"

@@ -31,17 +31,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from worker import locking
 from worker.errors import StoreUnavailable
 from worker.queries import Position, RunFilter
-from worker.records import Claim, ClaimRequest, RunRecord, RunStatus
-from worker.stores.base import Change, LeaseStore, Moment, resolve
+from worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
+from worker.stores.base import Change, LeaseStore, LockChange, Moment, resolve
 from worker.stores.group_commit import GroupCommit, Pending
 from worker.stores.private_files import create_private_file, make_private_dirs
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")
 
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3  # 2: runs.caller; 3: the locks table (exclusive jobs, concurrency keys).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
@@ -65,6 +66,19 @@ CREATE TABLE IF NOT EXISTS runs (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expire_at_us);
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, claimed_at_us);
+CREATE TABLE IF NOT EXISTS locks (
+    name TEXT PRIMARY KEY,
+    holder_run_id TEXT NOT NULL,
+    holder_attempt_id TEXT NOT NULL,
+    fencing_token INTEGER NOT NULL,
+    started_at_us INTEGER NOT NULL,
+    lease_expires_us INTEGER NOT NULL,
+    safety_expires_us INTEGER NOT NULL,
+    next_start_at_us INTEGER NOT NULL,
+    released_at_us INTEGER,
+    lapses_at_us INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS locks_by_lapse ON locks (lapses_at_us);
 -- Operator listings and look-ups (tasklease runs, the dashboard): no version bump needed.
 CREATE INDEX IF NOT EXISTS runs_by_claim ON runs (claimed_at_us, run_id);
 CREATE INDEX IF NOT EXISTS runs_by_handler ON runs (handler, claimed_at_us);
@@ -86,6 +100,15 @@ _SELECT = f"SELECT {_COLUMNS} FROM runs"  # noqa: S608
 _SELECT_ONE = f"{_SELECT} WHERE run_id = ?"
 _PLACEHOLDERS = ", ".join("?" * len(_COLUMNS.split(", ")))
 _UPSERT = f"INSERT OR REPLACE INTO runs ({_COLUMNS}) VALUES ({_PLACEHOLDERS})"  # noqa: S608
+_LOCK_COLUMNS = (
+    "name, holder_run_id, holder_attempt_id, fencing_token, started_at_us, lease_expires_us, "
+    "safety_expires_us, next_start_at_us, released_at_us, lapses_at_us"
+)
+_SELECT_LOCK = f"SELECT {_LOCK_COLUMNS} FROM locks WHERE name = ?"  # noqa: S608
+_UPSERT_LOCK = (
+    f"INSERT OR REPLACE INTO locks ({_LOCK_COLUMNS}) "  # noqa: S608
+    f"VALUES ({', '.join('?' * len(_LOCK_COLUMNS.split(', ')))})"
+)
 
 
 class SqliteStore(LeaseStore):
@@ -133,6 +156,22 @@ class SqliteStore(LeaseStore):
 
         value: _T = self._batches().run(work)
         return value
+
+    def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
+        def work(connection: sqlite3.Connection) -> _T:
+            row = connection.execute(_SELECT_LOCK, (name,)).fetchone()
+            new_lock, value = change(_decode_lock(row) if row else None)
+            if new_lock is not None:
+                connection.execute(_UPSERT_LOCK, _encode_lock(new_lock))
+            return value
+
+        value: _T = self._batches().run(work)
+        return value
+
+    def get_lock(self, name: str) -> LockRecord | None:
+        with self._guard("read a lock"):
+            row = self._connection().execute(_SELECT_LOCK, (name,)).fetchone()
+        return _decode_lock(row) if row else None
 
     def _batches(self) -> GroupCommit[sqlite3.Connection]:
         """This process's group commit: a child must not inherit a batch in flight at fork."""
@@ -244,8 +283,10 @@ class SqliteStore(LeaseStore):
 
     def purge_expired(self, now: datetime) -> int:
         def work(connection: sqlite3.Connection) -> int:
-            cursor = connection.execute("DELETE FROM runs WHERE expire_at_us <= ?", (_micros(now),))
-            return cursor.rowcount
+            moment = (_micros(now),)
+            purged = connection.execute("DELETE FROM runs WHERE expire_at_us <= ?", moment).rowcount
+            lapsed = connection.execute("DELETE FROM locks WHERE lapses_at_us <= ?", moment)
+            return purged + lapsed.rowcount
 
         purged: int = self._batches().run(work)
         return purged
@@ -427,4 +468,35 @@ def _decode(row: tuple[Any, ...]) -> RunRecord:
         caller=caller,
         replay_of=replay_of,
         replayed_as=replayed_as,
+    )
+
+
+def _encode_lock(lock: LockRecord) -> tuple[Any, ...]:
+    return (
+        lock.name,
+        lock.holder_run_id,
+        lock.holder_attempt_id,
+        lock.fencing_token,
+        _micros(lock.started_at),
+        _micros(lock.lease_expires),
+        _micros(lock.safety_expires),
+        _micros(lock.next_start_at),
+        None if lock.released_at is None else _micros(lock.released_at),
+        _micros(locking.lapses_at(lock)),
+    )
+
+
+def _decode_lock(row: tuple[Any, ...]) -> LockRecord:
+    (name, run_id, attempt_id, token, started_at, lease_expires, safety_expires, next_start_at,
+     released_at, _lapses_at) = row  # fmt: skip
+    return LockRecord(
+        name=name,
+        holder_run_id=run_id,
+        holder_attempt_id=attempt_id,
+        fencing_token=token,
+        started_at=_EPOCH + timedelta(microseconds=started_at),
+        lease_expires=_EPOCH + timedelta(microseconds=lease_expires),
+        safety_expires=_EPOCH + timedelta(microseconds=safety_expires),
+        next_start_at=_EPOCH + timedelta(microseconds=next_start_at),
+        released_at=_moment(released_at),
     )
