@@ -19,6 +19,7 @@ from worker import OidcAuth, Router, TaskContext, create_app
 from worker.dashboard import CSRF_COOKIE, create_dashboard_app
 from worker.errors import ConfigurationError
 from worker.records import RunStatus
+from worker.schedules import Schedule
 from worker.stores import MemoryStore
 
 OPERATOR = "ops@p.iam.gserviceaccount.com"
@@ -203,3 +204,16 @@ def test_operators_without_oidc_refuse_to_start(store: MemoryStore) -> None:
         )
     with pytest.raises(ConfigurationError, match="prefix"):
         create_app(Router(), store=store, auth="none", dashboard="/tasks")
+
+
+def test_the_stuck_page_shows_crashed_runs_and_jobs_behind_their_schedule(
+    store: MemoryStore,
+) -> None:
+    schedules = [Schedule("nightly", "*/5 * * * *")]
+    page = create_dashboard_app(store, schedules=schedules).test_client().get("/stuck")
+    assert page.status_code == 200
+    assert page.text.count('<tr class="stuck">') == 2  # The crashed attempt, and the job.
+    assert "t-stuck" in page.text
+    assert "nightly" in page.text and "none on record" in page.text  # Manual runs do not count.
+    unconfigured = create_dashboard_app(store).test_client().get("/stuck")
+    assert "No schedules configured" in unconfigured.text
