@@ -95,6 +95,7 @@ class Job:
     min_backoff: float = 5
     max_backoff: float = 3600
     max_doublings: int = 5
+    proxy: Proxy | None = None  # A built-in target the worker starts (see the proxy block).
 
 
 @dataclass(frozen=True)
@@ -164,13 +165,17 @@ def load_config(path: Path) -> Config:
             enqueuers=tuple(accounts.get("enqueuers", [])),
             queues=tuple(Queue(**queue) for queue in raw.get("queue", [])),
             jobs=tuple(
-                Job(**{k: v for k, v in job.items() if k != "retry"}, **job.get("retry", {}))
+                Job(
+                    **{k: v for k, v in job.items() if k not in ("retry", "proxy")},
+                    **job.get("retry", {}),
+                    proxy=parse_proxy(job.get("proxy")),
+                )
                 for job in raw.get("job", [])
             ),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DeployError(f"{path}: missing or invalid setting: {exc}") from exc
-    problems = check_names(config) or check(config)
+    problems = check_names(config) or check_proxies(config) or check(config)
     if problems:
         raise DeployError(f"{path} is inconsistent:\n" + "\n".join(f"  - {p}" for p in problems))
     return config
@@ -315,6 +320,7 @@ class Deployer:
             self.grant_on_account(self.c.invoker_email, member, "roles/iam.serviceAccountUser")
         url = self.worker()
         self.grant_on_service(f"serviceAccount:{self.c.invoker_email}", "roles/run.invoker")
+        self.proxy_grants()  # Before the jobs, so a proxy job's first run may start its target.
         for job in self.c.jobs:
             self.job(job, url)
         print(
@@ -344,6 +350,7 @@ class Deployer:
         for email in (self.c.worker_email, self.c.invoker_email):
             if self.g.read("iam", "service-accounts", "describe", email, self.p) is not None:
                 self.g.change("iam", "service-accounts", "delete", email, self.p, "--quiet")
+        self.proxy_teardown()
         print(f"kept: the Firestore database {self.c.database} and its data, and the enabled APIs")
 
     def enqueuers(self) -> list[str]:
@@ -596,6 +603,168 @@ class Deployer:
                 f"--role={role}",
                 self.p,
             )
+
+    # ---- Proxy jobs: the worker starts a Google Cloud API target (worker.targets) --------------
+    # Each grant gives the worker's runtime account only the target's role, on the narrowest
+    # resource that takes it (PROXY_GRANTS says which, and why).
+
+    def proxy_grants(self) -> None:
+        member = f"serviceAccount:{self.c.worker_email}"
+        for job in self.c.jobs:
+            if job.proxy is None:
+                continue
+            for scope, role in PROXY_GRANTS[job.proxy.kind]:
+                if scope == "project":
+                    self.grant_on_target_project(job.proxy.project, member, role)
+                else:
+                    self.grant_on_run_job(job.proxy, member, role)
+
+    def proxy_teardown(self) -> None:
+        """Remove the project-wide proxy grants (resource grants go with the deleted account)."""
+        member = f"serviceAccount:{self.c.worker_email}"
+        for job in self.c.jobs:
+            if job.proxy is None:
+                continue
+            for scope, role in PROXY_GRANTS[job.proxy.kind]:
+                if scope != "project":
+                    continue
+                policy = self.g.read("projects", "get-iam-policy", job.proxy.project)
+                if _has_binding(policy, member, role) or self.g.dry_run:
+                    self.g.change(
+                        "projects",
+                        "remove-iam-policy-binding",
+                        job.proxy.project,
+                        f"--member={member}",
+                        f"--role={role}",
+                        "--condition=None",
+                    )
+
+    def grant_on_target_project(self, project: str, member: str, role: str) -> None:
+        policy = self.g.read("projects", "get-iam-policy", project)
+        if _has_binding(policy, member, role):
+            self.g.unchanged(f"{role} on project {project} for {member}")
+        else:
+            self.g.change(
+                "projects",
+                "add-iam-policy-binding",
+                project,
+                f"--member={member}",
+                f"--role={role}",
+                "--condition=None",
+            )
+
+    def grant_on_run_job(self, proxy: Proxy, member: str, role: str) -> None:
+        where = (proxy.name, f"--region={proxy.location}", f"--project={proxy.project}")
+        policy = self.g.read("run", "jobs", "get-iam-policy", *where)
+        if _has_binding(policy, member, role):
+            self.g.unchanged(f"{role} on job {proxy.name} for {member}")
+        else:
+            self.g.change(
+                "run",
+                "jobs",
+                "add-iam-policy-binding",
+                *where,
+                f"--member={member}",
+                f"--role={role}",
+            )
+
+
+# What a proxy target may be, and what its starting needs. Scopes: "project" (the target's
+# project; the API has no narrower resource that takes the role) or "job" (the Cloud Run job).
+PROXY_KINDS = {
+    "workflow": ("workflows", r"[A-Za-z][A-Za-z0-9_-]{0,127}"),
+    "run_job": ("jobs", r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?"),
+    "build_trigger": ("triggers", r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"),
+}
+PROXY_GRANTS: dict[str, tuple[tuple[str, str], ...]] = {
+    # workflows.executions.create/get/list. Workflows roles are granted on projects only
+    # (IAM's "lowest-level resource"; gcloud has no per-workflow IAM command).
+    "workflow": (("project", "roles/workflows.invoker"),),
+    # RunJob with overrides (the key is an env override) needs run.jobs.runWithOverrides,
+    # which run.invoker lacks; the look-up on a retry lists the job's executions: a
+    # read-only role on the same job.
+    "run_job": (("job", "roles/run.jobsExecutorWithOverrides"), ("job", "roles/run.viewer")),
+    # cloudbuild.builds.create and .list; build triggers take no IAM policy of their own.
+    "build_trigger": (("project", "roles/cloudbuild.builds.editor"),),
+}
+
+
+@dataclass(frozen=True)
+class Proxy:
+    kind: str  # A key of PROXY_KINDS.
+    resource: str  # projects/P/locations/L/<collection>/NAME
+
+    @property
+    def _parts(self) -> list[str]:
+        return self.resource.split("/")
+
+    @property
+    def project(self) -> str:
+        return self._parts[1]
+
+    @property
+    def location(self) -> str:
+        return self._parts[3]
+
+    @property
+    def name(self) -> str:
+        return self._parts[5]
+
+
+def parse_proxy(raw: Any) -> Proxy | None:
+    """``[job.proxy]``: exactly one of ``workflow``, ``run_job``, ``build_trigger``."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in PROXY_KINDS:
+        raise ValueError(f"job.proxy must set exactly one of {', '.join(PROXY_KINDS)}: {raw!r}")
+    [(kind, resource)] = raw.items()
+    return Proxy(kind, resource)
+
+
+def check_proxies(config: Config) -> list[str]:
+    """Each proxy target a full resource name of its kind, in characters gcloud takes."""
+    project = NAME_FORMATS["project"][0]
+    problems = []
+    for job in config.jobs:
+        if job.proxy is None:
+            continue
+        collection, name = PROXY_KINDS[job.proxy.kind]
+        pattern = rf"projects/{project}/locations/[a-z][a-z0-9-]{{1,62}}/{collection}/{name}"
+        if not isinstance(job.proxy.resource, str) or not re.fullmatch(
+            pattern, job.proxy.resource, re.ASCII
+        ):
+            problems.append(
+                f"job {job.name}: proxy.{job.proxy.kind} = {job.proxy.resource!r} is not "
+                f"projects/PROJECT/locations/LOCATION/{collection}/NAME"
+            )
+    return problems
+
+
+# The client library each proxy target imports (worker.targets): a plain dependency of the
+# source, since the buildpack installs no extras such as tasklease[workflows].
+PROXY_LIBRARIES = {
+    "workflow": "google-cloud-workflows",
+    "run_job": "google-cloud-run",
+    "build_trigger": "google-cloud-build",
+}
+
+
+def check_proxy_source(source: Path, config: Config) -> list[str]:
+    """Each proxy job's client library installed by the buildpack, or its runs would all fail."""
+    kinds = sorted({job.proxy.kind for job in config.jobs if job.proxy is not None})
+    if not kinds:
+        return []
+    try:
+        installed, what = _installed_by_buildpack(source)
+    except DeployError:
+        return []  # check_source reported it.
+    missing = [PROXY_LIBRARIES[kind] for kind in kinds if PROXY_LIBRARIES[kind] not in installed]
+    if not missing:
+        return []
+    return [
+        f"{what} does not install {', '.join(missing)}: the proxy jobs' targets import it. "
+        "Add it as a plain dependency (the buildpack installs no extras)"
+    ]
 
 
 def _has_binding(policy: Any, member: str, role: str) -> bool:
@@ -866,7 +1035,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.teardown:
             deployer.teardown()
         else:
-            problems = check_source(source, config.router)
+            problems = check_source(source, config.router) or check_proxy_source(source, config)
             if problems:
                 raise DeployError(
                     f"the worker built from {source} could not start:\n"

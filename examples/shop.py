@@ -2,7 +2,9 @@
 
 Run it under gunicorn with ``TASKLEASE_ROUTER=examples.shop:router``. Orders enqueue
 ``send_receipt`` keyed by order id; the Cloud Scheduler job ``nightly_reports`` fans out one
-``send_report`` task per customer, keyed by the scheduled run.
+``send_report`` task per customer, keyed by the scheduled run; the job ``nightly_export``
+starts the ``nightly-export`` workflow once per night, through the worker rather than straight
+from Cloud Scheduler, so a retried run does not start it twice.
 
 Two handlers show mutual exclusion: ``reconcile_stock`` is an exclusive job (never two runs
 at once, whichever timer or manual run fires it), and ``post_ledger`` posts each order to its
@@ -20,6 +22,7 @@ from typing import Any
 from examples.ledger import Ledger
 from producer import Producer
 from worker import PermanentFailure, Router, TaskContext
+from worker.targets import workflows_execution
 
 CUSTOMERS = [f"customer-{n:03d}" for n in range(int(os.environ.get("SHOP_CUSTOMERS", "25")))]
 
@@ -89,3 +92,16 @@ def post_ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
     with ledger().exclusive("posting", payload["account_id"]):
         time.sleep(0.01)  # Reading and writing the balance.
         ledger().record("posting", f"order-{payload['order_id']}", ctx)
+
+
+# The Scheduler job targets the worker, which claims the run and then calls Workflows with
+# the run's key in the argument ({"tasklease": {"idempotency_key": ...}}). Needs
+# tasklease[workflows]; TASKLEASE_WORKFLOWS_EMULATOR_HOST points it at a local fake.
+router.proxy_job(
+    "nightly_export",
+    target=workflows_execution(
+        f"projects/{os.environ.get('TASKLEASE_PROJECT', 'my-project')}/locations/"
+        f"{os.environ.get('TASKLEASE_LOCATION', 'us-central1')}/workflows/nightly-export",
+        argument={"format": "parquet", "customers": len(CUSTOMERS)},
+    ),
+)

@@ -4,8 +4,10 @@ Orders enqueue receipt tasks keyed by order id (some orders twice); a nightly Cl
 Scheduler job fans out one report task per customer, and its run is delivered twice. The
 emulator duplicates deliveries and drops responses at random. Each order is also posted to
 its customer's account, one posting per account at a time, and two Scheduler jobs (two timers)
-fire the exclusive ``reconcile_stock`` at once. At the end every side effect must have
-happened exactly once, and no two exclusive executions overlapped; the exit status says so.
+fire the exclusive ``reconcile_stock`` at once. Another job starts a Workflows execution
+through the worker (a proxy job, against a fake Workflows API in this process), its run
+delivered twice. At the end every side effect must have happened exactly once, and no two
+exclusive executions overlapped; the exit status says so.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from emulator import CloudTasksEmulator, Faults, Job, RetrySettings
 from producer import EnqueueResult, Producer
 from worker.serve import GunicornWorker, free_port
+from worker.targets.testing import FakeGoogleApis
+from worker.targets.workflows import carried_key
 
 # The demo serves the example shop from the source checkout this package lives in.
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +61,13 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
         workdir = Path(tmp)
         port = free_port()
         worker_url = f"http://127.0.0.1:{port}"
+        export = Job(
+            name="nightly_export",
+            schedule="0 4 * * *",
+            url=f"{worker_url}/jobs/nightly_export",
+            service_account=SERVICE_ACCOUNT,
+            retry=RetrySettings(max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3),
+        )
         nightly = Job(
             name="nightly_reports",
             schedule="0 3 * * *",
@@ -83,12 +94,16 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
             f"starting the Cloud Tasks + Scheduler emulator (faults: {settings.duplicate:.0%} "
             f"duplicate deliveries, {settings.lost_response:.0%} lost responses)",
         )
-        with CloudTasksEmulator(
-            data_dir=workdir / "emulator",
-            faults=faults,
-            jobs=[nightly, *reconcile],
-            scheduler_on_schedule=False,
-        ) as emulator:
+        say(out, "starting a fake Workflows API (gRPC on 127.0.0.1) for the proxy job")
+        with (
+            FakeGoogleApis(("workflows",)) as google,
+            CloudTasksEmulator(
+                data_dir=workdir / "emulator",
+                faults=faults,
+                jobs=[nightly, export, *reconcile],
+                scheduler_on_schedule=False,
+            ) as emulator,
+        ):
             emulator.create_queue(
                 QUEUE_PATH,
                 retryConfig={
@@ -116,6 +131,7 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                 "SHOP_CUSTOMERS": str(settings.customers),
                 "SHOP_RECONCILE_SECONDS": "1",
                 "PYTHONPATH": str(SOURCE_ROOT),
+                "TASKLEASE_WORKFLOWS_EMULATOR_HOST": google.host,
             }
             say(
                 out,
@@ -155,10 +171,15 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                 say(out, "two timers fire the exclusive reconcile_stock at the same moment")
                 for job in reconcile:
                     emulator.scheduler.run_job(job.name)
+                say(out, "Cloud Scheduler fires nightly_export (a Workflows proxy job), twice")
+                exported = emulator.scheduler.run_job("nightly_export")
+                emulator.scheduler.run_job("nightly_export")
                 emulator.scheduler.join(timeout=60)
                 emulator.join(QUEUE_PATH, timeout=120)
-                run_ok = first.result()
+                run_ok = first.result() and exported.result()
             report = _Report.build(settings, receipts, emulator, Ledger(workdir / "ledger.db"))
+            assert google.workflows is not None
+            report.count_workflow_executions(google.workflows.executions)
         report.print(out, time.monotonic() - started, run_ok)
         return 0 if report.exactly_once and run_ok else 1
 
@@ -175,6 +196,8 @@ class _Report:
     missing: dict[str, int]
     skipped_overlaps: int
     keys_busy: int
+    workflow_executions: int = 0
+    workflow_keys_carried: int = 0
 
     @classmethod
     def build(
@@ -214,6 +237,13 @@ class _Report:
             keys_busy=sum(d.outcome == "key_busy" for d in deliveries),
         )
 
+    def count_workflow_executions(self, executions: list[Any]) -> None:
+        """What the fake Workflows API started: one execution, its argument carrying a key."""
+        self.workflow_executions = len(executions)
+        self.workflow_keys_carried = sum(
+            carried_key(execution.argument) is not None for execution in executions
+        )
+
     @property
     def overlaps(self) -> int:
         """Executions that found another of the same exclusive work still running."""
@@ -222,7 +252,13 @@ class _Report:
     @property
     def exactly_once(self) -> bool:
         counts = [n for kind in self.executions.values() for n in kind.values()]
-        return not any(self.missing.values()) and all(n == 1 for n in counts) and not self.overlaps
+        workflows_once = self.workflow_executions == self.workflow_keys_carried == 1
+        return (
+            not any(self.missing.values())
+            and all(n == 1 for n in counts)
+            and not self.overlaps
+            and workflows_once
+        )
 
     def print(self, out: TextIO, seconds: float, run_ok: bool) -> None:
         rows = [
@@ -250,6 +286,12 @@ class _Report:
                 "overlaps prevented (exclusive job, concurrency keys)",
                 f"{self.skipped_overlaps} run skipped, {self.keys_busy} postings deferred "
                 f"(key_busy); {self.overlaps} overlapped",
+            )
+        )
+        rows.append(
+            (
+                "workflow executions started (proxy job, 1 run)",
+                f"{self.workflow_executions}, {self.workflow_keys_carried} carrying the run key",
             )
         )
         width = max(len(label) for label, _ in rows)

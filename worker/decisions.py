@@ -73,11 +73,11 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
         fencing_token=(record.fencing_token if record else 0) + 1,
         attempts=(record.attempts if record else 0) + 1,
         lease_expires=lease_expires,
-        expire_at=max(now + request.retention, lease_expires),
+        expire_at=max(now + request.retention, lease_expires + c.MAX_CLOCK_SKEW),
         claimed_at=now,
         identity=dict(request.identity),
         caller=request.caller,
-        # An operator's replay is written before its first delivery (operator_replay_record).
+        # An operator's replay is written before its first delivery (replay_pending).
         replay_of=record.replay_of if record is not None else None,
     )
     return Claim(Verdict.CLAIMED, claimed, took_over_from=previous_holder)
@@ -103,11 +103,20 @@ def finished_by(record: RunRecord | None, attempt_id: str, status: RunStatus | N
     )
 
 
-def renewed(record: RunRecord, lease_expires: datetime) -> RunRecord:
-    """The record with its lease extended; retention never ends before the lease."""
-    return record.replace(
-        lease_expires=lease_expires, expire_at=max(record.expire_at, lease_expires)
-    )
+def renewed(
+    record: RunRecord, lease_expires: datetime, keep_for: timedelta | None = None
+) -> RunRecord:
+    """The record with its lease extended, kept ``keep_for`` past the new expiry."""
+    return kept(record.replace(lease_expires=lease_expires), lease_expires, keep_for)
+
+
+def kept(record: RunRecord, since: datetime, keep_for: timedelta | None) -> RunRecord:
+    """``record`` kept at least ``keep_for`` (the handler's retention) after ``since``, and
+    never purged before its lease plus the clock-skew grace has passed: a record gone while
+    its holder may still run would let a takeover skip the grace and restart the fencing
+    token at 1, below the tokens downstream stores have already seen."""
+    floor = max(since + (keep_for or timedelta(0)), record.lease_expires + c.MAX_CLOCK_SKEW)
+    return record if record.expire_at >= floor else record.replace(expire_at=floor)
 
 
 def completed(record: RunRecord, result_json: str | None, now: datetime) -> RunRecord:
@@ -148,7 +157,11 @@ def yielded(record: RunRecord, reason: str, now: datetime) -> RunRecord:
 
 
 def cap_text(text: str, limit: int = c.MAX_ERROR_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, saying so when cut."""
+    """``text`` cut to ``limit`` characters, saying so when cut, and storable: a lone
+    surrogate (a file name decoded with os.fsdecode, say) becomes an escape, since neither
+    SQLite nor Firestore can encode one, and a finish that cannot be stored would leave the
+    run to be executed again."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) <= limit:
         return text
     marker = f"... [cut: {len(text)} characters, {limit} kept]"

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from worker import constants as c
@@ -55,6 +55,7 @@ class Delivery:
     url: str
     authorization: str | None = None
     method: str = "POST"
+    refusal: str | None = None  # Set when the request is malformed below HTTP (its framing).
 
 
 @dataclass
@@ -161,6 +162,9 @@ class Executor:
             return Reply(404, Outcome.REJECTED, f"no {delivery.kind.value} handler of that name")
         if delivery.body is None:
             return Reply(413, Outcome.REJECTED, f"body over {c.MAX_BODY_BYTES} bytes")
+        if delivery.refusal is not None:
+            # 400 is retried by both services: the retry brings the whole request.
+            return Reply(400, Outcome.REJECTED, delivery.refusal)
         auth = self.authenticator.authenticate(
             AuthRequest(delivery.authorization, delivery.url), spec
         )
@@ -183,8 +187,19 @@ class Executor:
             )
         except InvalidDelivery as exc:
             return Reply(400, Outcome.REJECTED, str(exc))
+        if identity.early:
+            try:
+                identity = self._manual_retry_or_slot(identity)
+            except StoreUnavailable as exc:
+                return _store_unavailable(f"lease store unavailable: {exc}", identity.run_id)
         log.update(_identity_fields(identity))
         return self._claim_and_run(spec, identity, delivery.body, log, auth.principal)
+
+    def _manual_retry_or_slot(self, identity: DeliveryIdentity) -> DeliveryIdentity:
+        """An early Scheduler delivery is a retry of the slot's manual run if that run exists:
+        manual-ness is decided by a run's first delivery, not by when each retry arrives."""
+        manual = identity.as_manual()
+        return manual if self.store.get(manual.run_id) is not None else identity
 
     def _claim_and_run(
         self,
@@ -237,7 +252,7 @@ class Executor:
         if ctx.lease_seconds_left < spec.lease.total_seconds() / RENEWALS_PER_LEASE:
             # The lease would run out before its first renewal (a clock read long before the
             # store wrote it): running the handler now could overlap a takeover.
-            self._give_back(ctx, "the claim took too long; lease store overloaded")
+            self._give_back(ctx, "the claim took too long; lease store overloaded", count=False)
             return _store_unavailable("the lease store took too long to grant the claim", run_id)
         return self._run(spec, ctx, body)
 
@@ -307,7 +322,7 @@ class Executor:
             if refused is not None:
                 return refused
         try:
-            with self.lease_keeper.kept(ctx, spec.lease):
+            with self.lease_keeper.kept(ctx, spec.lease, keep_for=spec.retention):
                 if spec.kind is Kind.TASK:
                     result = spec.function(payload, ctx)
                 else:
@@ -322,7 +337,9 @@ class Executor:
             error = f"{type(exc).__name__}: {exc}"
             return self._finish(
                 ctx,
-                lambda: self.store.release(ctx.run_id, ctx.attempt_id, error, self.clock),
+                lambda: self.store.release(
+                    ctx.run_id, ctx.attempt_id, error, self.clock, keep_for=spec.retention
+                ),
                 Reply(
                     500,
                     Outcome.RELEASED,
@@ -339,7 +356,9 @@ class Executor:
             return self._fail(ctx, str(exc), body)
         return self._finish(
             ctx,
-            lambda: self.store.complete(ctx.run_id, ctx.attempt_id, result_json, self.clock),
+            lambda: self.store.complete(
+                ctx.run_id, ctx.attempt_id, result_json, self.clock, keep_for=spec.retention
+            ),
             Reply(200, Outcome.PROCESSED, "processed", ctx.run_id, result_json=result_json),
         )
 
@@ -452,6 +471,12 @@ class Executor:
                 return held
         return True  # Unreachable: the loop returns.
 
+    def _retention(self, ctx: TaskContext) -> timedelta | None:
+        """The retention of the handler ``ctx`` runs, to keep its record that long after a
+        finish (a run can outlive the retention counted from its claim)."""
+        spec = self.router.handler(Kind(ctx.kind), ctx.handler)
+        return spec.retention if spec is not None else None
+
     def _give_back(self, ctx: TaskContext, error: str, *, count: bool = True) -> None:
         """Release a claim this attempt will not use, if it still holds it (best effort: a
         lease that runs out does the same, later). ``count=False``: the handler never ran,
@@ -461,7 +486,9 @@ class Executor:
             if not count:
                 self.store.yield_claim(ctx.run_id, ctx.attempt_id, error, self.clock)
                 return
-            self.store.release(ctx.run_id, ctx.attempt_id, error, self.clock)
+            self.store.release(
+                ctx.run_id, ctx.attempt_id, error, self.clock, keep_for=self._retention(ctx)
+            )
         except StoreUnavailable:
             _log.warning("run %s: could not release attempt %s", ctx.run_id, ctx.attempt_id)
 
@@ -469,7 +496,14 @@ class Executor:
         payload = body.decode("utf-8", errors="backslashreplace")
         return self._finish(
             ctx,
-            lambda: self.store.fail(ctx.run_id, ctx.attempt_id, error, self.clock, payload),
+            lambda: self.store.fail(
+                ctx.run_id,
+                ctx.attempt_id,
+                error,
+                self.clock,
+                payload,
+                keep_for=self._retention(ctx),
+            ),
             Reply(200, Outcome.FAILED, error, ctx.run_id, {"status": "failed"}),
         )
 

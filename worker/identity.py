@@ -7,6 +7,7 @@ optional project and location that disambiguate them. Its hash is the run id.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import re
@@ -58,6 +59,10 @@ class DeliveryIdentity:
     job_name: str | None = None
     schedule_time: datetime | None = None
     manual: bool = False  # A manual Scheduler run ("jobs run", "Force run"), not the slot's.
+    # Arrived before its schedule time (by more than the clock-skew bound), but within the
+    # manual-run margin: the slot's own delivery never comes early, so this may be a retry of
+    # a manual run that started earlier; the executor checks for that run.
+    early: bool = False
     # Per-attempt fields, informational only.
     retry_count: int | None = None
     execution_count: int | None = None
@@ -85,6 +90,10 @@ class DeliveryIdentity:
     def run_id(self) -> str:
         """A fixed-length hash of :attr:`key`; document ids and logs use it."""
         return hashlib.sha256(self.key.encode()).hexdigest()
+
+    def as_manual(self) -> DeliveryIdentity:
+        """This delivery read as (a retry of) a manual run of its slot."""
+        return dataclasses.replace(self, manual=True, early=False)
 
     @property
     def is_retry(self) -> bool:
@@ -151,6 +160,7 @@ def parse_identity(
             retry_reason=_optional(header, c.TASKS_RETRY_REASON, _matching(_RETRY_REASON)),
         )
     schedule_time = _required(header, c.SCHEDULER_SCHEDULE_TIME, parse_rfc3339)
+    ahead = schedule_time - received_at if received_at is not None else timedelta(0)
     return DeliveryIdentity(
         kind=kind,
         handler=handler,
@@ -158,7 +168,8 @@ def parse_identity(
         location=location,
         job_name=_required(header, c.SCHEDULER_JOB_NAME, _matching(_JOB_NAME)),
         schedule_time=schedule_time,
-        manual=received_at is not None and schedule_time - received_at > manual_run_margin,
+        manual=ahead > manual_run_margin,
+        early=c.MAX_CLOCK_SKEW < ahead <= manual_run_margin,
     )
 
 

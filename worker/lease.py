@@ -41,6 +41,7 @@ MIN_RETRY_PAUSE = 0.05
 class _Entry:
     ctx: TaskContext
     lease: timedelta
+    keep_for: timedelta | None = None
 
 
 class LeaseKeeper:
@@ -68,8 +69,11 @@ class LeaseKeeper:
             return len(self._entries)
 
     @contextmanager
-    def kept(self, ctx: TaskContext, lease: timedelta) -> Iterator[None]:
-        """Renew ``ctx``'s lease for as long as the ``with`` block runs."""
+    def kept(
+        self, ctx: TaskContext, lease: timedelta, *, keep_for: timedelta | None = None
+    ) -> Iterator[None]:
+        """Renew ``ctx``'s lease for as long as the ``with`` block runs; each renewal keeps
+        the record at least ``keep_for`` (the handler's retention) past the new lease."""
         self._start_if_needed()
         sequence = next(self._sequence)
         # Counted from when the claim the context holds was confirmed (before its store call).
@@ -79,7 +83,7 @@ class LeaseKeeper:
         else:
             due = time.monotonic() + _interval(lease)
         with self._condition:
-            self._entries[sequence] = _Entry(ctx, lease)
+            self._entries[sequence] = _Entry(ctx, lease, keep_for)
             self._schedule(due, sequence)
         try:
             yield
@@ -117,13 +121,20 @@ class LeaseKeeper:
             sequence = self._next_due()
             with self._condition:
                 entry = self._entries.get(sequence)
-            if entry is not None:
+            if entry is None:
+                continue
+            try:
                 threading.Thread(
                     target=self._renew_and_reschedule,
                     args=(sequence, entry),
                     name=f"tasklease-renew-{entry.ctx.run_id[:12]}",
                     daemon=True,
                 ).start()
+            except Exception:  # e.g. "can't start new thread": this loop must live on.
+                _log.exception("could not start the renewal of run %s; retrying", entry.ctx.run_id)
+                with self._condition:
+                    if sequence in self._entries:
+                        self._schedule(time.monotonic() + MIN_RETRY_PAUSE, sequence)
 
     def _next_due(self) -> int:
         with self._condition:
@@ -159,7 +170,9 @@ class LeaseKeeper:
             return None
         asked_at, asked = self._clock(), time.monotonic()
         try:
-            lease_expires = self._store.renew(ctx.run_id, ctx.attempt_id, entry.lease, self._clock)
+            lease_expires = self._store.renew(
+                ctx.run_id, ctx.attempt_id, entry.lease, self._clock, keep_for=entry.keep_for
+            )
             # The lock (exclusive job, concurrency key) shares the run's lease: losing either
             # is losing the lease. Renewed second, it never expires before the run's.
             lock = ctx.lock

@@ -197,6 +197,8 @@ def log_execution(
         try:
             handler.stream.write(line + handler.terminator)
             handler.flush()
+        except Exception:  # A full disk or closed pipe must not fail the request: as logging.
+            handler.handleError(logging.makeLogRecord({"msg": message, "levelno": level}))
         finally:
             handler.release()
         return

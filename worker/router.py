@@ -6,11 +6,14 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 from worker import constants as c
 from worker.errors import ConfigurationError
 from worker.identity import Kind
+
+if TYPE_CHECKING:
+    from worker.targets import ProxyTarget
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,100}", re.ASCII)
@@ -153,6 +156,36 @@ class Router:
             min_gap=min_gap,
             on_overlap=on_overlap,
         )
+
+    def proxy_job(
+        self,
+        name: str,
+        *,
+        target: ProxyTarget[Any],
+        lease: timedelta = c.DEFAULT_LEASE,
+        retention: timedelta = c.DEFAULT_RETENTION,
+        max_attempts: int | None = None,
+        allowed_service_accounts: Iterable[str] | None = None,
+        audience: str | None = None,
+        manual_run_margin: timedelta | None = None,
+    ) -> ProxyTarget[Any]:
+        """Serve a built-in target from :mod:`worker.targets` at ``POST /jobs/<name>``.
+
+        Point the Cloud Scheduler job at the worker instead of at ``*.googleapis.com``: each
+        run claims like any scheduled handler, then starts the execution at most once (see
+        the target's documentation for what a retry adopts). The stored result names the
+        execution, and duplicates are answered with it. Options as for :meth:`scheduled`.
+        """
+        self.scheduled(
+            name,
+            lease=lease,
+            retention=retention,
+            max_attempts=max_attempts,
+            allowed_service_accounts=allowed_service_accounts,
+            audience=audience,
+            manual_run_margin=manual_run_margin,
+        )(target)
+        return target
 
     def handler(self, kind: Kind, name: str) -> HandlerSpec | None:
         """The handler registered for ``kind`` under ``name``, if any."""

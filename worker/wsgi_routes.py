@@ -51,7 +51,11 @@ class DeliveryRoutes:
                 started = time.monotonic()
                 with request_fields(self.fields):
                     try:
-                        reply = self.executor.execute(_delivery(environ, kind, name))
+                        delivery = _delivery(environ, kind, name)
+                    except _BadBody as exc:
+                        delivery = _delivery(environ, kind, name, body=b"", refusal=str(exc))
+                    try:
+                        reply = self.executor.execute(delivery)
                     except Exception as exc:  # A bug: still one line and a JSON answer.
                         reply = _crashed(kind, name, environ, started, exc)
                 return _respond(reply, start_response)
@@ -76,14 +80,22 @@ def _crashed(
     return reply
 
 
-def _delivery(environ: Mapping[str, Any], kind: Kind, name: str) -> Delivery:
+def _delivery(
+    environ: Mapping[str, Any],
+    kind: Kind,
+    name: str,
+    *,
+    body: bytes | None = None,
+    refusal: str | None = None,
+) -> Delivery:
     query = environ.get("QUERY_STRING", "")
     return Delivery(
         kind=kind,
         handler=name,
         header=_header_lookup(environ),
         query=dict(parse_qsl(query, keep_blank_values=True)) if query else {},
-        body=_read_body(environ),
+        body=_read_body(environ) if refusal is None else body,
+        refusal=refusal,
         url=_path_and_query(environ),
         authorization=environ.get("HTTP_AUTHORIZATION"),
         method=environ.get("REQUEST_METHOD", "GET"),
@@ -101,26 +113,36 @@ def _header_lookup(environ: Mapping[str, Any]) -> HeaderLookup:
     return lookup
 
 
+class _BadBody(ValueError):
+    """The request's body is not what its framing says: refuse it, claim nothing."""
+
+
 def _read_body(environ: Mapping[str, Any]) -> bytes | None:
-    """The body, or None if it is larger than Cloud Tasks allows (read no further than that)."""
+    """The body, or None if it is larger than Cloud Tasks allows (read no further than that).
+
+    Raises :class:`_BadBody` for a Content-Length that is not a number, or a body that ended
+    before it: a connection cut mid-body must not reach the handler (or be dead-lettered as
+    bad JSON) when the retry will carry the whole of it.
+    """
     length = environ.get("CONTENT_LENGTH")
+    stream = environ.get("wsgi.input")
     if length:
-        try:
-            size = int(length)
-        except ValueError:
-            size = 0
+        if not length.isdigit():
+            raise _BadBody(f"Content-Length {length[:40]!r} is not a number")
+        size = int(length)
         if size > c.MAX_BODY_BYTES:
             return None
-        if size <= 0:
-            return b""
-        body: bytes = environ["wsgi.input"].read(size)
+        body: bytes = stream.read(size) if size and stream is not None else b""
+        if len(body) != size:
+            raise _BadBody(f"the body ended after {len(body)} of its {size} bytes")
         return body
-    # No length: chunked, or none at all. Read at most one byte past the limit.
-    stream = environ.get("wsgi.input")
-    if stream is None or not environ.get("HTTP_TRANSFER_ENCODING"):
+    # No length: a chunked body, or one the server delimited itself (PEP 3333's
+    # wsgi.input_terminated, which gunicorn sets). Read at most one byte past the limit.
+    framed = environ.get("HTTP_TRANSFER_ENCODING") or environ.get("wsgi.input_terminated")
+    if stream is None or not framed:
         return b""
-    chunked: bytes = stream.read(c.MAX_BODY_BYTES + 1)
-    return None if len(chunked) > c.MAX_BODY_BYTES else chunked
+    unsized: bytes = stream.read(c.MAX_BODY_BYTES + 1)
+    return None if len(unsized) > c.MAX_BODY_BYTES else unsized
 
 
 def _path_and_query(environ: Mapping[str, Any]) -> str:

@@ -129,6 +129,7 @@ def main(args: list[str]) -> int:
         "iam service-accounts get-iam-policy",
         "tasks queues get-iam-policy",
         "run services get-iam-policy",
+        "run jobs get-iam-policy",
     ):
         resource = f"{words[0]}:{words[-1]}"
         result = answer({"bindings": state["policies"].get(resource, [])})
@@ -140,6 +141,7 @@ def main(args: list[str]) -> int:
         "iam service-accounts add-iam-policy-binding",
         "tasks queues add-iam-policy-binding",
         "run services add-iam-policy-binding",
+        "run jobs add-iam-policy-binding",
     ):
         grant(state, f"{words[0]}:{words[3]}", args)
     elif command == "tasks queues describe":

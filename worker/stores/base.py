@@ -154,28 +154,61 @@ class LeaseStore(ABC):
 
         return self._read_modify_write(request.run_id, change)
 
-    def renew(self, run_id: str, attempt_id: str, lease: timedelta, now: Moment) -> datetime | None:
-        """Extend the lease to ``now + lease`` if ``attempt_id`` still holds the claim.
+    def renew(
+        self,
+        run_id: str,
+        attempt_id: str,
+        lease: timedelta,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> datetime | None:
+        """Extend the lease to ``now + lease`` if ``attempt_id`` still holds the claim, and
+        keep the record at least ``keep_for`` (the handler's retention) past that.
 
         Returns the new expiry, or None if the claim is gone.
         """
         record = self._if_held(
-            run_id, attempt_id, lambda r, at: decisions.renewed(r, at + lease), now, None
+            run_id,
+            attempt_id,
+            lambda r, at: decisions.renewed(r, at + lease, keep_for),
+            now,
+            None,
         )
         return None if record is None else record.lease_expires
 
-    def complete(self, run_id: str, attempt_id: str, result_json: str | None, now: Moment) -> bool:
-        """Record success with the serialised result if ``attempt_id`` still holds the claim."""
+    def complete(
+        self,
+        run_id: str,
+        attempt_id: str,
+        result_json: str | None,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> bool:
+        """Record success with the serialised result if ``attempt_id`` still holds the claim.
+
+        Every finish keeps the record at least ``keep_for`` (the handler's retention) after it,
+        so a run that outlived its retention still answers the duplicates that follow it.
+        """
         return self._finish(
             run_id,
             attempt_id,
             lambda r, at: decisions.completed(r, result_json, at),
             now,
             RunStatus.COMPLETED,
+            keep_for=keep_for,
         )
 
     def fail(
-        self, run_id: str, attempt_id: str, error: str, now: Moment, payload: str | None = None
+        self,
+        run_id: str,
+        attempt_id: str,
+        error: str,
+        now: Moment,
+        payload: str | None = None,
+        *,
+        keep_for: timedelta | None = None,
     ) -> bool:
         """Record a permanent failure (a dead letter) if ``attempt_id`` still holds the claim.
 
@@ -187,9 +220,18 @@ class LeaseStore(ABC):
             lambda r, at: decisions.failed(r, error, payload, at),
             now,
             RunStatus.FAILED,
+            keep_for=keep_for,
         )
 
-    def release(self, run_id: str, attempt_id: str, error: str, now: Moment) -> bool:
+    def release(
+        self,
+        run_id: str,
+        attempt_id: str,
+        error: str,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> bool:
         """Give the claim back after a retryable failure, so the next delivery runs at once.
 
         The record stays (released) rather than being deleted, so the fencing token and the
@@ -201,6 +243,7 @@ class LeaseStore(ABC):
             lambda r, at: decisions.released(r, error, at),
             now,
             RunStatus.RELEASED,
+            keep_for=keep_for,
         )
 
     def skip(self, run_id: str, attempt_id: str, held_by: str, lock: str, now: Moment) -> bool:
@@ -231,8 +274,13 @@ class LeaseStore(ABC):
         update: Update,
         now: Moment,
         status: RunStatus,
+        *,
+        keep_for: timedelta | None = None,
     ) -> bool:
-        return self._if_held(run_id, attempt_id, update, now, status) is not None
+        def finish(record: RunRecord, at: datetime) -> RunRecord:
+            return decisions.kept(update(record, at), at, keep_for)
+
+        return self._if_held(run_id, attempt_id, finish, now, status) is not None
 
     def _if_held(
         self,

@@ -151,7 +151,10 @@ class SqliteStore(LeaseStore):
             row = connection.execute(_SELECT_ONE, (run_id,)).fetchone()
             new_record, value = change(_decode(row) if row else None)
             if new_record is not None:
-                connection.execute(_UPSERT, _encode(new_record))
+                try:
+                    connection.execute(_UPSERT, _encode(new_record))
+                except (UnicodeError, OverflowError) as exc:  # The contract: nothing else.
+                    raise StoreUnavailable(f"SQLite store: cannot store the record: {exc}") from exc
             return value
 
         value: _T = self._batches().run(work)
@@ -207,7 +210,22 @@ class SqliteStore(LeaseStore):
     def _writer(self) -> Iterator[None]:
         """Hold this store's cross-process writer lock (see the module docstring)."""
         descriptor = self._writer_lock_descriptor()
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        deadline = time.monotonic() + self._busy_timeout.total_seconds()
+        pause = 0.0001
+        while True:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                # Polled, not blocking: a holder that hangs (stopped, stuck on a dead disk)
+                # must cost a 503 after busy_timeout, as SQLite's own lock would.
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(
+                        f"SQLite store {self.path}: another process held the writer lock for "
+                        f"longer than the busy timeout ({self._busy_timeout.total_seconds()} s)"
+                    ) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.002)
         try:
             yield
         finally:

@@ -1,0 +1,76 @@
+"""Finding: the lease keeper's one scheduler thread starts a thread per renewal and has no
+error handling; when one ``Thread.start()`` fails (RuntimeError "can't start new thread"
+under thread or memory exhaustion), the scheduler thread dies, and with the same pid it is
+never restarted: no lease in the process is renewed again, every running handler's lease
+lapses and is taken over while it still runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.helpers import claim_request
+from worker import lease as lease_module
+from worker.context import TaskContext
+from worker.lease import LeaseKeeper
+from worker.stores.memory import MemoryStore
+
+LEASE = timedelta(seconds=1.5)  # Renewed every 0.5 s.
+
+
+class FlakyThread(threading.Thread):
+    """Refuses to start the first renewal thread, as an exhausted process does."""
+
+    refused = threading.Event()
+
+    def start(self) -> None:
+        if self.name.startswith("tasklease-renew") and not FlakyThread.refused.is_set():
+            FlakyThread.refused.set()
+            raise RuntimeError("can't start new thread")
+        super().start()
+
+
+class CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewals = 0
+
+    def renew(self, *args: Any, **kwargs: Any) -> Any:
+        self.renewals += 1
+        return super().renew(*args, **kwargs)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_one_renewal_thread_that_cannot_start_does_not_stop_every_later_renewal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        lease_module,
+        "threading",
+        SimpleNamespace(Thread=FlakyThread, Condition=threading.Condition),
+    )
+    store = CountingStore()
+    asked = time.monotonic()
+    record = store.claim(claim_request(lease=LEASE), datetime.now(UTC)).record
+    ctx = TaskContext(
+        kind="task",
+        handler="h",
+        run_id=record.run_id,
+        attempt_id=record.attempt_id,
+        fencing_token=record.fencing_token,
+        attempt=1,
+        lease_expires=record.lease_expires,
+    )
+    ctx.confirm_lease(record.lease_expires, asked + LEASE.total_seconds())
+    keeper = LeaseKeeper(store, lambda: datetime.now(UTC))
+    with keeper.kept(ctx, LEASE):
+        assert FlakyThread.refused.wait(timeout=30)  # The first renewal could not start.
+        deadline = time.monotonic() + 10  # Renewals are due every 0.5 s: 20x margin.
+        while store.renewals == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert store.renewals > 0, "no renewal ran after one thread failed to start"
