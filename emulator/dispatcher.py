@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from emulator import metrics as emulator_metrics
 from emulator import model
 from emulator.db import DeliveryRecord, EmulatorDB, TaskRow
 from emulator.oidc import TokenIssuer
@@ -205,6 +206,7 @@ class Dispatcher:
         result: AttemptResult,
         deliveries: list[DeliveryRecord],
     ) -> None:
+        emulator_metrics.attempted(row.queue, row.schedule_us, result)
         now_us = _now_us()
         attempts = row.dispatch_count + 1
         first_us = row.first_attempt_us or result.started_us

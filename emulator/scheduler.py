@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
+from emulator import metrics as emulator_metrics
 from emulator.db import DeliveryRecord, EmulatorDB
 from emulator.oidc import TokenIssuer
 from emulator.policy import RetrySettings, backoff, gives_up
@@ -180,6 +181,8 @@ class LocalScheduler:
             result, duplicate = self._sender.send(
                 job.http_method, job.url, headers, job.body, job.attempt_deadline
             )
+            scheduled_us = int(schedule_time.timestamp() * 1_000_000)
+            emulator_metrics.attempted(f"scheduler/{job.name}", scheduled_us, result)
             for sent in filter(None, [result, duplicate]):
                 self._db.log_delivery(
                     DeliveryRecord.of(

@@ -16,6 +16,7 @@ from google.cloud import tasks_v2
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from emulator import guard
+from emulator import metrics as emulator_metrics
 from emulator.api import CERTS_PATH, CloudTasksApi
 from emulator.db import DeliveryRecord, EmulatorDB
 from emulator.dispatcher import Dispatcher
@@ -57,6 +58,7 @@ class CloudTasksEmulator:
         self.data_dir = Path(data_dir)
         self.faults = faults or Faults()
         self.db = EmulatorDB(self.data_dir / "emulator.db")
+        emulator_metrics.watch(self.db)
         self.issuer = TokenIssuer(self.data_dir / "oidc-key.pem")
         self._sender = Sender(self.faults)
         self.dispatcher = Dispatcher(self.db, self.issuer, self._sender, dedup_window=dedup_window)
@@ -65,6 +67,7 @@ class CloudTasksEmulator:
         )
         self.api = CloudTasksApi(self.db, self.dispatcher, self.issuer, dedup_window)
         app = self.api.app()
+        emulator_metrics.install(app)
         app.add_url_rule(
             "/emulator/scheduler/jobs/<name>:run", "run_job", self._run_job, methods=["POST"]
         )
@@ -94,6 +97,7 @@ class CloudTasksEmulator:
         self._server.shutdown()
         self._server.server_close()
         self._sender.close()
+        emulator_metrics.unwatch(self.db)
         self.db.close()
         if self._tempdir is not None:
             self._tempdir.cleanup()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from producer import tracing
 from producer.cloud_tasks import CloudTasksTransport
 from producer.errors import (
     EnqueueError,
@@ -171,7 +172,10 @@ class Producer:
         returns ``created=False``.
         """
         options = _Options(delay, at, queue, dispatch_deadline, headers)
-        return self._create(self._build(task_name, payload, key, options), key)
+        with tracing.enqueue_span(task_name, self.queue_path(queue)) as span:
+            result = self._create(self._build(task_name, payload, key, options), key)
+            tracing.enqueued(span, [result])
+        return result
 
     def enqueue_many(
         self,
@@ -193,6 +197,18 @@ class Producer:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         options = _Options(delay, at, queue, dispatch_deadline, headers)
+        with tracing.enqueue_span(task_name, self.queue_path(queue)) as span:
+            results = self._create_many(task_name, items, concurrency, options)
+            tracing.enqueued(span, results)
+        return results
+
+    def _create_many(
+        self,
+        task_name: str,
+        items: Iterable[tuple[str, Any]],
+        concurrency: int,
+        options: _Options,
+    ) -> list[EnqueueResult]:
         requests = [(key, self._build(task_name, payload, key, options)) for key, payload in items]
         if not requests:
             return []
@@ -225,6 +241,7 @@ class Producer:
         items = list(items)
         keyed = [(f"{ctx.run_id}/{item_key}", payload) for item_key, payload in items]
         results = self.enqueue_many(task_name, keyed, **options)
+        tracing.fan_out_children(task_name, results)
         failed = [
             str(key) for (key, _), result in zip(items, results, strict=True) if not result.ok
         ]
@@ -253,6 +270,7 @@ class Producer:
             "Content-Type": "application/json",
             PROJECT_HEADER: self.project,
             LOCATION_HEADER: self.location,
+            **tracing.trace_headers(),  # The caller's own headers below may replace them.
         }
         for name, value in (options.headers or {}).items():
             if name.lower().startswith(_RESERVED_HEADER_PREFIXES):

@@ -131,6 +131,7 @@ def _emulator_options(parser: argparse.ArgumentParser, port: int) -> None:
 
 def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
     from emulator import CloudTasksEmulator, Faults, load_jobs  # noqa: PLC0415
+    from tasklease.dev_summary import MinuteSummary  # noqa: PLC0415
     from worker.serve import GunicornWorker  # noqa: PLC0415
 
     jobs = load_jobs(args.scheduler_config) if args.scheduler_config else []
@@ -166,6 +167,7 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
             "TASKLEASE_OIDC_CERTS_URL": emulator.certs_url,
         }
         with (
+            MinuteSummary(),
             GunicornWorker(
                 worker.router,
                 store=worker.store,

@@ -32,13 +32,16 @@ def test_each_status_decides_as_documented() -> None:
 def test_claim_keeps_retention_at_least_as_long_as_the_lease() -> None:
     request = claim_request(lease=timedelta(hours=2), retention=timedelta(hours=1))
     record = decisions.claim(None, request, T0).record
-    assert record.expire_at == record.lease_expires
+    # Past the lease by the clock-skew grace at least: gone earlier, a takeover would skip it.
+    assert record.expire_at == record.lease_expires + c.MAX_CLOCK_SKEW
 
 
 def test_renewal_never_lets_retention_end_before_the_lease() -> None:
     record = claimed()
     renewed = decisions.renewed(record, record.expire_at + timedelta(days=1))
-    assert renewed.expire_at == renewed.lease_expires
+    assert renewed.expire_at == renewed.lease_expires + c.MAX_CLOCK_SKEW
+    kept = decisions.renewed(record, record.expire_at + timedelta(days=1), timedelta(hours=2))
+    assert kept.expire_at == kept.lease_expires + timedelta(hours=2)
 
 
 def test_holds_requires_matching_attempt_and_in_progress() -> None:

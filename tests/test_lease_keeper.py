@@ -123,10 +123,10 @@ def test_a_renewal_racing_the_finish_is_not_reported_as_a_lost_lease(
     started = threading.Event()
     original = store.renew
 
-    def slow_renew(*args: Any) -> Any:
+    def slow_renew(*args: Any, **kwargs: Any) -> Any:
         started.set()
         time.sleep(0.3)  # Meanwhile the execution finishes and completes the run.
-        return original(*args)
+        return original(*args, **kwargs)
 
     store.renew = slow_renew  # type: ignore[method-assign]
     with keeper.kept(ctx, LEASE):
@@ -207,10 +207,10 @@ class _StuckRenewals(SwitchableStore):
         super().__init__(MemoryStore())
         self.release = threading.Event()
 
-    def renew(self, run_id: str, attempt_id: str, lease: timedelta, now: Any) -> Any:
+    def renew(self, run_id: str, attempt_id: str, lease: timedelta, now: Any, **kwargs: Any) -> Any:
         if run_id == "stuck":
             self.release.wait(10)
-        return self.inner.renew(run_id, attempt_id, lease, now)
+        return self.inner.renew(run_id, attempt_id, lease, now, **kwargs)
 
 
 def test_a_renewal_stuck_on_one_run_does_not_delay_another_runs_renewal() -> None:

@@ -12,7 +12,7 @@ import flask
 from werkzeug.exceptions import HTTPException
 
 from worker import constants as c
-from worker import fallback
+from worker import fallback, otel_setup
 from worker.auth import Authenticator, NoAuth, OidcAuth, authenticator_for
 from worker.execution import Clock, Executor, Reply, utc_now
 from worker.logs import configure_logging, request_fields
@@ -54,6 +54,7 @@ def create_app(
       comma-separated) or else the deliveries' allow-list; its forms need a CSRF token.
     """
     configure_logging()
+    telemetry = otel_setup.configure_from_env("tasklease-worker")
     if not isinstance(store, LeaseStore):
         store = store_from_url(store)
     check_store_is_shared(store)
@@ -102,6 +103,9 @@ def create_app(
         if operators is None and os.environ.get(c.ENV_DASHBOARD_OPERATORS):
             operators = os.environ[c.ENV_DASHBOARD_OPERATORS].split(",")
         mount(app, dashboard, store, authenticator, operators=operators)
+    if telemetry.registry is not None:  # TASKLEASE_METRICS=prometheus
+        view = otel_setup.metrics_view(telemetry.registry)
+        app.add_url_rule("/metrics", "tasklease_metrics", view, methods=["GET"])
     _log.info(
         "tasklease worker ready",
         extra={

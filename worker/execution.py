@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from worker import constants as c
-from worker import decisions, locking
+from worker import decisions, locking, telemetry
 from worker.auth import Authenticator, AuthRequest
 from worker.context import TaskContext
 from worker.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
@@ -132,16 +132,21 @@ class Executor:
         # The handler name comes from the URL: cap what an unknown one can put in the log.
         handler = delivery.handler[:100]
         log: dict[str, Any] = {"handler": handler, "kind": delivery.kind.value}
-        reply = self._execute(delivery, log)
-        if "held_by" in reply.details:  # An exclusive job or key held by another run.
-            log["held_by"] = reply.details["held_by"]
-        log.update(
-            outcome=reply.outcome.value,
-            status=reply.status,
-            run_id=reply.run_id,
-            duration_ms=round((time.monotonic() - started) * 1000, 3),
-            instance=instance_id(),
-        )
+        spec = self.router.handler(delivery.kind, delivery.handler)
+        label = spec.name if spec is not None else telemetry.UNKNOWN_HANDLER
+        with telemetry.DeliveryTrace(delivery.header, delivery.kind.value, label) as traced:
+            reply = self._execute(delivery, log)
+            if "held_by" in reply.details:  # An exclusive job or key held by another run.
+                log["held_by"] = reply.details["held_by"]
+            seconds = time.monotonic() - started
+            log.update(
+                outcome=reply.outcome.value,
+                status=reply.status,
+                run_id=reply.run_id,
+                duration_ms=round(seconds * 1000, 3),
+                instance=instance_id(),
+            )
+            traced.finished(reply.status, reply.outcome, log, seconds)
         level = logging.ERROR if reply.status >= 500 else logging.INFO
         if reply.outcome in (Outcome.UNAUTHENTICATED, Outcome.FORBIDDEN, Outcome.LOST_CLAIM):
             level = logging.WARNING
@@ -232,7 +237,8 @@ class Executor:
         )
         asked_at, asked = self.clock(), time.monotonic()
         try:
-            claim = self.store.claim(request, self.clock)
+            with telemetry.claim_step():
+                claim = self.store.claim(request, self.clock)
         except StoreUnavailable as exc:
             return _store_unavailable(f"lease store unavailable: {exc}", run_id)
         record = claim.record
@@ -322,7 +328,10 @@ class Executor:
             if refused is not None:
                 return refused
         try:
-            with self.lease_keeper.kept(ctx, spec.lease, keep_for=spec.retention):
+            with (
+                self.lease_keeper.kept(ctx, spec.lease, keep_for=spec.retention),
+                telemetry.step("handler"),
+            ):
                 if spec.kind is Kind.TASK:
                     result = spec.function(payload, ctx)
                 else:
@@ -527,7 +536,8 @@ class Executor:
             )
         for pause in (*FINISH_RETRY_PAUSES, None):
             try:
-                held = write()
+                with telemetry.step("finish"):
+                    held = write()
                 break
             except StoreUnavailable as exc:
                 if pause is None:

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from worker import telemetry
 from worker.context import TaskContext
 from worker.errors import StoreUnavailable
 from worker.stores.base import LeaseStore
@@ -185,6 +186,7 @@ class LeaseKeeper:
         except Exception as exc:
             # StoreUnavailable is expected; anything else is a bug in a store, but the
             # execution must still stop in time, so both are retried until the deadline.
+            telemetry.lease_renewed(ctx.handler, renewed=False)
             level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
             left = ctx.lease_seconds_left
             _log.log(
@@ -200,6 +202,7 @@ class LeaseKeeper:
                     ctx.run_id,
                     ctx.attempt_id,
                 )
+                telemetry.lease_lost(ctx.handler)
                 return None
             return min(max(_interval(entry.lease) / 4, MIN_RETRY_PAUSE), left)
         if lease_expires is None:
@@ -207,12 +210,14 @@ class LeaseKeeper:
                 finished = sequence not in self._entries
             if not finished:  # Else its own finish ended the claim meanwhile: not a loss.
                 ctx.mark_lease_lost()
+                telemetry.lease_lost(ctx.handler)
                 _log.warning(
                     "run %s: attempt %s lost its claim or its lock; another attempt took it over",
                     ctx.run_id,
                     ctx.attempt_id,
                 )
             return None
+        telemetry.lease_renewed(ctx.handler, renewed=True)
         ctx.confirm_lease(
             lease_expires, local_deadline(lease_expires, asked_at, asked, entry.lease)
         )
