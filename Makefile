@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # Java 17+; required when CI=true). The npm emulator is only the local fallback when it is missing.
 NODE_STAMP := node_modules/.installed-$(shell cksum package-lock.json | cut -d' ' -f1)
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint faults bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "tasklease needs Python 3.11 or newer")'
@@ -33,6 +33,11 @@ lint: $(STAMP)
 
 test: lint $(NODE_STAMP)
 	$(BIN)/pytest
+
+# The fault suite at full scale (tests/faults; `make test` runs it reduced), printing each
+# scenario's counts. BENCHMARKS.md records one run.
+faults: $(STAMP) $(NODE_STAMP)
+	TASKLEASE_FAULTS=full $(BIN)/pytest tests/faults -m faults -s -q
 
 bench: $(STAMP) $(NODE_STAMP)
 	@command -v wrk >/dev/null || apt-get install -y wrk || (apt-get update && apt-get install -y wrk) \

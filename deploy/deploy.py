@@ -4,8 +4,8 @@
     deploy/deploy.py [--config deploy/tasklease.toml] [--dry-run] [--teardown]
 
 Reads one TOML file (see deploy/tasklease.toml) and, with the gcloud CLI: enables the APIs,
-creates the Firestore database with a TTL policy on the runs' expire_at and the index the
-dead-letter listing needs, the two service accounts (the worker's runtime identity, and the
+creates the Firestore database with a TTL policy on the runs' expire_at and the indexes the
+run listings need, the two service accounts (the worker's runtime identity, and the
 invoker that Cloud Tasks and Scheduler put in their OIDC tokens), the queues, the worker on
 Cloud Run from source (private: --no-allow-unauthenticated) and the Scheduler jobs, granting
 each identity only what it needs, on the narrowest resource that takes the grant.
@@ -402,27 +402,30 @@ class Deployer:
         else:
             self.g.unchanged("TTL policy on expire_at")
         indexes = self.g.read("firestore", "indexes", "composite", "list", database, self.p) or []
-        wanted = [("status", "ASCENDING"), ("claimed_at", "DESCENDING")]
-        if not any(
-            f"/collectionGroups/{self.c.collection}/" in index.get("name", "")
-            and [(f.get("fieldPath"), f.get("order")) for f in index.get("fields", [])][:2]
-            == wanted
-            for index in indexes
-        ):
-            self.g.change(
-                "firestore",
-                "indexes",
-                "composite",
-                "create",
-                group,
-                "--field-config=field-path=status,order=ascending",
-                "--field-config=field-path=claimed_at,order=descending",
-                database,
-                self.p,
-                "--async",
-            )
-        else:
-            self.g.unchanged("index on status + claimed_at")
+        # Listing runs newest first, by status (the dead-letter listing, `tasklease runs`) or by
+        # handler (`tasklease runs list --handler`): one equality field, then claimed_at.
+        for first in ("status", "handler"):
+            wanted = [(first, "ASCENDING"), ("claimed_at", "DESCENDING")]
+            if not any(
+                f"/collectionGroups/{self.c.collection}/" in index.get("name", "")
+                and [(f.get("fieldPath"), f.get("order")) for f in index.get("fields", [])][:2]
+                == wanted
+                for index in indexes
+            ):
+                self.g.change(
+                    "firestore",
+                    "indexes",
+                    "composite",
+                    "create",
+                    group,
+                    f"--field-config=field-path={first},order=ascending",
+                    "--field-config=field-path=claimed_at,order=descending",
+                    database,
+                    self.p,
+                    "--async",
+                )
+            else:
+                self.g.unchanged(f"index on {first} + claimed_at")
 
     def service_accounts(self) -> None:
         for name, email, title in [

@@ -8,15 +8,18 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import requests
 
-from tasklease import deploy_cli
+from tasklease import deploy_cli, runs
+from worker.keys import is_loopback_url
 from worker.logs import configure_logging
 
 DEFAULT_EMULATOR_PORT = 8123
+DEFAULT_DASHBOARD_PORT = 8090
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,14 +54,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--service-account", default="tasks@dev-project.iam.gserviceaccount.com")
     _emulator_options(dev, port=DEFAULT_EMULATOR_PORT)
 
+    dev.add_argument("--dashboard-port", type=int, default=DEFAULT_DASHBOARD_PORT)
+
     deploy = commands.add_parser(
         "deploy", help="deploy your project's worker to Cloud Run (see --init, --dry-run)"
     )
     deploy_cli.add_arguments(deploy)
 
+    runs.add_parser(commands)
+
+    board = commands.add_parser("dashboard", help="serve the operators' web page over the store")
+    board.add_argument("--store", default=None, help="store URL (default: $TASKLEASE_STORE)")
+    board.add_argument("--host", default="127.0.0.1")
+    board.add_argument("--port", type=int, default=DEFAULT_DASHBOARD_PORT)
+    board.add_argument(
+        "--schedules", type=Path, help="[[job]] tables, for stuck jobs (default: ./tasklease.toml)"
+    )
+
     args = parser.parse_args(argv)
     if args.command == "deploy":
         return deploy_cli.run(args)
+    if args.command == "runs":
+        return runs.run(args)
+    if args.command == "dashboard":
+        configure_logging()
+        return _dashboard(args)
     if args.command == "demo":
         from tasklease.demo import DemoSettings, run_demo  # noqa: PLC0415 - heavy imports.
 
@@ -167,8 +187,10 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
                 log_path=None,
                 stream_logs=True,
             ),
+            _serving_dashboard(worker.store, "127.0.0.1", worker.dashboard_port, env) as board,
         ):
             log.info("worker for %s on %s; queue %s", worker.router, worker_url, queue)
+            log.info("dashboard on %s", board)
             print(
                 f"\nCloud Tasks emulator: REST {emulator.url}, gRPC {emulator.grpc_target}"
                 "\nEnqueue from another shell with:\n"
@@ -178,10 +200,58 @@ def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
                     if name.startswith("TASKLEASE_")
                     and "ALLOWED" not in name
                     and "CERTS" not in name
-                ),
+                )
+                + f"\nDashboard (runs, stuck, release, replay): {board}\n",
                 flush=True,
             )
             return _wait(stop)
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    """``tasklease dashboard``: serve until interrupted."""
+    if not is_loopback_url(f"http://{args.host}/"):
+        print(
+            f"warning: the dashboard has no login and listens on {args.host}: anyone who "
+            "reaches it can release and replay runs. Prefer 127.0.0.1 and an SSH tunnel, or "
+            "mount it in the worker behind OIDC (create_app(..., dashboard='/tasklease')).",
+            file=sys.stderr,
+        )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with _serving_dashboard(args.store, args.host, args.port, None, args.schedules) as url:
+        print(f"tasklease dashboard on {url} (store: {args.store or 'TASKLEASE_STORE'})")
+        return _wait(stop)
+
+
+@contextmanager
+def _serving_dashboard(
+    store_url: str | None,
+    host: str,
+    port: int,
+    producer_env: dict[str, str] | None,
+    schedules: Path | None = None,
+) -> Iterator[str]:
+    """The dashboard on ``host:port`` in a thread, for as long as the block runs."""
+    from werkzeug.serving import make_server  # noqa: PLC0415
+
+    from producer import Producer  # noqa: PLC0415
+    from worker.dashboard import create_dashboard_app  # noqa: PLC0415
+    from worker.schedules import default_schedules, load_schedules  # noqa: PLC0415
+    from worker.stores import store_from_url  # noqa: PLC0415
+
+    app = create_dashboard_app(
+        store_from_url(store_url),
+        schedules=load_schedules(path) if (path := default_schedules(schedules)) else None,
+        producer=(lambda: Producer.from_env(producer_env)) if producer_env else None,
+    )
+    server = make_server(host, port, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{server.server_port}/"
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
 
 
 def _wait(stop: threading.Event) -> int:

@@ -70,7 +70,7 @@ def test_wsgi_without_a_router_says_what_to_set(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_dev_stack_runs_emulator_and_worker_with_oidc_end_to_end(tmp_path: Path) -> None:
-    emulator_port, worker_port = free_port(), free_port()
+    emulator_port, worker_port, dashboard_port = free_port(), free_port(), free_port()
     env = {**os.environ, "TEST_LEDGER": str(tmp_path / "ledger.db")}
     command = [
         sys.executable,
@@ -90,6 +90,8 @@ def test_dev_stack_runs_emulator_and_worker_with_oidc_end_to_end(tmp_path: Path)
         "p",
         "--queue",
         "default",
+        "--dashboard-port",
+        str(dashboard_port),
     ]
     with (tmp_path / "dev.log").open("wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -120,6 +122,14 @@ def test_dev_stack_runs_emulator_and_worker_with_oidc_end_to_end(tmp_path: Path)
             timeout=10,
         )
         assert forged.status_code == 401  # The dev stack runs with authentication on.
+        dashboard = f"http://127.0.0.1:{dashboard_port}/"
+        assert (
+            f"Dashboard (runs, stuck, release, replay): {dashboard}"
+            in (tmp_path / "dev.log").read_text()
+        )
+        page = requests.get(dashboard, params={"status": "completed"}, timeout=10)
+        assert page.status_code == 200
+        assert "record" in page.text and "completed" in page.text
     finally:
         process.terminate()
         process.wait(timeout=20)

@@ -81,6 +81,7 @@ def test_first_run_sets_up_everything_in_order(cloud: Cloud) -> None:
         "firestore databases create",
         "firestore fields ttls update",
         "firestore indexes composite create",
+        "firestore indexes composite create",
         "iam service-accounts create tasklease-worker",
         "iam service-accounts create tasklease-invoker",
         "projects add-iam-policy-binding my-project",
@@ -177,7 +178,7 @@ def test_dry_run_prints_every_command_and_calls_nothing(cloud: Cloud) -> None:
     assert result.returncode == 0, result.stderr
     assert cloud.calls() == []
     printed = [line for line in result.stdout.splitlines() if line.startswith("gcloud ")]
-    assert len(printed) == 13
+    assert len(printed) == 14  # Two composite indexes: by status and by handler.
     assert printed[0].startswith("gcloud services enable")
     assert printed[-1].startswith("gcloud scheduler jobs create http nightly_reports")
 
@@ -492,3 +493,18 @@ def test_the_example_configuration_passes_the_name_checks(cloud: Cloud) -> None:
     result = cloud.deploy("--dry-run")
     assert result.returncode == 0, result.stderr
     assert "TASKLEASE_ROUTER=examples.shop:router|" in result.stdout
+
+
+def test_both_listing_indexes_are_created_once(cloud: Cloud) -> None:
+    cloud.deploy()
+    creates = [
+        c for c in cloud.changes() if c[:4] == ["firestore", "indexes", "composite", "create"]
+    ]
+    firsts = [next(a for a in c if a.startswith("--field-config=")) for c in creates]
+    assert firsts == [
+        "--field-config=field-path=status,order=ascending",
+        "--field-config=field-path=handler,order=ascending",
+    ]
+    assert all("--field-config=field-path=claimed_at,order=descending" in c for c in creates)
+    assert cloud.deploy().returncode == 0
+    assert cloud.changes() == []  # The second run finds both and creates neither.

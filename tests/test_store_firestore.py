@@ -15,6 +15,7 @@ from google.cloud.firestore_v1.document import DocumentReference
 
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.helpers import T0, FakeClock, claim_request, job_headers, task_headers
+from tests.operations_contract import OperationsContract
 from tests.store_contract import (
     EXPIRED,
     LEASE,
@@ -45,7 +46,7 @@ def _close_stores() -> Iterator[None]:
         _open.pop().close()
 
 
-class TestFirestoreStore(StoreContract, CrossProcessContract):
+class TestFirestoreStore(StoreContract, OperationsContract, CrossProcessContract):
     @pytest.fixture
     def store(self, firestore_host: str | None) -> FirestoreStore:
         return new_store()

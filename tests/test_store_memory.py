@@ -5,11 +5,12 @@ import gc
 import pytest
 
 from tests.helpers import T0, claim_request
+from tests.operations_contract import OperationsContract
 from tests.store_contract import StoreContract
 from worker.stores import MemoryStore
 
 
-class TestMemoryStore(StoreContract):
+class TestMemoryStore(StoreContract, OperationsContract):
     @pytest.fixture
     def store(self) -> MemoryStore:
         return MemoryStore()

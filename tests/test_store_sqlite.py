@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import T0, claim_request
+from tests.operations_contract import OperationsContract
 from tests.store_contract import CrossProcessContract, StoreContract, lock_request
 from worker.errors import ConfigurationError, StoreUnavailable
 from worker.records import RunStatus, Verdict
 from worker.stores import SqliteStore, store_from_url
 
 
-class TestSqliteStore(StoreContract, CrossProcessContract):
+class TestSqliteStore(StoreContract, OperationsContract, CrossProcessContract):
     @pytest.fixture
     def store(self, tmp_path: Path) -> Iterator[SqliteStore]:
         store = SqliteStore(tmp_path / "runs.db")

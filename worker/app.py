@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import flask
@@ -33,6 +35,8 @@ def create_app(
     location_header: str = c.LOCATION_HEADER,
     app: flask.Flask | None = None,
     audience: str | None = None,
+    dashboard: str | None = None,
+    dashboard_operators: Iterable[str] | None = None,
 ) -> flask.Flask:
     """A Flask app serving ``router``: ``POST /tasks/<name>`` and ``POST /jobs/<name>``.
 
@@ -44,6 +48,10 @@ def create_app(
     - ``audience``: the OIDC token audience (overrides ``TASKLEASE_AUDIENCE``), normally the
       worker's root URL. With OIDC on, it (or a per-handler audience) is required.
     - ``app``: an existing Flask app to add the routes to, instead of a new one.
+    - ``dashboard``: a path such as ``"/tasklease"`` to serve the operators' dashboard at
+      (default ``TASKLEASE_DASHBOARD``; off when unset). It takes the same OIDC tokens as
+      deliveries, from ``dashboard_operators`` (default ``TASKLEASE_DASHBOARD_OPERATORS``,
+      comma-separated) or else the deliveries' allow-list; its forms need a CSRF token.
     """
     configure_logging()
     telemetry = otel_setup.configure_from_env("tasklease-worker")
@@ -87,6 +95,14 @@ def create_app(
     # and the error handler above gives what Flask itself refuses one line and a JSON answer.
     app.wsgi_app = DeliveryRoutes(app.wsgi_app, executor, fields)  # type: ignore[method-assign]
     app.add_url_rule("/healthz", "tasklease_health", lambda: {"status": "ok"}, methods=["GET"])
+    dashboard = dashboard if dashboard is not None else os.environ.get(c.ENV_DASHBOARD) or None
+    if dashboard:
+        from worker.dashboard import mount  # noqa: PLC0415 - only when asked for.
+
+        operators = dashboard_operators
+        if operators is None and os.environ.get(c.ENV_DASHBOARD_OPERATORS):
+            operators = os.environ[c.ENV_DASHBOARD_OPERATORS].split(",")
+        mount(app, dashboard, store, authenticator, operators=operators)
     if telemetry.registry is not None:  # TASKLEASE_METRICS=prometheus
         view = otel_setup.metrics_view(telemetry.registry)
         app.add_url_rule("/metrics", "tasklease_metrics", view, methods=["GET"])

@@ -7,7 +7,9 @@ and the rules are tested without any store at all.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from worker import constants as c
@@ -75,6 +77,8 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
         claimed_at=now,
         identity=dict(request.identity),
         caller=request.caller,
+        # An operator's replay is written before its first delivery (replay_pending).
+        replay_of=record.replay_of if record is not None else None,
     )
     return Claim(Verdict.CLAIMED, claimed, took_over_from=previous_holder)
 
@@ -181,3 +185,105 @@ def serialize_result(result: Any, limit: int = c.MAX_RESULT_BYTES) -> str | None
         note = {"tasklease_result_dropped": f"{len(encoded)} bytes of JSON, over {limit}"}
         return json.dumps(note, sort_keys=True, separators=(",", ":"))
     return encoded
+
+
+# --- Operator actions: `tasklease runs release` and `runs replay` (issue 17) ----------------
+
+
+class ReleaseOutcome(StrEnum):
+    """What an operator's release of a run decided."""
+
+    RELEASED = "released"  # Given back: the next delivery runs it; the old holder is fenced.
+    LEASE_LIVE = "lease_live"  # Refused: the holder may still be running (use force).
+    ALREADY_RELEASED = "already_released"  # Nothing to do.
+    FINISHED = "finished"  # Completed, failed or skipped: nothing holds it (replay instead).
+    MISSING = "missing"  # No such run (or past its retention).
+
+
+@dataclass(frozen=True)
+class OperatorRelease:
+    """The decision, the record as it stands afterwards, and until when a refused lease runs."""
+
+    outcome: ReleaseOutcome
+    record: RunRecord | None
+    forced: bool = False  # Released although the holder's lease was live.
+    live_until: datetime | None = None
+
+
+def operator_release(
+    record: RunRecord | None, now: datetime, attempt_id: str, force: bool = False
+) -> OperatorRelease:
+    """An operator gives back the claim on ``record`` at ``now``.
+
+    A live lease is refused unless ``force``. A release writes a new ``attempt_id`` (the
+    operator's, single use) and a higher fencing token, so the old holder's renew and finish,
+    which need its own attempt to hold the claim, are refused from then on.
+    """
+    if record is None or not is_live(record, now):
+        return OperatorRelease(ReleaseOutcome.MISSING, record)
+    if record.status is RunStatus.RELEASED:
+        return OperatorRelease(ReleaseOutcome.ALREADY_RELEASED, record)
+    if record.status is not RunStatus.IN_PROGRESS:
+        return OperatorRelease(ReleaseOutcome.FINISHED, record)
+    live_until = record.lease_expires + c.MAX_CLOCK_SKEW
+    live = lease_held(record, now)
+    if live and not force:
+        return OperatorRelease(ReleaseOutcome.LEASE_LIVE, record, live_until=live_until)
+    note = (
+        f"released by an operator while attempt {record.attempt_id}'s lease was live "
+        f"(until {live_until.isoformat()})"
+        if live
+        else f"released by an operator: attempt {record.attempt_id}'s lease had expired"
+    )
+    written = record.replace(
+        status=RunStatus.RELEASED,
+        attempt_id=attempt_id,
+        fencing_token=record.fencing_token + 1,
+        lease_expires=now,
+        error=cap_text(note if record.error is None else f"{note}; before: {record.error}"),
+    )
+    return OperatorRelease(ReleaseOutcome.RELEASED, written, forced=live, live_until=live_until)
+
+
+def replay_refusal(record: RunRecord | None, now: datetime) -> str | None:
+    """Why ``record`` cannot be replayed, or None when it can (a failed task with a JSON
+    payload)."""
+    if record is None or not is_live(record, now):
+        return "no such run"
+    if record.status is not RunStatus.FAILED:
+        return f"only failed (dead-letter) runs are replayed; this one is {record.status.value}"
+    if record.kind != "task":
+        return "only task runs are replayed; run a scheduled job with `gcloud scheduler jobs run`"
+    if record.payload is None:
+        return "the run kept no payload to replay"
+    try:
+        json.loads(record.payload)
+    except ValueError:
+        return "the stored payload is not JSON (the run failed on it): it cannot be re-sent"
+    return None
+
+
+def replay_pending(
+    original: RunRecord,
+    run_id: str,
+    identity: dict[str, str],
+    now: datetime,
+    retention: timedelta = c.DEFAULT_RETENTION,
+) -> RunRecord:
+    """The record of a replay written before its first delivery: released (claimable at
+    once), no attempt yet, linked to ``original``. The first claim keeps the link."""
+    return RunRecord(
+        run_id=run_id,
+        kind=original.kind,
+        handler=original.handler,
+        status=RunStatus.RELEASED,
+        attempt_id="replay-pending",
+        fencing_token=0,
+        attempts=0,
+        lease_expires=now,
+        expire_at=now + retention,
+        claimed_at=now,
+        identity=dict(identity),
+        error="waiting for the replay's first delivery",
+        replay_of=original.run_id,
+    )

@@ -53,6 +53,10 @@ class RunRecord:
     error: str | None = None
     payload: str | None = None  # Kept on failed runs so they can be inspected and replayed.
     caller: str | None = None  # The verified principal whose delivery created the run.
+    # Operator replays (``tasklease runs replay``): the run this one re-runs, and the run that
+    # re-ran this one. Kept across claims, so the link survives the replay's own retries.
+    replay_of: str | None = None
+    replayed_as: str | None = None
 
     @property
     def result(self) -> Any:

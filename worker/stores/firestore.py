@@ -38,6 +38,7 @@ from google.cloud import firestore
 
 from worker import decisions, locking
 from worker.errors import StoreUnavailable
+from worker.queries import Position, RunFilter
 from worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus, Verdict
 from worker.stores.base import Change, LeaseStore, LockChange, Moment, Update, resolve
 
@@ -308,6 +309,69 @@ class FirestoreStore(LeaseStore):
         with self._guard("list runs"):
             return [_decode(snapshot.id, snapshot.to_dict()) for snapshot in query.stream()]
 
+    # --- Operations: listing, lookup and operator changes (issue 17) ------------------------
+
+    def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
+        """One equality filter at most (status, else handler), with the claimed_at range and
+        order: the composite indexes deploy/deploy.py creates (status or handler, then
+        claimed_at descending) serve it. The other filters are applied by the caller."""
+        query: Any = self.client.collection(self.collection)
+        status = filters.status_to_scan
+        if status is not None:
+            query = query.where(filter=firestore.FieldFilter("status", "==", status.value))
+        elif filters.handler is not None:
+            query = query.where(filter=firestore.FieldFilter("handler", "==", filters.handler))
+        if filters.older_than is not None:
+            query = query.where(filter=firestore.FieldFilter("claimed_at", "<", filters.older_than))
+        if filters.newer_than is not None:
+            query = query.where(
+                filter=firestore.FieldFilter("claimed_at", ">=", filters.newer_than)
+            )
+        query = query.order_by("claimed_at", direction=firestore.Query.DESCENDING).order_by(
+            "__name__", direction=firestore.Query.DESCENDING
+        )
+        if after is not None:
+            query = query.start_after([after[0], after[1]])
+        with self._guard("list runs"):
+            return [
+                _decode(snapshot.id, snapshot.to_dict())
+                for snapshot in query.limit(limit).stream(timeout=self._timeout)
+            ]
+
+    def _find_by_identity(self, name: str, value: str) -> list[RunRecord]:
+        # Firestore indexes every field of a map by itself: no composite index needed.
+        query = self.client.collection(self.collection).where(
+            filter=firestore.FieldFilter(f"identity.{name}", "==", value)
+        )
+        with self._guard("look runs up"):
+            return [
+                _decode(snapshot.id, snapshot.to_dict())
+                for snapshot in query.stream(timeout=self._timeout)
+            ]
+
+    def _operator_change(self, run_id: str, change: Change[_T]) -> _T:
+        """Read, decide, then write on the condition that the document is still the version
+        read (``last_update_time``), else read and decide again: a holder's renew or finish
+        racing an operator's release is then refused one way or the other."""
+        ref = self._document(run_id)
+        with self._guard("change a run"):
+            for _ in range(MAX_ROUNDS):
+                snapshot = ref.get(**self._call)
+                current = _decode(run_id, snapshot.to_dict()) if snapshot.exists else None
+                new_record, value = change(current)
+                if new_record is None:
+                    return value
+                try:
+                    if snapshot.exists:
+                        option = self.client.write_option(last_update_time=snapshot.update_time)
+                        ref.update(_encode(new_record), option=option, **self._call)
+                    else:
+                        ref.create(_encode(new_record), **self._call)
+                except (api.FailedPrecondition, api.NotFound, api.Conflict):
+                    continue  # Changed under us (Aborted is a Conflict too): decide again.
+                return value
+        raise StoreUnavailable(f"run {run_id}: too much contention to change it")
+
     def purge_expired(self, now: datetime) -> int:
         """Delete expired runs now (in production the TTL policy does this by itself)."""
         query = self.client.collection(self.collection).where(
@@ -474,6 +538,8 @@ def _encode(record: RunRecord) -> dict[str, Any]:
         "error": record.error,
         "payload": record.payload,
         "caller": record.caller,
+        "replay_of": record.replay_of,
+        "replayed_as": record.replayed_as,
     }
 
 
@@ -496,6 +562,8 @@ def _decode(run_id: str, data: dict[str, Any] | None) -> RunRecord:
         error=data.get("error"),
         payload=data.get("payload"),
         caller=data.get("caller"),
+        replay_of=data.get("replay_of"),
+        replayed_as=data.get("replayed_as"),
     )
 
 

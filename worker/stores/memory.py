@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from worker import locking
+from worker.queries import Position, RunFilter, before
 from worker.records import LockRecord, RunRecord, RunStatus
 from worker.stores.base import Change, LeaseStore, LockChange
 
@@ -76,6 +77,19 @@ class MemoryStore(LeaseStore):
 
     def __repr__(self) -> str:
         return f"MemoryStore({len(self._records)} records)"
+
+    # --- Operations: listing and lookup (issue 17) ------------------------------------------
+
+    def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
+        with self._lock:
+            records = [_unpack(packed) for packed in self._records.values()]
+        matching = [r for r in records if before(r, after) and filters.matches(r)]
+        return sorted(matching, key=lambda r: (r.claimed_at, r.run_id), reverse=True)[:limit]
+
+    def _find_by_identity(self, name: str, value: str) -> list[RunRecord]:
+        with self._lock:
+            records = [_unpack(packed) for packed in self._records.values()]
+        return [r for r in records if r.identity.get(name) == value]
 
 
 def _pack(record: RunRecord) -> Packed:

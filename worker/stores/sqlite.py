@@ -18,7 +18,6 @@ power loss"). That sync is most of a change's cost, so:
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -33,10 +32,12 @@ from typing import Any, TypeVar
 
 from worker import locking
 from worker.errors import StoreUnavailable
+from worker.queries import Position, RunFilter
 from worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from worker.stores.base import Change, LeaseStore, LockChange, Moment, resolve
 from worker.stores.group_commit import GroupCommit, Pending
 from worker.stores.private_files import create_private_file, make_private_dirs
+from worker.stores.writer_lock import WriterLock, WriterLockTimeout
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")
@@ -59,7 +60,9 @@ CREATE TABLE IF NOT EXISTS runs (
     result TEXT,
     error TEXT,
     payload TEXT,
-    caller TEXT
+    caller TEXT,
+    replay_of TEXT,
+    replayed_as TEXT
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expire_at_us);
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, claimed_at_us);
@@ -76,17 +79,38 @@ CREATE TABLE IF NOT EXISTS locks (
     lapses_at_us INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS locks_by_lapse ON locks (lapses_at_us);
+-- Operator listings and look-ups (tasklease runs, the dashboard): no version bump needed.
+CREATE INDEX IF NOT EXISTS runs_by_claim ON runs (claimed_at_us, run_id);
+CREATE INDEX IF NOT EXISTS runs_by_handler ON runs (handler, claimed_at_us);
+CREATE INDEX IF NOT EXISTS runs_by_task_name ON runs (json_extract(identity, '$.task_name'));
+CREATE INDEX IF NOT EXISTS runs_by_job_name ON runs (json_extract(identity, '$.job_name'));
 """
+# Columns added without a schema version: added when missing, whatever the version says, so
+# this works alongside other migrations. An older tasklease ignores (and, rewriting a run,
+# clears) them: they are only operators' replay links.
+_ADDED_COLUMNS = {"replay_of": "TEXT", "replayed_as": "TEXT"}
 _COLUMNS = (
     "run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires_us, "
-    "expire_at_us, claimed_at_us, finished_at_us, identity, result, error, payload, caller"
+    "expire_at_us, claimed_at_us, finished_at_us, identity, result, error, payload, caller, "
+    "replay_of, replayed_as"
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Only these constant column lists are interpolated into SQL; every value is a parameter.
 _SELECT = f"SELECT {_COLUMNS} FROM runs"  # noqa: S608
 _SELECT_ONE = f"{_SELECT} WHERE run_id = ?"
 _PLACEHOLDERS = ", ".join("?" * len(_COLUMNS.split(", ")))
-_UPSERT = f"INSERT OR REPLACE INTO runs ({_COLUMNS}) VALUES ({_PLACEHOLDERS})"  # noqa: S608
+_INSERT = f"INSERT INTO runs ({_COLUMNS}) VALUES ({_PLACEHOLDERS})"  # noqa: S608
+# A run's record changes in place. Its run id, kind, handler and identity never change (the
+# run id is their hash), so they stay out of the SET: SQLite updates only the indexes on
+# columns an UPDATE names, and the handler and identity indexes then cost nothing.
+_FIXED = ("run_id", "kind", "handler", "identity")
+_STATE = [column for column in _COLUMNS.split(", ") if column not in _FIXED]
+_UPDATE = (
+    f"UPDATE runs SET {', '.join(f'{column} = ?' for column in _STATE)} "  # noqa: S608
+    "WHERE run_id = ?"
+)
+_STATE_AT = [_COLUMNS.split(", ").index(column) for column in _STATE]
+_IDENTITY_AT = [_COLUMNS.split(", ").index(column) for column in _FIXED]
 _LOCK_COLUMNS = (
     "name, holder_run_id, holder_attempt_id, fencing_token, started_at_us, lease_expires_us, "
     "safety_expires_us, next_start_at_us, released_at_us, lapses_at_us"
@@ -123,7 +147,9 @@ class SqliteStore(LeaseStore):
         self._next_purge = 0.0
         self._group: GroupCommit[sqlite3.Connection] = GroupCommit(self._commit_batch)
         self._group_pid = os.getpid()
-        self._writer_lock: tuple[int, int] | None = None  # (pid, descriptor of <file>.lock)
+        self._writer_lock = WriterLock(
+            Path(f"{self.path}.lock"), lambda: make_private_dirs(self.path.parent)
+        )
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -139,7 +165,7 @@ class SqliteStore(LeaseStore):
             new_record, value = change(_decode(row) if row else None)
             if new_record is not None:
                 try:
-                    connection.execute(_UPSERT, _encode(new_record))
+                    _write(connection, row, _encode(new_record))
                 except (UnicodeError, OverflowError) as exc:  # The contract: nothing else.
                     raise StoreUnavailable(f"SQLite store: cannot store the record: {exc}") from exc
             return value
@@ -195,41 +221,14 @@ class SqliteStore(LeaseStore):
 
     @contextmanager
     def _writer(self) -> Iterator[None]:
-        """Hold this store's cross-process writer lock (see the module docstring)."""
-        descriptor = self._writer_lock_descriptor()
-        deadline = time.monotonic() + self._busy_timeout.total_seconds()
-        pause = 0.0001
-        while True:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                # Polled, not blocking: a holder that hangs (stopped, stuck on a dead disk)
-                # must cost a 503 after busy_timeout, as SQLite's own lock would.
-                if time.monotonic() >= deadline:
-                    raise StoreUnavailable(
-                        f"SQLite store {self.path}: another process held the writer lock for "
-                        f"longer than the busy timeout ({self._busy_timeout.total_seconds()} s)"
-                    ) from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.002)
+        """Hold this store's cross-process writer lock (see the module docstring); a holder
+        that hangs (stopped, stuck on a dead disk) costs a 503 after busy_timeout, as SQLite's
+        own lock would."""
         try:
-            yield
-        finally:
-            fcntl.flock(descriptor, fcntl.LOCK_UN)
-
-    def _writer_lock_descriptor(self) -> int:
-        # Opened per process: an inherited descriptor shares its flock with the parent.
-        pid = os.getpid()
-        if self._writer_lock is None or self._writer_lock[0] != pid:
-            with self._schema_lock:
-                if self._writer_lock is None or self._writer_lock[0] != pid:
-                    make_private_dirs(self.path.parent)
-                    descriptor = os.open(
-                        f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-                    )
-                    self._writer_lock = (pid, descriptor)
-        return self._writer_lock[1]
+            with self._writer_lock.held(self._busy_timeout.total_seconds()):
+                yield
+        except WriterLockTimeout as exc:
+            raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from None
 
     def get(self, run_id: str) -> RunRecord | None:
         with self._guard("read a run"):
@@ -249,6 +248,43 @@ class SqliteStore(LeaseStore):
             )
         return [_decode(row) for row in rows]
 
+    # --- Operations: listing and lookup (issue 17) ------------------------------------------
+
+    def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        status = filters.status_to_scan
+        for column, value in (
+            ("status", status.value if status else None),
+            ("handler", filters.handler),
+            ("kind", filters.kind),
+        ):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if filters.older_than is not None:
+            clauses.append("claimed_at_us < ?")
+            params.append(_micros(filters.older_than))
+        if filters.newer_than is not None:
+            clauses.append("claimed_at_us >= ?")
+            params.append(_micros(filters.newer_than))
+        if after is not None:
+            clauses.append("(claimed_at_us < ? OR (claimed_at_us = ? AND run_id < ?))")
+            params.extend([_micros(after[0]), _micros(after[0]), after[1]])
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"{_SELECT}{where} ORDER BY claimed_at_us DESC, run_id DESC LIMIT ?"
+        with self._guard("list runs"):
+            rows = self._connection().execute(sql, [*params, limit]).fetchall()
+        return [_decode(row) for row in rows]
+
+    def _find_by_identity(self, name: str, value: str) -> list[RunRecord]:
+        if name not in ("task_name", "job_name"):  # The two indexed identity fields.
+            raise ValueError(f"runs are not looked up by {name!r}")
+        sql = f"{_SELECT} WHERE json_extract(identity, '$.{name}') = ?"
+        with self._guard("look runs up"):
+            rows = self._connection().execute(sql, (value,)).fetchall()
+        return [_decode(row) for row in rows]
+
     def purge_expired(self, now: datetime) -> int:
         def work(connection: sqlite3.Connection) -> int:
             moment = (_micros(now),)
@@ -264,9 +300,7 @@ class SqliteStore(LeaseStore):
         if connection is not None:
             connection.close()
             self._local.connection = None
-        if self._writer_lock is not None and self._writer_lock[0] == os.getpid():
-            os.close(self._writer_lock[1])
-            self._writer_lock = None
+        self._writer_lock.close()
 
     def _purge_now_and_then(self, now: datetime) -> None:
         if time.monotonic() < self._next_purge:
@@ -323,6 +357,7 @@ class SqliteStore(LeaseStore):
                     connection.execute("ALTER TABLE runs ADD COLUMN caller TEXT")
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     connection.execute(statement)
+                _add_missing_columns(connection)
                 connection.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
                 connection.execute("COMMIT")
             except BaseException:
@@ -363,6 +398,13 @@ class SqliteStore(LeaseStore):
             raise StoreUnavailable(f"SQLite store {self.path}: could not {action}: {exc}") from exc
 
 
+def _add_missing_columns(connection: sqlite3.Connection) -> None:
+    present = {row[1] for row in connection.execute("PRAGMA table_info(runs)")}
+    for name, kind in _ADDED_COLUMNS.items():
+        if name not in present:  # Constant names and types only: nothing from outside.
+            connection.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+
+
 def _start_in_wal_mode(path: Path) -> None:
     """Make ``path`` a database already in WAL mode, before any other process can see it."""
     connection = sqlite3.connect(path, isolation_level=None)
@@ -379,6 +421,19 @@ def _micros(moment: datetime) -> int:
 
 def _moment(micros: int | None) -> datetime | None:
     return None if micros is None else _EPOCH + timedelta(microseconds=micros)
+
+
+def _write(
+    connection: sqlite3.Connection, old: tuple[Any, ...] | None, new: tuple[Any, ...]
+) -> None:
+    """Insert a new record, or update an existing one's state in place."""
+    if old is None:
+        connection.execute(_INSERT, new)
+    elif all(old[index] == new[index] for index in _IDENTITY_AT):
+        connection.execute(_UPDATE, [*(new[index] for index in _STATE_AT), new[0]])
+    else:  # Never for records this store wrote; kept correct for any other writer's.
+        connection.execute("DELETE FROM runs WHERE run_id = ?", (new[0],))
+        connection.execute(_INSERT, new)
 
 
 def _encode(record: RunRecord) -> tuple[Any, ...]:
@@ -399,13 +454,15 @@ def _encode(record: RunRecord) -> tuple[Any, ...]:
         record.error,
         record.payload,
         record.caller,
+        record.replay_of,
+        record.replayed_as,
     )
 
 
 def _decode(row: tuple[Any, ...]) -> RunRecord:
     (run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires,
      expire_at, claimed_at, finished_at, identity, result, error, payload,
-     caller) = row  # fmt: skip
+     caller, replay_of, replayed_as) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         kind=kind,
@@ -424,6 +481,8 @@ def _decode(row: tuple[Any, ...]) -> RunRecord:
         error=error,
         payload=payload,
         caller=caller,
+        replay_of=replay_of,
+        replayed_as=replayed_as,
     )
 
 

@@ -1,0 +1,383 @@
+"""``tasklease runs``: list, show, stuck, release and replay runs in the configured store.
+
+Tables for people, ``--json`` for programs. Exit codes (:class:`Exit`): 0 done, 1 the store
+or the producer failed, 2 bad usage, 3 no such run, 4 refused (a live lease, a run that is
+not failed...), 5 ``stuck`` found something.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, TextIO
+
+from producer import EnqueueError, Producer
+from worker.decisions import ReleaseOutcome
+from worker.errors import ConfigurationError, StoreUnavailable
+from worker.operations import OperationRefused, Operations, StuckReport, run_summary
+from worker.queries import RunFilter, parse_duration
+from worker.records import RunRecord, RunStatus
+from worker.schedules import DEFAULT_GRACE, OverdueJob, default_schedules, load_schedules
+from worker.stores import LeaseStore, store_from_url
+
+
+class Exit(IntEnum):
+    OK = 0
+    FAILED = 1  # The store or the producer failed.
+    USAGE = 2  # argparse's own code for bad arguments.
+    NOT_FOUND = 3
+    REFUSED = 4
+    STUCK = 5  # `runs stuck` found stuck runs or overdue jobs.
+
+
+STATUSES = [status.value for status in RunStatus]
+PRODUCER_FLAGS = ("project", "location", "queue", "worker_url", "service_account")
+
+
+def add_parser(commands: Any) -> None:
+    """Add ``runs`` and its subcommands to the ``tasklease`` parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--store", default=None, help="store URL (default: $TASKLEASE_STORE)")
+    common.add_argument("--json", action="store_true", help="print JSON for programs")
+    runs = commands.add_parser("runs", help="inspect and repair runs in the store")
+    actions = runs.add_subparsers(dest="runs_command", required=True)
+
+    listing = actions.add_parser("list", parents=[common], help="runs, newest first")
+    listing.add_argument("--status", choices=STATUSES)
+    listing.add_argument("--handler")
+    listing.add_argument("--kind", choices=["task", "scheduler"])
+    listing.add_argument("--older-than", type=_duration, help="claimed longer ago, e.g. 10m")
+    listing.add_argument("--newer-than", type=_duration, help="claimed more recently, e.g. 1h")
+    trigger = listing.add_mutually_exclusive_group()
+    trigger.add_argument("--manual", action="store_true", help="manual Scheduler runs only")
+    trigger.add_argument("--not-manual", action="store_true", help="no manual Scheduler runs")
+    listing.add_argument("--limit", type=_positive, default=50)
+    listing.add_argument("--cursor", help="the cursor a previous page printed")
+
+    show = actions.add_parser("show", parents=[common], help="one run in full")
+    show.add_argument(
+        "run_id", metavar="RUN_ID", nargs="?", help="a run id, or a Cloud Tasks task name"
+    )
+    show.add_argument("--job", help="instead: the newest run of this Scheduler job")
+    show.add_argument("--schedule-time", help="with --job: its run for this slot (RFC 3339)")
+
+    stuck = actions.add_parser(
+        "stuck", parents=[common], help="crashed attempts and jobs that missed their schedule"
+    )
+    stuck.add_argument(
+        "--schedules",
+        type=Path,
+        help="a TOML file of [[job]] tables: the emulator's jobs file or the deploy config "
+        "(default: ./tasklease.toml when there is one)",
+    )
+    stuck.add_argument("--grace", type=_duration, default=DEFAULT_GRACE)
+    stuck.add_argument("--limit", type=_positive, default=100)
+
+    release = actions.add_parser(
+        "release", parents=[common], help="give a run's claim back so the next delivery runs it"
+    )
+    release.add_argument("run_id", metavar="RUN_ID")
+    release.add_argument(
+        "--force", action="store_true", help="even while its lease is live (the holder is fenced)"
+    )
+
+    replay = actions.add_parser(
+        "replay", parents=[common], help="re-enqueue a failed run's payload, once"
+    )
+    replay.add_argument("run_id", metavar="RUN_ID")
+    for flag in PRODUCER_FLAGS:
+        option = "--" + flag.replace("_", "-")
+        replay.add_argument(option, help=f"default: $TASKLEASE_{flag.upper()}")
+    replay.add_argument("--tasks-endpoint", help="a local emulator (default: Cloud Tasks)")
+
+
+def run(
+    args: argparse.Namespace,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    make_store: Callable[[str | None], LeaseStore] = store_from_url,
+) -> int:
+    """Carry out one ``tasklease runs`` command; return the exit code."""
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        store = make_store(args.store)
+    except (ConfigurationError, StoreUnavailable) as exc:
+        return _error(args, err, out, Exit.FAILED, str(exc))
+    operations = Operations(store, lambda: _producer(args))
+    try:
+        command = _COMMANDS[args.runs_command]
+        return command(operations, args, out, err)
+    except OperationRefused as exc:
+        return _error(args, err, out, Exit.REFUSED, str(exc))
+    except (StoreUnavailable, ConfigurationError) as exc:
+        return _error(args, err, out, Exit.FAILED, str(exc))
+    except EnqueueError as exc:
+        return _error(args, err, out, Exit.FAILED, f"could not enqueue the replay: {exc}")
+    except ValueError as exc:  # A cursor this store did not hand out, a bad jobs file.
+        return _error(args, err, out, Exit.USAGE, str(exc))
+    finally:
+        store.close()
+
+
+def _list(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    now = operations.clock()
+    filters = RunFilter(
+        status=RunStatus(args.status) if args.status else None,
+        handler=args.handler,
+        kind=args.kind,
+        older_than=now - args.older_than if args.older_than else None,
+        newer_than=now - args.newer_than if args.newer_than else None,
+        manual=True if args.manual else (False if args.not_manual else None),
+    )
+    page = operations.list_runs(filters, args.limit, args.cursor)
+    if args.json:
+        _print_json(out, {"runs": [run_summary(r, now) for r in page.runs], "cursor": page.cursor})
+        return Exit.OK
+    _table(out, page.runs, now)
+    if page.cursor:
+        print(f"\nmore: --cursor {page.cursor}", file=out)
+    return Exit.OK
+
+
+def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if (args.run_id is None) == (args.job is None):
+        return _error(args, err, out, Exit.USAGE, "give a RUN_ID or --job, not both")
+    if args.job is not None:
+        found = operations.store.find_runs(job_name=args.job, schedule_time=args.schedule_time)
+        record = found[0] if found else None
+        wanted = f"{args.job} {args.schedule_time or ''}".strip()
+    else:
+        record = operations.show(args.run_id)
+        wanted = args.run_id
+    if record is None:
+        return _error(args, err, out, Exit.NOT_FOUND, f"no run {wanted}")
+    now = operations.clock()
+    summary = run_summary(record, now)
+    if args.json:
+        _print_json(out, summary)
+        return Exit.OK
+    for name, value in summary.items():
+        if name == "identity":
+            for key, item in sorted(value.items()):
+                print(f"{'identity.' + key:<18} {item}", file=out)
+        elif value is not None:
+            print(f"{name:<18} {_describe(name, value, record, now)}", file=out)
+    return Exit.OK
+
+
+def _stuck(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    path = default_schedules(args.schedules)
+    schedules = load_schedules(path) if path else None
+    report = operations.stuck(schedules, args.grace, args.limit)
+    now = operations.clock()
+    if args.json:
+        _print_json(out, _stuck_json(report, now))
+    else:
+        if report.runs:
+            print("In-progress runs whose lease expired (the attempt crashed or hangs):", file=out)
+            _table(out, report.runs, now)
+        for job in report.jobs:
+            print(f"job {job.name} ({job.schedule}): {_overdue_text(job)}", file=out)
+        if report.empty:
+            checked = f" and {len(schedules)} scheduled jobs" if schedules else ""
+            print(f"nothing stuck: no expired lease{checked}", file=out)
+    return Exit.OK if report.empty else Exit.STUCK
+
+
+def _release(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    decision = operations.release(args.run_id, force=args.force)
+    outcome = decision.outcome
+    until = decision.live_until.isoformat() if decision.live_until else None
+    if decision.forced:
+        print(
+            f"warning: released run {args.run_id} while its lease was live (until {until}): "
+            "its holder may still be running; its renew and finish will be refused",
+            file=err,
+        )
+    code = {
+        ReleaseOutcome.RELEASED: Exit.OK,
+        ReleaseOutcome.ALREADY_RELEASED: Exit.OK,
+        ReleaseOutcome.LEASE_LIVE: Exit.REFUSED,
+        ReleaseOutcome.FINISHED: Exit.REFUSED,
+        ReleaseOutcome.MISSING: Exit.NOT_FOUND,
+    }[outcome]
+    message = {
+        ReleaseOutcome.RELEASED: "released: the next delivery runs it",
+        ReleaseOutcome.ALREADY_RELEASED: "already released",
+        ReleaseOutcome.LEASE_LIVE: f"refused: its lease is live until {until} (--force to "
+        "release it anyway)",
+        ReleaseOutcome.FINISHED: "refused: the run is finished ("
+        + (decision.record.status.value if decision.record else "?")
+        + "); replay a failed run instead",
+        ReleaseOutcome.MISSING: "no such run",
+    }[outcome]
+    if args.json:
+        record = decision.record
+        _print_json(
+            out,
+            {
+                "outcome": outcome.value,
+                "forced": decision.forced,
+                "live_until": until,
+                "run": None if record is None else run_summary(record, operations.clock()),
+            },
+        )
+    else:
+        print(f"run {args.run_id}: {message}", file=out if code == Exit.OK else err)
+    return code
+
+
+def _replay(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if operations.store.get(args.run_id) is None:
+        return _error(args, err, out, Exit.NOT_FOUND, f"no run {args.run_id}")
+    result = operations.replay(args.run_id)
+    if args.json:
+        _print_json(
+            out,
+            {
+                "run_id": result.run_id,
+                "replay_run_id": result.replay_run_id,
+                "task_name": result.task_name,
+                "created": result.created,
+            },
+        )
+    else:
+        done = "enqueued" if result.created else "already enqueued by an earlier replay"
+        print(f"run {result.run_id}: {done} as task {result.task_name}", file=out)
+        print(f"its run: {result.replay_run_id}", file=out)
+    return Exit.OK
+
+
+_COMMANDS: dict[str, Callable[[Operations, argparse.Namespace, TextIO, TextIO], int]] = {
+    "list": _list,
+    "show": _show,
+    "stuck": _stuck,
+    "release": _release,
+    "replay": _replay,
+}
+
+
+def _producer(args: argparse.Namespace) -> Producer:
+    overrides = {
+        name: getattr(args, name)
+        for name in (*PRODUCER_FLAGS, "tasks_endpoint")
+        if getattr(args, name, None)
+    }
+    return Producer.from_env(**overrides)
+
+
+def _stuck_json(report: StuckReport, now: datetime) -> dict[str, Any]:
+    return {
+        "runs": [run_summary(r, now) for r in report.runs],
+        "jobs": [
+            {
+                "name": job.name,
+                "schedule": job.schedule,
+                "due": _iso(job.due),
+                "last_success": _iso(job.last_success),
+                "last_success_run_id": job.last_success_run_id,
+            }
+            for job in report.jobs
+        ],
+    }
+
+
+def _overdue_text(job: OverdueJob) -> str:
+    last = (
+        f"last success was the {_iso(job.last_success)} run ({job.last_success_run_id})"
+        if job.last_success
+        else "no successful run on record"
+    )
+    return f"the {_iso(job.due)} run has not succeeded; {last}"
+
+
+def _table(out: TextIO, records: list[RunRecord], now: datetime) -> None:
+    if not records:
+        print("no runs", file=out)
+        return
+    rows = [("STATUS", "KIND", "HANDLER", "TRIES", "CLAIMED", "NOTE", "RUN ID")]
+    for record in records:
+        rows.append(
+            (
+                record.status.value + (" (stuck)" if run_summary(record, now)["stuck"] else ""),
+                record.kind,
+                record.handler,
+                str(record.attempts),
+                _ago(now - record.claimed_at),
+                _note(record)[:40],
+                record.run_id,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]), file=out)
+
+
+def _note(record: RunRecord) -> str:
+    if record.replayed_as:
+        return f"replayed as {record.replayed_as[:12]}"
+    if record.replay_of:
+        return f"replay of {record.replay_of[:12]}"
+    text = record.error or record.identity.get("task_name") or record.identity.get("job_name")
+    return (text or "").splitlines()[0] if text else ""
+
+
+def _describe(name: str, value: Any, record: RunRecord, now: datetime) -> str:
+    if name == "lease_expires" and record.status is RunStatus.IN_PROGRESS:
+        moment = record.lease_expires
+        left = moment - now
+        when = f"in {_ago(left)}" if left > timedelta(0) else f"{_ago(-left)} ago"
+        return f"{value} ({when})"
+    if name == "claimed_at":
+        return f"{value} ({_ago(now - record.claimed_at)} ago)"
+    return str(value)
+
+
+def _ago(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if abs(seconds) >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
+
+
+def _print_json(out: TextIO, value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True), file=out)
+
+
+def _error(args: argparse.Namespace, err: TextIO, out: TextIO, code: Exit, message: str) -> int:
+    print(f"tasklease runs: {message}", file=err)
+    if getattr(args, "json", False):
+        _print_json(out, {"error": message, "exit_code": int(code)})
+    return code
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def main(argv: Sequence[str]) -> int:
+    """``tasklease runs ...`` on its own (for tests): ``argv`` after ``runs``."""
+    parser = argparse.ArgumentParser(prog="tasklease")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(["runs", *argv]))

@@ -1,0 +1,79 @@
+"""Fixtures of the fault suite: the reduced scale by default, ``TASKLEASE_FAULTS=full`` for
+``make faults``; each scenario prints its counts line."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests import firestore_support
+from tests.faults.harness import FULL, Backend, Tally
+
+REPORT_FILE = os.environ.get("TASKLEASE_FAULTS_REPORT")
+
+
+@pytest.fixture
+def report(capsys: pytest.CaptureFixture[str]) -> Callable[[str, Tally], None]:
+    """Print a scenario's counts line (past pytest's capture), and append it to
+    ``TASKLEASE_FAULTS_REPORT`` if set."""
+
+    def emit(name: str, counts: Tally) -> None:
+        line = counts.line(f"{name}{'' if FULL else ' (reduced)'}")
+        with capsys.disabled():
+            print(f"\n{line}")
+        if REPORT_FILE:
+            with Path(REPORT_FILE).open("a") as out:
+                out.write(line + "\n")
+
+    return emit
+
+
+# The storm and kill scenarios run on Firestore only where transactions are isolated and
+# preconditions enforced (Google's emulator, a real project): not on the npm fallback.
+NEEDS_ISOLATION = pytest.mark.firestore_emulator_gap(
+    "the npm Firestore emulator neither isolates transactions nor enforces preconditions, so "
+    "two claims of one run can both succeed there"
+)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("firestore", marks=NEEDS_ISOLATION)])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """The store a parametrized scenario runs on: a SQLite file, or a fresh Firestore
+    collection on the session's emulator (FIRESTORE_EMULATOR_HOST is inherited)."""
+    return _backend(request, tmp_path)
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param(
+            "firestore",
+            marks=[
+                NEEDS_ISOLATION,
+                pytest.mark.skipif(not FULL, reason="on Firestore in the full suite only"),
+            ],
+        ),
+    ]
+)
+def backend_full(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Like ``backend``, with the Firestore variant left to ``make faults`` (time)."""
+    return _backend(request, tmp_path)
+
+
+def _backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "sqlite":
+        return Backend("sqlite", f"sqlite:///{tmp_path}/runs.db")
+    request.getfixturevalue("firestore_host")
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT", firestore_support.PROJECT)
+    # For the test's own reads of the records; undone after the test.
+    request.getfixturevalue("monkeypatch").setenv("GOOGLE_CLOUD_PROJECT", project)
+    collection = f"faults_{uuid.uuid4().hex[:12]}"
+    return Backend(
+        "firestore",
+        f"firestore://?collection={collection}",
+        {"GOOGLE_CLOUD_PROJECT": project},
+    )

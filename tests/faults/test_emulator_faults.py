@@ -1,0 +1,132 @@
+"""Scenarios 3 and 4, through the local Cloud Tasks emulator, whose retries matter here.
+
+3. Lost responses: the worker answered, the emulator drops the answer and retries; every
+   retry is answered from the run record without running the handler again.
+4. An attempt outliving the dispatch deadline: the queue gives up on it and retries while the
+   handler keeps running (and renewing its lease); the retries get 409 until it finishes, then
+   the duplicate answer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from emulator import CloudTasksEmulator, DeliveryRecord, Faults
+from producer import Producer
+from tests.faults.downstream import Downstream
+from tests.faults.harness import Backend, FaultServer, Tally, overlaps, scale, tally
+from worker.records import RunStatus
+
+pytestmark = pytest.mark.faults
+
+QUEUE = "projects/p/locations/us-central1/queues/faults"
+
+
+def _emulator(
+    tmp_path: Path, faults: Faults, backend: Backend
+) -> Iterator[tuple[CloudTasksEmulator, Producer]]:
+    with CloudTasksEmulator(data_dir=tmp_path / "emulator", faults=faults) as emulator:
+        emulator.create_queue(
+            QUEUE,
+            retryConfig={"minBackoff": "0.1s", "maxBackoff": "1s", "maxAttempts": -1},
+            rateLimits={"maxConcurrentDispatches": 32},
+        )
+        # Threads for every concurrent dispatch: a request gunicorn accepted but has no thread
+        # for would wait unanswered behind the long handlers.
+        server = FaultServer(tmp_path, store=backend.url, workers=2, threads=32, env=backend.env)
+        with server:
+            producer = Producer("p", "us-central1", "faults", server.url,
+                                tasks_endpoint=emulator.url)  # fmt: skip
+            yield emulator, producer
+
+
+def _by_task(deliveries: list[DeliveryRecord]) -> dict[str, list[DeliveryRecord]]:
+    tasks: dict[str, list[DeliveryRecord]] = defaultdict(list)
+    for delivery in sorted(deliveries, key=lambda d: (d.attempt, d.started_us)):
+        tasks[delivery.name].append(delivery)
+    return tasks
+
+
+def _counts(
+    keys: list[str], deliveries: list[DeliveryRecord], downstream: Downstream, backend: Backend
+) -> Tally:
+    outcomes = Counter(d.outcome for d in deliveries)
+    counts = tally(keys, [], downstream, backend.records())
+    counts.delivered = len(deliveries)
+    counts.duplicates_absorbed = outcomes["duplicate"] + outcomes["in_progress"]
+    return counts
+
+
+def test_lost_responses_are_retried_and_answered_from_the_record(
+    tmp_path: Path, backend_full: Backend, report: Callable[[str, Tally], None]
+) -> None:
+    backend = backend_full
+    tasks = scale(150, 1000)
+    keys = [f"lost-{n:05d}" for n in range(tasks)]
+    faults = Faults(lost_response=0.3, duplicate=0.1, seed=7)
+    for emulator, producer in _emulator(tmp_path, faults, backend):
+        results = producer.enqueue_many("work", [(key, {"key": key}) for key in keys])
+        assert all(r.created for r in results)
+        emulator.join(timeout=scale(120, 600))
+        deliveries = emulator.deliveries()
+    downstream = Downstream(tmp_path / "downstream.db")
+    counts = _counts(keys, deliveries, downstream, backend)
+    faulted = Counter(d.fault for d in deliveries)
+    after_loss = []  # Every delivery made after a lost response of its task.
+    for attempts in _by_task(deliveries).values():
+        losses = [d.attempt for d in attempts if d.fault == "lost_response"]
+        after_loss += [d for d in attempts if losses and d.attempt > min(losses)]
+    counts.extra.update(
+        lost_responses=faulted["lost_response"],
+        injected_duplicates=faulted["duplicate"],
+        retries_after_loss=len(after_loss),
+        answered_from_record=sum(d.outcome == "duplicate" for d in after_loss),
+    )
+    report(f"lost_responses[{backend.name}]", counts)
+    assert counts.lost == 0
+    assert counts.executed == tasks
+    assert faulted["lost_response"] > tasks // 10  # The faults did happen.
+    # The worker's answer to each retry (recorded even when that answer was lost in turn).
+    bad = [d for d in after_loss if d.outcome != "duplicate" or d.status not in (200, None)]
+    assert after_loss and not bad, bad[:5]
+    assert counts.delivered == counts.executed + counts.duplicates_absorbed
+
+
+def test_an_attempt_outliving_the_dispatch_deadline_keeps_the_run_until_it_finishes(
+    tmp_path: Path, report: Callable[[str, Tally], None]
+) -> None:
+    # 15 s is the shortest dispatch deadline Cloud Tasks allows; the handler takes 18 s,
+    # checking its (2 s, renewed) lease every second.
+    tasks = scale(3, 10)
+    keys = [f"deadline-{n:03d}" for n in range(tasks)]
+    backend = Backend("sqlite", f"sqlite:///{tmp_path}/runs.db")
+    for emulator, producer in _emulator(tmp_path, Faults(), backend):
+        producer.enqueue_many(
+            "work",
+            [(key, {"key": key, "sleep": 18, "steps": 18, "check": True}) for key in keys],
+            dispatch_deadline=timedelta(seconds=15),
+        )
+        emulator.join(timeout=120)
+        deliveries = emulator.deliveries()
+    downstream = Downstream(tmp_path / "downstream.db")
+    executions = downstream.executions()
+    counts = _counts(keys, deliveries, downstream, backend)
+    outcomes = Counter(d.outcome for d in deliveries)
+    counts.extra.update(deadline_passed=sum(d.status is None for d in deliveries),
+                        in_progress_409=outcomes["in_progress"])  # fmt: skip
+    report("dispatch_deadline[sqlite]", counts)
+    assert counts.lost == 0
+    assert counts.executed == tasks
+    assert overlaps(executions) == []
+    for attempts in _by_task(deliveries).values():
+        assert attempts[0].status is None  # The deadline passed: the queue gave up on it.
+        middle = {(d.status, d.outcome) for d in attempts[1:-1]}
+        assert middle == {(409, "in_progress")}
+        assert (attempts[-1].status, attempts[-1].outcome) == (200, "duplicate")
+    records = backend.records()
+    assert {(r.status, r.attempts) for r in records.values()} == {(RunStatus.COMPLETED, 1)}
