@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -269,24 +269,17 @@ class FirestoreStore(LeaseStore):
         time read). A failed precondition means another writer came first: read again and
         decide again. A write that may have landed unseen is read again too; the lock rules
         recognise this attempt's own landed write by its attempt id (2 RPCs per change)."""
-        ref = self._lock_document(name)
         with self._guard("change a lock"):
-            for _ in range(MAX_ROUNDS):
-                snapshot = ref.get(**self._call)
-                current = _decode_lock(name, snapshot.to_dict()) if snapshot.exists else None
-                new_lock, value = change(current)
-                if new_lock is None:
-                    return value
-                try:
-                    if snapshot.exists:
-                        option = self.client.write_option(last_update_time=snapshot.update_time)
-                        ref.update(_encode_lock(new_lock), option=option, **self._call)
-                    else:
-                        ref.create(_encode_lock(new_lock), **self._call)
-                except (api.Conflict, api.FailedPrecondition, api.NotFound, *_UNCERTAIN):
-                    continue  # Conflict covers Aborted and AlreadyExists.
-                return value
-        raise StoreUnavailable(f"lock {name}: too much contention to change it")
+            value: _T = self._compare_and_set(
+                self._lock_document(name),
+                lambda data: _decode_lock(name, data),
+                _encode_lock,
+                change,
+                # Conflict covers Aborted and AlreadyExists; an uncertain write is read back.
+                retry_on=(api.Conflict, api.FailedPrecondition, api.NotFound, *_UNCERTAIN),
+                what=f"lock {name}",
+            )
+            return value
 
     def get_lock(self, name: str) -> LockRecord | None:
         with self._guard("read a lock"):
@@ -353,24 +346,47 @@ class FirestoreStore(LeaseStore):
         """Read, decide, then write on the condition that the document is still the version
         read (``last_update_time``), else read and decide again: a holder's renew or finish
         racing an operator's release is then refused one way or the other."""
-        ref = self._document(run_id)
         with self._guard("change a run"):
-            for _ in range(MAX_ROUNDS):
-                snapshot = ref.get(**self._call)
-                current = _decode(run_id, snapshot.to_dict()) if snapshot.exists else None
-                new_record, value = change(current)
-                if new_record is None:
-                    return value
-                try:
-                    if snapshot.exists:
-                        option = self.client.write_option(last_update_time=snapshot.update_time)
-                        ref.update(_encode(new_record), option=option, **self._call)
-                    else:
-                        ref.create(_encode(new_record), **self._call)
-                except (api.FailedPrecondition, api.NotFound, api.Conflict):
-                    continue  # Changed under us (Aborted is a Conflict too): decide again.
-                return value
-        raise StoreUnavailable(f"run {run_id}: too much contention to change it")
+            value: _T = self._compare_and_set(
+                self._document(run_id),
+                lambda data: _decode(run_id, data),
+                _encode,
+                change,
+                # Changed under us (Aborted is a Conflict too): decide again.
+                retry_on=(api.FailedPrecondition, api.NotFound, api.Conflict),
+                what=f"run {run_id}",
+            )
+            return value
+
+    def _compare_and_set(
+        self,
+        ref: Any,
+        decode: Callable[[dict[str, Any] | None], Any],
+        encode: Callable[[Any], dict[str, Any]],
+        change: Callable[[Any], tuple[Any, _T]],
+        *,
+        retry_on: tuple[type[Exception], ...],
+        what: str,
+    ) -> _T:
+        """Read one document, decide, then ``create()`` it (precondition: absent) or
+        ``update()`` it (precondition: the update time read); on ``retry_on``, read and decide
+        again. No transaction: single-document preconditions are atomic."""
+        for _ in range(MAX_ROUNDS):
+            snapshot = ref.get(**self._call)
+            new, value = change(decode(snapshot.to_dict()) if snapshot.exists else None)
+            decided: _T = value
+            if new is None:
+                return decided
+            try:
+                if snapshot.exists:
+                    option = self.client.write_option(last_update_time=snapshot.update_time)
+                    ref.update(encode(new), option=option, **self._call)
+                else:
+                    ref.create(encode(new), **self._call)
+            except retry_on:
+                continue
+            return decided
+        raise StoreUnavailable(f"{what}: too much contention to change it")
 
     def purge_expired(self, now: datetime) -> int:
         """Delete expired runs now (in production the TTL policy does this by itself)."""
