@@ -9,16 +9,29 @@ tasklease, the sqlite3 shell) stays safe, and so does a wait given up on.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
 class WriterLockTimeout(Exception):
     """Another process held the lock for longer than the wait allowed."""
+
+
+@dataclass
+class _Request:
+    """One contended acquisition, handed to the process's waiter thread."""
+
+    descriptor: int
+    got: threading.Event = field(default_factory=threading.Event)
+    decided: threading.Lock = field(default_factory=threading.Lock)
+    gave_up: bool = False
 
 
 class WriterLock:
@@ -30,6 +43,7 @@ class WriterLock:
         self._prepare = prepare
         self._opened: tuple[int, int] | None = None  # (pid, descriptor)
         self._open_lock = threading.Lock()
+        self._waiter: tuple[int, queue.SimpleQueue[_Request]] | None = None  # (pid, requests)
 
     @contextmanager
     def held(self, timeout: float) -> Iterator[None]:
@@ -49,32 +63,39 @@ class WriterLock:
     def _acquire(self, descriptor: int, timeout: float) -> None:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return  # Uncontended: no thread, no wait.
+            return  # Uncontended: no hand-off, no wait.
         except BlockingIOError:
             pass
-        # Contended: wait in the kernel on a helper thread, so that this thread can give up
-        # after the timeout (a blocking flock cannot be interrupted from Python). A helper
-        # that gets the lock after its waiter gave up releases it at once.
-        got = threading.Event()
-        gave_up = False
-        decided = threading.Lock()
-
-        def wait_for_lock() -> None:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-            with decided:
-                if gave_up:
-                    fcntl.flock(descriptor, fcntl.LOCK_UN)
-                else:
-                    got.set()
-
-        threading.Thread(target=wait_for_lock, name="tasklease-writer-lock", daemon=True).start()
-        if got.wait(timeout):
+        # Contended: a blocking flock cannot be interrupted from Python, so the wait happens
+        # on the process's waiter thread and this thread can give up after the timeout. One
+        # long-lived thread, not one per wait: under load most acquisitions are contended,
+        # and starting a thread costs more than the write it would let through.
+        request = _Request(descriptor)
+        self._requests().put(request)
+        if request.got.wait(timeout):
             return
-        with decided:
-            if got.is_set():
+        with request.decided:
+            if request.got.is_set():
                 return
-            gave_up = True
+            request.gave_up = True
         raise WriterLockTimeout(f"{self.path} was held by another process for over {timeout} s")
+
+    def _requests(self) -> queue.SimpleQueue[_Request]:
+        """This process's waiter thread's queue, started on first use (threads do not
+        survive a fork)."""
+        pid = os.getpid()
+        waiter = self._waiter
+        if waiter is None or waiter[0] != pid:
+            with self._open_lock:
+                waiter = self._waiter
+                if waiter is None or waiter[0] != pid:
+                    requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+                    threading.Thread(
+                        target=_wait_for_lock, args=(requests,), name="tasklease-writer-lock",
+                        daemon=True,
+                    ).start()  # fmt: skip
+                    waiter = self._waiter = (pid, requests)
+        return waiter[1]
 
     def _descriptor(self) -> int:
         pid = os.getpid()
@@ -87,3 +108,21 @@ class WriterLock:
                     descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
                     opened = self._opened = (pid, descriptor)
         return opened[1]
+
+
+def _wait_for_lock(requests: queue.SimpleQueue[_Request]) -> None:
+    """Take the lock for each request in turn; a request given up on meanwhile gets its lock
+    released at once. Requests queue behind a wait in progress, which is right: that wait is
+    for the same lock."""
+    while True:
+        request = requests.get()
+        try:
+            fcntl.flock(request.descriptor, fcntl.LOCK_EX)
+        except OSError:  # The descriptor was closed (the store closed): nobody to hand it to.
+            continue
+        with request.decided:
+            if not request.gave_up:
+                request.got.set()
+                continue
+        with contextlib.suppress(OSError):  # Closed meanwhile: closing released the lock.
+            fcntl.flock(request.descriptor, fcntl.LOCK_UN)
