@@ -147,6 +147,7 @@ class SqliteStore(LeaseStore):
         self._next_purge = 0.0
         self._group: GroupCommit[sqlite3.Connection] = GroupCommit(self._commit_batch)
         self._group_pid = os.getpid()
+        self._batch_connection: tuple[int, sqlite3.Connection] | None = None  # (pid, connection)
         self._writer_lock = WriterLock(
             Path(f"{self.path}.lock"), lambda: make_private_dirs(self.path.parent)
         )
@@ -200,7 +201,7 @@ class SqliteStore(LeaseStore):
         """Apply a batch of changes in one write transaction: one commit, one sync."""
         try:
             with self._guard("change a run"), self._writer():
-                connection = self._connection()
+                connection = self._writing_connection()
                 connection.execute("BEGIN IMMEDIATE")
                 try:
                     for pending in batch:
@@ -218,6 +219,18 @@ class SqliteStore(LeaseStore):
         except StoreUnavailable as exc:
             for pending in batch:  # Nothing of the batch was committed.
                 pending.error = exc
+
+    def _writing_connection(self) -> sqlite3.Connection:
+        """The one connection this process's batches write through (one batch at a time).
+
+        SQLite empties a connection's page cache whenever another connection changed the
+        file, so a batch on a per-thread connection would reread its pages after every other
+        thread's commit; one writing connection per process keeps them across batches.
+        """
+        pid = os.getpid()
+        if self._batch_connection is None or self._batch_connection[0] != pid:
+            self._batch_connection = (pid, self._open())
+        return self._batch_connection[1]
 
     @contextmanager
     def _writer(self) -> Iterator[None]:
@@ -300,6 +313,9 @@ class SqliteStore(LeaseStore):
         if connection is not None:
             connection.close()
             self._local.connection = None
+        if self._batch_connection is not None and self._batch_connection[0] == os.getpid():
+            self._batch_connection[1].close()
+        self._batch_connection = None
         self._writer_lock.close()
 
     def _purge_now_and_then(self, now: datetime) -> None:
