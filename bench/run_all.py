@@ -10,6 +10,7 @@ BENCHMARKS = [
     "bench.emulator_throughput",
     "bench.worker_overhead",
     "bench.worker_throughput",
+    "bench.sqlite_floor",
     "bench.firestore_store",
 ]
 

@@ -28,7 +28,8 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.common import BENCH_DIR, ROOT, free_port, wait_for_port
@@ -50,6 +51,8 @@ class Load:
     p50_ms: float
     p99_ms: float
     failures: int  # Answers that were not 2xx (in_progress races for duplicates, ...).
+    requests: int = 0
+    cpu_us: float = 0.0  # CPU (user + system) the server's workers spent per request.
 
 
 class Server:
@@ -73,6 +76,22 @@ class Server:
             post(self.port, f"warm-{uuid.uuid4().hex}-{index}", retry=0)
         time.sleep(1.0)
 
+    def worker_cpu_seconds(self) -> float:
+        """CPU time (user + system) the server's worker processes have used so far."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        total = 0
+        for pid in children.read_text().split():
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14, 15).
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def measure(self, drive: Drive, script: str, seconds: int) -> Load:
+        """Drive the server; the load it sustained, with its workers' CPU per request."""
+        before = self.worker_cpu_seconds()
+        load = drive(self.url, script, seconds)
+        spent = self.worker_cpu_seconds() - before
+        return replace(load, cpu_us=spent / max(load.requests, 1) * 1e6)
+
     def stop(self) -> None:
         self.process.terminate()
         try:
@@ -81,6 +100,9 @@ class Server:
             self.process.kill()
             self.process.wait()
         time.sleep(1.0)
+
+
+Drive = Callable[[str, str, int], Load]
 
 
 def post(port: int, task: str, retry: int) -> int:
@@ -117,6 +139,7 @@ def run_wrk(url: str, script: str, seconds: int) -> Load:
         _millis(_field(output, r"\n\s+50%\s+(\S+)")),
         _millis(_field(output, r"\n\s+99%\s+(\S+)")),
         int(failures.group(1)) if failures else 0,
+        int(_field(output, r"(\d+) requests in")),
     )
 
 
@@ -156,7 +179,8 @@ def run_python(url: str, script: str, seconds: int) -> Load:
     for thread in threads:
         thread.join()
     cuts = statistics.quantiles(latencies, n=100)
-    return Load(len(latencies) / seconds, cuts[49] * 1000, cuts[98] * 1000, failures)
+    count = len(latencies)
+    return Load(count / seconds, cuts[49] * 1000, cuts[98] * 1000, failures, count)
 
 
 def _field(text: str, pattern: str) -> str:
@@ -176,7 +200,7 @@ def measure_round(seconds: int, log: Path) -> dict[str, Load]:
     results: dict[str, Load] = {}
     server = Server("bare", {}, log)
     try:
-        results["bare"] = drive(server.url, "first.lua", seconds)
+        results["bare"] = server.measure(drive, "first.lua", seconds)
     finally:
         server.stop()
     for store in ("memory", "sqlite"):
@@ -184,10 +208,10 @@ def measure_round(seconds: int, log: Path) -> dict[str, Load]:
             env = {"BENCH_STORE": store, "BENCH_DB": str(Path(folder) / "runs.db")}
             server = Server("tasklease", env, log)
             try:
-                results[f"{store} first"] = drive(server.url, "first.lua", seconds)
+                results[f"{store} first"] = server.measure(drive, "first.lua", seconds)
                 for _ in range(4):  # Complete the repeated task in both workers' stores.
                     post(server.port, "same-task", retry=0)
-                results[f"{store} duplicate"] = drive(server.url, "duplicate.lua", seconds)
+                results[f"{store} duplicate"] = server.measure(drive, "duplicate.lua", seconds)
             finally:
                 server.stop()
     return results
@@ -210,12 +234,16 @@ def main() -> None:
         results = measure_round(args.seconds, log)
         bare = results["bare"]
         print(f"round {round_}:")
-        print(f"  {'server':<20}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}  ratio")
+        print(
+            f"  {'server':<20}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}"
+            f"{'cpu us/req':>12}  ratio"
+        )
         for name, result in results.items():
             note = f"  ({result.failures} non-2xx)" if result.failures else ""
             print(
                 f"  {name:<20}{result.rate:>9.0f}{result.p50_ms:>9.2f}{result.p99_ms:>9.2f}"
-                f"{result.p50_ms - bare.p50_ms:>+9.2f}  {result.rate / bare.rate:.2f}{note}"
+                f"{result.p50_ms - bare.p50_ms:>+9.2f}{result.cpu_us:>12.0f}"
+                f"  {result.rate / bare.rate:.2f}{note}"
             )
 
 
