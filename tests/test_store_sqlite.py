@@ -101,3 +101,32 @@ def test_a_version_2_file_gains_the_locks_table_and_keeps_its_runs(tmp_path: Pat
     assert store.get("run-1") is not None
     assert store.acquire_lock(lock_request(), T0).acquired
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
+
+
+def test_lookups_by_task_or_job_name_use_the_partial_indexes(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    SqliteStore(path).get("warm-up")  # Creates the file and its schema.
+    connection = sqlite3.connect(path)
+    for name, index in (("task_name", "runs_by_task"), ("job_name", "runs_by_job")):
+        query = f"SELECT run_id FROM runs WHERE json_extract(identity, '$.{name}') = ?"
+        plan = connection.execute(f"EXPLAIN QUERY PLAN {query}", ("x",)).fetchall()
+        assert any(f"USING INDEX {index}" in row[-1] for row in plan), plan
+
+
+def test_an_older_files_full_name_indexes_are_replaced_by_the_partial_ones(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    old = SqliteStore(path)
+    old.claim(claim_request(), T0)
+    old.close()
+    connection = sqlite3.connect(path)
+    connection.executescript(
+        "DROP INDEX runs_by_task; DROP INDEX runs_by_job;"
+        "CREATE INDEX runs_by_task_name ON runs (json_extract(identity, '$.task_name'));"
+        "CREATE INDEX runs_by_job_name ON runs (json_extract(identity, '$.job_name'));"
+    )
+    connection.close()
+    store = SqliteStore(path)
+    assert [record.run_id for record in store.find_runs(task_name="t")] == ["run-1"]
+    indexes = {row[0] for row in sqlite3.connect(path).execute("SELECT name FROM sqlite_master")}
+    assert {"runs_by_task", "runs_by_job"} <= indexes
+    assert not {"runs_by_task_name", "runs_by_job_name"} & indexes

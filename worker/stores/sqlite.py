@@ -82,8 +82,14 @@ CREATE INDEX IF NOT EXISTS locks_by_lapse ON locks (lapses_at_us);
 -- Operator listings and look-ups (tasklease runs, the dashboard): no version bump needed.
 CREATE INDEX IF NOT EXISTS runs_by_claim ON runs (claimed_at_us, run_id);
 CREATE INDEX IF NOT EXISTS runs_by_handler ON runs (handler, claimed_at_us);
-CREATE INDEX IF NOT EXISTS runs_by_task_name ON runs (json_extract(identity, '$.task_name'));
-CREATE INDEX IF NOT EXISTS runs_by_job_name ON runs (json_extract(identity, '$.job_name'));
+-- Partial: a run has a task name or a job name, never both, so each claim writes one of the
+-- two (the full indexes, dropped below, put every task run in the job index's NULL range).
+CREATE INDEX IF NOT EXISTS runs_by_task ON runs (json_extract(identity, '$.task_name'))
+    WHERE json_extract(identity, '$.task_name') IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_by_job ON runs (json_extract(identity, '$.job_name'))
+    WHERE json_extract(identity, '$.job_name') IS NOT NULL;
+DROP INDEX IF EXISTS runs_by_task_name;
+DROP INDEX IF EXISTS runs_by_job_name;
 """
 # Columns added without a schema version: added when missing, whatever the version says, so
 # this works alongside other migrations. An older tasklease ignores (and, rewriting a run,
