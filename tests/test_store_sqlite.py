@@ -91,12 +91,7 @@ def test_unknown_store_url_is_a_configuration_error() -> None:
 
 def test_a_version_2_file_gains_the_locks_table_and_keeps_its_runs(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
-    old = SqliteStore(path)
-    old.claim(claim_request(), T0)
-    old.close()
-    connection = sqlite3.connect(path)
-    connection.executescript("DROP TABLE locks; PRAGMA user_version = 2;")
-    connection.close()
+    _older_file(path, "DROP TABLE locks; PRAGMA user_version = 2;")
     store = SqliteStore(path)
     assert store.get("run-1") is not None
     assert store.acquire_lock(lock_request(), T0).acquired
@@ -115,18 +110,24 @@ def test_lookups_by_task_or_job_name_use_the_partial_indexes(tmp_path: Path) -> 
 
 def test_an_older_files_full_name_indexes_are_replaced_by_the_partial_ones(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
-    old = SqliteStore(path)
-    old.claim(claim_request(), T0)
-    old.close()
-    connection = sqlite3.connect(path)
-    connection.executescript(
+    _older_file(
+        path,
         "DROP INDEX runs_by_task; DROP INDEX runs_by_job;"
         "CREATE INDEX runs_by_task_name ON runs (json_extract(identity, '$.task_name'));"
-        "CREATE INDEX runs_by_job_name ON runs (json_extract(identity, '$.job_name'));"
+        "CREATE INDEX runs_by_job_name ON runs (json_extract(identity, '$.job_name'));",
     )
-    connection.close()
     store = SqliteStore(path)
     assert [record.run_id for record in store.find_runs(task_name="t")] == ["run-1"]
     indexes = {row[0] for row in sqlite3.connect(path).execute("SELECT name FROM sqlite_master")}
     assert {"runs_by_task", "runs_by_job"} <= indexes
     assert not {"runs_by_task_name", "runs_by_job_name"} & indexes
+
+
+def _older_file(path: Path, script: str) -> None:
+    """A file with one claimed run, then changed by ``script`` into an older version's."""
+    old = SqliteStore(path)
+    old.claim(claim_request(), T0)
+    old.close()
+    connection = sqlite3.connect(path)
+    connection.executescript(script)
+    connection.close()

@@ -36,6 +36,7 @@ from worker.queries import Position, RunFilter
 from worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from worker.stores.base import Change, LeaseStore, LockChange, Moment, resolve
 from worker.stores.group_commit import GroupCommit, Pending
+from worker.stores.per_process import PerProcess
 from worker.stores.private_files import create_private_file, make_private_dirs
 from worker.stores.writer_lock import WriterLock, WriterLockTimeout
 
@@ -151,9 +152,13 @@ class SqliteStore(LeaseStore):
         self._schema_ready_pid: int | None = None
         self._schema_lock = threading.Lock()
         self._next_purge = 0.0
-        self._group: GroupCommit[sqlite3.Connection] = GroupCommit(self._commit_batch)
-        self._group_pid = os.getpid()
-        self._batch_connection: tuple[int, sqlite3.Connection] | None = None  # (pid, connection)
+        # A child must not inherit a batch in flight at fork: each process groups its own.
+        self._batches = PerProcess(lambda: GroupCommit(self._commit_batch))
+        # The one connection this process's batches write through (one batch at a time).
+        # SQLite empties a connection's page cache whenever another connection changed the
+        # file, so a batch on a per-thread connection would reread its pages after every
+        # other thread's commit; one writing connection per process keeps them.
+        self._writing = PerProcess(self._open)
         self._writer_lock = WriterLock(
             Path(f"{self.path}.lock"), lambda: make_private_dirs(self.path.parent)
         )
@@ -177,7 +182,7 @@ class SqliteStore(LeaseStore):
                     raise StoreUnavailable(f"SQLite store: cannot store the record: {exc}") from exc
             return value
 
-        value: _T = self._batches().run(work)
+        value: _T = self._batches.get().run(work)
         return value
 
     def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
@@ -188,7 +193,7 @@ class SqliteStore(LeaseStore):
                 connection.execute(_UPSERT_LOCK, _encode_lock(new_lock))
             return value
 
-        value: _T = self._batches().run(work)
+        value: _T = self._batches.get().run(work)
         return value
 
     def get_lock(self, name: str) -> LockRecord | None:
@@ -196,18 +201,11 @@ class SqliteStore(LeaseStore):
             row = self._connection().execute(_SELECT_LOCK, (name,)).fetchone()
         return _decode_lock(row) if row else None
 
-    def _batches(self) -> GroupCommit[sqlite3.Connection]:
-        """This process's group commit: a child must not inherit a batch in flight at fork."""
-        if self._group_pid != os.getpid():
-            self._group = GroupCommit(self._commit_batch)
-            self._group_pid = os.getpid()
-        return self._group
-
     def _commit_batch(self, batch: list[Pending[sqlite3.Connection]]) -> None:
         """Apply a batch of changes in one write transaction: one commit, one sync."""
         try:
             with self._guard("change a run"), self._writer():
-                connection = self._writing_connection()
+                connection = self._writing.get()
                 connection.execute("BEGIN IMMEDIATE")
                 try:
                     for pending in batch:
@@ -225,18 +223,6 @@ class SqliteStore(LeaseStore):
         except StoreUnavailable as exc:
             for pending in batch:  # Nothing of the batch was committed.
                 pending.error = exc
-
-    def _writing_connection(self) -> sqlite3.Connection:
-        """The one connection this process's batches write through (one batch at a time).
-
-        SQLite empties a connection's page cache whenever another connection changed the
-        file, so a batch on a per-thread connection would reread its pages after every other
-        thread's commit; one writing connection per process keeps them across batches.
-        """
-        pid = os.getpid()
-        if self._batch_connection is None or self._batch_connection[0] != pid:
-            self._batch_connection = (pid, self._open())
-        return self._batch_connection[1]
 
     @contextmanager
     def _writer(self) -> Iterator[None]:
@@ -311,7 +297,7 @@ class SqliteStore(LeaseStore):
             lapsed = connection.execute("DELETE FROM locks WHERE lapses_at_us <= ?", moment)
             return purged + lapsed.rowcount
 
-        purged: int = self._batches().run(work)
+        purged: int = self._batches.get().run(work)
         return purged
 
     def close(self) -> None:
@@ -319,9 +305,10 @@ class SqliteStore(LeaseStore):
         if connection is not None:
             connection.close()
             self._local.connection = None
-        if self._batch_connection is not None and self._batch_connection[0] == os.getpid():
-            self._batch_connection[1].close()
-        self._batch_connection = None
+        writing = self._writing.made_here()
+        if writing is not None:
+            writing.close()
+        self._writing.forget()
         self._writer_lock.close()
 
     def _purge_now_and_then(self, now: datetime) -> None:

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.stores.per_process import PerProcess
+
 
 class WriterLockTimeout(Exception):
     """Another process held the lock for longer than the wait allowed."""
@@ -41,14 +43,14 @@ class WriterLock:
     def __init__(self, path: Path, prepare: Callable[[], None] = lambda: None) -> None:
         self.path = path
         self._prepare = prepare
-        self._opened: tuple[int, int] | None = None  # (pid, descriptor)
-        self._open_lock = threading.Lock()
-        self._waiter: tuple[int, queue.SimpleQueue[_Request]] | None = None  # (pid, requests)
+        self._descriptor = PerProcess(self._open)
+        # The process's waiter thread's requests (see _acquire).
+        self._requests = PerProcess(_start_waiter)
 
     @contextmanager
     def held(self, timeout: float) -> Iterator[None]:
         """Hold the lock for the block; raise :class:`WriterLockTimeout` after ``timeout``."""
-        descriptor = self._descriptor()
+        descriptor = self._descriptor.get()
         self._acquire(descriptor, timeout)
         try:
             yield
@@ -56,9 +58,10 @@ class WriterLock:
             fcntl.flock(descriptor, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        if self._opened is not None and self._opened[0] == os.getpid():
-            os.close(self._opened[1])
-        self._opened = None
+        descriptor = self._descriptor.made_here()
+        if descriptor is not None:
+            os.close(descriptor)
+        self._descriptor.forget()
 
     def _acquire(self, descriptor: int, timeout: float) -> None:
         try:
@@ -71,7 +74,7 @@ class WriterLock:
         # long-lived thread, not one per wait: under load most acquisitions are contended,
         # and starting a thread costs more than the write it would let through.
         request = _Request(descriptor)
-        self._requests().put(request)
+        self._requests.get().put(request)
         if request.got.wait(timeout):
             return
         with request.decided:
@@ -80,34 +83,19 @@ class WriterLock:
             request.gave_up = True
         raise WriterLockTimeout(f"{self.path} was held by another process for over {timeout} s")
 
-    def _requests(self) -> queue.SimpleQueue[_Request]:
-        """This process's waiter thread's queue, started on first use (threads do not
-        survive a fork)."""
-        pid = os.getpid()
-        waiter = self._waiter
-        if waiter is None or waiter[0] != pid:
-            with self._open_lock:
-                waiter = self._waiter
-                if waiter is None or waiter[0] != pid:
-                    requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
-                    threading.Thread(
-                        target=_wait_for_lock, args=(requests,), name="tasklease-writer-lock",
-                        daemon=True,
-                    ).start()  # fmt: skip
-                    waiter = self._waiter = (pid, requests)
-        return waiter[1]
+    def _open(self) -> int:
+        self._prepare()
+        return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
-    def _descriptor(self) -> int:
-        pid = os.getpid()
-        opened = self._opened
-        if opened is None or opened[0] != pid:
-            with self._open_lock:
-                opened = self._opened
-                if opened is None or opened[0] != pid:
-                    self._prepare()
-                    descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                    opened = self._opened = (pid, descriptor)
-        return opened[1]
+
+def _start_waiter() -> queue.SimpleQueue[_Request]:
+    """Start a process's waiter thread; the queue it takes requests from."""
+    requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+    thread = threading.Thread(
+        target=_wait_for_lock, args=(requests,), name="tasklease-writer-lock", daemon=True
+    )
+    thread.start()
+    return requests
 
 
 def _wait_for_lock(requests: queue.SimpleQueue[_Request]) -> None:

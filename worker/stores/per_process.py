@@ -1,0 +1,42 @@
+"""A value made lazily, once per process.
+
+Threads, connections and file descriptors do not carry across a fork (gunicorn forks its
+workers after the app is imported): a value made in the parent must be made anew in each
+child, and a child must never use, or close, the parent's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+_T = TypeVar("_T")
+
+
+class PerProcess(Generic[_T]):
+    """``make()``'s value, made on first use in each process (once, under a lock)."""
+
+    def __init__(self, make: Callable[[], _T]) -> None:
+        self._make = make
+        self._made: tuple[int, _T] | None = None  # (pid, value)
+        self._lock = threading.Lock()
+
+    def get(self) -> _T:
+        made = self._made
+        if made is None or made[0] != os.getpid():
+            with self._lock:
+                made = self._made
+                if made is None or made[0] != os.getpid():
+                    made = self._made = (os.getpid(), self._make())
+        return made[1]
+
+    def made_here(self) -> _T | None:
+        """The value if this process made it (to close it), else None."""
+        made = self._made
+        return made[1] if made is not None and made[0] == os.getpid() else None
+
+    def forget(self) -> None:
+        """Make the value anew on next use."""
+        self._made = None
