@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from emulator import metrics as emulator_metrics
@@ -16,6 +16,7 @@ from emulator.oidc import TokenIssuer
 from emulator.policy import TokenBucket, backoff, gives_up
 from emulator.routing import route
 from emulator.sender import AttemptResult, Sender
+from emulator.workers import Workers
 
 _log = logging.getLogger("tasklease.emulator")
 _BATCH_SECONDS = 0.002
@@ -49,7 +50,7 @@ class Dispatcher:
         self._issuer = issuer
         self._sender = sender
         self._dedup_window = dedup_window
-        self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="emulator-dispatch")
+        self._pool = Workers(max_threads, "emulator-dispatch")
         self._states: dict[str, _QueueState] = {}
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
@@ -66,10 +67,14 @@ class Dispatcher:
         self._stopping.set()
         self.wake()
         self._thread.join(timeout=10)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.stop()
 
     def wake(self) -> None:
         """Look for due tasks now (a task was created, a queue resumed, a dispatch ended)."""
+        if self._woken:
+            # Already woken: the loop clears the flag before its next pass, so that pass
+            # sees what this call was about (it happened before this call).
+            return
         with self._wakeup:
             self._woken = True
             self._wakeup.notify()
@@ -106,7 +111,7 @@ class Dispatcher:
         state = self._state(row.queue, config)
         with self._lock:
             state.in_flight += 1
-        self._pool.submit(self._dispatch, row, config, state)
+        self._pool.submit(partial(self._dispatch, row, config, state))
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -144,7 +149,7 @@ class Dispatcher:
                 state.bucket.give_back(allowed - len(rows))
                 state.in_flight += len(rows)
             for row in rows:
-                self._pool.submit(self._dispatch, row, config, state)
+                self._pool.submit(partial(self._dispatch, row, config, state))
             if len(rows) == allowed < available and self._db.has_due(name, now_us):
                 with self._lock:  # Rate-limited: come back when the next token is there.
                     next_check = min(next_check, state.bucket.wait(time.monotonic()))
