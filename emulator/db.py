@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +138,22 @@ class DeliveryRecord:
             sent.started_us,
             sent.duration_ms,
         )
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How one dispatch ended, to record: see :meth:`EmulatorDB.finish_attempt`."""
+
+    name: str
+    delete: bool
+    now_us: int
+    schedule_us: int
+    responded: bool
+    attempt: dict[str, Any]
+    previous_response: int | None
+    retry_reason: str | None
+    executed: bool = False
+    deliveries: Sequence[DeliveryRecord] = ()
 
 
 _TASK_COLUMNS = (
@@ -361,22 +377,33 @@ class EmulatorDB:
     ) -> None:
         """Record one dispatch (and its deliveries): the task is deleted (tombstoned) or
         rescheduled. Committed with whatever else is being written at the moment."""
-        logged = [_delivery_values(record) for record in deliveries]
-        stored = None if delete else json.dumps(attempt)
-        update = (
-            *(schedule_us, int(responded), int(executed), stored, stored, now_us),
-            *(previous_response, retry_reason, name),
+        self.finish_attempts(
+            [
+                Finish(
+                    name,
+                    delete=delete,
+                    now_us=now_us,
+                    schedule_us=schedule_us,
+                    responded=responded,
+                    executed=executed,
+                    attempt=attempt,
+                    previous_response=previous_response,
+                    retry_reason=retry_reason,
+                    deliveries=deliveries,
+                )
+            ]
         )
 
-        def finish(connection: sqlite3.Connection) -> None:
-            if logged:
-                connection.executemany(_INSERT_DELIVERY, logged)
-            if delete:
-                self._tombstone_where(connection, "name = ?", (name,), now_us)
-            else:
-                connection.execute(_RESCHEDULE, update)
+    def finish_attempts(self, finishes: Sequence[Finish]) -> None:
+        """:meth:`finish_attempt` for several dispatches, in one change."""
+        changes = [_finish_change(finish) for finish in finishes]
 
-        self._writes.run(finish)
+        def finish_all(connection: sqlite3.Connection) -> None:
+            for change in changes:
+                change(connection)
+
+        if changes:
+            self._writes.run(finish_all)
 
     def delete_task(self, name: str, now_us: int) -> bool:
         with self.transaction() as connection:
@@ -454,6 +481,27 @@ class EmulatorDB:
             else self._query(sql + " ORDER BY id")
         )
         return [DeliveryRecord(*row) for row in rows]
+
+
+def _finish_change(finish: Finish) -> Callable[[sqlite3.Connection], None]:
+    """The SQL of one finished dispatch, its values computed now (outside the batch)."""
+    logged = [_delivery_values(record) for record in finish.deliveries]
+    name, now_us = finish.name, finish.now_us
+    stored = None if finish.delete else json.dumps(finish.attempt)
+    update = (
+        *(finish.schedule_us, int(finish.responded), int(finish.executed), stored, stored),
+        *(now_us, finish.previous_response, finish.retry_reason, name),
+    )
+
+    def change(connection: sqlite3.Connection) -> None:
+        if logged:
+            connection.executemany(_INSERT_DELIVERY, logged)
+        if finish.delete:
+            EmulatorDB._tombstone_where(connection, "name = ?", (name,), now_us)
+        else:
+            connection.execute(_RESCHEDULE, update)
+
+    return change
 
 
 def _delivery_values(record: DeliveryRecord) -> tuple[Any, ...]:

@@ -65,17 +65,21 @@ class Sender:
         result = self._send_once(method, url, headers, body, timeout, fault=None)
         if twin is not None:
             twin.join()
-        if result.status is not None and self.faults.roll(self.faults.lost_response):
-            result = AttemptResult(
-                None,
-                result.outcome,
-                "response lost (injected fault)",
-                None,
-                result.started_us,
-                result.finished_us,
-                "lost_response",
-            )
-        return result, (duplicate[0] if duplicate else None)
+        return self.lose_response(result), (duplicate[0] if duplicate else None)
+
+    def lose_response(self, result: AttemptResult) -> AttemptResult:
+        """``result``, or no answer when the lost-response fault strikes an answered one."""
+        if result.status is None or not self.faults.roll(self.faults.lost_response):
+            return result
+        return AttemptResult(
+            None,
+            result.outcome,
+            "response lost (injected fault)",
+            None,
+            result.started_us,
+            result.finished_us,
+            "lost_response",
+        )
 
     def _send_once(
         self,
@@ -125,7 +129,7 @@ class Sender:
             response.status,
             response.getheader(OUTCOME_HEADER),
             None,
-            _retry_after(response.getheader("Retry-After")),
+            retry_after(response.getheader("Retry-After")),
             started,
             finished,
             fault,
@@ -136,7 +140,7 @@ def _describe(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"[:300]
 
 
-def _retry_after(value: str | None) -> float | None:
+def retry_after(value: str | None) -> float | None:
     try:
         return max(0.0, float(value)) if value else None
     except ValueError:
