@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 from urllib3.util import Url
 
@@ -68,6 +69,7 @@ class _Exchange:
     reused: bool = False
     connecting: bool = False  # Counted in its origin's connections being opened.
     connected: bool = False
+    addresses: list[Any] = field(default_factory=list)  # Left to try, as getaddrinfo gave them.
     sent: int = 0
     reader: ResponseReader = field(init=False)
 
@@ -197,39 +199,53 @@ class Exchanges:
         self._connecting[exchange.origin] = self._connecting.get(exchange.origin, 0) + 1
         exchange.connecting = True
         try:
-            family, kind, proto, _, address = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)[
-                0
-            ]
-            sock = socket.socket(family, kind, proto)
+            exchange.addresses = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
         except OSError as exc:
             self._fail(exchange, exc)
-            self._connected(exchange)
             return
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        exchange.sock = sock
-        code = sock.connect_ex(address)
-        if code in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
-            self._selector.register(sock, selectors.EVENT_WRITE, exchange)
-            return
-        if code == 0:
-            exchange.connected = True
-            self._send(exchange)
-        else:
-            self._fail(exchange, OSError(code, os.strerror(code)))
-        self._connected(exchange)
+        self._try_next_address(exchange, None)
+
+    def _try_next_address(self, exchange: _Exchange, error: OSError | None) -> None:
+        """Connect to the next address ``localhost`` resolved to, as
+        socket.create_connection does; fail with the last error when none is left."""
+        while exchange.addresses:
+            family, kind, proto, _, address = exchange.addresses.pop(0)
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError as exc:
+                error = exc
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            code = sock.connect_ex(address)
+            if code in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
+                exchange.sock = sock
+                self._selector.register(sock, selectors.EVENT_WRITE, exchange)
+                return
+            if code == 0:
+                exchange.sock, exchange.connected = sock, True
+                self._connected(exchange)
+                self._send(exchange)
+                return
+            sock.close()
+            error = OSError(code, os.strerror(code))
+        self._fail(exchange, error or OSError(errno.EHOSTUNREACH, "no address to connect to"))
 
     def _advance(self, exchange: _Exchange) -> None:
-        if exchange.sock is None:
+        sock = exchange.sock
+        if sock is None:
             return
         if not exchange.connected:
-            code = exchange.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if code:
-                self._fail(exchange, OSError(code, os.strerror(code)))
+                self._selector.unregister(sock)
+                sock.close()
+                exchange.sock = None
+                self._try_next_address(exchange, OSError(code, os.strerror(code)))
             else:
                 exchange.connected = True
+                self._connected(exchange)
                 self._send(exchange)
-            self._connected(exchange)
         elif exchange.sent < len(exchange.request):
             self._send(exchange)
         else:

@@ -302,3 +302,21 @@ def test_a_response_read_one_byte_at_a_time() -> None:
         assert not reader.done
         reader.feed(bytes([byte]))
     assert (reader.done, reader.status, reader.will_close) == (True, 200, False)
+
+
+def test_localhost_falls_back_to_its_next_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As socket.create_connection: ``localhost`` may resolve to ::1 first while the target
+    listens on 127.0.0.1 only."""
+    with raw_target(answer_forever) as (url, _):
+        port = int(parse_url(url).port or 0)
+        with socket.socket() as probe:  # Nothing listens here.
+            probe.bind(("127.0.0.1", 0))
+            closed = probe.getsockname()
+        stream = socket.SOCK_STREAM
+        addresses = [
+            (socket.AF_INET, stream, 6, "", closed),
+            (socket.AF_INET, stream, 6, "", ("127.0.0.1", port)),
+        ]
+        monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: list(addresses))
+        result = exchange(f"http://localhost:{port}/t")
+    assert (result.status, result.error) == (200, None)
