@@ -341,11 +341,12 @@ class Exchanges:
                 self._fail(exchange, TimeoutError(), "no answer within the deadline")
 
     def _drop_idle(self, sock: socket.socket, origin: Origin) -> None:
+        idle = self._idle.get(origin, [])
+        if sock not in idle:  # Not idle any more: this event is about a closed socket.
+            return
+        idle.remove(sock)
         self._selector.unregister(sock)
         sock.close()
-        idle = self._idle.get(origin, [])
-        if sock in idle:
-            idle.remove(sock)
 
     def _drain_wakeups(self) -> None:
         try:
