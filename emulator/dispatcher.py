@@ -1,30 +1,65 @@
-"""Delivers due tasks to their targets under each queue's rate limits and retry policy."""
+"""Delivers due tasks to their targets under each queue's rate limits and retry policy.
+
+The loop's own thread sends attempts to local plain-HTTP targets and reads their answers
+(:mod:`emulator.exchanges`), and records the attempts that ended together in one change;
+attempts to other targets, and RunTask's, go to a thread each (:mod:`emulator.workers`) and
+the blocking :class:`~emulator.sender.Sender`.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
+
+from urllib3.util import parse_url
 
 from emulator import metrics as emulator_metrics
 from emulator import model
-from emulator.db import DeliveryRecord, EmulatorDB, TaskRow
+from emulator.db import DeliveryRecord, EmulatorDB, Finish, TaskRow
+from emulator.exchanges import Exchanges, direct_origin
 from emulator.oidc import TokenIssuer
 from emulator.policy import TokenBucket, backoff, gives_up
 from emulator.routing import route
 from emulator.sender import AttemptResult, Sender
+from emulator.workers import Workers
 
 _log = logging.getLogger("tasklease.emulator")
 _BATCH_SECONDS = 0.002
+_STOP_SECONDS = 10.0  # How long stop() lets attempts under way end.
 
 
 @dataclass
 class _QueueState:
     bucket: TokenBucket
     in_flight: int = 0
+
+
+@dataclass(frozen=True)
+class _Request:
+    """The HTTP request of one attempt."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+    body: bytes
+    deadline: float
+
+
+@dataclass(eq=False)
+class _Flight:
+    """An attempt sent from the loop's thread: its exchange and, with the duplicate fault,
+    its twin's."""
+
+    row: TaskRow
+    config: dict[str, Any]
+    state: _QueueState
+    url: str
+    waiting: int
+    results: dict[str, AttemptResult] = field(default_factory=dict)
 
 
 class Dispatcher:
@@ -49,10 +84,10 @@ class Dispatcher:
         self._issuer = issuer
         self._sender = sender
         self._dedup_window = dedup_window
-        self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="emulator-dispatch")
+        self._pool = Workers(max_threads, "emulator-dispatch")
+        self._exchanges = Exchanges()
         self._states: dict[str, _QueueState] = {}
         self._lock = threading.Lock()
-        self._wakeup = threading.Condition(self._lock)
         self._woken = False
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="emulator-dispatcher", daemon=True)
@@ -63,16 +98,22 @@ class Dispatcher:
         self._thread.start()
 
     def stop(self) -> None:
+        """Start nothing more; let the attempts under way end (for up to 10 s) and record
+        them, as the pool's threads do."""
         self._stopping.set()
-        self.wake()
-        self._thread.join(timeout=10)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._exchanges.interrupt()
+        self._thread.join(timeout=_STOP_SECONDS + 5)
+        self._pool.stop(timeout=_STOP_SECONDS)
+        self._exchanges.close()
 
     def wake(self) -> None:
         """Look for due tasks now (a task was created, a queue resumed, a dispatch ended)."""
-        with self._wakeup:
-            self._woken = True
-            self._wakeup.notify()
+        if self._woken:
+            # Already woken: the loop clears the flag before its next pass, so that pass
+            # sees what this call was about (it happened before this call).
+            return
+        self._woken = True
+        self._exchanges.interrupt()
 
     def in_flight(self, queue: str | None = None) -> int:
         with self._lock:
@@ -106,21 +147,34 @@ class Dispatcher:
         state = self._state(row.queue, config)
         with self._lock:
             state.in_flight += 1
-        self._pool.submit(self._dispatch, row, config, state)
+        self._pool.submit(partial(self._dispatch, row, config, state))
 
     def _loop(self) -> None:
+        next_pass = time.monotonic()
         while not self._stopping.is_set():
-            try:
-                wait = self._dispatch_due()
-            except Exception:
-                _log.exception("dispatcher loop failed; retrying")
-                wait = 1.0
-            with self._wakeup:
-                if not self._woken:
-                    self._wakeup.wait(timeout=max(0.001, wait))
-                self._woken = False
-            # One pass for a burst of creates and finished dispatches, not one pass each.
-            self._stopping.wait(_BATCH_SECONDS)
+            now = time.monotonic()
+            if self._woken:
+                # One pass for a burst of creates and finished dispatches, not one each.
+                next_pass = min(next_pass, now + _BATCH_SECONDS)
+            if now >= next_pass:
+                self._woken = False  # Before the pass: a wake during it asks for another.
+                try:
+                    wait = self._dispatch_due()
+                except Exception:
+                    _log.exception("dispatcher loop failed; retrying")
+                    wait = 1.0
+                next_pass = now + max(0.001, wait)
+            self._poll(max(0.0, next_pass - time.monotonic()))
+        stop_at = time.monotonic() + _STOP_SECONDS
+        while self._exchanges.active and time.monotonic() < stop_at:
+            self._poll(stop_at - time.monotonic())
+
+    def _poll(self, timeout: float) -> None:
+        """Wait for answers (at most ``timeout`` seconds, less if woken) and record them."""
+        try:
+            self._conclude(self._exchanges.poll(timeout))
+        except Exception:
+            _log.exception("dispatcher loop failed to record attempts; retrying")
 
     def _dispatch_due(self) -> float:
         """Start every dispatch that is due and allowed; return seconds until the next check."""
@@ -144,7 +198,7 @@ class Dispatcher:
                 state.bucket.give_back(allowed - len(rows))
                 state.in_flight += len(rows)
             for row in rows:
-                self._pool.submit(self._dispatch, row, config, state)
+                self._start(row, config, state)
             if len(rows) == allowed < available and self._db.has_due(name, now_us):
                 with self._lock:  # Rate-limited: come back when the next token is there.
                     next_check = min(next_check, state.bucket.wait(time.monotonic()))
@@ -154,9 +208,16 @@ class Dispatcher:
                     next_check = min(next_check, max(0.0, (upcoming - now_us) / 1e6))
         return next_check
 
-    def _dispatch(self, row: TaskRow, config: dict[str, Any], state: _QueueState) -> None:
+    def _dispatch(
+        self,
+        row: TaskRow,
+        config: dict[str, Any],
+        state: _QueueState,
+        request: _Request | None = None,
+    ) -> None:
+        """An attempt on a pool thread, with the blocking sender."""
         try:
-            self._attempt(row, config, state)
+            self._attempt(row, config, state, request or self._request(row, config))
         except Exception:
             _log.exception("dispatch of %s failed", row.name)
             self._db.finish_attempt(
@@ -174,7 +235,84 @@ class Dispatcher:
                 state.in_flight -= 1
             self.wake()
 
-    def _attempt(self, row: TaskRow, config: dict[str, Any], state: _QueueState) -> None:
+    def _start(self, row: TaskRow, config: dict[str, Any], state: _QueueState) -> None:
+        """Send an attempt from this thread if its target allows, else from a pool thread."""
+        try:
+            request = self._request(row, config)
+            target = parse_url(request.url)
+            origin = direct_origin(target)
+            if origin is None:  # TLS, a DNS name or an unparsable URL: the blocking way.
+                self._pool.submit(partial(self._dispatch, row, config, state, request))
+                return
+            faults = self._sender.faults
+            twin = faults.roll(faults.duplicate)
+            flight = _Flight(row, config, state, request.url, 2 if twin else 1)
+            for fault in ("duplicate", None) if twin else (None,):
+                self._exchanges.start(
+                    (flight, fault),
+                    origin,
+                    method=request.method,
+                    target=target.request_uri,
+                    headers=request.headers,
+                    body=request.body,
+                    timeout=request.deadline,
+                    fault=fault,
+                )
+        except Exception:
+            _log.exception("dispatch of %s failed", row.name)
+            self._retry_later(row, state)
+
+    def _conclude(self, ended: list[tuple[Any, AttemptResult]]) -> None:
+        """Record the attempts sent from this thread that ended, in one change."""
+        done: list[tuple[_Flight, Finish]] = []
+        for (flight, fault), result in ended:
+            flight.results["duplicate" if fault else "main"] = result
+            flight.waiting -= 1
+            if flight.waiting:
+                continue
+            main = self._sender.lose_response(flight.results["main"])
+            twin = flight.results.get("duplicate")
+            attempt = flight.row.dispatch_count + 1
+            row = flight.row
+            deliveries = [
+                DeliveryRecord.of(
+                    "task", row.queue, row.name, flight.url, attempt=attempt, sent=one
+                )
+                for one in (main, twin)
+                if one is not None
+            ]
+            done.append((flight, self._outcome(row, flight.config, flight.state, main, deliveries)))
+        if not done:
+            return
+        try:
+            self._db.finish_attempts([finish for _, finish in done])
+        finally:
+            for flight, _ in done:
+                with self._lock:
+                    flight.state.in_flight -= 1
+            self._woken = True  # This thread: its next turn makes the pass, no interrupt.
+        for _, finish in done:
+            self._run_again_if_asked(finish)
+
+    def _retry_later(self, row: TaskRow, state: _QueueState) -> None:
+        """An attempt that could not be sent at all (as the pool's): again in a second."""
+        try:
+            self._db.finish_attempt(
+                row.name,
+                delete=False,
+                now_us=_now_us(),
+                schedule_us=_now_us() + 1_000_000,
+                responded=False,
+                attempt={},
+                previous_response=None,
+                retry_reason=None,
+            )
+        finally:
+            with self._lock:
+                state.in_flight -= 1
+            self.wake()
+
+    def _request(self, row: TaskRow, config: dict[str, Any]) -> _Request:
         request = route(row.spec["httpRequest"], config.get("httpTarget"))
         url = request.url
         headers = request.headers
@@ -194,14 +332,22 @@ class Dispatcher:
         if request.service_account:
             token = self._issuer.mint(request.service_account, request.audience or url)
             headers["Authorization"] = f"Bearer {token}"
-        body = request.body
         deadline = model.seconds_of(
             row.spec.get("dispatchDeadline"), model.DEFAULT_DISPATCH_DEADLINE
         )
-        result, duplicate = self._sender.send(request.method, url, headers, body, deadline)
+        return _Request(request.method, url, headers, request.body, deadline)
+
+    def _attempt(
+        self, row: TaskRow, config: dict[str, Any], state: _QueueState, request: _Request
+    ) -> None:
+        result, duplicate = self._sender.send(
+            request.method, request.url, request.headers, request.body, request.deadline
+        )
         attempt_number = row.dispatch_count + 1
         deliveries = [
-            DeliveryRecord.of("task", row.queue, row.name, url, attempt=attempt_number, sent=sent)
+            DeliveryRecord.of(
+                "task", row.queue, row.name, request.url, attempt=attempt_number, sent=sent
+            )
             for sent in (result, duplicate)
             if sent is not None
         ]
@@ -215,10 +361,60 @@ class Dispatcher:
         result: AttemptResult,
         deliveries: list[DeliveryRecord],
     ) -> None:
+        finish = self._outcome(row, config, state, result, deliveries)
+        self._db.finish_attempts([finish])
+        self._run_again_if_asked(finish)
+
+    def _outcome(
+        self,
+        row: TaskRow,
+        config: dict[str, Any],
+        state: _QueueState,
+        result: AttemptResult,
+        deliveries: list[DeliveryRecord],
+    ) -> Finish:
+        """What one attempt's result does to its task: deleted (it succeeded, or the queue's
+        retry policy gives up) or rescheduled after the backoff."""
         emulator_metrics.attempted(row.queue, row.schedule_us, result)
         now_us = _now_us()
         attempts = row.dispatch_count + 1
         first_us = row.first_attempt_us or result.started_us
+        with self._lock:
+            if result.status in (429, 503):
+                state.bucket.throttle()
+            elif result.succeeded:
+                state.bucket.recover()
+        if result.succeeded:
+            return Finish(
+                row.name,
+                delete=True,
+                now_us=now_us,
+                schedule_us=0,
+                responded=True,
+                attempt={},  # Not stored: the task is gone.
+                previous_response=None,
+                retry_reason=None,
+                deliveries=deliveries,
+            )
+        settings = model.retry_settings(config)
+        if gives_up(settings, attempts, (now_us - first_us) / 1e6):
+            _log.warning("giving up on %s after %d attempts", row.name, attempts)
+            return Finish(
+                row.name,
+                delete=True,
+                now_us=now_us,
+                schedule_us=0,
+                responded=result.status is not None,
+                attempt={},
+                previous_response=result.status,
+                retry_reason=None,
+                deliveries=deliveries,
+            )
+        delay = backoff(settings, attempts)
+        if result.status in (429, 503) and result.retry_after is not None:
+            delay = max(delay, result.retry_after)
+        if result.status is None:
+            _log.info("attempt of %s got no answer: %s", row.name, result.error)
         attempt = model.attempt(
             row.schedule_us,
             result.started_us,
@@ -226,47 +422,7 @@ class Dispatcher:
             result.status,
             result.error or f"HTTP {result.status}",
         )
-        with self._lock:
-            if result.status in (429, 503):
-                state.bucket.throttle()
-            elif result.succeeded:
-                state.bucket.recover()
-            run_again = row.name in self._run_again
-            self._run_again.discard(row.name)
-        if result.succeeded:
-            self._db.finish_attempt(
-                row.name,
-                delete=True,
-                now_us=now_us,
-                schedule_us=0,
-                responded=True,
-                attempt=attempt,
-                previous_response=None,
-                retry_reason=None,
-                deliveries=deliveries,
-            )
-            return
-        settings = model.retry_settings(config)
-        if gives_up(settings, attempts, (now_us - first_us) / 1e6):
-            _log.warning("giving up on %s after %d attempts", row.name, attempts)
-            self._db.finish_attempt(
-                row.name,
-                delete=True,
-                now_us=now_us,
-                schedule_us=0,
-                responded=result.status is not None,
-                attempt=attempt,
-                previous_response=result.status,
-                retry_reason=None,
-                deliveries=deliveries,
-            )
-            return
-        delay = backoff(settings, attempts)
-        if result.status in (429, 503) and result.retry_after is not None:
-            delay = max(delay, result.retry_after)
-        if result.status is None:
-            _log.info("attempt of %s got no answer: %s", row.name, result.error)
-        self._db.finish_attempt(
+        return Finish(
             row.name,
             delete=False,
             now_us=now_us,
@@ -278,8 +434,16 @@ class Dispatcher:
             retry_reason="" if result.status is not None else None,
             deliveries=deliveries,
         )
-        if run_again:  # RunTask came during this attempt: dispatch now, even if paused.
-            self.run_now(row.name)
+
+    def _run_again_if_asked(self, finish: Finish) -> None:
+        """RunTask came while the task was in flight: dispatch it now (even if paused),
+        unless the attempt ended it. Checked once the attempt is recorded, so a RunTask that
+        finds the task in flight up to the last moment is not lost."""
+        with self._lock:
+            asked = finish.name in self._run_again
+            self._run_again.discard(finish.name)
+        if asked and not finish.delete:
+            self.run_now(finish.name)
 
     def _state(self, name: str, config: dict[str, Any]) -> _QueueState:
         rate = float(config["rateLimits"]["maxDispatchesPerSecond"])

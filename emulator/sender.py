@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 from dataclasses import dataclass
 
-import urllib3
+from urllib3.util import parse_url
 
+from emulator.connections import Connections, Origin
 from emulator.faults import Faults
 
 OUTCOME_HEADER = "X-Tasklease-Outcome"  # Recorded when the target is a tasklease worker.
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 @dataclass(frozen=True)
@@ -36,16 +39,14 @@ class AttemptResult:
 
 
 class Sender:
-    """Sends attempts through one pooled HTTP session shared by the dispatch threads."""
+    """Sends attempts over kept-alive connections shared by the dispatch threads."""
 
     def __init__(self, faults: Faults, pool_size: int = 128) -> None:
         self.faults = faults
-        # urllib3 directly, not requests: a dispatch's HTTP handling costs a fraction of the
-        # CPU (no request preparation, settings merge or proxy look-up from the environment).
-        self._pool = urllib3.PoolManager(num_pools=16, maxsize=pool_size, retries=False)
+        self._connections = Connections(per_origin=pool_size)
 
     def close(self) -> None:
-        self._pool.clear()
+        self._connections.clear()
 
     def send(
         self, method: str, url: str, headers: dict[str, str], body: bytes, timeout: float
@@ -64,17 +65,21 @@ class Sender:
         result = self._send_once(method, url, headers, body, timeout, fault=None)
         if twin is not None:
             twin.join()
-        if result.status is not None and self.faults.roll(self.faults.lost_response):
-            result = AttemptResult(
-                None,
-                result.outcome,
-                "response lost (injected fault)",
-                None,
-                result.started_us,
-                result.finished_us,
-                "lost_response",
-            )
-        return result, (duplicate[0] if duplicate else None)
+        return self.lose_response(result), (duplicate[0] if duplicate else None)
+
+    def lose_response(self, result: AttemptResult) -> AttemptResult:
+        """``result``, or no answer when the lost-response fault strikes an answered one."""
+        if result.status is None or not self.faults.roll(self.faults.lost_response):
+            return result
+        return AttemptResult(
+            None,
+            result.outcome,
+            "response lost (injected fault)",
+            None,
+            result.started_us,
+            result.finished_us,
+            "lost_response",
+        )
 
     def _send_once(
         self,
@@ -87,35 +92,55 @@ class Sender:
         fault: str | None,
     ) -> AttemptResult:
         started = _now_us()
+        deadline = time.monotonic() + timeout
         try:
-            response = self._pool.request(
-                method,
-                url,
-                body=body,
-                headers=headers,
-                timeout=urllib3.Timeout(total=timeout),
-                redirect=False,
-            )
-        except urllib3.exceptions.TimeoutError:
+            # urllib3's parser, as before: the same percent-encoding and dot-segment removal.
+            parsed = parse_url(url)
+        except ValueError as exc:
+            return AttemptResult(None, None, _describe(exc), None, started, _now_us(), fault)
+        scheme = parsed.scheme or "http"
+        origin: Origin = (scheme, parsed.host or "", parsed.port or _DEFAULT_PORTS.get(scheme, 80))
+        connection = self._connections.take(origin, timeout)
+        try:
+            connection.request(method, parsed.request_uri, body=body, headers=headers)
+            # The deadline covers the whole attempt, as urllib3's total timeout did: what is
+            # left of it once the request is sent bounds the wait for the answer.
+            if connection.sock is not None:
+                connection.sock.settimeout(max(0.001, deadline - time.monotonic()))
+            response = connection.getresponse()
+            response.read()
+        except TimeoutError:
+            connection.close()
             return AttemptResult(
                 None, None, "no answer within the deadline", None, started, _now_us(), fault
             )
-        except urllib3.exceptions.HTTPError as exc:
-            return AttemptResult(
-                None, None, f"{type(exc).__name__}: {exc}"[:300], None, started, _now_us(), fault
-            )
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
+            return AttemptResult(None, None, _describe(exc), None, started, _now_us(), fault)
+        except BaseException:  # A header that cannot be sent, say: the caller's to handle.
+            connection.close()
+            raise
+        finished = _now_us()
+        if response.will_close:
+            connection.close()
+        else:
+            self._connections.give_back(origin, connection)
         return AttemptResult(
             response.status,
-            response.headers.get(OUTCOME_HEADER),
+            response.getheader(OUTCOME_HEADER),
             None,
-            _retry_after(response.headers.get("Retry-After")),
+            retry_after(response.getheader("Retry-After")),
             started,
-            _now_us(),
+            finished,
             fault,
         )
 
 
-def _retry_after(value: str | None) -> float | None:
+def _describe(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
+
+
+def retry_after(value: str | None) -> float | None:
     try:
         return max(0.0, float(value)) if value else None
     except ValueError:

@@ -4,7 +4,6 @@ state."""
 from __future__ import annotations
 
 import tempfile
-import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,7 +15,6 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import tasks_v2
 from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from emulator import guard, rest
 from emulator import metrics as emulator_metrics
@@ -25,6 +23,7 @@ from emulator.db import DeliveryRecord, EmulatorDB
 from emulator.dispatcher import Dispatcher
 from emulator.faults import Faults
 from emulator.grpc_api import GrpcServer
+from emulator.http_server import HttpServer
 from emulator.oidc import TokenIssuer
 from emulator.scheduler import Job, LocalScheduler
 from emulator.scheduler_api import SchedulerApi
@@ -89,26 +88,20 @@ class CloudTasksEmulator:
             "/emulator/scheduler/jobs/<name>:run", "run_job", self._run_job, methods=["POST"]
         )
         guard.install(app, guard.allowed_host_names(host, allowed_hosts))
-        self._server: BaseWSGIServer = make_server(
-            host, port, app, threaded=True, request_handler=_QuietRequestHandler
-        )
+        self._server = HttpServer(app, host, port)
         # A wildcard bind is reached (and its Host checked) as 127.0.0.1.
         reach = "127.0.0.1" if host in guard.WILDCARD_HOSTS else host
         reach = f"[{reach}]" if ":" in reach else reach
-        self.url = f"http://{reach}:{self._server.server_port}"
+        self.url = f"http://{reach}:{self._server.port}"
         self.certs_url = self.url + CERTS_PATH
         if grpc_port is None:
-            grpc_port = self._server.server_port + 1 if port else 0
+            grpc_port = self._server.port + 1 if port else 0
         self._grpc = GrpcServer(self.api, grpc_port)
         self.grpc_port = self._grpc.port
         self.grpc_target = self._grpc.target  # host:port, for grpc.insecure_channel.
-        self._serving: threading.Thread | None = None
 
     def start(self) -> CloudTasksEmulator:
-        self._serving = threading.Thread(
-            target=self._server.serve_forever, args=(0.05,), name="emulator-http", daemon=True
-        )
-        self._serving.start()
+        self._server.start()
         self._grpc.start()
         self.dispatcher.start()
         self.scheduler.start()
@@ -118,8 +111,7 @@ class CloudTasksEmulator:
         self.scheduler.stop()
         self.dispatcher.stop()
         self._grpc.stop()
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
         self._sender.close()
         emulator_metrics.unwatch(self.db)
         self.db.close()
@@ -173,10 +165,3 @@ class CloudTasksEmulator:
     def deliveries(self, queue: str | None = None) -> list[DeliveryRecord]:
         """Every HTTP request sent to a target so far, in order, with its status code."""
         return self.db.deliveries(queue)
-
-
-class _QuietRequestHandler(WSGIRequestHandler):
-    """No access log line per API call: the delivery log is the emulator's record."""
-
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        return None

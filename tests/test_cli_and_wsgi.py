@@ -71,6 +71,7 @@ def test_wsgi_without_a_router_says_what_to_set(monkeypatch: pytest.MonkeyPatch)
 
 def test_dev_stack_runs_emulator_and_worker_with_oidc_end_to_end(tmp_path: Path) -> None:
     emulator_port, worker_port, dashboard_port = free_port(), free_port(), free_port()
+    grpc_port = free_port()  # Not the default (--port + 1): that one may be taken.
     env = {**os.environ, "TEST_LEDGER": str(tmp_path / "ledger.db")}
     command = [
         sys.executable,
@@ -82,6 +83,8 @@ def test_dev_stack_runs_emulator_and_worker_with_oidc_end_to_end(tmp_path: Path)
         str(emulator_port),
         "--worker-port",
         str(worker_port),
+        "--grpc-port",
+        str(grpc_port),
         "--data-dir",
         str(tmp_path / "emulator"),
         "--store",

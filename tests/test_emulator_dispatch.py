@@ -6,6 +6,7 @@ import base64
 import json
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from werkzeug import Response
@@ -228,3 +229,20 @@ def test_answers_other_than_5xx_count_as_executions(
         "500",
         "429",
     ]
+
+
+def test_stop_lets_an_attempt_under_way_end_and_records_it(
+    tmp_path: Path, target: tuple[Target, str]
+) -> None:
+    recorder, url = target
+    recorder.delay = 0.5
+    with CloudTasksEmulator(data_dir=tmp_path) as emulator:
+        emulator.create_queue(QUEUE)
+        create(emulator, url, "slow")
+        deadline = time.monotonic() + 10
+        while not recorder.hits:  # Sent: the answer is half a second away.
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    with CloudTasksEmulator(data_dir=tmp_path) as emulator:
+        assert [d.status for d in emulator.deliveries(QUEUE)] == [200]
+        assert emulator.db.count_tasks(QUEUE) == 0
