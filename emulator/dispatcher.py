@@ -30,6 +30,7 @@ from emulator.workers import Workers
 _log = logging.getLogger("tasklease.emulator")
 _BATCH_SECONDS = 0.002
 _STOP_SECONDS = 10.0  # How long stop() lets attempts under way end.
+_RECORD_RETRY_SECONDS = 0.5  # How soon attempts whose recording failed are recorded again.
 
 
 @dataclass
@@ -86,6 +87,9 @@ class Dispatcher:
         self._dedup_window = dedup_window
         self._pool = Workers(max_threads, "emulator-dispatch")
         self._exchanges = Exchanges()
+        # Attempts that ended but could not be recorded yet (the database refused the change):
+        # their tasks stay in flight until recorded, so they are kept and recorded again.
+        self._unrecorded: list[tuple[_Flight, Finish]] = []
         self._states: dict[str, _QueueState] = {}
         self._lock = threading.Lock()
         self._woken = False
@@ -166,15 +170,17 @@ class Dispatcher:
                 next_pass = now + max(0.001, wait)
             self._poll(max(0.0, next_pass - time.monotonic()))
         stop_at = time.monotonic() + _STOP_SECONDS
-        while self._exchanges.active and time.monotonic() < stop_at:
+        while (self._exchanges.active or self._unrecorded) and time.monotonic() < stop_at:
             self._poll(stop_at - time.monotonic())
 
     def _poll(self, timeout: float) -> None:
         """Wait for answers (at most ``timeout`` seconds, less if woken) and record them."""
+        if self._unrecorded:
+            timeout = min(timeout, _RECORD_RETRY_SECONDS)
         try:
             self._conclude(self._exchanges.poll(timeout))
         except Exception:
-            _log.exception("dispatcher loop failed to record attempts; retrying")
+            _log.exception("dispatcher loop failed to conclude attempts")
 
     def _dispatch_due(self) -> float:
         """Start every dispatch that is due and allowed; return seconds until the next check."""
@@ -282,15 +288,25 @@ class Dispatcher:
                 if one is not None
             ]
             done.append((flight, self._outcome(row, flight.config, flight.state, main, deliveries)))
+        self._record_ended([*self._unrecorded, *done])
+
+    def _record_ended(self, done: list[tuple[_Flight, Finish]]) -> None:
+        """Record ended attempts in one change; if the database refuses it (nothing of it is
+        committed), keep them all and try again on a later turn: dropping them would leave
+        their tasks in flight, never dispatched again."""
         if not done:
             return
         try:
             self._db.finish_attempts([finish for _, finish in done])
-        finally:
-            for flight, _ in done:
-                with self._lock:
-                    flight.state.in_flight -= 1
-            self._woken = True  # This thread: its next turn makes the pass, no interrupt.
+        except Exception:
+            _log.exception("could not record %d attempts; trying again", len(done))
+            self._unrecorded = done
+            return
+        self._unrecorded = []
+        for flight, _ in done:
+            with self._lock:
+                flight.state.in_flight -= 1
+        self._woken = True  # This thread: its next turn makes the pass, no interrupt.
         for _, finish in done:
             self._run_again_if_asked(finish)
 
