@@ -133,12 +133,24 @@ class ResponseReader:
         return line
 
     def _read_head(self) -> bool:
-        end = self._buffer.find(b"\r\n\r\n")
-        if end < 0:
-            self._check_head_size()
-            return False
-        lines = bytes(self._buffer[:end]).split(b"\r\n")
-        del self._buffer[: end + 4]
+        """Read the status line and headers once they are all in, line by line as
+        http.client does: lines end in CRLF or a bare LF, and an empty line ends the head."""
+        lines: list[bytes] = []
+        start = 0
+        while True:
+            end = self._buffer.find(b"\n", start)
+            if end < 0:
+                self._check_head_size(lines, len(self._buffer) - start)
+                return False
+            line = bytes(self._buffer[start:end]).rstrip(b"\r")
+            start = end + 1
+            if not lines and not line:  # No status line: http.client refuses it at once.
+                raise http.client.BadStatusLine("")
+            if not line:
+                break
+            lines.append(line)
+            self._check_head_size(lines, 0)
+        del self._buffer[:start]
         status_line = str(lines[0], "iso-8859-1")
         parts = status_line.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/"):
@@ -149,38 +161,38 @@ class ResponseReader:
             raise http.client.BadStatusLine(status_line) from None
         if not 100 <= status <= 999:
             raise http.client.BadStatusLine(status_line)
-        if len(lines) - 1 > _MAX_HEADERS:
-            raise http.client.HTTPException(f"got more than {_MAX_HEADERS} headers")
         if status == http.client.CONTINUE:  # An interim answer: the real one follows.
             return True
-        headers: dict[str, str] = {}
+        values: dict[str, list[str]] = {}
         for raw in lines[1:]:
             name, _, value = str(raw, "iso-8859-1").partition(":")
-            key, value = name.strip().lower(), value.strip()
-            headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        self.status, self.headers = status, headers
-        self._frame(parts[0])
+            values.setdefault(name.strip().lower(), []).append(value.strip())
+        # As HTTPResponse: getheader() joins repeated values; framing reads the first one.
+        self.status = status
+        self.headers = {name: ", ".join(found) for name, found in values.items()}
+        self._frame(parts[0], {name: found[0] for name, found in values.items()})
         return True
 
-    def _check_head_size(self) -> None:
-        lines = self._buffer.split(b"\r\n")
-        if any(len(line) > _MAX_LINE for line in lines):
+    def _check_head_size(self, lines: list[bytes], partial: int) -> None:
+        """http.client's limits: no line over _MAX_LINE, no more than _MAX_HEADERS headers."""
+        if partial > _MAX_LINE or any(len(line) > _MAX_LINE for line in lines[-1:]):
             raise http.client.LineTooLong("header line")
-        if len(lines) > _MAX_HEADERS + 2:
+        if len(lines) - 1 > _MAX_HEADERS:
             raise http.client.HTTPException(f"got more than {_MAX_HEADERS} headers")
 
-    def _frame(self, version: str) -> None:
-        """How the body ends, as http.client's HTTPResponse.begin decides it."""
-        connection = (self.headers.get("connection") or "").lower()
+    def _frame(self, version: str, first: dict[str, str]) -> None:
+        """How the body ends, as http.client's HTTPResponse.begin decides it (from each
+        header's first value, ``first``)."""
+        connection = (first.get("connection") or "").lower()
         if version == "HTTP/1.1":
             self.will_close = "close" in connection
         else:  # HTTP/1.0 (or older): closed unless kept alive.
-            self.will_close = "keep-alive" not in connection and "keep-alive" not in self.headers
-        chunked = (self.headers.get("transfer-encoding") or "").lower() == "chunked"
+            self.will_close = "keep-alive" not in connection and "keep-alive" not in first
+        chunked = (first.get("transfer-encoding") or "").lower() == "chunked"
         length: int | None = None
-        if not chunked and "content-length" in self.headers:
+        if not chunked and "content-length" in first:
             try:
-                length = int(self.headers["content-length"])
+                length = int(first["content-length"])
             except ValueError:
                 length = None
             if length is not None and length < 0:
