@@ -107,8 +107,13 @@ class Sender:
             # left of it once the request is sent bounds the wait for the answer.
             if connection.sock is not None:
                 connection.sock.settimeout(max(0.001, deadline - time.monotonic()))
-            response = connection.getresponse()
-            response.read()
+            # http.client raises ValueError on some malformed answers (a negative chunk
+            # size): a failed attempt, like any other bad answer, not the request's error.
+            try:
+                response = connection.getresponse()
+                response.read()
+            except ValueError as exc:
+                raise http.client.HTTPException(f"malformed answer: {exc}") from exc
         except TimeoutError:
             connection.close()
             return AttemptResult(
