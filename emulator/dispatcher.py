@@ -226,20 +226,9 @@ class Dispatcher:
             self._attempt(row, config, state, request or self._request(row, config))
         except Exception:
             _log.exception("dispatch of %s failed", row.name)
-            self._db.finish_attempt(
-                row.name,
-                delete=False,
-                now_us=_now_us(),
-                schedule_us=_now_us() + 1_000_000,
-                responded=False,
-                attempt={},
-                previous_response=None,
-                retry_reason=None,
-            )
-        finally:
-            with self._lock:
-                state.in_flight -= 1
-            self.wake()
+            self._retry_later(row, state)
+        else:
+            self._ended(state)
 
     def _start(self, row: TaskRow, config: dict[str, Any], state: _QueueState) -> None:
         """Send an attempt from this thread if its target allows, else from a pool thread."""
@@ -324,9 +313,13 @@ class Dispatcher:
                 retry_reason=None,
             )
         finally:
-            with self._lock:
-                state.in_flight -= 1
-            self.wake()
+            self._ended(state)
+
+    def _ended(self, state: _QueueState) -> None:
+        """An attempt is over (recorded or not): one fewer in flight; look again."""
+        with self._lock:
+            state.in_flight -= 1
+        self.wake()
 
     def _request(self, row: TaskRow, config: dict[str, Any]) -> _Request:
         request = route(row.spec["httpRequest"], config.get("httpTarget"))
