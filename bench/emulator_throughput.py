@@ -40,7 +40,7 @@ from bench.common import (
     wait_for_port,
     wait_until_received,
 )
-from producer import CloudTasksTransport, Producer
+from tasklease.producer import CloudTasksTransport, Producer
 
 PARENT = "projects/bench/locations/us-central1"
 OTHER_VENV = BENCH_DIR / "gcloud-tasks-emulator-venv"

@@ -19,11 +19,11 @@ from datetime import UTC, datetime, timedelta
 
 from google.cloud import firestore
 
+from tasklease.worker import decisions
+from tasklease.worker.records import Verdict
+from tasklease.worker.stores import FirestoreStore
 from tests.firestore_support import RpcCounter, run_gcloud_emulator, run_npm_emulator
 from tests.helpers import claim_request
-from worker import decisions
-from worker.records import Verdict
-from worker.stores import FirestoreStore
 
 LEASE = timedelta(minutes=5)
 RETENTION = timedelta(days=1)

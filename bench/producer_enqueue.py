@@ -20,7 +20,7 @@ from google.cloud import tasks_v2
 from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
 
 from bench.common import BENCH_DIR, child, free_port, tasklease_emulator
-from producer import CloudTasksTransport, Producer
+from tasklease.producer import CloudTasksTransport, Producer
 
 QUEUE = "projects/bench/locations/us-central1/queues/enqueue"
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import flask
 
-from worker import Router, TaskContext, create_app
-from worker.stores import LeaseStore, MemoryStore, SqliteStore
+from tasklease.worker import Router, TaskContext, create_app
+from tasklease.worker.stores import LeaseStore, MemoryStore, SqliteStore
 
 
 def work(payload: Any) -> dict[str, Any]:

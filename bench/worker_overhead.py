@@ -18,9 +18,9 @@ from typing import Any
 
 import flask
 
-from worker import Router, TaskContext, create_app
-from worker.logs import CloudLoggingFormatter
-from worker.stores import MemoryStore, SqliteStore
+from tasklease.worker import Router, TaskContext, create_app
+from tasklease.worker.logs import CloudLoggingFormatter
+from tasklease.worker.stores import MemoryStore, SqliteStore
 
 HEADERS = {
     "X-CloudTasks-QueueName": "bench",

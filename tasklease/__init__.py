@@ -1,3 +1,125 @@
-"""The ``tasklease`` command: the demo, the local emulator, the dev stack."""
+"""tasklease: run every Cloud Tasks task and Cloud Scheduler run exactly once in effect.
 
-__all__: list[str] = []
+The everyday API, importable from the top::
+
+    from tasklease import Producer, Router, TaskContext, create_app
+
+    router = Router()
+
+    @router.task("send_receipt")
+    def send_receipt(payload, ctx: TaskContext): ...
+
+    app = create_app(router)                      # the worker, served by gunicorn
+    Producer.from_env().enqueue("send_receipt", {"order_id": 42}, key="order-42")
+
+Names are imported on first use, so ``import tasklease`` stays cheap: a worker does not pay for
+the producer's Cloud Tasks client, and a producer does not pay for Flask. The subpackages are
+:mod:`tasklease.worker` (with ``stores`` and ``targets``), :mod:`tasklease.producer`,
+:mod:`tasklease.emulator`, :mod:`tasklease.deploy` and :mod:`tasklease.testing`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tasklease.lazy import lazy_exports
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from tasklease.producer import (
+        EnqueueError,
+        EnqueueResult,
+        FanOutIncomplete,
+        InvalidTask,
+        PermanentEnqueueError,
+        Producer,
+        RetryPolicy,
+        TaskAlreadyExists,
+        TransientEnqueueError,
+        task_id,
+    )
+    from tasklease.worker import (
+        ConfigurationError,
+        HandlerSpec,
+        InvalidDelivery,
+        LeaseLost,
+        NoAuth,
+        OidcAuth,
+        Outcome,
+        PermanentFailure,
+        Router,
+        RunRecord,
+        RunStatus,
+        StoreUnavailable,
+        TaskContext,
+        create_app,
+    )
+    from tasklease.worker.stores import LeaseStore, MemoryStore, SqliteStore, store_from_url
+
+# Each public name and the module that defines it (imported when the name is first read).
+_EXPORTS: dict[str, str] = {
+    "ConfigurationError": "tasklease.worker.errors",
+    "InvalidDelivery": "tasklease.worker.errors",
+    "LeaseLost": "tasklease.worker.errors",
+    "PermanentFailure": "tasklease.worker.errors",
+    "StoreUnavailable": "tasklease.worker.errors",
+    "HandlerSpec": "tasklease.worker.router",
+    "Router": "tasklease.worker.router",
+    "TaskContext": "tasklease.worker.context",
+    "Outcome": "tasklease.worker.outcome",
+    "RunRecord": "tasklease.worker.records",
+    "RunStatus": "tasklease.worker.records",
+    "NoAuth": "tasklease.worker.auth",
+    "OidcAuth": "tasklease.worker.auth",
+    "create_app": "tasklease.worker.app",
+    "LeaseStore": "tasklease.worker.stores",
+    "MemoryStore": "tasklease.worker.stores",
+    "SqliteStore": "tasklease.worker.stores",
+    "store_from_url": "tasklease.worker.stores",
+    "EnqueueError": "tasklease.producer.errors",
+    "FanOutIncomplete": "tasklease.producer.errors",
+    "InvalidTask": "tasklease.producer.errors",
+    "PermanentEnqueueError": "tasklease.producer.errors",
+    "TaskAlreadyExists": "tasklease.producer.errors",
+    "TransientEnqueueError": "tasklease.producer.errors",
+    "EnqueueResult": "tasklease.producer.producer",
+    "Producer": "tasklease.producer.producer",
+    "RetryPolicy": "tasklease.producer.retry",
+    "task_id": "tasklease.producer.naming",
+}
+
+__all__ = [
+    "ConfigurationError",
+    "EnqueueError",
+    "EnqueueResult",
+    "FanOutIncomplete",
+    "HandlerSpec",
+    "InvalidDelivery",
+    "InvalidTask",
+    "LeaseLost",
+    "LeaseStore",
+    "MemoryStore",
+    "NoAuth",
+    "OidcAuth",
+    "Outcome",
+    "PermanentEnqueueError",
+    "PermanentFailure",
+    "Producer",
+    "RetryPolicy",
+    "Router",
+    "RunRecord",
+    "RunStatus",
+    "SqliteStore",
+    "StoreUnavailable",
+    "TaskAlreadyExists",
+    "TaskContext",
+    "TransientEnqueueError",
+    "__version__",
+    "create_app",
+    "store_from_url",
+    "task_id",
+]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

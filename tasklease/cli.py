@@ -15,8 +15,8 @@ from pathlib import Path
 import requests
 
 from tasklease import deploy_cli, runs
-from worker.keys import is_loopback_url
-from worker.logs import configure_logging
+from tasklease.worker.keys import is_loopback_url
+from tasklease.worker.logs import configure_logging
 
 DEFAULT_EMULATOR_PORT = 8123
 DEFAULT_DASHBOARD_PORT = 8090
@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging()
         return _dashboard(args)
     if args.command == "demo":
-        from tasklease.demo import DemoSettings, run_demo  # noqa: PLC0415 - heavy imports.
+        from tasklease.demo.run import DemoSettings, run_demo  # noqa: PLC0415 - heavy imports.
 
         return run_demo(
             DemoSettings(
@@ -133,9 +133,9 @@ def _emulator_options(parser: argparse.ArgumentParser, port: int) -> None:
 
 
 def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
-    from emulator import CloudTasksEmulator, Faults, load_jobs  # noqa: PLC0415
     from tasklease.dev_summary import MinuteSummary  # noqa: PLC0415
-    from worker.serve import GunicornWorker  # noqa: PLC0415
+    from tasklease.emulator import CloudTasksEmulator, Faults, load_jobs  # noqa: PLC0415
+    from tasklease.worker.serve import GunicornWorker  # noqa: PLC0415
 
     jobs = load_jobs(args.scheduler_config) if args.scheduler_config else []
     faults = Faults(args.duplicate_probability, args.lost_response_probability, args.seed)
@@ -234,10 +234,10 @@ def _serving_dashboard(
     """The dashboard on ``host:port`` in a thread, for as long as the block runs."""
     from werkzeug.serving import make_server  # noqa: PLC0415
 
-    from producer import Producer  # noqa: PLC0415
-    from worker.dashboard import create_dashboard_app  # noqa: PLC0415
-    from worker.schedules import default_schedules, load_schedules  # noqa: PLC0415
-    from worker.stores import store_from_url  # noqa: PLC0415
+    from tasklease.producer import Producer  # noqa: PLC0415
+    from tasklease.worker.dashboard import create_dashboard_app  # noqa: PLC0415
+    from tasklease.worker.schedules import default_schedules, load_schedules  # noqa: PLC0415
+    from tasklease.worker.stores import store_from_url  # noqa: PLC0415
 
     app = create_dashboard_app(
         store_from_url(store_url),

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from deploy import deploy as kit  # noqa: PLC0415 - only this command needs it.
+    from tasklease.deploy import deploy as kit  # noqa: PLC0415 - only this command needs it.
 
     argv = [f"--config={config}", f"--source={args.source}", f"--gcloud={args.gcloud}"]
     argv += ["--dry-run"] * args.dry_run + ["--teardown"] * args.teardown
@@ -62,7 +62,7 @@ def init(config: Path, *, router: str, project: str | None = None) -> int:
 
 
 def template(router: str, project: str | None = None) -> str:
-    from deploy import deploy as kit  # noqa: PLC0415
+    from tasklease.deploy import deploy as kit  # noqa: PLC0415
 
     text = kit.DEFAULT_CONFIG.read_text()
     text = re.sub(r'(?m)^router = "[^"]*"', f'router = "{router}"', text, count=1)

@@ -13,8 +13,8 @@ import threading
 from collections import Counter
 from types import TracebackType
 
-from emulator import metrics as emulator_metrics
-from emulator.sender import AttemptResult
+from tasklease.emulator import metrics as emulator_metrics
+from tasklease.emulator.sender import AttemptResult
 
 _log = logging.getLogger("tasklease.dev")
 

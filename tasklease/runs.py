@@ -16,14 +16,14 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, TextIO
 
-from producer import EnqueueError, Producer
-from worker.decisions import ReleaseOutcome
-from worker.errors import ConfigurationError, StoreUnavailable
-from worker.operations import OperationRefused, Operations, StuckReport, run_summary
-from worker.queries import RunFilter, parse_duration
-from worker.records import RunRecord, RunStatus
-from worker.schedules import DEFAULT_GRACE, OverdueJob, default_schedules, load_schedules
-from worker.stores import LeaseStore, store_from_url
+from tasklease.producer import EnqueueError, Producer
+from tasklease.worker.decisions import ReleaseOutcome
+from tasklease.worker.errors import ConfigurationError, StoreUnavailable
+from tasklease.worker.operations import OperationRefused, Operations, StuckReport, run_summary
+from tasklease.worker.queries import RunFilter, parse_duration
+from tasklease.worker.records import RunRecord, RunStatus
+from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, default_schedules, load_schedules
+from tasklease.worker.stores import LeaseStore, store_from_url
 
 
 class Exit(IntEnum):

@@ -25,10 +25,10 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-from producer import MemoryTransport, Producer
-from producer.memory import QueuedTask
-from producer.transport import TaskRequest
-from worker import constants as c
+from tasklease.producer import MemoryTransport, Producer
+from tasklease.producer.memory import QueuedTask
+from tasklease.producer.transport import TaskRequest
+from tasklease.worker import constants as c
 
 PROJECT, LOCATION, QUEUE = "test-project", "us-central1", "default"
 WORKER_URL = "http://worker.test"

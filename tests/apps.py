@@ -1,4 +1,4 @@
-"""Routers served by gunicorn in tests (imported by worker.wsgi in the child processes)."""
+"""Routers served by gunicorn in tests (imported by tasklease.worker.wsgi in child processes)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from examples.ledger import Ledger
-from worker import Router, TaskContext
+from tasklease.demo.ledger import Ledger
+from tasklease.worker import Router, TaskContext
 
 router = Router()
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pytest_httpserver import HTTPServer
 
-from emulator import CloudTasksEmulator
+from tasklease.emulator import CloudTasksEmulator
 from tests import firestore_support
 from tests.emulator_target import Target
 from tests.fake_cloud_tasks import FakeCloudTasks

@@ -6,9 +6,9 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from worker.errors import StoreUnavailable
-from worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
-from worker.stores.base import LeaseStore, Moment
+from tasklease.worker.errors import StoreUnavailable
+from tasklease.worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
+from tasklease.worker.stores.base import LeaseStore, Moment
 
 T0 = datetime(2026, 10, 16, 12, 0, 0, tzinfo=UTC)
 

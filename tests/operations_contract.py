@@ -9,12 +9,12 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from tasklease.worker.decisions import ReleaseOutcome, replay_pending
+from tasklease.worker.queries import RunFilter
+from tasklease.worker.records import RunRecord, RunStatus, Verdict
+from tasklease.worker.stores.base import LeaseStore
 from tests.helpers import T0, claim_request
 from tests.store_contract import EXPIRED, LEASE
-from worker.decisions import ReleaseOutcome, replay_pending
-from worker.queries import RunFilter
-from worker.records import RunRecord, RunStatus, Verdict
-from worker.stores.base import LeaseStore
 
 # The moment the listing tests look from: one run in every state.
 NOW = T0 + timedelta(hours=1)

@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
+from tasklease.worker.constants import MAX_CLOCK_SKEW
+from tasklease.worker.records import LockRequest, RunStatus, Verdict
+from tasklease.worker.stores.base import LeaseStore
 from tests.helpers import T0, claim_request
-from worker.constants import MAX_CLOCK_SKEW
-from worker.records import LockRequest, RunStatus, Verdict
-from worker.stores.base import LeaseStore
 
 LEASE = timedelta(minutes=5)
 # The first moment another attempt may take an unrenewed lease over.

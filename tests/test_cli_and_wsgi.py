@@ -12,16 +12,16 @@ import flask
 import pytest
 import requests
 
-from emulator import CloudTasksEmulator
-from emulator.scheduler import Job
-from examples.ledger import Ledger
-from producer import Producer
 from tasklease.cli import main
+from tasklease.demo.ledger import Ledger
+from tasklease.emulator import CloudTasksEmulator
+from tasklease.emulator.scheduler import Job
+from tasklease.producer import Producer
+from tasklease.worker.errors import ConfigurationError
+from tasklease.worker.serve import free_port
+from tasklease.worker.wsgi import app_from_env, load_router
 from tests.emulator_target import Target
 from tests.helpers import task_headers
-from worker.errors import ConfigurationError
-from worker.serve import free_port
-from worker.wsgi import app_from_env, load_router
 
 
 def test_scheduler_run_triggers_a_job_through_the_emulator(

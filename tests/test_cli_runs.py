@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from producer import MemoryTransport, Producer
 from tasklease import cli
 from tasklease import runs as runs_cli
+from tasklease.producer import MemoryTransport, Producer
 from tasklease.runs import Exit
+from tasklease.worker.records import RunRecord
+from tasklease.worker.stores import SqliteStore
 from tests.operations_contract import seed_every_state
-from worker.records import RunRecord
-from worker.stores import SqliteStore
 
 SUMMARY_KEYS = {
     "run_id", "kind", "handler", "status", "stuck", "attempts", "fencing_token", "attempt_id",

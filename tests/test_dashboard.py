@@ -12,15 +12,15 @@ import pytest
 from flask.testing import FlaskClient
 from pytest_httpserver import HTTPServer
 
-from producer import MemoryTransport, Producer
+from tasklease.producer import MemoryTransport, Producer
+from tasklease.worker import OidcAuth, Router, TaskContext, create_app
+from tasklease.worker.dashboard import CSRF_COOKIE, create_dashboard_app
+from tasklease.worker.errors import ConfigurationError
+from tasklease.worker.records import RunStatus
+from tasklease.worker.schedules import Schedule
+from tasklease.worker.stores import MemoryStore
 from tests.operations_contract import seed_every_state
 from tests.test_security import ROOT, SA, Keys
-from worker import OidcAuth, Router, TaskContext, create_app
-from worker.dashboard import CSRF_COOKIE, create_dashboard_app
-from worker.errors import ConfigurationError
-from worker.records import RunStatus
-from worker.schedules import Schedule
-from worker.stores import MemoryStore
 
 OPERATOR = "ops@p.iam.gserviceaccount.com"
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from tasklease.cli import _serving_dashboard
+from tasklease.worker.records import RunStatus
+from tasklease.worker.serve import free_port
+from tasklease.worker.stores import SqliteStore
 from tests.browser import Browser, chromium, png_colours
 from tests.helpers import claim_request
-from worker.records import RunStatus
-from worker.serve import free_port
-from worker.stores import SqliteStore
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 UPDATE = os.environ.get("TASKLEASE_UPDATE_SCREENSHOTS") == "1"

@@ -5,10 +5,10 @@ from datetime import timedelta
 
 import pytest
 
+from tasklease.worker import constants as c
+from tasklease.worker import decisions
+from tasklease.worker.records import RunStatus, Verdict
 from tests.helpers import T0, claim_request
-from worker import constants as c
-from worker import decisions
-from worker.records import RunStatus, Verdict
 
 
 def claimed():  # type: ignore[no-untyped-def]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "deploy" / "deploy.py"
+SCRIPT = ROOT / "tasklease" / "deploy" / "deploy.py"
 STUB = ROOT / "tests" / "services" / "stub_gcloud.py"
-EXAMPLE = ROOT / "deploy" / "tasklease.toml"
+EXAMPLE = ROOT / "tasklease" / "deploy" / "tasklease.toml"
 INVOKER = "tasklease-invoker@my-project.iam.gserviceaccount.com"
 
 MUTATING = (
@@ -255,7 +255,9 @@ def user_project(tmp_path: Path, dependencies: str = '"tasklease"', **files: str
     source = tmp_path / "userapp"
     (source / "myapp").mkdir(parents=True)
     (source / "myapp" / "__init__.py").write_text("")
-    (source / "myapp" / "tasks.py").write_text("from worker import Router\nrouter = Router()\n")
+    (source / "myapp" / "tasks.py").write_text(
+        "from tasklease.worker import Router\nrouter = Router()\n"
+    )
     (source / "pyproject.toml").write_text(
         f'[project]\nname = "myapp"\nversion = "1"\ndependencies = [{dependencies}]\n'
     )
@@ -266,7 +268,9 @@ def user_project(tmp_path: Path, dependencies: str = '"tasklease"', **files: str
 
 def user_config(tmp_path: Path) -> Path:
     config = tmp_path / "user.toml"
-    config.write_text(EXAMPLE.read_text().replace('"examples.shop:router"', '"myapp.tasks:router"'))
+    config.write_text(
+        EXAMPLE.read_text().replace('"tasklease.demo.shop:router"', '"myapp.tasks:router"')
+    )
     return config
 
 
@@ -286,7 +290,7 @@ def test_a_user_project_deploys_from_its_own_source(cloud: Cloud, tmp_path: Path
         a for a in deploy if a.startswith("--set-env-vars=")
     )
     assert (source / "Procfile").read_text().startswith("web: gunicorn --bind :$PORT")
-    assert "'worker.wsgi:app'" in (source / "Procfile").read_text()
+    assert "'tasklease.worker.wsgi:app'" in (source / "Procfile").read_text()
 
 
 def test_dry_run_says_it_would_write_the_procfile_and_writes_nothing(
@@ -354,7 +358,9 @@ def test_tasklease_only_as_an_optional_extra_is_refused(cloud: Cloud, tmp_path: 
 def test_a_router_module_missing_from_the_source_is_refused(cloud: Cloud, tmp_path: Path) -> None:
     source = user_project(tmp_path)
     config = tmp_path / "other.toml"
-    config.write_text(EXAMPLE.read_text().replace('"examples.shop:router"', '"other.jobs:router"'))
+    config.write_text(
+        EXAMPLE.read_text().replace('"tasklease.demo.shop:router"', '"other.jobs:router"')
+    )
     result = cloud.deploy(f"--source={source}", config=config)
     assert result.returncode == 2 and "no module other.jobs" in result.stderr
     assert cloud.calls() == []
@@ -366,8 +372,8 @@ def test_tasklease_with_its_worker_packages_as_extras_would_be_refused(
     """The check guards this repository too: deployed from its own checkout, tasklease must
     list gunicorn and google-cloud-firestore as plain dependencies."""
     source = tmp_path / "checkout"
-    (source / "examples").mkdir(parents=True)
-    (source / "examples" / "shop.py").write_text("")
+    (source / "tasklease" / "demo").mkdir(parents=True)
+    (source / "tasklease" / "demo" / "shop.py").write_text("")
     pyproject = (ROOT / "pyproject.toml").read_text()
     (source / "pyproject.toml").write_text(pyproject.replace('    "gunicorn>=22",\n', "", 1))
     result = cloud.deploy(f"--source={source}")
@@ -451,11 +457,11 @@ def test_a_source_that_cannot_start_is_refused_by_tasklease_deploy(
     ("change", "field"),
     [
         (
-            ('router = "examples.shop:router"',
-             'router = "examples.shop:router|TASKLEASE_OIDC_CERTS_URL=http://evil.example/c"'),
+            ('router = "tasklease.demo.shop:router"',
+             'router = "tasklease.demo.shop:router|TASKLEASE_OIDC_CERTS_URL=http://evil.example/c"'),
             "worker.router",
         ),
-        (('router = "examples.shop:router"', "router = 5"), "worker.router"),
+        (('router = "tasklease.demo.shop:router"', "router = 5"), "worker.router"),
         (('service = "tasklease-worker"', 'service = "w --allow-unauthenticated"'),
          "worker.service"),
         (('project = "my-project"', 'project = "my-project --impersonate-service-account=x"'),
@@ -492,7 +498,7 @@ def test_values_outside_their_targets_character_set_are_refused_naming_the_field
 def test_the_example_configuration_passes_the_name_checks(cloud: Cloud) -> None:
     result = cloud.deploy("--dry-run")
     assert result.returncode == 0, result.stderr
-    assert "TASKLEASE_ROUTER=examples.shop:router|" in result.stdout
+    assert "TASKLEASE_ROUTER=tasklease.demo.shop:router|" in result.stdout
 
 
 def test_both_listing_indexes_are_created_once(cloud: Cloud) -> None:

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from emulator import metrics as emulator_metrics
-from emulator.sender import AttemptResult
 from tasklease.dev_summary import MinuteSummary
+from tasklease.emulator import metrics as emulator_metrics
+from tasklease.emulator.sender import AttemptResult
 
 
 def attempt(status: int | None, outcome: str | None, ms: float) -> AttemptResult:

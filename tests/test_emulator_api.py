@@ -13,8 +13,8 @@ from google.api_core import exceptions as api
 from google.cloud import tasks_v2
 from google.protobuf import duration_pb2, field_mask_pb2, timestamp_pb2
 
-from emulator import CloudTasksEmulator
-from producer import PermanentEnqueueError, Producer
+from tasklease.emulator import CloudTasksEmulator
+from tasklease.producer import PermanentEnqueueError, Producer
 from tests.emulator_target import Target
 
 PARENT = "projects/p/locations/us-central1"

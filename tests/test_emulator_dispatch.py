@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from werkzeug import Response
 
-from emulator import CloudTasksEmulator, Faults
-from emulator.api import CERTS_PATH
-from emulator.model import ApiError
+from tasklease.emulator import CloudTasksEmulator, Faults
+from tasklease.emulator.api import CERTS_PATH
+from tasklease.emulator.model import ApiError
+from tasklease.worker.auth import AuthRequest, OidcAuth
+from tasklease.worker.identity import Kind
+from tasklease.worker.router import HandlerSpec
 from tests.emulator_target import Target
-from worker.auth import AuthRequest, OidcAuth
-from worker.identity import Kind
-from worker.router import HandlerSpec
 
 QUEUE = "projects/p/locations/us-central1/queues/q"
 SA = "tasks@p.iam.gserviceaccount.com"

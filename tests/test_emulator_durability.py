@@ -27,7 +27,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import tasks_v2
 from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
 
-from emulator import CloudTasksEmulator
+from tasklease.emulator import CloudTasksEmulator
 from tests.emulator_target import Target
 from tests.test_emulator_cli import free_port
 
@@ -126,7 +126,7 @@ def test_kill_leaves_no_write_half_done(tmp_path: Path) -> None:
     code = (
         "import os, sys, threading\n"
         "from pathlib import Path\n"
-        "from emulator.db import EmulatorDB, TaskRow\n"
+        "from tasklease.emulator.db import EmulatorDB, TaskRow\n"
         "db = EmulatorDB(Path(sys.argv[1]) / 'emulator.db')\n"
         f"queue = {QUEUE!r}\n"
         "def work(k):\n"

@@ -12,10 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from urllib3.util import parse_url
 
-from emulator.exchanges import Exchanges, direct_origin
-from emulator.faults import Faults
-from emulator.http_wire import ResponseReader
-from emulator.sender import AttemptResult, Sender
+from tasklease.emulator.exchanges import Exchanges, direct_origin
+from tasklease.emulator.faults import Faults
+from tasklease.emulator.http_wire import ResponseReader
+from tasklease.emulator.sender import AttemptResult, Sender
 from tests.test_emulator_sender import (
     OK,
     answer_forever,

@@ -16,8 +16,8 @@ from google.cloud.location import locations_pb2
 from google.protobuf import field_mask_pb2, timestamp_pb2
 from werkzeug import Request, Response
 
-from emulator import CloudTasksEmulator
-from emulator.api import QUEUE_TOO_RECENT, TASK_GONE
+from tasklease.emulator import CloudTasksEmulator
+from tasklease.emulator.api import QUEUE_TOO_RECENT, TASK_GONE
 from tests.emulator_target import Target
 
 PARENT = "projects/p/locations/us-central1"

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from emulator import CloudTasksEmulator
+from tasklease.emulator import CloudTasksEmulator
 
 QUEUE = "projects/p/locations/us-central1/queues/q"
 TASK = {"task": {"httpRequest": {"url": "http://127.0.0.1:9/x", "oidcToken": {

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from emulator import CloudTasksEmulator
+from tasklease.emulator import CloudTasksEmulator
 
 QUEUE = "projects/p/locations/us-central1/queues/q"
 

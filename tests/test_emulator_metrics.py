@@ -13,9 +13,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from werkzeug import Response
 
-from emulator import CloudTasksEmulator
-from emulator import metrics as emulator_metrics
-from emulator.sender import AttemptResult
+from tasklease.emulator import CloudTasksEmulator
+from tasklease.emulator import metrics as emulator_metrics
+from tasklease.emulator.sender import AttemptResult
 from tests.emulator_target import Target
 
 QUEUE = "projects/p/locations/us-central1/queues/q"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.policy import RetrySettings, TokenBucket, backoff, gives_up
+from tasklease.emulator.policy import RetrySettings, TokenBucket, backoff, gives_up
 
 
 def test_backoff_doubles_then_grows_linearly_then_caps() -> None:

@@ -8,8 +8,8 @@ import pytest
 from google.api_core import exceptions as api
 from google.cloud import tasks_v2
 
-from emulator import CloudTasksEmulator
-from emulator.routing import override_url, route
+from tasklease.emulator import CloudTasksEmulator
+from tasklease.emulator.routing import override_url, route
 from tests.emulator_target import Target
 
 PARENT = "projects/p/locations/us-central1"

@@ -14,11 +14,11 @@ import pytest
 from google.cloud import tasks_v2
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from emulator import CloudTasksEmulator
+from tasklease.emulator import CloudTasksEmulator
+from tasklease.worker.auth import AuthRequest, OidcAuth
+from tasklease.worker.identity import Kind
+from tasklease.worker.router import HandlerSpec
 from tests.emulator_target import Target
-from worker.auth import AuthRequest, OidcAuth
-from worker.identity import Kind
-from worker.router import HandlerSpec
 
 PROJECT, LOCATION, QUEUE_ID = "my-project-id", "us-central1", "my-queue"
 SA = "service-account@my-project-id.iam.gserviceaccount.com"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from werkzeug import Response
 
-from emulator import CloudTasksEmulator, Job, RetrySettings, load_jobs
-from emulator.scheduler import parse_job
+from tasklease.emulator import CloudTasksEmulator, Job, RetrySettings, load_jobs
+from tasklease.emulator.scheduler import parse_job
+from tasklease.worker.identity import parse_rfc3339
 from tests.emulator_target import Target
-from worker.identity import parse_rfc3339
 
 SA = "scheduler@p.iam.gserviceaccount.com"
 

@@ -14,9 +14,9 @@ from google.cloud import scheduler_v1
 from google.protobuf import duration_pb2, field_mask_pb2
 from werkzeug import Response
 
-from emulator import CloudTasksEmulator
+from tasklease.emulator import CloudTasksEmulator
+from tasklease.worker.identity import parse_rfc3339
 from tests.emulator_target import Target
-from worker.identity import parse_rfc3339
 
 PARENT = "projects/p/locations/us-central1"
 JOB = f"{PARENT}/jobs/nightly"

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from emulator.faults import Faults
-from emulator.sender import Sender
+from tasklease.emulator.faults import Faults
+from tasklease.emulator.sender import Sender
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from emulator import CloudTasksEmulator, Faults
-from examples.ledger import Ledger
-from producer import Producer
-from tasklease.demo import DemoSettings, run_demo
-from worker.serve import GunicornWorker
+from tasklease.demo.ledger import Ledger
+from tasklease.demo.run import DemoSettings, run_demo
+from tasklease.emulator import CloudTasksEmulator, Faults
+from tasklease.producer import Producer
+from tasklease.worker.serve import GunicornWorker
 
 QUEUE = "projects/p/locations/us-central1/queues/e2e"
 SA = "tasks@p.iam.gserviceaccount.com"

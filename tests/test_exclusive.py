@@ -12,14 +12,14 @@ from typing import Any
 import flask
 import pytest
 
+from tasklease.worker import Router, TaskContext, create_app, locking
+from tasklease.worker.constants import MAX_CLOCK_SKEW
+from tasklease.worker.errors import ConfigurationError, StoreUnavailable
+from tasklease.worker.lease import LeaseKeeper
+from tasklease.worker.records import LockRequest, RunStatus
+from tasklease.worker.stores import MemoryStore
 from tests.helpers import FakeClock, job_headers, task_headers
 from tests.test_lease_keeper import context_for, wait_for
-from worker import Router, TaskContext, create_app, locking
-from worker.constants import MAX_CLOCK_SKEW
-from worker.errors import ConfigurationError, StoreUnavailable
-from worker.lease import LeaseKeeper
-from worker.records import LockRequest, RunStatus
-from worker.stores import MemoryStore
 
 LEASE = timedelta(minutes=1)
 MAX_RUNTIME = timedelta(minutes=10)

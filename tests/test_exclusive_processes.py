@@ -21,10 +21,10 @@ from typing import Any
 
 import requests
 
+from tasklease.worker.records import RunStatus
+from tasklease.worker.serve import GunicornWorker
+from tasklease.worker.stores import SqliteStore
 from tests.helpers import job_headers, task_headers
-from worker.records import RunStatus
-from worker.serve import GunicornWorker
-from worker.stores import SqliteStore
 
 SLOT_1, SLOT_2 = "2026-10-16T03:00:00Z", "2026-10-16T04:00:00Z"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from worker.stores.group_commit import GroupCommit, Pending
+from tasklease.worker.stores.group_commit import GroupCommit, Pending
 
 
 class Recorder:

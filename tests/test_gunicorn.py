@@ -8,9 +8,9 @@ from pathlib import Path
 
 import requests
 
-from examples.ledger import Ledger
+from tasklease.demo.ledger import Ledger
+from tasklease.worker.serve import GunicornWorker
 from tests.helpers import task_headers
-from worker.serve import GunicornWorker
 
 
 def test_twenty_concurrent_deliveries_of_one_task_run_the_handler_once(tmp_path: Path) -> None:

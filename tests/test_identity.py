@@ -5,9 +5,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from tasklease.worker.errors import InvalidDelivery
+from tasklease.worker.identity import DeliveryIdentity, Kind, parse_identity, parse_rfc3339
 from tests.helpers import job_headers, task_headers
-from worker.errors import InvalidDelivery
-from worker.identity import DeliveryIdentity, Kind, parse_identity, parse_rfc3339
 
 
 def lookup(headers: dict[str, str | list[str]]):  # type: ignore[no-untyped-def]

@@ -12,12 +12,12 @@ from typing import Any
 import flask
 import pytest
 
+from tasklease.worker import Router, TaskContext, create_app
+from tasklease.worker.constants import MAX_CLOCK_SKEW
+from tasklease.worker.errors import LeaseLost
+from tasklease.worker.lease import LeaseKeeper
+from tasklease.worker.stores import MemoryStore
 from tests.helpers import SwitchableStore, claim_request, task_headers
-from worker import Router, TaskContext, create_app
-from worker.constants import MAX_CLOCK_SKEW
-from worker.errors import LeaseLost
-from worker.lease import LeaseKeeper
-from worker.stores import MemoryStore
 
 LEASE = timedelta(seconds=1.5)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from tasklease.worker import decisions, locking
+from tasklease.worker.constants import MAX_CLOCK_SKEW
+from tasklease.worker.records import RunStatus, Verdict
 from tests.helpers import T0, claim_request
 from tests.store_contract import HOUR, LEASE, lock_request
-from worker import decisions, locking
-from worker.constants import MAX_CLOCK_SKEW
-from worker.records import RunStatus, Verdict
 
 
 def test_a_live_holder_is_busy_until_the_later_of_its_lease_and_its_safety_expiry() -> None:

@@ -7,8 +7,8 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producer import task_id
-from producer.naming import random_task_id
+from tasklease.producer import task_id
+from tasklease.producer.naming import random_task_id
 
 VALID = re.compile(r"[A-Za-z0-9_-]{1,500}")
 names = st.text(

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from producer import MemoryTransport, Producer
+from tasklease.producer import MemoryTransport, Producer
+from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
+from tasklease.worker.operations import OperationRefused, Operations, replay_key, run_summary
+from tasklease.worker.records import RunStatus
+from tasklease.worker.schedules import Schedule, load_schedules
+from tasklease.worker.stores import MemoryStore
 from tests.helpers import T0, FakeClock, claim_request
-from worker import PermanentFailure, Router, TaskContext, create_app
-from worker.operations import OperationRefused, Operations, replay_key, run_summary
-from worker.records import RunStatus
-from worker.schedules import Schedule, load_schedules
-from worker.stores import MemoryStore
 
 WORKER = "https://worker.example"
 

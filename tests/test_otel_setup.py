@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from worker.errors import ConfigurationError
-from worker.otel_setup import Settings, build, settings_from_env
+from tasklease.worker.errors import ConfigurationError
+from tasklease.worker.otel_setup import Settings, build, settings_from_env
 
 
 @pytest.mark.parametrize(
@@ -59,10 +59,10 @@ def test_build_makes_providers_without_sending_anything() -> None:
 SCRIPT = textwrap.dedent(
     """
     import requests
-    from emulator import CloudTasksEmulator
+    from tasklease.emulator import CloudTasksEmulator
     from tests.helpers import task_headers
-    from worker import Router, create_app
-    from worker.stores import MemoryStore
+    from tasklease.worker import Router, create_app
+    from tasklease.worker.stores import MemoryStore
 
     router = Router()
     router.task("send")(lambda payload, ctx: None)

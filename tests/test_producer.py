@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from producer import (
+from tasklease.producer import (
     EnqueueResult,
     FanOutIncomplete,
     InvalidTask,
@@ -22,10 +22,10 @@ from producer import (
     TransientEnqueueError,
     task_id,
 )
+from tasklease.worker import Router, TaskContext, create_app
+from tasklease.worker.stores import MemoryStore
 from tests.fake_cloud_tasks import FakeCloudTasks
 from tests.helpers import job_headers
-from worker import Router, TaskContext, create_app
-from worker.stores import MemoryStore
 
 WORKER = "https://worker-xyz.a.run.app"
 SA = "tasks@p.iam.gserviceaccount.com"

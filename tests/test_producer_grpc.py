@@ -11,7 +11,7 @@ import pytest
 from google.cloud import tasks_v2
 from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
 
-from producer import CloudTasksTransport, PermanentEnqueueError, Producer, RetryPolicy
+from tasklease.producer import CloudTasksTransport, PermanentEnqueueError, Producer, RetryPolicy
 
 
 class FakeGrpcCloudTasks:

@@ -12,10 +12,10 @@ from typing import Any
 import flask
 import pytest
 
+from tasklease.worker import Router, TaskContext, create_app
+from tasklease.worker.logs import ReadableFormatter
+from tasklease.worker.stores import MemoryStore
 from tests.helpers import job_headers, task_headers
-from worker import Router, TaskContext, create_app
-from worker.logs import ReadableFormatter
-from worker.stores import MemoryStore
 
 
 class ExplodingStore(MemoryStore):

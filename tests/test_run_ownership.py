@@ -15,11 +15,11 @@ import pytest
 from google.auth import jwt
 from pytest_httpserver import HTTPServer
 
-from emulator.oidc import TokenIssuer
+from tasklease.emulator.oidc import TokenIssuer
+from tasklease.worker import OidcAuth, PermanentFailure, Router, TaskContext, create_app
+from tasklease.worker.records import RunStatus
+from tasklease.worker.stores import MemoryStore
 from tests.helpers import task_headers
-from worker import OidcAuth, PermanentFailure, Router, TaskContext, create_app
-from worker.records import RunStatus
-from worker.stores import MemoryStore
 
 ALICE = "alice@p.iam.gserviceaccount.com"
 BOB = "bob@p.iam.gserviceaccount.com"

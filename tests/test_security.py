@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pytest_httpserver import HTTPServer
 
-from emulator.oidc import TokenIssuer
+from tasklease.emulator.oidc import TokenIssuer
+from tasklease.worker import ConfigurationError, OidcAuth, Router, TaskContext, create_app
+from tasklease.worker.stores import MemoryStore
 from tests.helpers import job_headers, task_headers
-from worker import ConfigurationError, OidcAuth, Router, TaskContext, create_app
-from worker.stores import MemoryStore
 
 SA = "tasks@p.iam.gserviceaccount.com"
 OTHER_SA = "intruder@p.iam.gserviceaccount.com"

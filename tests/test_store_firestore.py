@@ -13,6 +13,10 @@ import pytest
 from google.api_core import exceptions as api
 from google.cloud.firestore_v1.document import DocumentReference
 
+from tasklease.worker import Router, create_app
+from tasklease.worker.errors import StoreUnavailable
+from tasklease.worker.records import RunStatus, Verdict
+from tasklease.worker.stores import FirestoreStore, store_from_url
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.helpers import T0, FakeClock, claim_request, job_headers, task_headers
 from tests.operations_contract import OperationsContract
@@ -23,10 +27,6 @@ from tests.store_contract import (
     StoreContract,
     lock_request,
 )
-from worker import Router, create_app
-from worker.errors import StoreUnavailable
-from worker.records import RunStatus, Verdict
-from worker.stores import FirestoreStore, store_from_url
 
 _open: list[FirestoreStore] = []
 

@@ -7,12 +7,12 @@ from datetime import timedelta
 
 import pytest
 
+from tasklease.worker.decisions import ReleaseOutcome
+from tasklease.worker.records import RunStatus
+from tasklease.worker.stores import FirestoreStore
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, unique_collection
 from tests.helpers import T0, claim_request
 from tests.store_contract import LEASE
-from worker.decisions import ReleaseOutcome
-from worker.records import RunStatus
-from worker.stores import FirestoreStore
 
 
 @pytest.fixture

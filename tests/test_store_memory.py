@@ -4,10 +4,10 @@ import gc
 
 import pytest
 
+from tasklease.worker.stores import MemoryStore
 from tests.helpers import T0, claim_request
 from tests.operations_contract import OperationsContract
 from tests.store_contract import StoreContract
-from worker.stores import MemoryStore
 
 
 class TestMemoryStore(StoreContract, OperationsContract):

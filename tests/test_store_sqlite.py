@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from tasklease.worker.errors import ConfigurationError, StoreUnavailable
+from tasklease.worker.records import RunStatus, Verdict
+from tasklease.worker.stores import SqliteStore, store_from_url
 from tests.helpers import T0, claim_request
 from tests.operations_contract import OperationsContract
 from tests.store_contract import CrossProcessContract, StoreContract, lock_request
-from worker.errors import ConfigurationError, StoreUnavailable
-from worker.records import RunStatus, Verdict
-from worker.stores import SqliteStore, store_from_url
 
 
 class TestSqliteStore(StoreContract, OperationsContract, CrossProcessContract):

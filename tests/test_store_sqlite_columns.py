@@ -5,9 +5,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from tasklease.worker.stores import SqliteStore
+from tasklease.worker.stores.sqlite import _SCHEMA_VERSION
 from tests.helpers import T0, claim_request
-from worker.stores import SqliteStore
-from worker.stores.sqlite import _SCHEMA_VERSION
 
 
 def test_a_file_without_replay_columns_gets_them_and_keeps_its_runs(

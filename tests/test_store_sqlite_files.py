@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tasklease.worker import constants as c
+from tasklease.worker.stores import SqliteStore
 from tests.helpers import T0, claim_request
-from worker import constants as c
-from worker.stores import SqliteStore
 
 
 def mode(path: Path) -> int:
@@ -63,7 +63,7 @@ def test_stored_error_text_is_capped(tmp_path: Path) -> None:
 def test_the_emulators_data_files_and_signing_key_are_owner_only(
     tmp_path: Path, umask: int
 ) -> None:
-    from emulator import CloudTasksEmulator  # noqa: PLC0415 - only this test needs it.
+    from tasklease.emulator import CloudTasksEmulator  # noqa: PLC0415 - only this test needs it.
 
     data = tmp_path / "emulator"
     with CloudTasksEmulator(data_dir=data):

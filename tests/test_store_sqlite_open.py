@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from worker.stores import SqliteStore
+from tasklease.worker.stores import SqliteStore
 
 
 def _open_and_read(path: str, barrier: Any, results: Any) -> None:

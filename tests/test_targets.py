@@ -19,17 +19,17 @@ import flask
 import grpc
 import pytest
 
-from tests.helpers import FakeClock, SwitchableStore, job_headers
-from worker import Router, TaskContext, create_app, execution
-from worker.errors import ConfigurationError
-from worker.stores import MemoryStore
-from worker.targets import (
+from tasklease.worker import Router, TaskContext, create_app, execution
+from tasklease.worker.errors import ConfigurationError
+from tasklease.worker.stores import MemoryStore
+from tasklease.worker.targets import (
     ProxyTarget,
     cloud_build_trigger,
     cloud_run_job,
     workflows_execution,
 )
-from worker.targets.testing import FakeGoogleApis
+from tasklease.worker.targets.testing import FakeGoogleApis
+from tests.helpers import FakeClock, SwitchableStore, job_headers
 
 WORKFLOW = "projects/p/locations/us-central1/workflows/export"
 JOB = "projects/p/locations/us-central1/jobs/reindex"

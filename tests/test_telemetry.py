@@ -22,11 +22,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from werkzeug.serving import make_server
 
-from emulator import CloudTasksEmulator
-from producer import Producer, tracing
-from producer.memory import MemoryTransport
-from tests.helpers import T0, FakeClock, SwitchableStore, claim_request, job_headers, task_headers
-from worker import (
+from tasklease.emulator import CloudTasksEmulator
+from tasklease.producer import Producer, tracing
+from tasklease.producer.memory import MemoryTransport
+from tasklease.worker import (
     Authenticator,
     AuthRequest,
     AuthResult,
@@ -38,9 +37,10 @@ from worker import (
     execution,
     telemetry,
 )
-from worker.lease import LeaseKeeper
-from worker.logs import CloudLoggingFormatter
-from worker.stores import MemoryStore
+from tasklease.worker.lease import LeaseKeeper
+from tasklease.worker.logs import CloudLoggingFormatter
+from tasklease.worker.stores import MemoryStore
+from tests.helpers import T0, FakeClock, SwitchableStore, claim_request, job_headers, task_headers
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"

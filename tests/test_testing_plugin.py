@@ -10,8 +10,8 @@ import flask
 import pytest
 
 from tasklease.stubs import StubQueue, StubScheduler
-from worker import PermanentFailure, Router, TaskContext, create_app
-from worker.stores import MemoryStore
+from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
+from tasklease.worker.stores import MemoryStore
 
 pytest_plugins = ["pytester"]
 

@@ -73,7 +73,7 @@ def test_a_plain_install_brings_what_a_deployed_worker_imports(
     probe = run(
         bin_dir / "python",
         "-c",
-        "import gunicorn, google.cloud.firestore, worker.wsgi, myapp.tasks; print('ok')",
+        "import gunicorn, google.cloud.firestore, tasklease.worker.wsgi, myapp.tasks; print('ok')",
         cwd=app,
     )
     assert probe.stdout.strip() == "ok", probe.stderr

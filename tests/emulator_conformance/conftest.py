@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from emulator import CloudTasksEmulator
+from tasklease.emulator import CloudTasksEmulator
 
 PROJECT = "test-project"
 LOCATION = "us-central1"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from emulator import CloudTasksEmulator
+from tasklease.emulator import CloudTasksEmulator
+from tasklease.worker.identity import parse_rfc3339
 from tests.emulator_conformance.conftest import LOCATION, PROJECT, Gcloud
 from tests.emulator_target import Target
-from worker.identity import parse_rfc3339
 
 WHERE = f"--location={LOCATION}"
 JOB = f"projects/{PROJECT}/locations/{LOCATION}/jobs/nightly"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from emulator import CloudTasksEmulator
+from tasklease.emulator import CloudTasksEmulator
+from tasklease.worker.auth import AuthRequest, OidcAuth
+from tasklease.worker.identity import Kind
+from tasklease.worker.router import HandlerSpec
 from tests.emulator_conformance.conftest import LOCATION, PROJECT, Gcloud
 from tests.emulator_target import Target
-from worker.auth import AuthRequest, OidcAuth
-from worker.identity import Kind
-from worker.router import HandlerSpec
 
 WHERE = f"--location={LOCATION}"
 PARENT = f"projects/{PROJECT}/locations/{LOCATION}"

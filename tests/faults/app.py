@@ -15,11 +15,11 @@ from typing import Any
 
 import flask
 
+from tasklease.worker import LeaseLost, Router, TaskContext, create_app
+from tasklease.worker import constants as c
+from tasklease.worker.execution import utc_now
+from tasklease.worker.stores import LeaseStore, SqliteStore, store_from_url
 from tests.faults.downstream import REFUSED, Downstream
-from worker import LeaseLost, Router, TaskContext, create_app
-from worker import constants as c
-from worker.execution import utc_now
-from worker.stores import LeaseStore, SqliteStore, store_from_url
 
 ENV_DOWNSTREAM = "TASKLEASE_FAULTS_DOWNSTREAM"
 ENV_CLOCK_SKEW = "TASKLEASE_FAULTS_CLOCK_SKEW"
@@ -116,7 +116,7 @@ def build_app() -> flask.Flask:
 
 
 def __getattr__(name: str) -> flask.Flask:
-    # Built on first access (by worker.wsgi in the gunicorn worker), never at import.
+    # Built on first access (by tasklease.worker.wsgi in the gunicorn worker), never at import.
     if name == "app":
         built = build_app()
         globals()["app"] = built

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker import TaskContext
+from tasklease.worker import TaskContext
 
 APPLIED = "applied"
 ALREADY_APPLIED = "already_applied"

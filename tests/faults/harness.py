@@ -20,12 +20,12 @@ from typing import Any
 
 import urllib3
 
+from tasklease.worker.records import RunRecord, RunStatus
+from tasklease.worker.serve import GunicornWorker
+from tasklease.worker.stores import SqliteStore, store_from_url
 from tests.faults.app import ENV_CLOCK_SKEW, ENV_DOWNSTREAM, ENV_REVISION
 from tests.faults.downstream import Downstream, Execution
 from tests.helpers import task_headers
-from worker.records import RunRecord, RunStatus
-from worker.serve import GunicornWorker
-from worker.stores import SqliteStore, store_from_url
 
 FULL = os.environ.get("TASKLEASE_FAULTS", "").lower() == "full"
 

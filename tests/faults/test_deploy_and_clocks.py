@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tasklease.worker import constants
+from tasklease.worker.records import RunStatus
 from tests.faults.downstream import Downstream
 from tests.faults.harness import (
     Backend,
@@ -31,8 +33,6 @@ from tests.faults.harness import (
     tally,
     unclaimed,
 )
-from worker import constants
-from worker.records import RunStatus
 
 pytestmark = pytest.mark.faults
 

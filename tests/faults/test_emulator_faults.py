@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from emulator import CloudTasksEmulator, DeliveryRecord, Faults
-from producer import Producer
+from tasklease.emulator import CloudTasksEmulator, DeliveryRecord, Faults
+from tasklease.producer import Producer
+from tasklease.worker.records import RunStatus
 from tests.faults.downstream import Downstream
 from tests.faults.harness import Backend, FaultServer, Tally, overlaps, scale, tally
-from worker.records import RunStatus
 
 pytestmark = pytest.mark.faults
 

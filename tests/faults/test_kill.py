@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tasklease.worker.records import RunStatus
 from tests.faults.downstream import ALREADY_APPLIED, APPLIED, REFUSED, Downstream, Execution
 from tests.faults.harness import (
     Answer,
@@ -33,7 +34,6 @@ from tests.faults.harness import (
     tally,
     unclaimed,
 )
-from worker.records import RunStatus
 
 pytestmark = pytest.mark.faults
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tasklease.worker.records import RunStatus
+from tasklease.worker.stores import store_from_url
 from tests.faults.downstream import ALREADY_APPLIED, APPLIED, Downstream
 from tests.faults.harness import (
     Backend,
@@ -35,8 +37,6 @@ from tests.faults.harness import (
     unclaimed,
 )
 from tests.faults.private_firestore import PROJECT, PrivateFirestore, private_firestore
-from worker.records import RunStatus
-from worker.stores import store_from_url
 
 pytestmark = pytest.mark.faults
 

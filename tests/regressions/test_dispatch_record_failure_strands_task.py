@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from emulator import CloudTasksEmulator
+from tasklease.emulator import CloudTasksEmulator
 from tests.emulator_target import Target
 
 QUEUE = "projects/p/locations/us-central1/queues/q"

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from emulator.faults import Faults
-from emulator.sender import Sender
+from tasklease.emulator.faults import Faults
+from tasklease.emulator.sender import Sender
 from tests.test_emulator_exchanges import exchange
 from tests.test_emulator_sender import raw_target, read_request
 

@@ -8,13 +8,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from tasklease.worker.app import create_app
+from tasklease.worker.context import TaskContext
+from tasklease.worker.records import Claim, ClaimRequest
+from tasklease.worker.router import Router
+from tasklease.worker.stores.base import Moment
+from tasklease.worker.stores.memory import MemoryStore
 from tests.helpers import FakeClock, task_headers
-from worker.app import create_app
-from worker.context import TaskContext
-from worker.records import Claim, ClaimRequest
-from worker.router import Router
-from worker.stores.base import Moment
-from worker.stores.memory import MemoryStore
 
 
 class SlowFirstClaim(MemoryStore):

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from tasklease.worker import lease as lease_module
+from tasklease.worker.context import TaskContext
+from tasklease.worker.lease import LeaseKeeper
+from tasklease.worker.stores.memory import MemoryStore
 from tests.helpers import claim_request
-from worker import lease as lease_module
-from worker.context import TaskContext
-from worker.lease import LeaseKeeper
-from worker.stores.memory import MemoryStore
 
 LEASE = timedelta(seconds=1.5)  # Renewed every 0.5 s.
 

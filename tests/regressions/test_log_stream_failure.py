@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from tasklease.worker import logs
+from tasklease.worker.app import create_app
+from tasklease.worker.context import TaskContext
+from tasklease.worker.router import Router
+from tasklease.worker.stores.memory import MemoryStore
 from tests.helpers import FakeClock, task_headers
-from worker import logs
-from worker.app import create_app
-from worker.context import TaskContext
-from worker.router import Router
-from worker.stores.memory import MemoryStore
 
 
 class FullDisk:

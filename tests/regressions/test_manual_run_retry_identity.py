@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from tasklease.worker.app import create_app
+from tasklease.worker.context import TaskContext
+from tasklease.worker.router import Router
+from tasklease.worker.stores.memory import MemoryStore
 from tests.helpers import FakeClock, job_headers
-from worker.app import create_app
-from worker.context import TaskContext
-from worker.router import Router
-from worker.stores.memory import MemoryStore
 
 
 def test_a_retried_manual_run_keeps_its_run_id_and_the_slot_still_runs(clock: FakeClock) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from tasklease.worker.records import Verdict
+from tasklease.worker.stores.memory import MemoryStore
 from tests.helpers import T0, claim_request
-from worker.records import Verdict
-from worker.stores.memory import MemoryStore
 
 
 def test_a_renewed_lease_is_not_taken_over_within_the_clock_skew_grace() -> None:

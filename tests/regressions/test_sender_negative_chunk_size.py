@@ -10,8 +10,8 @@ from __future__ import annotations
 import socket
 import time
 
-from emulator.faults import Faults
-from emulator.sender import Sender
+from tasklease.emulator.faults import Faults
+from tasklease.emulator.sender import Sender
 from tests.test_emulator_sender import raw_target, read_request
 
 ANSWER = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-2\r\nok\r\n0\r\n\r\n"

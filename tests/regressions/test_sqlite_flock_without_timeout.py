@@ -12,9 +12,9 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
+from tasklease.worker.errors import StoreUnavailable
+from tasklease.worker.stores.sqlite import SqliteStore
 from tests.helpers import T0, claim_request
-from worker.errors import StoreUnavailable
-from worker.stores.sqlite import SqliteStore
 
 
 def test_a_claim_gives_up_within_busy_timeout_while_another_process_holds_the_writer_lock(

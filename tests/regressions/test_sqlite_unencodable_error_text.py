@@ -10,12 +10,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from tasklease.worker.app import create_app
+from tasklease.worker.context import TaskContext
+from tasklease.worker.errors import PermanentFailure
+from tasklease.worker.router import Router
+from tasklease.worker.stores.sqlite import SqliteStore
 from tests.helpers import FakeClock, task_headers
-from worker.app import create_app
-from worker.context import TaskContext
-from worker.errors import PermanentFailure
-from worker.router import Router
-from worker.stores.sqlite import SqliteStore
 
 
 def test_a_permanent_failure_naming_an_undecodable_file_is_recorded_and_never_rerun(

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import requests
 
+from tasklease.worker.serve import GunicornWorker
 from tests.helpers import task_headers
-from worker.serve import GunicornWorker
 
 
 def _send_truncated(url: str, path: str, body: bytes, headers: dict[str, str]) -> None:

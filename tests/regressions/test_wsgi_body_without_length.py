@@ -11,11 +11,11 @@ from typing import Any
 
 from werkzeug.test import EnvironBuilder
 
+from tasklease.worker.app import create_app
+from tasklease.worker.context import TaskContext
+from tasklease.worker.router import Router
+from tasklease.worker.stores.memory import MemoryStore
 from tests.helpers import FakeClock, task_headers
-from worker.app import create_app
-from worker.context import TaskContext
-from worker.router import Router
-from worker.stores.memory import MemoryStore
 
 
 def _app(clock: FakeClock, seen: list[Any]) -> Any:

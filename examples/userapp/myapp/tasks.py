@@ -6,8 +6,8 @@ import functools
 from typing import Any
 
 from myapp import mail
-from producer import Producer
-from worker import PermanentFailure, Router, TaskContext
+from tasklease.producer import Producer
+from tasklease.worker import PermanentFailure, Router, TaskContext
 
 router = Router()
 

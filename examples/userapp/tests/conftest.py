@@ -5,7 +5,7 @@ from flask.testing import FlaskClient
 from myapp import mail, tasks
 
 from tasklease.stubs import StubQueue
-from worker import create_app
+from tasklease.worker import create_app
 
 
 @pytest.fixture

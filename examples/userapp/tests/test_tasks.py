@@ -6,7 +6,7 @@ from flask.testing import FlaskClient
 from myapp import mail, tasks
 
 from tasklease.stubs import StubQueue, StubScheduler
-from worker import create_app
+from tasklease.worker import create_app
 
 MONDAY_8AM = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)  # A slot of "0 8 * * 1" (tasklease.toml).
 

@@ -1,0 +1,574 @@
+"""The emulator's durable state: queues, tasks, name tombstones and the delivery log.
+
+One SQLite file, one connection behind a lock (the emulator is one process). A restarted
+emulator finds every queue, pending task and tombstone where it left them.
+
+The hot writes, creating a task and recording a dispatch, go through a group commit
+(:mod:`tasklease.worker.stores.group_commit`): the changes that threads make at the same time share one
+transaction and one commit, and each call returns only once its change is committed, so a
+created task survives a crash as before. One transaction per change, as before, cost a commit
+(and its WAL pages) per task twice over, and kept every other writer waiting on the lock.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasklease.worker.stores.group_commit import GroupCommit, Pending
+from tasklease.worker.stores.private_files import create_private_file, make_private_dirs
+
+if TYPE_CHECKING:
+    from tasklease.emulator.sender import AttemptResult
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS queues (
+    name TEXT PRIMARY KEY,
+    config TEXT NOT NULL,
+    created_us INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    name TEXT PRIMARY KEY,
+    queue TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    schedule_us INTEGER NOT NULL,
+    create_us INTEGER NOT NULL,
+    dispatch_count INTEGER NOT NULL DEFAULT 0,
+    response_count INTEGER NOT NULL DEFAULT 0,
+    first_attempt TEXT,
+    last_attempt TEXT,
+    first_attempt_us INTEGER,
+    previous_response INTEGER,
+    retry_reason TEXT,
+    in_flight INTEGER NOT NULL DEFAULT 0,
+    execution_count INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS tasks_due ON tasks (queue, in_flight, schedule_us);
+CREATE TABLE IF NOT EXISTS tombstones (
+    name TEXT PRIMARY KEY,
+    at_us INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS queue_tombstones (
+    name TEXT PRIMARY KEY,
+    at_us INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS scheduler_jobs (
+    name TEXT PRIMARY KEY,
+    spec TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS iam_policies (
+    resource TEXT PRIMARY KEY,
+    policy TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS deliveries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    queue TEXT,
+    name TEXT NOT NULL,
+    url TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    status INTEGER,
+    outcome TEXT,
+    fault TEXT,
+    error TEXT,
+    started_us INTEGER NOT NULL,
+    duration_ms REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """A pending task as stored. ``spec`` is the Task as created (protobuf JSON)."""
+
+    name: str
+    queue: str
+    spec: dict[str, Any]
+    schedule_us: int
+    create_us: int
+    dispatch_count: int
+    response_count: int
+    first_attempt: dict[str, Any] | None
+    last_attempt: dict[str, Any] | None
+    first_attempt_us: int | None
+    previous_response: int | None
+    retry_reason: str | None
+    in_flight: bool
+    # Responses other than 5xx: X-CloudTasks-TaskExecutionCount (response_count counts all).
+    execution_count: int = 0
+
+
+@dataclass(frozen=True)
+class DeliveryRecord:
+    """One HTTP request the emulator sent to a target, and how it ended."""
+
+    kind: str  # "task" or "scheduler"
+    queue: str | None
+    name: str
+    url: str
+    attempt: int
+    status: int | None  # None: no answer (deadline, connection error).
+    outcome: str | None  # The worker's X-Tasklease-Outcome, if it sent one.
+    fault: str | None  # "duplicate" or "lost_response" when injected.
+    error: str | None
+    started_us: int
+    duration_ms: float
+
+    @classmethod
+    def of(
+        cls, kind: str, queue: str | None, name: str, url: str, *, attempt: int, sent: AttemptResult
+    ) -> DeliveryRecord:
+        """The record of one request that was sent."""
+        return cls(
+            kind,
+            queue,
+            name,
+            url,
+            attempt,
+            sent.status,
+            sent.outcome,
+            sent.fault,
+            sent.error,
+            sent.started_us,
+            sent.duration_ms,
+        )
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How one dispatch ended, to record: see :meth:`EmulatorDB.finish_attempt`."""
+
+    name: str
+    delete: bool
+    now_us: int
+    schedule_us: int
+    responded: bool
+    attempt: dict[str, Any]
+    previous_response: int | None
+    retry_reason: str | None
+    executed: bool = False
+    deliveries: Sequence[DeliveryRecord] = ()
+
+
+_TASK_COLUMNS = (
+    "name, queue, spec, schedule_us, create_us, dispatch_count, response_count, first_attempt, "
+    "last_attempt, first_attempt_us, previous_response, retry_reason, in_flight, execution_count"
+)
+
+
+_INSERT_TASK = (
+    f"INSERT INTO tasks ({_TASK_COLUMNS}) SELECT {', '.join('?' * 14)} "  # noqa: S608
+    "WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE name = ? AND at_us >= ?)"
+)
+_RESCHEDULE = (
+    "UPDATE tasks SET in_flight = 0, schedule_us = ?, "
+    "dispatch_count = dispatch_count + 1, response_count = response_count + ?, "
+    "execution_count = execution_count + ?, last_attempt = ?, "
+    "first_attempt = COALESCE(first_attempt, ?), "
+    "first_attempt_us = COALESCE(first_attempt_us, ?), previous_response = ?, "
+    "retry_reason = ? WHERE name = ?"
+)
+_INSERT_DELIVERY = (
+    "INSERT INTO deliveries (kind, queue, name, url, attempt, status, outcome, fault, "
+    "error, started_us, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+class EmulatorDB:
+    """All reads and writes of the emulator's state."""
+
+    def __init__(self, path: Path) -> None:
+        make_private_dirs(path.parent)  # Task payloads and headers: owner-only, like the key.
+        create_private_file(path)
+        self._connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.RLock()
+        with self._lock:
+            self._connection.execute("PRAGMA journal_mode = WAL")
+            self._connection.execute("PRAGMA synchronous = NORMAL")  # Durable across crashes.
+            self._connection.executescript(_SCHEMA)
+            columns = {row[1] for row in self._connection.execute("PRAGMA table_info(tasks)")}
+            if "execution_count" not in columns:  # A database from before the column.
+                self._connection.execute(
+                    "ALTER TABLE tasks ADD COLUMN execution_count INTEGER NOT NULL DEFAULT 0"
+                )
+            # Dispatches cut short by a stop are retried after the restart.
+            self._connection.execute("UPDATE tasks SET in_flight = 0 WHERE in_flight = 1")
+            rows = self._connection.execute("SELECT name, config FROM queues").fetchall()
+        # Queue configs are read on every create and dispatch pass, and only this object
+        # writes them: keep them in memory too.
+        self._queues: dict[str, dict[str, Any]] = {name: json.loads(c) for name, c in rows}
+        # The in-memory configs have their own lock: reading them never waits for a commit.
+        self._queues_lock = threading.Lock()
+        self._writes: GroupCommit[sqlite3.Connection] = GroupCommit(self._commit_batch)
+
+    def close(self) -> None:
+        with self._lock:
+            self._connection.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._connection
+            except BaseException:
+                self._connection.execute("ROLLBACK")
+                raise
+            self._connection.execute("COMMIT")
+
+    def _commit_batch(self, batch: list[Pending[sqlite3.Connection]]) -> None:
+        """Apply a batch of changes in one transaction. A change's work is SQL only (its
+        values are computed before), so an error is SQLite's and fails the whole batch."""
+        with self.transaction() as connection:
+            for pending in batch:
+                pending.value = pending.work(connection)
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._connection.execute(sql, params).fetchall()
+
+    # Queues.
+    def put_queue(self, name: str, config: dict[str, Any], now_us: int) -> None:
+        with self._lock:
+            self._connection.execute(
+                "INSERT INTO queues (name, config, created_us) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET config = excluded.config",
+                (name, json.dumps(config), now_us),
+            )
+            with self._queues_lock:
+                self._queues[name] = json.loads(json.dumps(config))
+
+    def get_queue(self, name: str) -> dict[str, Any] | None:
+        """A copy of the queue's config, to change and put back."""
+        with self._queues_lock:
+            config = self._queues.get(name)
+            return json.loads(json.dumps(config)) if config is not None else None
+
+    def has_queue(self, name: str) -> bool:
+        with self._queues_lock:
+            return name in self._queues
+
+    def all_queues(self) -> list[dict[str, Any]]:
+        """Every queue's config, not copied: read them, do not change them."""
+        with self._queues_lock:
+            return list(self._queues.values())
+
+    def list_queues(self, parent: str) -> list[dict[str, Any]]:
+        with self._queues_lock:
+            names = sorted(n for n in self._queues if n.startswith(f"{parent}/queues/"))
+        return [config for config in map(self.get_queue, names) if config is not None]
+
+    def delete_queue(self, name: str, now_us: int) -> None:
+        with self.transaction() as connection:
+            self._tombstone_where(connection, "queue = ?", (name,), now_us)
+            connection.execute("DELETE FROM queues WHERE name = ?", (name,))
+            connection.execute("DELETE FROM iam_policies WHERE resource = ?", (name,))
+            connection.execute(
+                "INSERT OR REPLACE INTO queue_tombstones (name, at_us) VALUES (?, ?)",
+                (name, now_us),
+            )
+            with self._queues_lock:
+                self._queues.pop(name, None)
+
+    def queue_deleted_since(self, name: str, since_us: int) -> bool:
+        return bool(
+            self._query(
+                "SELECT 1 FROM queue_tombstones WHERE name = ? AND at_us >= ?", (name, since_us)
+            )
+        )
+
+    # Tasks.
+    def insert_task(self, row: TaskRow, tombstones_since_us: int) -> bool:
+        """Insert a new task; False if its name is taken (a task, or a tombstone since then).
+
+        Committed (with whatever else is being written at the moment) before it returns.
+        """
+        params = (*_encode(row), row.name, tombstones_since_us)
+
+        def insert(connection: sqlite3.Connection) -> bool:
+            try:
+                return connection.execute(_INSERT_TASK, params).rowcount == 1
+            except sqlite3.IntegrityError:  # Only this statement is undone, not the batch.
+                return False
+
+        return bool(self._writes.run(insert))
+
+    def task_tombstoned_since(self, name: str, since_us: int) -> bool:
+        return bool(
+            self._query("SELECT 1 FROM tombstones WHERE name = ? AND at_us >= ?", (name, since_us))
+        )
+
+    def get_task(self, name: str) -> TaskRow | None:
+        rows = self._query(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE name = ?", (name,))  # noqa: S608
+        return _decode(rows[0]) if rows else None
+
+    def list_tasks(self, queue: str, limit: int, offset: int) -> list[TaskRow]:
+        rows = self._query(
+            f"SELECT {_TASK_COLUMNS} FROM tasks WHERE queue = ? "  # noqa: S608
+            "ORDER BY schedule_us, name LIMIT ? OFFSET ?",
+            (queue, limit, offset),
+        )
+        return [_decode(row) for row in rows]
+
+    def count_tasks(self, queue: str | None = None) -> int:
+        if queue is None:
+            return int(self._query("SELECT COUNT(*) FROM tasks")[0][0])
+        return int(self._query("SELECT COUNT(*) FROM tasks WHERE queue = ?", (queue,))[0][0])
+
+    def claim_due(self, queue: str, now_us: int, limit: int) -> list[TaskRow]:
+        """Mark up to ``limit`` due tasks of ``queue`` in flight, earliest first; return them."""
+        if limit <= 0:
+            return []
+        rows = self._query(
+            f"UPDATE tasks SET in_flight = 1 WHERE name IN (SELECT name FROM tasks "  # noqa: S608
+            "WHERE queue = ? AND in_flight = 0 AND schedule_us <= ? ORDER BY schedule_us LIMIT ?) "
+            f"RETURNING {_TASK_COLUMNS}",
+            (queue, now_us, limit),
+        )
+        return sorted((_decode(row) for row in rows), key=lambda row: row.schedule_us)
+
+    def has_due(self, queue: str, now_us: int) -> bool:
+        return bool(
+            self._query(
+                "SELECT 1 FROM tasks WHERE queue = ? AND in_flight = 0 AND schedule_us <= ? "
+                "LIMIT 1",
+                (queue, now_us),
+            )
+        )
+
+    def next_schedule(self, queue: str) -> int | None:
+        rows = self._query(
+            "SELECT MIN(schedule_us) FROM tasks WHERE queue = ? AND in_flight = 0", (queue,)
+        )
+        upcoming: int | None = rows[0][0]
+        return upcoming
+
+    def claim_for_dispatch(self, name: str) -> TaskRow | None:
+        """Mark a task in flight; None if it is gone or already in flight."""
+        with self.transaction() as connection:
+            row = connection.execute(
+                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE name = ? AND in_flight = 0",  # noqa: S608
+                (name,),
+            ).fetchone()
+            if row is None:
+                return None
+            connection.execute("UPDATE tasks SET in_flight = 1 WHERE name = ?", (name,))
+            return _decode(row)
+
+    def finish_attempt(
+        self,
+        name: str,
+        *,
+        delete: bool,
+        now_us: int,
+        schedule_us: int,
+        responded: bool,
+        executed: bool = False,
+        attempt: dict[str, Any],
+        previous_response: int | None,
+        retry_reason: str | None,
+        deliveries: Sequence[DeliveryRecord] = (),
+    ) -> None:
+        """Record one dispatch (and its deliveries): the task is deleted (tombstoned) or
+        rescheduled. Committed with whatever else is being written at the moment."""
+        self.finish_attempts(
+            [
+                Finish(
+                    name,
+                    delete=delete,
+                    now_us=now_us,
+                    schedule_us=schedule_us,
+                    responded=responded,
+                    executed=executed,
+                    attempt=attempt,
+                    previous_response=previous_response,
+                    retry_reason=retry_reason,
+                    deliveries=deliveries,
+                )
+            ]
+        )
+
+    def finish_attempts(self, finishes: Sequence[Finish]) -> None:
+        """:meth:`finish_attempt` for several dispatches, in one change."""
+        changes = [_finish_change(finish) for finish in finishes]
+
+        def finish_all(connection: sqlite3.Connection) -> None:
+            for change in changes:
+                change(connection)
+
+        if changes:
+            self._writes.run(finish_all)
+
+    def delete_task(self, name: str, now_us: int) -> bool:
+        with self.transaction() as connection:
+            found = connection.execute("SELECT 1 FROM tasks WHERE name = ?", (name,)).fetchone()
+            if found:
+                self._tombstone_where(connection, "name = ?", (name,), now_us)
+            return bool(found)
+
+    def purge_queue(self, queue: str, now_us: int) -> None:
+        with self.transaction() as connection:
+            self._tombstone_where(connection, "queue = ? AND in_flight = 0", (queue,), now_us)
+
+    def forget_tombstones(self, before_us: int) -> None:
+        with self._lock:
+            self._connection.execute("DELETE FROM tombstones WHERE at_us < ?", (before_us,))
+
+    @staticmethod
+    def _tombstone_where(
+        connection: sqlite3.Connection, where: str, params: tuple[Any, ...], now_us: int
+    ) -> None:
+        insert = f"INSERT OR REPLACE INTO tombstones (name, at_us) SELECT name, ? FROM tasks WHERE {where}"  # noqa: S608, E501 - ``where`` is one of this module's constants.
+        connection.execute(insert, (now_us, *params))
+        connection.execute(f"DELETE FROM tasks WHERE {where}", params)  # noqa: S608
+
+    # IAM policies of queues (REST JSON).
+    def get_policy(self, resource: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT policy FROM iam_policies WHERE resource = ?", (resource,))
+        return json.loads(rows[0][0]) if rows else None
+
+    def put_policy(self, resource: str, policy: dict[str, Any]) -> None:
+        with self._lock:
+            self._connection.execute(
+                "INSERT OR REPLACE INTO iam_policies (resource, policy) VALUES (?, ?)",
+                (resource, json.dumps(policy)),
+            )
+
+    # Cloud Scheduler jobs created through the API (REST JSON).
+    def put_job(self, name: str, spec: dict[str, Any]) -> None:
+        with self._lock:
+            self._connection.execute(
+                "INSERT OR REPLACE INTO scheduler_jobs (name, spec) VALUES (?, ?)",
+                (name, json.dumps(spec)),
+            )
+
+    def get_job(self, name: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT spec FROM scheduler_jobs WHERE name = ?", (name,))
+        return json.loads(rows[0][0]) if rows else None
+
+    def list_jobs(self, prefix: str) -> list[dict[str, Any]]:
+        """Jobs whose name starts with ``prefix``, by name."""
+        rows = self._query("SELECT name, spec FROM scheduler_jobs ORDER BY name")
+        return [json.loads(spec) for name, spec in rows if name.startswith(prefix)]
+
+    def delete_job(self, name: str) -> None:
+        with self._lock:
+            self._connection.execute("DELETE FROM scheduler_jobs WHERE name = ?", (name,))
+
+    # Deliveries.
+    def log_delivery(self, record: DeliveryRecord) -> None:
+        with self._lock:
+            self._insert_delivery(self._connection, record)
+
+    @staticmethod
+    def _insert_delivery(connection: sqlite3.Connection, record: DeliveryRecord) -> None:
+        connection.execute(_INSERT_DELIVERY, _delivery_values(record))
+
+    def deliveries(self, queue: str | None = None) -> list[DeliveryRecord]:
+        sql = (
+            "SELECT kind, queue, name, url, attempt, status, outcome, fault, error, started_us, "
+            "duration_ms FROM deliveries"
+        )
+        rows = (
+            self._query(sql + " WHERE queue = ? ORDER BY id", (queue,))
+            if queue
+            else self._query(sql + " ORDER BY id")
+        )
+        return [DeliveryRecord(*row) for row in rows]
+
+
+def _finish_change(finish: Finish) -> Callable[[sqlite3.Connection], None]:
+    """The SQL of one finished dispatch, its values computed now (outside the batch)."""
+    logged = [_delivery_values(record) for record in finish.deliveries]
+    name, now_us = finish.name, finish.now_us
+    stored = None if finish.delete else json.dumps(finish.attempt)
+    update = (
+        *(finish.schedule_us, int(finish.responded), int(finish.executed), stored, stored),
+        *(now_us, finish.previous_response, finish.retry_reason, name),
+    )
+
+    def change(connection: sqlite3.Connection) -> None:
+        if logged:
+            connection.executemany(_INSERT_DELIVERY, logged)
+        if finish.delete:
+            EmulatorDB._tombstone_where(connection, "name = ?", (name,), now_us)
+        else:
+            connection.execute(_RESCHEDULE, update)
+
+    return change
+
+
+def _delivery_values(record: DeliveryRecord) -> tuple[Any, ...]:
+    return (
+        record.kind,
+        record.queue,
+        record.name,
+        record.url,
+        record.attempt,
+        record.status,
+        record.outcome,
+        record.fault,
+        record.error,
+        record.started_us,
+        record.duration_ms,
+    )
+
+
+def _encode(row: TaskRow) -> tuple[Any, ...]:
+    return (
+        row.name,
+        row.queue,
+        json.dumps(row.spec),
+        row.schedule_us,
+        row.create_us,
+        row.dispatch_count,
+        row.response_count,
+        json.dumps(row.first_attempt) if row.first_attempt else None,
+        json.dumps(row.last_attempt) if row.last_attempt else None,
+        row.first_attempt_us,
+        row.previous_response,
+        row.retry_reason,
+        int(row.in_flight),
+        row.execution_count,
+    )
+
+
+def _decode(row: tuple[Any, ...]) -> TaskRow:
+    (
+        name,
+        queue,
+        spec,
+        schedule_us,
+        create_us,
+        dispatch_count,
+        response_count,
+        first_attempt,
+        last_attempt,
+        first_attempt_us,
+        previous_response,
+        retry_reason,
+        in_flight,
+        execution_count,
+    ) = row
+    return TaskRow(
+        name=name,
+        queue=queue,
+        spec=json.loads(spec),
+        schedule_us=schedule_us,
+        create_us=create_us,
+        dispatch_count=dispatch_count,
+        response_count=response_count,
+        first_attempt=json.loads(first_attempt) if first_attempt else None,
+        last_attempt=json.loads(last_attempt) if last_attempt else None,
+        first_attempt_us=first_attempt_us,
+        previous_response=previous_response,
+        retry_reason=retry_reason,
+        in_flight=bool(in_flight),
+        execution_count=execution_count,
+    )

@@ -1,0 +1,64 @@
+"""An in-process queue with Cloud Tasks' naming semantics, for tests and the in-process demo."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tasklease.producer.errors import TaskAlreadyExists
+from tasklease.producer.transport import TaskRequest, TaskTransport
+
+
+@dataclass
+class QueuedTask:
+    """A task the memory queue accepted, and how often it was delivered."""
+
+    request: TaskRequest
+    deliveries: int = 0
+    done: bool = False
+
+
+class MemoryTransport(TaskTransport):
+    """Keeps created tasks in memory and refuses a name it has seen (Cloud Tasks keeps names
+    of executed and deleted tasks for a while too; here, for the transport's lifetime)."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, QueuedTask] = {}
+        self._lock = threading.Lock()
+
+    def create_task(self, task: TaskRequest, timeout: float) -> None:
+        with self._lock:
+            if task.name in self._tasks:
+                raise TaskAlreadyExists(f"task {task.name} already exists")
+            self._tasks[task.name] = QueuedTask(task)
+
+    @property
+    def tasks(self) -> list[QueuedTask]:
+        """Every task created, in creation order."""
+        with self._lock:
+            return list(self._tasks.values())
+
+    def pending(self) -> list[QueuedTask]:
+        """Tasks not yet delivered with a 2xx answer."""
+        return [task for task in self.tasks if not task.done]
+
+    def deliver(self, task: QueuedTask, post: Callable[..., Any], queue: str) -> int:
+        """Deliver ``task`` once through ``post(path, headers=..., data=...)`` (a Flask test
+        client's ``post``), with the headers Cloud Tasks sends; return the status code."""
+        request = task.request
+        path = "/" + request.url.split("://", 1)[-1].split("/", 1)[-1]
+        headers = dict(request.headers)
+        headers.update(
+            {
+                "X-CloudTasks-QueueName": queue,
+                "X-CloudTasks-TaskName": request.task_id,
+                "X-CloudTasks-TaskRetryCount": str(task.deliveries),
+                "X-CloudTasks-TaskExecutionCount": str(task.deliveries),
+            }
+        )
+        task.deliveries += 1
+        status: int = post(path, headers=headers, data=request.body).status_code
+        task.done = task.done or 200 <= status < 300
+        return status

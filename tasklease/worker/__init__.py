@@ -1,0 +1,75 @@
+"""tasklease worker: run each Cloud Tasks task and Cloud Scheduler run exactly once in effect.
+
+Register handlers on a :class:`Router`, serve them with :func:`create_app`::
+
+    router = Router()
+
+    @router.task("send_receipt")
+    def send_receipt(payload, ctx: TaskContext): ...
+
+    app = create_app(router, store=SqliteStore("runs.db"), auth="none")
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tasklease.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from tasklease.worker.app import create_app
+    from tasklease.worker.auth import Authenticator, AuthRequest, AuthResult, NoAuth, OidcAuth
+    from tasklease.worker.context import TaskContext
+    from tasklease.worker.errors import (
+        ConfigurationError,
+        InvalidDelivery,
+        LeaseLost,
+        PermanentFailure,
+        StoreUnavailable,
+    )
+    from tasklease.worker.outcome import Outcome
+    from tasklease.worker.records import RunRecord, RunStatus
+    from tasklease.worker.router import HandlerSpec, Router
+
+# Each public name and the module that defines it (imported when the name is first read).
+_EXPORTS: dict[str, str] = {
+    "create_app": "tasklease.worker.app",
+    "Authenticator": "tasklease.worker.auth",
+    "AuthRequest": "tasklease.worker.auth",
+    "AuthResult": "tasklease.worker.auth",
+    "NoAuth": "tasklease.worker.auth",
+    "OidcAuth": "tasklease.worker.auth",
+    "TaskContext": "tasklease.worker.context",
+    "ConfigurationError": "tasklease.worker.errors",
+    "InvalidDelivery": "tasklease.worker.errors",
+    "LeaseLost": "tasklease.worker.errors",
+    "PermanentFailure": "tasklease.worker.errors",
+    "StoreUnavailable": "tasklease.worker.errors",
+    "Outcome": "tasklease.worker.outcome",
+    "RunRecord": "tasklease.worker.records",
+    "RunStatus": "tasklease.worker.records",
+    "HandlerSpec": "tasklease.worker.router",
+    "Router": "tasklease.worker.router",
+}
+
+__all__ = [
+    "AuthRequest",
+    "AuthResult",
+    "Authenticator",
+    "ConfigurationError",
+    "HandlerSpec",
+    "InvalidDelivery",
+    "LeaseLost",
+    "NoAuth",
+    "OidcAuth",
+    "Outcome",
+    "PermanentFailure",
+    "Router",
+    "RunRecord",
+    "RunStatus",
+    "StoreUnavailable",
+    "TaskContext",
+    "create_app",
+]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

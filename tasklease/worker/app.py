@@ -1,0 +1,130 @@
+"""The Flask application that serves a router's handlers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import flask
+from werkzeug.exceptions import HTTPException
+
+from tasklease.worker import constants as c
+from tasklease.worker import fallback, otel_setup
+from tasklease.worker.auth import Authenticator, NoAuth, OidcAuth, authenticator_for
+from tasklease.worker.execution import Clock, Executor, Reply, utc_now
+from tasklease.worker.logs import configure_logging, request_fields
+from tasklease.worker.router import Router
+from tasklease.worker.stores import LeaseStore, check_store_is_shared, store_from_url
+from tasklease.worker.wsgi_routes import DeliveryRoutes
+
+_log = logging.getLogger("tasklease.app")
+
+EXECUTOR_EXTENSION = "tasklease"  # app.extensions key holding the Executor.
+
+
+def create_app(
+    router: Router,
+    store: LeaseStore | str | None = None,
+    auth: str | Authenticator | None = None,
+    *,
+    clock: Clock = utc_now,
+    project_header: str = c.PROJECT_HEADER,
+    location_header: str = c.LOCATION_HEADER,
+    app: flask.Flask | None = None,
+    audience: str | None = None,
+    dashboard: str | None = None,
+    dashboard_operators: Iterable[str] | None = None,
+) -> flask.Flask:
+    """A Flask app serving ``router``: ``POST /tasks/<name>`` and ``POST /jobs/<name>``.
+
+    - ``store``: a :class:`LeaseStore`, a store URL, or None for ``TASKLEASE_STORE`` (default:
+      a SQLite file in the working directory).
+    - ``auth``: ``"oidc"`` (the default, configured from the environment), ``"none"`` (turns
+      authentication off, with a warning), or an :class:`Authenticator`. None reads
+      ``TASKLEASE_AUTH``.
+    - ``audience``: the OIDC token audience (overrides ``TASKLEASE_AUDIENCE``), normally the
+      worker's root URL. With OIDC on, it (or a per-handler audience) is required.
+    - ``app``: an existing Flask app to add the routes to, instead of a new one.
+    - ``dashboard``: a path such as ``"/tasklease"`` to serve the operators' dashboard at
+      (default ``TASKLEASE_DASHBOARD``; off when unset). It takes the same OIDC tokens as
+      deliveries, from ``dashboard_operators`` (default ``TASKLEASE_DASHBOARD_OPERATORS``,
+      comma-separated) or else the deliveries' allow-list; its forms need a CSRF token.
+    """
+    configure_logging()
+    telemetry = otel_setup.configure_from_env("tasklease-worker")
+    if not isinstance(store, LeaseStore):
+        store = store_from_url(store)
+    check_store_is_shared(store)
+    authenticator = authenticator_for(auth, audience)
+    if isinstance(authenticator, OidcAuth):
+        authenticator.check_configuration(router)
+    executor = Executor(
+        router,
+        store,
+        authenticator,
+        clock=clock,
+        project_header=project_header,
+        location_header=location_header,
+    )
+    own_app = app is None
+    app = app or flask.Flask("tasklease")
+    app.extensions[EXECUTOR_EXTENSION] = executor
+    # With authentication off, every line says so: nobody should read such a log as verified.
+    fields: dict[str, Any] = {"auth": "none"} if isinstance(authenticator, NoAuth) else {}
+
+    def refused(error: HTTPException) -> HTTPException | flask.Response:
+        # A user's own app keeps its own error pages outside tasklease's routes.
+        is_ours = own_app or fallback.is_tasklease_path(flask.request.path)
+        if not is_ours or error.code is None or error.code < 400:
+            return error
+        reply = fallback.reply_for_http_error(error)
+        with request_fields(fields):
+            fallback.log_reply(reply, time.monotonic())
+        response = _respond(reply)
+        allowed = getattr(error, "valid_methods", None)  # MethodNotAllowed's
+        if allowed:
+            response.headers["Allow"] = ", ".join(allowed)
+        return response
+
+    app.register_error_handler(HTTPException, refused)
+
+    # Deliveries are answered in front of Flask (tasklease.worker.wsgi_routes); the rest is Flask's,
+    # and the error handler above gives what Flask itself refuses one line and a JSON answer.
+    app.wsgi_app = DeliveryRoutes(app.wsgi_app, executor, fields)  # type: ignore[method-assign]
+    app.add_url_rule("/healthz", "tasklease_health", lambda: {"status": "ok"}, methods=["GET"])
+    dashboard = dashboard if dashboard is not None else os.environ.get(c.ENV_DASHBOARD) or None
+    if dashboard:
+        from tasklease.worker.dashboard import mount  # noqa: PLC0415 - only when asked for.
+
+        operators = dashboard_operators
+        if operators is None and os.environ.get(c.ENV_DASHBOARD_OPERATORS):
+            operators = os.environ[c.ENV_DASHBOARD_OPERATORS].split(",")
+        mount(app, dashboard, store, authenticator, operators=operators)
+    if telemetry.registry is not None:  # TASKLEASE_METRICS=prometheus
+        view = otel_setup.metrics_view(telemetry.registry)
+        app.add_url_rule("/metrics", "tasklease_metrics", view, methods=["GET"])
+    _log.info(
+        "tasklease worker ready",
+        extra={
+            "tasklease": {
+                **fields,
+                "handlers": [spec.path for spec in router],
+                "store": repr(store),
+            }
+        },
+    )
+    return app
+
+
+def _respond(reply: Reply) -> flask.Response:
+    response = flask.Response(reply.body_bytes(), reply.status, mimetype="application/json")
+    response.headers.update(reply.headers())
+    if reply.status == 405:
+        response.headers["Allow"] = "POST"
+    return response
+
+
+__all__ = ["create_app"]

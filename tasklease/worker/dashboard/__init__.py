@@ -1,0 +1,357 @@
+"""The operators' web page: runs with filters, a run's detail, stuck runs, release and replay.
+
+Server-rendered (Flask + Jinja, no JavaScript), over the same :class:`~tasklease.worker.operations.
+Operations` as ``tasklease runs``. Standalone: ``tasklease dashboard`` (loopback, no login);
+inside the worker: ``create_app(..., dashboard="/tasklease")``, behind OIDC.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import flask
+
+from tasklease.worker.auth import Authenticator, AuthRequest, AuthResult, NoAuth
+from tasklease.worker.decisions import ReleaseOutcome
+from tasklease.worker.errors import ConfigurationError, StoreUnavailable
+from tasklease.worker.identity import Kind
+from tasklease.worker.operations import OperationRefused, Operations, run_summary
+from tasklease.worker.queries import RunFilter, is_stuck, parse_duration
+from tasklease.worker.records import RunRecord, RunStatus
+from tasklease.worker.router import HandlerSpec
+from tasklease.worker.schedules import Schedule
+from tasklease.worker.stores.base import LeaseStore
+
+_log = logging.getLogger("tasklease.dashboard")
+
+CSRF_COOKIE = "tasklease_csrf"
+CSRF_FIELD = "csrf_token"
+PAGE_SIZE = 50
+
+
+@dataclass(frozen=True)
+class OperatorAuth:
+    """Who may use the dashboard mounted in a worker.
+
+    Checks ``Authorization: Bearer <OIDC ID token>`` with the worker's own authenticator,
+    against ``operators`` when given, else the deliveries' allow-list; the token's audience
+    is ``audience`` when given, else the worker's. With authentication off (``auth="none"``,
+    local development) the page is open, unless operators are named: then it refuses to start.
+    """
+
+    authenticator: Authenticator
+    operators: tuple[str, ...] | None = None
+    audience: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.authenticator, NoAuth):
+            if self.operators:
+                raise ConfigurationError(
+                    "dashboard operators need OIDC authentication to be checked: "
+                    "auth='none' would let anyone in"
+                )
+            _log.warning("the dashboard is mounted with authentication OFF: anyone may use it")
+
+    def check(self, authorization: str | None, url: str) -> AuthResult:
+        spec = HandlerSpec(
+            Kind.TASK,
+            "tasklease-dashboard",
+            _no_handler,
+            allowed_service_accounts=self.operators,
+            audience=self.audience,
+        )
+        return self.authenticator.authenticate(AuthRequest(authorization, url), spec)
+
+
+def _no_handler(*_: Any) -> None:
+    """The dashboard's stand-in handler: only its allow-list and audience are used."""
+
+
+def dashboard_blueprint(
+    store: LeaseStore,
+    *,
+    auth: OperatorAuth | None = None,
+    schedules: list[Schedule] | None = None,
+    producer: Any = None,
+    name: str = "tasklease_dashboard",
+) -> flask.Blueprint:
+    """The dashboard as a blueprint; register it with ``url_prefix``.
+
+    ``auth`` None serves everyone (the standalone, loopback dashboard). ``producer``: a
+    :class:`tasklease.producer.Producer` or a factory for replays (default: ``Producer.from_env``).
+    """
+    views = _Views(Operations(store, producer), auth, schedules, name)
+    blueprint = flask.Blueprint(name, __name__, template_folder="templates")
+    blueprint.before_request(views.guard)
+    blueprint.after_request(views.headers)
+    blueprint.add_url_rule("/", "runs", views.runs, methods=["GET"])
+    blueprint.add_url_rule("/stuck", "stuck", views.stuck, methods=["GET"])
+    blueprint.add_url_rule("/runs/<run_id>", "run", views.run, methods=["GET"])
+    blueprint.add_url_rule("/runs/<run_id>/<action>", "confirm", views.confirm, methods=["GET"])
+    blueprint.add_url_rule("/runs/<run_id>/release", "release", views.release, methods=["POST"])
+    blueprint.add_url_rule("/runs/<run_id>/replay", "replay", views.replay, methods=["POST"])
+    blueprint.register_error_handler(StoreUnavailable, views.unavailable)
+    return blueprint
+
+
+class _Views:
+    """The dashboard's pages, over one :class:`Operations`."""
+
+    def __init__(
+        self,
+        operations: Operations,
+        auth: OperatorAuth | None,
+        schedules: list[Schedule] | None,
+        name: str,
+    ) -> None:
+        self.operations = operations
+        self.auth = auth
+        self.schedules = schedules
+        self.name = name
+
+    def guard(self) -> flask.Response | None:
+        if self.auth is not None:
+            request = flask.request
+            result = self.auth.check(request.headers.get("Authorization"), request.url)
+            if not result.allowed:
+                response = _page("denied.html", result.status, reason=result.reason)
+                if result.status == 401:
+                    response.headers["WWW-Authenticate"] = 'Bearer realm="tasklease dashboard"'
+                return response
+            flask.g.operator = result.principal
+        if flask.request.method == "POST":
+            return _csrf_refusal()
+        return None
+
+    def headers(self, response: flask.Response) -> flask.Response:
+        response.headers.setdefault("Cache-Control", "no-store")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
+            "form-action 'self'; frame-ancestors 'none'",
+        )
+        token = flask.g.get("csrf_new")
+        if token:
+            response.set_cookie(
+                CSRF_COOKIE,
+                token,
+                httponly=True,
+                samesite="Strict",
+                # Behind Cloud Run's front end the app sees http; the browser used https.
+                secure=flask.request.is_secure
+                or flask.request.headers.get("X-Forwarded-Proto") == "https",
+                path=flask.url_for(f"{self.name}.runs"),
+            )
+        return response
+
+    def runs(self) -> flask.Response:
+        now = self.operations.clock()
+        args = flask.request.args
+        error = None
+        page = None
+        try:
+            filters = _filters(args, now)
+            limit = min(max(int(args.get("limit") or PAGE_SIZE), 1), 500)
+            page = self.operations.list_runs(filters, limit, args.get("cursor") or None)
+        except ValueError as exc:
+            error = str(exc)
+        stuck = self.operations.list_runs(RunFilter(stuck_at=now), 100).runs
+        query: dict[str, Any] = {k: v for k, v in args.items() if v and k != "cursor"}
+        next_url = None
+        if page is not None and page.cursor:
+            next_url = flask.url_for(f"{self.name}.runs", **query, cursor=page.cursor)
+        return _page(
+            "runs.html",
+            400 if error else 200,
+            runs=[_row(r, now) for r in (page.runs if page else [])],
+            stuck_count=len(stuck),
+            args=args,
+            statuses=[s.value for s in RunStatus],
+            error=error,
+            next_url=next_url,
+            filtered=bool(query),
+        )
+
+    def stuck(self) -> flask.Response:
+        report = self.operations.stuck(self.schedules)
+        now = self.operations.clock()
+        return _page(
+            "stuck.html",
+            runs=[_row(r, now) for r in report.runs],
+            stuck_count=len(report.runs),
+            jobs=report.jobs,
+            schedules=self.schedules,
+        )
+
+    def run(self, run_id: str) -> flask.Response:
+        return self.detail(run_id)
+
+    def confirm(self, run_id: str, action: str) -> flask.Response:
+        if action not in ("release", "replay"):
+            flask.abort(404)
+        record = self.operations.store.get(run_id)
+        if record is None:
+            return _page("missing.html", 404, run_id=run_id)
+        now = self.operations.clock()
+        return _page(
+            "confirm.html",
+            action=action,
+            run=_row(record, now),
+            live=record.status is RunStatus.IN_PROGRESS and not is_stuck(record, now),
+            csrf=_csrf_token(),
+        )
+
+    def release(self, run_id: str) -> flask.Response:
+        force = flask.request.form.get("force") == "1"
+        decision = self.operations.release(run_id, force=force)
+        until = decision.live_until.isoformat() if decision.live_until else ""
+        _log.warning(
+            "operator %s released run %s: %s%s",
+            flask.g.get("operator") or "(local)",
+            run_id,
+            decision.outcome.value,
+            " (forced while its lease was live)" if decision.forced else "",
+        )
+        forced = f" Warning: its lease was live until {until}; the holder is fenced out."
+        notices = {
+            ReleaseOutcome.RELEASED: "Released: the next delivery runs it."
+            + (forced if decision.forced else ""),
+            ReleaseOutcome.ALREADY_RELEASED: "Already released.",
+            ReleaseOutcome.LEASE_LIVE: f"Refused: its lease is live until {until}. "
+            "Release it anyway only if its holder is gone.",
+            ReleaseOutcome.FINISHED: "Refused: the run is finished; replay a failed run instead.",
+            ReleaseOutcome.MISSING: "No such run.",
+        }
+        ok = decision.outcome in (ReleaseOutcome.RELEASED, ReleaseOutcome.ALREADY_RELEASED)
+        return self.detail(run_id, notices[decision.outcome], 200 if ok else 409)
+
+    def replay(self, run_id: str) -> flask.Response:
+        try:
+            result = self.operations.replay(run_id)
+        except OperationRefused as exc:
+            return self.detail(run_id, f"Refused: {exc}", 409)
+        _log.warning(
+            "operator %s replayed run %s as %s (created: %s)",
+            flask.g.get("operator") or "(local)",
+            run_id,
+            result.replay_run_id,
+            result.created,
+        )
+        done = "Enqueued" if result.created else "Already enqueued by an earlier replay"
+        return self.detail(run_id, f"{done} as task {result.task_name}.")
+
+    def unavailable(self, error: StoreUnavailable) -> flask.Response:
+        return _page("denied.html", 503, reason=f"The store is unavailable: {error}")
+
+    def detail(self, run_id: str, notice: str | None = None, status: int = 200) -> flask.Response:
+        record = self.operations.show(run_id)
+        if record is None:
+            return _page("missing.html", 404, run_id=run_id, notice=notice)
+        now = self.operations.clock()
+        return _page(
+            "run.html",
+            status,
+            run=_row(record, now),
+            notice=notice,
+            releasable=record.status is RunStatus.IN_PROGRESS,
+            replayable=record.status is RunStatus.FAILED and record.kind == "task",
+        )
+
+
+def _page(template: str, status: int = 200, **context: Any) -> flask.Response:
+    context.setdefault("notice", None)
+    html = flask.render_template(f"tasklease_dashboard/{template}", **context)
+    return flask.Response(html, status, mimetype="text/html")
+
+
+def _filters(args: Any, now: Any) -> RunFilter:
+    status = args.get("status") or None
+    manual = {"manual": True, "scheduled": False}.get(args.get("trigger") or "")
+    older, newer = args.get("older_than"), args.get("newer_than")
+    return RunFilter(
+        status=RunStatus(status) if status else None,
+        handler=args.get("handler") or None,
+        kind=args.get("kind") or None,
+        older_than=now - parse_duration(older) if older else None,
+        newer_than=now - parse_duration(newer) if newer else None,
+        manual=manual,
+        stuck_at=now if args.get("stuck") else None,
+    )
+
+
+def _row(record: RunRecord, now: Any) -> dict[str, Any]:
+    summary = run_summary(record, now)
+    summary["error_line"] = (record.error or "").splitlines()[0][:120] if record.error else ""
+    summary["label"] = (
+        record.identity.get("task_name") or record.identity.get("job_name") or record.run_id[:12]
+    )
+    return summary
+
+
+def _csrf_token() -> str:
+    """The page's CSRF token: the cookie's, or a new one set on this response."""
+    token = flask.request.cookies.get(CSRF_COOKIE)
+    if not token or len(token) != 43:
+        token = secrets.token_urlsafe(32)
+        flask.g.csrf_new = token
+    return token
+
+
+def _csrf_refusal() -> flask.Response | None:
+    """A state change needs the form's token to equal the cookie's (double submit; the
+    cookie is SameSite=Strict) and, when the browser names an origin, this very origin."""
+    origin = flask.request.headers.get("Origin")
+    if origin and origin != "null" and urlsplit(origin).netloc != flask.request.host:
+        return _page("denied.html", 403, reason="Refused: the form came from another site.")
+    cookie = flask.request.cookies.get(CSRF_COOKIE, "")
+    form = flask.request.form.get(CSRF_FIELD, "")
+    if not cookie or not hmac.compare_digest(cookie.encode(), form.encode()):
+        return _page(
+            "denied.html",
+            403,
+            reason="Refused: the form's CSRF token is missing or stale. Reload the page.",
+        )
+    return None
+
+
+def create_dashboard_app(
+    store: LeaseStore,
+    *,
+    schedules: list[Schedule] | None = None,
+    producer: Any = None,
+    auth: OperatorAuth | None = None,
+) -> flask.Flask:
+    """The standalone dashboard (``tasklease dashboard``): the blueprint at ``/``."""
+    app = flask.Flask("tasklease_dashboard")
+    app.register_blueprint(
+        dashboard_blueprint(store, auth=auth, schedules=schedules, producer=producer)
+    )
+    return app
+
+
+def mount(
+    app: flask.Flask,
+    prefix: str,
+    store: LeaseStore,
+    authenticator: Authenticator,
+    *,
+    operators: Iterable[str] | None = None,
+    audience: str | None = None,
+) -> None:
+    """Mount the dashboard in a worker app at ``prefix``, behind ``authenticator``."""
+    if not prefix.startswith("/") or prefix.rstrip("/") in ("", "/tasks", "/jobs"):
+        raise ConfigurationError(f"dashboard prefix {prefix!r}: use a path such as /tasklease")
+    operator_list = tuple(o.strip() for o in operators if o.strip()) if operators else None
+    auth = OperatorAuth(authenticator, operator_list, audience)
+    app.register_blueprint(dashboard_blueprint(store, auth=auth), url_prefix=prefix.rstrip("/"))
+
+
+__all__ = ["OperatorAuth", "create_dashboard_app", "dashboard_blueprint", "mount"]

@@ -1,0 +1,289 @@
+"""The claim/finish rules, as pure functions of a record and the time. Stores apply them.
+
+Keeping the rules here means every store (memory, SQLite, Firestore) decides identically,
+and the rules are tested without any store at all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from tasklease.worker import constants as c
+from tasklease.worker.records import Claim, ClaimRequest, RunRecord, RunStatus, Verdict
+
+
+def is_live(record: RunRecord | None, now: datetime) -> bool:
+    """A record past ``expire_at`` counts as absent, as it will once Firestore's TTL runs."""
+    return record is not None and record.expire_at > now
+
+
+def lease_held(record: RunRecord, now: datetime) -> bool:
+    """Whether the holder of an in-progress ``record`` may still be running at ``now``.
+
+    The lease counts as held until ``MAX_CLOCK_SKEW`` past its expiry: the expiry was written
+    from the holder's clock, ``now`` is read from ours, and the two may disagree by that much.
+    """
+    return record.status is RunStatus.IN_PROGRESS and record.lease_expires + c.MAX_CLOCK_SKEW > now
+
+
+def decide(record: RunRecord | None, now: datetime, caller: str | None = None) -> Verdict:
+    """What a delivery from ``caller`` finding ``record`` at ``now`` may do."""
+    if record is None or not is_live(record, now):
+        return Verdict.CLAIMED
+    if record.caller is not None and record.caller != caller:
+        # The run belongs to another principal: it may neither run it, nor read its result.
+        return Verdict.FORBIDDEN
+    if record.status is RunStatus.COMPLETED:
+        return Verdict.COMPLETED
+    if record.status is RunStatus.FAILED:
+        return Verdict.FAILED
+    if record.status is RunStatus.SKIPPED:
+        return Verdict.SKIPPED
+    if lease_held(record, now):
+        return Verdict.IN_PROGRESS
+    return Verdict.CLAIMED  # Released, or the holder's lease expired: take it over.
+
+
+def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Claim:
+    """Apply :func:`decide`; on ``CLAIMED`` return the new record the store must write.
+
+    The fencing token and the attempt count carry over from any earlier record, expired or
+    not, so a token never repeats for one run.
+    """
+    verdict = decide(record, now, request.caller)
+    if verdict is not Verdict.CLAIMED:
+        assert record is not None
+        return Claim(verdict, record)
+    previous_holder = (
+        record.attempt_id
+        if record is not None and is_live(record, now) and record.status is RunStatus.IN_PROGRESS
+        else None
+    )
+    lease_expires = now + request.lease
+    claimed = RunRecord(
+        run_id=request.run_id,
+        kind=request.kind,
+        handler=request.handler,
+        status=RunStatus.IN_PROGRESS,
+        attempt_id=request.attempt_id,
+        fencing_token=(record.fencing_token if record else 0) + 1,
+        attempts=(record.attempts if record else 0) + 1,
+        lease_expires=lease_expires,
+        expire_at=max(now + request.retention, lease_expires + c.MAX_CLOCK_SKEW),
+        claimed_at=now,
+        identity=dict(request.identity),
+        caller=request.caller,
+        # An operator's replay is written before its first delivery (replay_pending).
+        replay_of=record.replay_of if record is not None else None,
+    )
+    return Claim(Verdict.CLAIMED, claimed, took_over_from=previous_holder)
+
+
+def holds(record: RunRecord | None, attempt_id: str) -> bool:
+    """Whether ``attempt_id`` still holds the claim on ``record`` (attempt fencing)."""
+    return (
+        record is not None
+        and record.attempt_id == attempt_id
+        and record.status is RunStatus.IN_PROGRESS
+    )
+
+
+def finished_by(record: RunRecord | None, attempt_id: str, status: RunStatus | None) -> bool:
+    """Whether ``record`` shows that ``attempt_id`` already finished the run with ``status``:
+    a finish whose write landed although its call failed, now being retried."""
+    return (
+        status is not None
+        and record is not None
+        and record.attempt_id == attempt_id
+        and record.status is status
+    )
+
+
+def renewed(
+    record: RunRecord, lease_expires: datetime, keep_for: timedelta | None = None
+) -> RunRecord:
+    """The record with its lease extended, kept ``keep_for`` past the new expiry."""
+    return kept(record.replace(lease_expires=lease_expires), lease_expires, keep_for)
+
+
+def kept(record: RunRecord, since: datetime, keep_for: timedelta | None) -> RunRecord:
+    """``record`` kept at least ``keep_for`` (the handler's retention) after ``since``, and
+    never purged before its lease plus the clock-skew grace has passed: a record gone while
+    its holder may still run would let a takeover skip the grace and restart the fencing
+    token at 1, below the tokens downstream stores have already seen."""
+    floor = max(since + (keep_for or timedelta(0)), record.lease_expires + c.MAX_CLOCK_SKEW)
+    return record if record.expire_at >= floor else record.replace(expire_at=floor)
+
+
+def completed(record: RunRecord, result_json: str | None, now: datetime) -> RunRecord:
+    """The record of a successful run, keeping the handler's result as serialised JSON."""
+    return record.replace(status=RunStatus.COMPLETED, finished_at=now, result_json=result_json)
+
+
+def failed(record: RunRecord, error: str, payload: str | None, now: datetime) -> RunRecord:
+    """The dead-letter record of a run that failed permanently."""
+    return record.replace(
+        status=RunStatus.FAILED, finished_at=now, error=cap_text(error), payload=payload
+    )
+
+
+def released(record: RunRecord, error: str, now: datetime) -> RunRecord:
+    """The record of a retryable failure: claimable again at once by the next delivery."""
+    return record.replace(status=RunStatus.RELEASED, lease_expires=now, error=cap_text(error))
+
+
+def skipped(record: RunRecord, held_by: str, lock: str, now: datetime) -> RunRecord:
+    """The record of an exclusive job's run that found ``lock`` held by run ``held_by``: kept,
+    so a person can list skipped runs and see which run held the job, and so duplicates of it
+    are answered without running."""
+    details = json.dumps({"held_by": held_by, "lock": lock}, sort_keys=True, separators=(",", ":"))
+    return record.replace(
+        status=RunStatus.SKIPPED,
+        finished_at=now,
+        result_json=details,
+        error=f"skipped: {lock} was held by run {held_by}",
+    )
+
+
+def yielded(record: RunRecord, reason: str, now: datetime) -> RunRecord:
+    """The record of a claim given back unused because its lock was busy: released, with the
+    attempt not counted (``max_attempts`` counts executions, not waits for a lock). The
+    fencing token keeps its increase: tokens must never repeat, gaps are harmless."""
+    return released(record, reason, now).replace(attempts=record.attempts - 1)
+
+
+def cap_text(text: str, limit: int = c.MAX_ERROR_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying so when cut, and storable: a lone
+    surrogate (a file name decoded with os.fsdecode, say) becomes an escape, since neither
+    SQLite nor Firestore can encode one, and a finish that cannot be stored would leave the
+    run to be executed again."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= limit:
+        return text
+    marker = f"... [cut: {len(text)} characters, {limit} kept]"
+    return text[: limit - len(marker)] + marker
+
+
+def serialize_result(result: Any, limit: int = c.MAX_RESULT_BYTES) -> str | None:
+    """The handler's result as the JSON text stored and answered; None for None.
+
+    A result over ``limit`` bytes is replaced by a note saying so. Raises ``ValueError`` when
+    JSON cannot encode it (NaN, sets, keys that cannot be sorted, ...): keys are sorted so the
+    same result always gives the same bytes.
+    """
+    if result is None:
+        return None
+    try:
+        encoded = json.dumps(result, allow_nan=False, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"the handler's result is not JSON-serialisable: {exc}") from None
+    if len(encoded.encode()) > limit:
+        note = {"tasklease_result_dropped": f"{len(encoded)} bytes of JSON, over {limit}"}
+        return json.dumps(note, sort_keys=True, separators=(",", ":"))
+    return encoded
+
+
+# --- Operator actions: `tasklease runs release` and `runs replay` (issue 17) ----------------
+
+
+class ReleaseOutcome(StrEnum):
+    """What an operator's release of a run decided."""
+
+    RELEASED = "released"  # Given back: the next delivery runs it; the old holder is fenced.
+    LEASE_LIVE = "lease_live"  # Refused: the holder may still be running (use force).
+    ALREADY_RELEASED = "already_released"  # Nothing to do.
+    FINISHED = "finished"  # Completed, failed or skipped: nothing holds it (replay instead).
+    MISSING = "missing"  # No such run (or past its retention).
+
+
+@dataclass(frozen=True)
+class OperatorRelease:
+    """The decision, the record as it stands afterwards, and until when a refused lease runs."""
+
+    outcome: ReleaseOutcome
+    record: RunRecord | None
+    forced: bool = False  # Released although the holder's lease was live.
+    live_until: datetime | None = None
+
+
+def operator_release(
+    record: RunRecord | None, now: datetime, attempt_id: str, force: bool = False
+) -> OperatorRelease:
+    """An operator gives back the claim on ``record`` at ``now``.
+
+    A live lease is refused unless ``force``. A release writes a new ``attempt_id`` (the
+    operator's, single use) and a higher fencing token, so the old holder's renew and finish,
+    which need its own attempt to hold the claim, are refused from then on.
+    """
+    if record is None or not is_live(record, now):
+        return OperatorRelease(ReleaseOutcome.MISSING, record)
+    if record.status is RunStatus.RELEASED:
+        return OperatorRelease(ReleaseOutcome.ALREADY_RELEASED, record)
+    if record.status is not RunStatus.IN_PROGRESS:
+        return OperatorRelease(ReleaseOutcome.FINISHED, record)
+    live_until = record.lease_expires + c.MAX_CLOCK_SKEW
+    live = lease_held(record, now)
+    if live and not force:
+        return OperatorRelease(ReleaseOutcome.LEASE_LIVE, record, live_until=live_until)
+    note = (
+        f"released by an operator while attempt {record.attempt_id}'s lease was live "
+        f"(until {live_until.isoformat()})"
+        if live
+        else f"released by an operator: attempt {record.attempt_id}'s lease had expired"
+    )
+    written = record.replace(
+        status=RunStatus.RELEASED,
+        attempt_id=attempt_id,
+        fencing_token=record.fencing_token + 1,
+        lease_expires=now,
+        error=cap_text(note if record.error is None else f"{note}; before: {record.error}"),
+    )
+    return OperatorRelease(ReleaseOutcome.RELEASED, written, forced=live, live_until=live_until)
+
+
+def replay_refusal(record: RunRecord | None, now: datetime) -> str | None:
+    """Why ``record`` cannot be replayed, or None when it can (a failed task with a JSON
+    payload)."""
+    if record is None or not is_live(record, now):
+        return "no such run"
+    if record.status is not RunStatus.FAILED:
+        return f"only failed (dead-letter) runs are replayed; this one is {record.status.value}"
+    if record.kind != "task":
+        return "only task runs are replayed; run a scheduled job with `gcloud scheduler jobs run`"
+    if record.payload is None:
+        return "the run kept no payload to replay"
+    try:
+        json.loads(record.payload)
+    except ValueError:
+        return "the stored payload is not JSON (the run failed on it): it cannot be re-sent"
+    return None
+
+
+def replay_pending(
+    original: RunRecord,
+    run_id: str,
+    identity: dict[str, str],
+    now: datetime,
+    retention: timedelta = c.DEFAULT_RETENTION,
+) -> RunRecord:
+    """The record of a replay written before its first delivery: released (claimable at
+    once), no attempt yet, linked to ``original``. The first claim keeps the link."""
+    return RunRecord(
+        run_id=run_id,
+        kind=original.kind,
+        handler=original.handler,
+        status=RunStatus.RELEASED,
+        attempt_id="replay-pending",
+        fencing_token=0,
+        attempts=0,
+        lease_expires=now,
+        expire_at=now + retention,
+        claimed_at=now,
+        identity=dict(identity),
+        error="waiting for the replay's first delivery",
+        replay_of=original.run_id,
+    )

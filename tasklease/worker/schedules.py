@@ -1,0 +1,125 @@
+"""Scheduled jobs whose last success is older than their schedule implies (`runs stuck`).
+
+Reads the ``[[job]]`` tables of a jobs file (the emulator's ``--scheduler-config``) or of the
+deploy config (deploy/tasklease.toml): ``name``, ``schedule`` (unix-cron), ``time_zone``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from tasklease.worker.identity import parse_rfc3339
+from tasklease.worker.queries import is_manual
+from tasklease.worker.records import RunRecord, RunStatus
+from tasklease.worker.stores.base import LeaseStore
+
+# The deploy config `tasklease deploy --init` writes in a project: its [[job]] tables are the
+# schedules `runs stuck` and the dashboard check when given none.
+DEFAULT_SCHEDULES = Path("tasklease.toml")
+
+# How long after a slot its run may still be finishing (attempts and retries) before it counts
+# as missed: Cloud Scheduler's attempt deadline defaults to 3 minutes, with up to 5 retries.
+DEFAULT_GRACE = timedelta(minutes=15)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One Cloud Scheduler job as far as its schedule goes."""
+
+    name: str
+    schedule: str
+    time_zone: str = "Etc/UTC"
+
+    def last_slot(self, at: datetime) -> datetime:
+        """The latest scheduled time at or before ``at``, in UTC."""
+        local = at.astimezone(ZoneInfo(self.time_zone))
+        previous: datetime = croniter(self.schedule, local).get_prev(datetime)
+        following: datetime = croniter(self.schedule, previous).get_next(datetime)
+        # get_prev is strictly before ``at``: ``at`` itself may be a slot.
+        return (following if following <= local else previous).astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class OverdueJob:
+    """A job whose slot ``due`` has passed its grace without a successful run."""
+
+    name: str
+    schedule: str
+    due: datetime
+    last_success: datetime | None  # The schedule time of the newest successful run.
+    last_success_run_id: str | None
+
+
+def default_schedules(path: Path | None) -> Path | None:
+    """``path``, else ./tasklease.toml when it exists, else None."""
+    if path is not None:
+        return path
+    return DEFAULT_SCHEDULES if DEFAULT_SCHEDULES.is_file() else None
+
+
+def load_schedules(path: str | Path) -> list[Schedule]:
+    """The ``[[job]]`` tables of ``path``; ValueError for a missing or invalid entry."""
+    with Path(path).open("rb") as handle:
+        document: dict[str, Any] = tomllib.load(handle)
+    schedules = []
+    for entry in document.get("job", []):
+        name, schedule = entry.get("name"), entry.get("schedule")
+        if not isinstance(name, str) or not isinstance(schedule, str):
+            raise ValueError(f"{path}: every [[job]] needs a name and a schedule")
+        if not croniter.is_valid(schedule):
+            raise ValueError(f"{path}: job {name}: {schedule!r} is not a unix-cron schedule")
+        time_zone = str(entry.get("time_zone") or "Etc/UTC")
+        try:
+            ZoneInfo(time_zone)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"{path}: job {name}: unknown time zone {time_zone!r}") from exc
+        schedules.append(Schedule(name, schedule, time_zone))
+    return schedules
+
+
+def overdue_jobs(
+    store: LeaseStore,
+    schedules: list[Schedule],
+    now: datetime,
+    grace: timedelta = DEFAULT_GRACE,
+) -> list[OverdueJob]:
+    """The jobs whose latest slot at least ``grace`` old has no successful scheduled run.
+
+    Manual runs do not count: they carry the next slot's time, not the one that was missed.
+    A job with no run on record at all is overdue too (it may also be newer than its records'
+    retention, which a reader of the report can tell from ``last_success`` being empty).
+    """
+    overdue = []
+    for schedule in schedules:
+        due = schedule.last_slot(now - grace)
+        success = _last_success(store.find_runs(job_name=schedule.name))
+        last = None if success is None else _slot_of(success)
+        if last is None or last < due:
+            overdue.append(
+                OverdueJob(
+                    schedule.name,
+                    schedule.schedule,
+                    due,
+                    last,
+                    None if success is None else success.run_id,
+                )
+            )
+    return overdue
+
+
+def _last_success(runs: list[RunRecord]) -> RunRecord | None:
+    done = [r for r in runs if r.status is RunStatus.COMPLETED and not is_manual(r)]
+    return max(done, key=_slot_of, default=None)
+
+
+def _slot_of(record: RunRecord) -> datetime:
+    text = record.identity.get("schedule_time")
+    parsed = parse_rfc3339(text) if text else None
+    return parsed or record.claimed_at

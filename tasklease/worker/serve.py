@@ -1,0 +1,121 @@
+"""Run a router under gunicorn in a child process: for ``tasklease dev``, the demo and tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+import requests
+
+from tasklease.worker import constants as c
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class GunicornWorker:
+    """``gunicorn tasklease.worker.wsgi:app`` for ``router`` (``module:attribute``) on 127.0.0.1.
+
+    With ``auth="oidc"``, ``TASKLEASE_AUDIENCE`` defaults to the server's own URL.
+    Use as a context manager: it starts, waits until ``/healthz`` answers, and stops the
+    server (SIGTERM, then SIGKILL) on exit.
+    """
+
+    def __init__(
+        self,
+        router: str,
+        *,
+        store: str,
+        auth: str = "none",
+        workers: int = 2,
+        threads: int = 8,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        log_path: Path | None = None,
+        stream_logs: bool = False,
+    ) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._command = [
+            sys.executable, "-m", "gunicorn",
+            "--bind", f"127.0.0.1:{self.port}",
+            "--workers", str(workers),
+            "--threads", str(threads),
+            "--timeout", "0",
+            "--graceful-timeout", "5",
+            "tasklease.worker.wsgi:app",
+        ]  # fmt: skip
+        self._env = {
+            **os.environ,
+            c.ENV_ROUTER: router,
+            c.ENV_STORE: store,
+            c.ENV_AUTH: auth,
+            "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+            **(env or {}),
+        }
+        if auth == "oidc":
+            # The URL this server answers on is the only audience its tokens may carry.
+            self._env.setdefault(c.ENV_AUDIENCE, self.url)
+        self._log_path = log_path
+        self._stream_logs = stream_logs  # Inherit stdout/stderr (``tasklease dev``).
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> GunicornWorker:
+        if self._log_path:
+            with open(self._log_path, "ab") as log:  # The child keeps its own descriptor.
+                self._process = subprocess.Popen(
+                    self._command, env=self._env, stdout=log, stderr=subprocess.STDOUT
+                )
+        else:
+            quiet = None if self._stream_logs else subprocess.DEVNULL
+            self._process = subprocess.Popen(
+                self._command,
+                env=self._env,
+                stdout=quiet,
+                stderr=None if self._stream_logs else subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"gunicorn exited with {self._process.returncode}; see its log")
+            try:
+                requests.get(f"{self.url}/healthz", timeout=1)
+            except requests.RequestException:
+                time.sleep(0.1)
+            else:
+                return self
+        self.stop()
+        raise RuntimeError(f"gunicorn did not answer on {self.url} within {timeout} s")
+
+    def stop(self) -> None:
+        if self._process is None or self._process.poll() is not None:
+            return
+        self._process.send_signal(signal.SIGTERM)
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+    def __enter__(self) -> GunicornWorker:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,97 @@
+"""Lease stores: the contract and its backends, and the store URL that picks one."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from tasklease.worker import constants as c
+from tasklease.worker.errors import ConfigurationError
+from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.memory import MemoryStore
+from tasklease.worker.stores.sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from tasklease.worker.stores.firestore import FirestoreStore
+
+__all__ = [
+    "FirestoreStore",
+    "LeaseStore",
+    "MemoryStore",
+    "SqliteStore",
+    "check_store_is_shared",
+    "store_from_url",
+]
+
+
+def check_store_is_shared(store: LeaseStore, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a store that lives on one instance's disk or memory where instances are many.
+
+    On Cloud Run (``K_SERVICE`` set) instances share no disk (platform-facts.md): with a
+    SQLite or in-memory store, two instances that each receive one duplicate would both run
+    it. ``TASKLEASE_ALLOW_LOCAL_STORE=1`` overrides this, e.g. for a service capped at one
+    instance that accepts losing its records on every restart.
+    """
+    environ = os.environ if environ is None else environ
+    if not isinstance(store, (MemoryStore, SqliteStore)):
+        return
+    service = environ.get(c.ENV_CLOUD_RUN_SERVICE)
+    if not service or environ.get(c.ENV_ALLOW_LOCAL_STORE) == "1":
+        return
+    raise ConfigurationError(
+        f"{store!r} keeps runs on this instance only, but this is Cloud Run service "
+        f"{service!r} ({c.ENV_CLOUD_RUN_SERVICE} is set), whose instances share no disk: a "
+        "duplicate reaching two instances would run twice. Set "
+        f"{c.ENV_STORE}=firestore://?collection=tasklease_runs (pip install "
+        f"'tasklease[firestore]'), or {c.ENV_ALLOW_LOCAL_STORE}=1 to accept the risk."
+    )
+
+
+def store_from_url(url: str | None = None) -> LeaseStore:
+    """Build a store from a URL, or from ``TASKLEASE_STORE`` (default: a SQLite file).
+
+    - ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``
+    - ``memory://``
+    - ``firestore://?collection=tasklease_runs&database=(default)`` (project from
+      ``GOOGLE_CLOUD_PROJECT``; needs ``tasklease[firestore]``)
+    """
+    url = url or os.environ.get(c.ENV_STORE) or c.DEFAULT_STORE_URL
+    scheme, _, rest = url.partition("://")
+    if scheme == "memory":
+        return MemoryStore()
+    if scheme == "sqlite":
+        path = rest[1:] if rest.startswith("/") else rest
+        if not path:
+            raise ConfigurationError(f"store URL {url!r} names no file: use sqlite:///runs.db")
+        return SqliteStore(path)
+    if scheme == "firestore":
+        options = {key: values[-1] for key, values in parse_qs(urlsplit(url).query).items()}
+        unknown = set(options) - {"collection", "database", "project", "call_timeout"}
+        if unknown:
+            raise ConfigurationError(f"store URL {url!r}: unknown options {sorted(unknown)}")
+        timeout = options.pop("call_timeout", None)
+        return _firestore_store().from_options(
+            **options, call_timeout=float(timeout) if timeout else None
+        )
+    raise ConfigurationError(
+        f"unknown store URL {url!r}: use sqlite:///path, memory:// or firestore://"
+    )
+
+
+def _firestore_store() -> type[FirestoreStore]:
+    try:
+        from tasklease.worker.stores.firestore import FirestoreStore  # noqa: PLC0415 - optional extra.
+    except ImportError as exc:
+        raise ConfigurationError(
+            "the Firestore store needs google-cloud-firestore: pip install 'tasklease[firestore]'"
+        ) from exc
+    return FirestoreStore
+
+
+def __getattr__(name: str) -> Any:
+    # FirestoreStore needs an optional extra: import it on first use, with an install hint.
+    if name == "FirestoreStore":
+        return _firestore_store()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

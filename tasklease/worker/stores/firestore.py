@@ -1,0 +1,628 @@
+"""The production store: one Firestore document per run, in as few round trips as possible.
+
+Google's sample runs two transactions per execution: 6 RPCs for a first execution, 3 for a
+duplicate (platform-facts.md). This store relies on single-document preconditions, which
+Firestore evaluates atomically:
+
+- claim: ``create()`` (precondition: the document does not exist). 1 RPC.
+- a duplicate: the create fails, one ``get()`` shows the record. 2 RPCs.
+- taking over an expired lease: the same ``get()``, then an ``update()`` whose precondition is
+  that document's ``update_time``: a compare-and-set, so of two concurrent takeovers exactly
+  one wins. 3 RPCs; no transaction (it would add BeginTransaction and a lock).
+- renew and finish: an ``update()`` conditional on the ``update_time`` of this attempt's own
+  last write, which the store remembers. 1 RPC.
+
+A failed precondition means the document changed under us: the store reads it again and
+decides from what is there. That also covers the client's own automatic retries (a commit
+retried after an UNAVAILABLE can fail against the write its first try made) and a write that
+landed although its call failed: the stored attempt id tells our write from another
+attempt's. A claim whose write may have landed but cannot be read back is answered
+:class:`StoreUnavailable` and released later (conditionally, only while that attempt still
+holds it), so the task's retry is not locked out for a whole lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from google.api_core import exceptions as api
+from google.api_core import retry as retries
+from google.cloud import firestore
+
+from tasklease.worker import decisions, locking
+from tasklease.worker.errors import StoreUnavailable
+from tasklease.worker.queries import Position, RunFilter
+from tasklease.worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus, Verdict
+from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, Update, resolve
+
+_T = TypeVar("_T")
+
+DEFAULT_COLLECTION = "tasklease_runs"
+# Rounds of read-and-retry after failed preconditions before reporting contention.
+MAX_ROUNDS = 8
+# Writes this process made and may still need to condition on, per (run id, attempt id).
+MAX_REMEMBERED_WRITES = 10_000
+# Errors the client retries by itself within one call (a retried write may then conflict with
+# its own first try, which the code below recognises by the stored attempt id).
+_TRANSIENT = retries.if_exception_type(
+    api.ServiceUnavailable, api.DeadlineExceeded, api.InternalServerError, api.ResourceExhausted
+)
+# Errors after which a write may have landed: the server may have committed it before the
+# call failed (RetryError: the client's retries ran out of time, the last one such an error).
+_UNCERTAIN = (
+    api.DeadlineExceeded,
+    api.ServiceUnavailable,
+    api.InternalServerError,
+    api.Unknown,
+    api.Cancelled,
+    api.RetryError,
+)
+# Background retries of releasing claims that may have landed unseen: first delay, then doubling.
+ORPHAN_RETRY_FIRST = 0.5
+ORPHAN_RETRY_MAX = 60.0
+MAX_ORPHANS = 10_000
+ORPHAN_ERROR = "the claim's write landed but its call failed; released, the handler never ran"
+
+log = logging.getLogger("tasklease.store.firestore")
+
+
+class FirestoreStore(LeaseStore):
+    """Run records in ``collection`` (document id: the hashed run id, so writes spread out).
+
+    ``expire_at`` is a Firestore timestamp for a TTL policy on the collection (the deploy
+    kit creates it); Firestore deletes expired documents within about a day, and until then
+    the store treats them as absent. Give it a client, or use :meth:`from_options`, which
+    creates one lazily per process (gRPC channels must not cross a fork).
+    """
+
+    def __init__(
+        self,
+        client: firestore.Client | None = None,
+        collection: str = DEFAULT_COLLECTION,
+        *,
+        project: str | None = None,
+        database: str | None = None,
+        call_timeout: float = 10.0,
+    ) -> None:
+        """``call_timeout`` bounds each store call, the client's own retries included, so a
+        Firestore outage answers 503 in seconds rather than blocking the request."""
+        self.collection = collection
+        self._timeout = call_timeout
+        self._retry = retries.Retry(
+            predicate=_TRANSIENT, initial=0.1, maximum=2.0, multiplier=2.0, timeout=call_timeout
+        )
+        self._client = client
+        self._client_pid = os.getpid() if client is not None else None
+        self._project = project
+        self._database = database
+        self._lock = threading.Lock()
+        # (run id, attempt id) -> (update_time of our last write, the record we wrote).
+        self._writes: OrderedDict[tuple[str, str], tuple[datetime, RunRecord]] = OrderedDict()
+        # Claims whose write may have landed though the claim failed: (run id, attempt id) ->
+        # the claim's time. Released on the next call, or by a background retry.
+        self._orphans: OrderedDict[tuple[str, str], datetime] = OrderedDict()
+        self._orphan_timer: threading.Timer | None = None
+        self._orphan_delay = ORPHAN_RETRY_FIRST
+
+    @classmethod
+    def from_options(
+        cls,
+        collection: str = DEFAULT_COLLECTION,
+        database: str = "(default)",
+        project: str | None = None,
+        call_timeout: float | None = None,
+    ) -> FirestoreStore:
+        """The store ``firestore://?collection=...&database=...`` describes (project from
+        ``GOOGLE_CLOUD_PROJECT`` unless given)."""
+        return cls(
+            None,
+            collection,
+            project=project or os.environ.get("GOOGLE_CLOUD_PROJECT"),
+            database=database,
+            **({"call_timeout": call_timeout} if call_timeout is not None else {}),
+        )
+
+    def __repr__(self) -> str:
+        return f"FirestoreStore(collection={self.collection!r}, database={self._database!r})"
+
+    @property
+    def client(self) -> firestore.Client:
+        if self._client is None or self._client_pid != os.getpid():
+            with self._lock:
+                if self._client is None or self._client_pid != os.getpid():
+                    with self._guard("connect"):
+                        self._client = firestore.Client(
+                            project=self._project, database=self._database
+                        )
+                    self._client_pid = os.getpid()
+                    self._writes.clear()
+                    self._orphans.clear()  # The parent process still owns them.
+                    self._orphan_timer = None
+        return self._client
+
+    def claim(self, request: ClaimRequest, now: Moment) -> Claim:
+        # The retry of a delivery whose claim landed unseen: give that claim back first. (Other
+        # runs' orphans are left to the background, so an outage does not slow every claim.)
+        self._release_orphans(request.run_id)
+        ref = self._document(request.run_id)
+        with self._guard("claim a run"):
+            for _ in range(MAX_ROUNDS):
+                fresh = decisions.claim(None, request, resolve(now))
+                try:
+                    written = ref.create(_encode(fresh.record), **self._call)
+                except api.Aborted:
+                    continue  # Contention: a Conflict subclass, but nothing was written.
+                except api.Conflict:  # AlreadyExists (or a conflict with our own retried try).
+                    snapshot = ref.get(**self._call)
+                except _UNCERTAIN as exc:
+                    snapshot = self._read_back(ref, fresh.record, exc)
+                else:
+                    self._remember(fresh.record, written.update_time)
+                    return fresh
+                if not snapshot.exists:
+                    continue  # Deleted in between (TTL or purge): create again.
+                record = _decode(request.run_id, snapshot.to_dict())
+                if decisions.holds(record, request.attempt_id):
+                    # Our create landed: the client retried it, or its call failed afterwards.
+                    self._remember(record, snapshot.update_time)
+                    return Claim(Verdict.CLAIMED, record)
+                outcome = decisions.claim(record, request, resolve(now))
+                if outcome.verdict is not Verdict.CLAIMED:
+                    return outcome
+                try:
+                    updated = self._update_if_unchanged(ref, outcome.record, snapshot.update_time)
+                except _UNCERTAIN as exc:
+                    snapshot = self._read_back(ref, outcome.record, exc)
+                    landed = _decode(request.run_id, snapshot.to_dict())
+                    self._remember(landed, snapshot.update_time)
+                    return Claim(Verdict.CLAIMED, landed, outcome.took_over_from)
+                if updated is not None:
+                    self._remember(outcome.record, updated)
+                    return outcome
+        raise StoreUnavailable(f"run {request.run_id}: too much contention to claim it")
+
+    def _read_back(self, ref: Any, claimed: RunRecord, error: Exception) -> Any:
+        """The document after a claim's write failed in a way that may have landed it: its
+        snapshot if it shows this attempt's claim. Otherwise the claim fails (StoreUnavailable),
+        noted as an orphan to release in case it landed unseen or lands late."""
+        try:
+            snapshot = ref.get(**self._call)
+        except (api.GoogleAPIError, ValueError, OSError):
+            self._note_orphan(claimed)
+            raise StoreUnavailable(
+                f"Firestore store: could not claim a run (nor read it back): {error}"
+            ) from error
+        if snapshot.exists and decisions.holds(
+            _decode(claimed.run_id, snapshot.to_dict()), claimed.attempt_id
+        ):
+            return snapshot
+        self._note_orphan(claimed)
+        raise StoreUnavailable(f"Firestore store: could not claim a run: {error}") from error
+
+    def _if_held(
+        self,
+        run_id: str,
+        attempt_id: str,
+        update: Update,
+        now: Moment,
+        finished: RunStatus | None,
+    ) -> RunRecord | None:
+        ref = self._document(run_id)
+        with self._lock:
+            remembered = self._writes.get((run_id, attempt_id))
+        with self._guard("change a run"):
+            for _ in range(MAX_ROUNDS):
+                if remembered is None:
+                    snapshot = ref.get(**self._call)
+                    if not snapshot.exists:
+                        return None
+                    record = _decode(run_id, snapshot.to_dict())
+                    if decisions.finished_by(record, attempt_id, finished):
+                        # An earlier try of this finish landed, though its call failed.
+                        self._forget(run_id, attempt_id)
+                        return record
+                    if not decisions.holds(record, attempt_id):
+                        self._forget(run_id, attempt_id)
+                        return None
+                    remembered = (snapshot.update_time, record)
+                update_time, record = remembered
+                expected = update(record, resolve(now))
+                written = self._update_if_unchanged(ref, expected, update_time)
+                if written is not None:
+                    self._remember(expected, written)
+                    return expected
+                remembered = None  # Changed under us: read it and decide again.
+        raise StoreUnavailable(f"run {run_id}: too much contention to change it")
+
+    def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
+        """The generic path, in a transaction; the fast paths above do not need it."""
+        ref = self._document(run_id)
+
+        @firestore.transactional
+        def apply(transaction: firestore.Transaction) -> _T:
+            snapshot = ref.get(transaction=transaction)
+            current = _decode(run_id, snapshot.to_dict()) if snapshot.exists else None
+            new_record, value = change(current)
+            if new_record is not None:
+                transaction.set(ref, _encode(new_record))
+            return value
+
+        with self._guard("change a run"):
+            result: _T = apply(self.client.transaction())
+            return result
+
+    @property
+    def lock_collection(self) -> str:
+        """Locks (exclusive jobs, concurrency keys) live beside the runs: ``<collection>_locks``."""
+        return f"{self.collection}_locks"
+
+    def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
+        """One lock document changed by compare-and-set, no transaction: read it, then
+        ``create()`` it (precondition: absent) or ``update()`` it (precondition: the update
+        time read). A failed precondition means another writer came first: read again and
+        decide again. A write that may have landed unseen is read again too; the lock rules
+        recognise this attempt's own landed write by its attempt id (2 RPCs per change)."""
+        with self._guard("change a lock"):
+            value: _T = self._compare_and_set(
+                self._lock_document(name),
+                lambda data: _decode_lock(name, data),
+                _encode_lock,
+                change,
+                # Conflict covers Aborted and AlreadyExists; an uncertain write is read back.
+                retry_on=(api.Conflict, api.FailedPrecondition, api.NotFound, *_UNCERTAIN),
+                what=f"lock {name}",
+            )
+            return value
+
+    def get_lock(self, name: str) -> LockRecord | None:
+        with self._guard("read a lock"):
+            snapshot = self._lock_document(name).get(**self._call)
+        return _decode_lock(name, snapshot.to_dict()) if snapshot.exists else None
+
+    def _lock_document(self, name: str) -> Any:
+        return self.client.collection(self.lock_collection).document(locking.lock_id(name))
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self._guard("read a run"):
+            snapshot = self._document(run_id).get(**self._call)
+        return _decode(run_id, snapshot.to_dict()) if snapshot.exists else None
+
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        query: Any = self.client.collection(self.collection)
+        if status is not None:
+            query = query.where(filter=firestore.FieldFilter("status", "==", status.value))
+        query = query.order_by("claimed_at", direction=firestore.Query.DESCENDING).limit(limit)
+        with self._guard("list runs"):
+            return [_decode(snapshot.id, snapshot.to_dict()) for snapshot in query.stream()]
+
+    # --- Operations: listing, lookup and operator changes (issue 17) ------------------------
+
+    def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
+        """One equality filter at most (status, else handler), with the claimed_at range and
+        order: the composite indexes deploy/deploy.py creates (status or handler, then
+        claimed_at descending) serve it. The other filters are applied by the caller."""
+        query: Any = self.client.collection(self.collection)
+        status = filters.status_to_scan
+        if status is not None:
+            query = query.where(filter=firestore.FieldFilter("status", "==", status.value))
+        elif filters.handler is not None:
+            query = query.where(filter=firestore.FieldFilter("handler", "==", filters.handler))
+        if filters.older_than is not None:
+            query = query.where(filter=firestore.FieldFilter("claimed_at", "<", filters.older_than))
+        if filters.newer_than is not None:
+            query = query.where(
+                filter=firestore.FieldFilter("claimed_at", ">=", filters.newer_than)
+            )
+        query = query.order_by("claimed_at", direction=firestore.Query.DESCENDING).order_by(
+            "__name__", direction=firestore.Query.DESCENDING
+        )
+        if after is not None:
+            query = query.start_after([after[0], after[1]])
+        with self._guard("list runs"):
+            return [
+                _decode(snapshot.id, snapshot.to_dict())
+                for snapshot in query.limit(limit).stream(timeout=self._timeout)
+            ]
+
+    def _find_by_identity(self, name: str, value: str) -> list[RunRecord]:
+        # Firestore indexes every field of a map by itself: no composite index needed.
+        query = self.client.collection(self.collection).where(
+            filter=firestore.FieldFilter(f"identity.{name}", "==", value)
+        )
+        with self._guard("look runs up"):
+            return [
+                _decode(snapshot.id, snapshot.to_dict())
+                for snapshot in query.stream(timeout=self._timeout)
+            ]
+
+    def _operator_change(self, run_id: str, change: Change[_T]) -> _T:
+        """Read, decide, then write on the condition that the document is still the version
+        read (``last_update_time``), else read and decide again: a holder's renew or finish
+        racing an operator's release is then refused one way or the other."""
+        with self._guard("change a run"):
+            value: _T = self._compare_and_set(
+                self._document(run_id),
+                lambda data: _decode(run_id, data),
+                _encode,
+                change,
+                # Changed under us (Aborted is a Conflict too): decide again.
+                retry_on=(api.FailedPrecondition, api.NotFound, api.Conflict),
+                what=f"run {run_id}",
+            )
+            return value
+
+    def _compare_and_set(
+        self,
+        ref: Any,
+        decode: Callable[[dict[str, Any] | None], Any],
+        encode: Callable[[Any], dict[str, Any]],
+        change: Callable[[Any], tuple[Any, _T]],
+        *,
+        retry_on: tuple[type[Exception], ...],
+        what: str,
+    ) -> _T:
+        """Read one document, decide, then ``create()`` it (precondition: absent) or
+        ``update()`` it (precondition: the update time read); on ``retry_on``, read and decide
+        again. No transaction: single-document preconditions are atomic."""
+        for _ in range(MAX_ROUNDS):
+            snapshot = ref.get(**self._call)
+            new, value = change(decode(snapshot.to_dict()) if snapshot.exists else None)
+            decided: _T = value
+            if new is None:
+                return decided
+            try:
+                if snapshot.exists:
+                    option = self.client.write_option(last_update_time=snapshot.update_time)
+                    ref.update(encode(new), option=option, **self._call)
+                else:
+                    ref.create(encode(new), **self._call)
+            except retry_on:
+                continue
+            return decided
+        raise StoreUnavailable(f"{what}: too much contention to change it")
+
+    def purge_expired(self, now: datetime) -> int:
+        """Delete expired runs now (in production the TTL policy does this by itself)."""
+        query = self.client.collection(self.collection).where(
+            filter=firestore.FieldFilter("expire_at", "<=", now)
+        )
+        purged = 0
+        with self._guard("purge expired runs"):
+            for snapshot in query.stream():
+                # Only the version read: a takeover since then makes it a live run again.
+                option = self.client.write_option(last_update_time=snapshot.update_time)
+                try:
+                    snapshot.reference.delete(option=option, **self._call)
+                except (api.FailedPrecondition, api.NotFound):
+                    continue
+                purged += 1
+            locks = self.client.collection(self.lock_collection).where(
+                filter=firestore.FieldFilter("lapses_at", "<=", now)
+            )
+            for snapshot in locks.stream():
+                option = self.client.write_option(last_update_time=snapshot.update_time)
+                try:
+                    snapshot.reference.delete(option=option, **self._call)
+                except (api.FailedPrecondition, api.NotFound):
+                    continue
+                purged += 1
+        return purged
+
+    def close(self) -> None:
+        with self._lock:
+            timer, self._orphan_timer = self._orphan_timer, None
+        if timer is not None:
+            timer.cancel()
+        if self._client is not None and self._client_pid == os.getpid():
+            self._client.close()  # type: ignore[no-untyped-call]
+
+    @property
+    def _call(self) -> dict[str, Any]:
+        return {"retry": self._retry, "timeout": self._timeout}
+
+    def _document(self, run_id: str) -> Any:
+        return self.client.collection(self.collection).document(run_id)
+
+    def _update_if_unchanged(
+        self, ref: Any, record: RunRecord, update_time: datetime
+    ) -> datetime | None:
+        """Write ``record`` if the document is still at ``update_time``; None if it moved on."""
+        option = self.client.write_option(last_update_time=update_time)
+        try:
+            written = ref.update(_encode(record), option=option, **self._call)
+        except (api.FailedPrecondition, api.NotFound, api.Aborted):
+            return None
+        result: datetime = written.update_time
+        return result
+
+    def _remember(self, record: RunRecord, update_time: datetime) -> None:
+        key = (record.run_id, record.attempt_id)
+        with self._lock:
+            if record.status is RunStatus.IN_PROGRESS:
+                self._writes[key] = (update_time, record)
+                self._writes.move_to_end(key)
+                while len(self._writes) > MAX_REMEMBERED_WRITES:
+                    self._writes.popitem(last=False)
+            else:
+                self._writes.pop(key, None)  # Finished: nothing more to condition on.
+
+    def _forget(self, run_id: str, attempt_id: str) -> None:
+        with self._lock:
+            self._writes.pop((run_id, attempt_id), None)
+
+    def _note_orphan(self, claimed: RunRecord) -> None:
+        """Remember a claim that may have landed unseen, and release it soon.
+
+        Safe because attempt ids are single use: the delivery whose claim failed never runs
+        the handler, and no later claim carries its attempt id.
+        """
+        with self._lock:
+            self._orphans[(claimed.run_id, claimed.attempt_id)] = claimed.claimed_at
+            while len(self._orphans) > MAX_ORPHANS:
+                self._orphans.popitem(last=False)  # Its lease expires by itself.
+        self._schedule_orphan_release()
+
+    def _drop_orphan(self, run_id: str, attempt_id: str) -> None:
+        with self._lock:
+            self._orphans.pop((run_id, attempt_id), None)
+
+    def _release_orphans(self, only_run: str | None = None) -> None:
+        """Give back claims that may have landed unseen (all, or ``only_run``'s), each only
+        while its attempt still holds it.
+
+        Released as of the claim's own time (nothing ran), so the next delivery runs at once.
+        """
+        if not self._orphans:
+            return
+        with self._lock:
+            pending = [
+                (key, claimed_at)
+                for key, claimed_at in self._orphans.items()
+                if only_run is None or key[0] == only_run
+            ]
+        for (run_id, attempt_id), claimed_at in pending:
+            try:
+                released = self._if_held(
+                    run_id, attempt_id, _orphan_released, claimed_at, RunStatus.RELEASED
+                )
+            except StoreUnavailable:
+                continue  # Still down: kept for the next call or the background retry.
+            self._drop_orphan(run_id, attempt_id)
+            if released is not None:
+                log.info("released run %s: attempt %s's claim landed unseen", run_id, attempt_id)
+        with self._lock:
+            if not self._orphans:
+                self._orphan_delay = ORPHAN_RETRY_FIRST
+        self._schedule_orphan_release()
+
+    def _schedule_orphan_release(self) -> None:
+        with self._lock:
+            if self._orphan_timer is not None or not self._orphans:
+                return
+            timer = threading.Timer(self._orphan_delay, self._release_orphans_in_background)
+            timer.daemon = True
+            self._orphan_timer = timer
+            self._orphan_delay = min(self._orphan_delay * 2, ORPHAN_RETRY_MAX)
+        timer.start()
+
+    def _release_orphans_in_background(self) -> None:
+        with self._lock:
+            self._orphan_timer = None
+        try:
+            self._release_orphans()
+        except Exception:  # A background thread has no caller to tell; it must not die noisily.
+            log.exception("could not release claims that may have landed unseen")
+
+    @contextmanager
+    def _guard(self, action: str) -> Iterator[None]:
+        """Turn Firestore and transport errors into :class:`StoreUnavailable`."""
+        try:
+            yield
+        except StoreUnavailable:
+            raise
+        except (api.GoogleAPIError, ValueError, OSError) as exc:
+            # ValueError: @transactional gives up after its retries on ABORTED.
+            raise StoreUnavailable(f"Firestore store: could not {action}: {exc}") from exc
+
+
+def _orphan_released(record: RunRecord, now: datetime) -> RunRecord:
+    return decisions.released(record, ORPHAN_ERROR, now)
+
+
+def _encode(record: RunRecord) -> dict[str, Any]:
+    return {
+        "kind": record.kind,
+        "handler": record.handler,
+        "status": record.status.value,
+        "attempt_id": record.attempt_id,
+        "fencing_token": record.fencing_token,
+        "attempts": record.attempts,
+        "lease_expires": record.lease_expires,
+        "expire_at": record.expire_at,
+        "claimed_at": record.claimed_at,
+        "finished_at": record.finished_at,
+        "identity": dict(record.identity),
+        # JSON text: Firestore maps cannot hold every JSON value (no arrays of arrays).
+        "result": record.result_json,
+        "error": record.error,
+        "payload": record.payload,
+        "caller": record.caller,
+        "replay_of": record.replay_of,
+        "replayed_as": record.replayed_as,
+    }
+
+
+def _decode(run_id: str, data: dict[str, Any] | None) -> RunRecord:
+    data = data or {}
+    return RunRecord(
+        run_id=run_id,
+        kind=data["kind"],
+        handler=data["handler"],
+        status=RunStatus(data["status"]),
+        attempt_id=data["attempt_id"],
+        fencing_token=int(data["fencing_token"]),
+        attempts=int(data["attempts"]),
+        lease_expires=_utc(data["lease_expires"]),
+        expire_at=_utc(data["expire_at"]),
+        claimed_at=_utc(data["claimed_at"]),
+        identity=dict(data.get("identity") or {}),
+        finished_at=_utc(data["finished_at"]) if data.get("finished_at") else None,
+        result_json=data.get("result"),
+        error=data.get("error"),
+        payload=data.get("payload"),
+        caller=data.get("caller"),
+        replay_of=data.get("replay_of"),
+        replayed_as=data.get("replayed_as"),
+    )
+
+
+def _encode_lock(lock: LockRecord) -> dict[str, Any]:
+    return {
+        "name": lock.name,
+        "holder_run_id": lock.holder_run_id,
+        "holder_attempt_id": lock.holder_attempt_id,
+        "fencing_token": lock.fencing_token,
+        "started_at": lock.started_at,
+        "lease_expires": lock.lease_expires,
+        "safety_expires": lock.safety_expires,
+        "next_start_at": lock.next_start_at,
+        "released_at": lock.released_at,
+        # From then on the document decides nothing: a TTL policy may delete it.
+        "lapses_at": locking.lapses_at(lock),
+    }
+
+
+def _decode_lock(name: str, data: dict[str, Any] | None) -> LockRecord:
+    data = data or {}
+    return LockRecord(
+        name=data.get("name", name),
+        holder_run_id=data["holder_run_id"],
+        holder_attempt_id=data["holder_attempt_id"],
+        fencing_token=int(data["fencing_token"]),
+        started_at=_utc(data["started_at"]),
+        lease_expires=_utc(data["lease_expires"]),
+        safety_expires=_utc(data["safety_expires"]),
+        next_start_at=_utc(data["next_start_at"]),
+        released_at=_utc(data["released_at"]) if data.get("released_at") else None,
+    )
+
+
+def _utc(moment: datetime) -> datetime:
+    """A plain UTC datetime (the client returns DatetimeWithNanoseconds, microseconds kept)."""
+    return datetime(
+        moment.year,
+        moment.month,
+        moment.day,
+        moment.hour,
+        moment.minute,
+        moment.second,
+        moment.microsecond,
+        tzinfo=UTC,
+    )

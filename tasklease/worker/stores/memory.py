@@ -1,0 +1,106 @@
+"""An in-process store with the full contract: for tests, and users' own tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from datetime import datetime
+from typing import Any, TypeVar
+
+from tasklease.worker import locking
+from tasklease.worker.queries import Position, RunFilter, before
+from tasklease.worker.records import LockRecord, RunRecord, RunStatus
+from tasklease.worker.stores.base import Change, LeaseStore, LockChange
+
+_T = TypeVar("_T")
+_FIELDS = tuple(field.name for field in dataclasses.fields(RunRecord))
+_IDENTITY = _FIELDS.index("identity")
+_STATUS = _FIELDS.index("status")
+
+Packed = tuple[Any, ...]
+
+
+class MemoryStore(LeaseStore):
+    """Records in a dict behind one lock. Shared by the threads of one process only.
+
+    Records are kept as flat tuples of immutable values, which Python's cycle collector stops
+    tracking: a store of many thousand records then costs the collector nothing, where as many
+    dataclasses and dicts would slow every collection (and so every request) as it grew.
+    """
+
+    def __init__(self) -> None:
+        self._records: dict[str, Packed] = {}
+        self._locks: dict[str, LockRecord] = {}  # Few: one per exclusive job or busy key.
+        self._lock = threading.Lock()
+
+    def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
+        with self._lock:
+            packed = self._records.get(run_id)
+            new_record, value = change(None if packed is None else _unpack(packed))
+            if new_record is not None:
+                self._records[run_id] = _pack(new_record)
+            return value
+
+    def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
+        with self._lock:
+            new_lock, value = change(self._locks.get(name))
+            if new_lock is not None:
+                self._locks[name] = new_lock
+            return value
+
+    def get_lock(self, name: str) -> LockRecord | None:
+        with self._lock:
+            return self._locks.get(name)
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self._lock:
+            packed = self._records.get(run_id)
+        return None if packed is None else _unpack(packed)
+
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        with self._lock:
+            records = [_unpack(packed) for packed in self._records.values()]
+        records = [r for r in records if status is None or r.status is status]
+        return sorted(records, key=lambda r: r.claimed_at, reverse=True)[:limit]
+
+    def purge_expired(self, now: datetime) -> int:
+        with self._lock:
+            expired = [
+                key for key, packed in self._records.items() if _unpack(packed).expire_at <= now
+            ]
+            for key in expired:
+                del self._records[key]
+            lapsed = [name for name, lock in self._locks.items() if locking.lapses_at(lock) <= now]
+            for name in lapsed:
+                del self._locks[name]
+            return len(expired) + len(lapsed)
+
+    def __repr__(self) -> str:
+        return f"MemoryStore({len(self._records)} records)"
+
+    # --- Operations: listing and lookup (issue 17) ------------------------------------------
+
+    def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
+        with self._lock:
+            records = [_unpack(packed) for packed in self._records.values()]
+        matching = [r for r in records if before(r, after) and filters.matches(r)]
+        return sorted(matching, key=lambda r: (r.claimed_at, r.run_id), reverse=True)[:limit]
+
+    def _find_by_identity(self, name: str, value: str) -> list[RunRecord]:
+        with self._lock:
+            records = [_unpack(packed) for packed in self._records.values()]
+        return [r for r in records if r.identity.get(name) == value]
+
+
+def _pack(record: RunRecord) -> Packed:
+    values = [getattr(record, name) for name in _FIELDS]
+    values[_IDENTITY] = tuple(sorted(record.identity.items()))
+    values[_STATUS] = record.status.value  # Enum members are tracked objects; strings are not.
+    return tuple(values)
+
+
+def _unpack(packed: Packed) -> RunRecord:
+    values = dict(zip(_FIELDS, packed, strict=True))
+    values["identity"] = dict(values["identity"])
+    values["status"] = RunStatus(values["status"])
+    return RunRecord(**values)

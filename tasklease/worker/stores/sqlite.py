@@ -1,0 +1,526 @@
+"""The embedded default store: one SQLite file, safe across the threads and processes of a host.
+
+Every change runs in a ``BEGIN IMMEDIATE`` transaction, which takes SQLite's write lock before
+reading, so two processes (gunicorn workers sharing the file) never both claim one run. WAL
+mode lets reads proceed meanwhile, and ``synchronous=FULL`` makes each commit durable: in WAL
+mode SQLite then syncs the log on every commit, so a claim or completion that returned survives
+a crash or a power cut (https://www.sqlite.org/pragma.html#pragma_synchronous; NORMAL would
+not: "a transaction committed in WAL mode with synchronous=NORMAL might roll back following a
+power loss"). That sync is most of a change's cost, so:
+
+- changes made at once by the threads of one process share a transaction and its sync
+  (:mod:`tasklease.worker.stores.group_commit`);
+- processes take turns through an ``flock`` on ``<file>.lock`` before taking SQLite's write
+  lock: the kernel wakes the next writer the moment the lock is free, where SQLite's own busy
+  handler would poll with sleeps of up to 100 ms. Writers that do not take the ``flock``
+  (an old tasklease, the sqlite3 shell) are still excluded by SQLite's lock and busy timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tasklease.worker import locking
+from tasklease.worker.errors import StoreUnavailable
+from tasklease.worker.queries import Position, RunFilter
+from tasklease.worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
+from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, resolve
+from tasklease.worker.stores.group_commit import GroupCommit, Pending
+from tasklease.worker.stores.per_process import PerProcess
+from tasklease.worker.stores.private_files import create_private_file, make_private_dirs
+from tasklease.worker.stores.writer_lock import WriterLock, WriterLockTimeout
+
+_T = TypeVar("_T")
+_log = logging.getLogger("tasklease.store")
+
+_SCHEMA_VERSION = 3  # 2: runs.caller; 3: the locks table (exclusive jobs, concurrency keys).
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    handler TEXT NOT NULL,
+    status TEXT NOT NULL,
+    attempt_id TEXT NOT NULL,
+    fencing_token INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    lease_expires_us INTEGER NOT NULL,
+    expire_at_us INTEGER NOT NULL,
+    claimed_at_us INTEGER NOT NULL,
+    finished_at_us INTEGER,
+    identity TEXT NOT NULL,
+    result TEXT,
+    error TEXT,
+    payload TEXT,
+    caller TEXT,
+    replay_of TEXT,
+    replayed_as TEXT
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expire_at_us);
+CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, claimed_at_us);
+CREATE TABLE IF NOT EXISTS locks (
+    name TEXT PRIMARY KEY,
+    holder_run_id TEXT NOT NULL,
+    holder_attempt_id TEXT NOT NULL,
+    fencing_token INTEGER NOT NULL,
+    started_at_us INTEGER NOT NULL,
+    lease_expires_us INTEGER NOT NULL,
+    safety_expires_us INTEGER NOT NULL,
+    next_start_at_us INTEGER NOT NULL,
+    released_at_us INTEGER,
+    lapses_at_us INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS locks_by_lapse ON locks (lapses_at_us);
+-- Operator listings and look-ups (tasklease runs, the dashboard): no version bump needed.
+CREATE INDEX IF NOT EXISTS runs_by_claim ON runs (claimed_at_us, run_id);
+CREATE INDEX IF NOT EXISTS runs_by_handler ON runs (handler, claimed_at_us);
+-- Partial: a run has a task name or a job name, never both, so each claim writes one of the
+-- two (the full indexes, dropped below, put every task run in the job index's NULL range).
+CREATE INDEX IF NOT EXISTS runs_by_task ON runs (json_extract(identity, '$.task_name'))
+    WHERE json_extract(identity, '$.task_name') IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_by_job ON runs (json_extract(identity, '$.job_name'))
+    WHERE json_extract(identity, '$.job_name') IS NOT NULL;
+DROP INDEX IF EXISTS runs_by_task_name;
+DROP INDEX IF EXISTS runs_by_job_name;
+"""
+# Columns added without a schema version: added when missing, whatever the version says, so
+# this works alongside other migrations. An older tasklease ignores (and, rewriting a run,
+# clears) them: they are only operators' replay links.
+_ADDED_COLUMNS = {"replay_of": "TEXT", "replayed_as": "TEXT"}
+_COLUMNS = (
+    "run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires_us, "
+    "expire_at_us, claimed_at_us, finished_at_us, identity, result, error, payload, caller, "
+    "replay_of, replayed_as"
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Only these constant column lists are interpolated into SQL; every value is a parameter.
+_SELECT = f"SELECT {_COLUMNS} FROM runs"  # noqa: S608
+_SELECT_ONE = f"{_SELECT} WHERE run_id = ?"
+_PLACEHOLDERS = ", ".join("?" * len(_COLUMNS.split(", ")))
+_INSERT = f"INSERT INTO runs ({_COLUMNS}) VALUES ({_PLACEHOLDERS})"  # noqa: S608
+# A run's record changes in place. Its run id, kind, handler and identity never change (the
+# run id is their hash), so they stay out of the SET: SQLite updates only the indexes on
+# columns an UPDATE names, and the handler and identity indexes then cost nothing.
+_FIXED = ("run_id", "kind", "handler", "identity")
+_STATE = [column for column in _COLUMNS.split(", ") if column not in _FIXED]
+_UPDATE = (
+    f"UPDATE runs SET {', '.join(f'{column} = ?' for column in _STATE)} "  # noqa: S608
+    "WHERE run_id = ?"
+)
+_STATE_AT = [_COLUMNS.split(", ").index(column) for column in _STATE]
+_IDENTITY_AT = [_COLUMNS.split(", ").index(column) for column in _FIXED]
+_LOCK_COLUMNS = (
+    "name, holder_run_id, holder_attempt_id, fencing_token, started_at_us, lease_expires_us, "
+    "safety_expires_us, next_start_at_us, released_at_us, lapses_at_us"
+)
+_SELECT_LOCK = f"SELECT {_LOCK_COLUMNS} FROM locks WHERE name = ?"  # noqa: S608
+_UPSERT_LOCK = (
+    f"INSERT OR REPLACE INTO locks ({_LOCK_COLUMNS}) "  # noqa: S608
+    f"VALUES ({', '.join('?' * len(_LOCK_COLUMNS.split(', ')))})"
+)
+
+
+class SqliteStore(LeaseStore):
+    """Run records in a SQLite file at ``path`` (created 0600, with any missing folder 0700,
+    on first use: records hold payloads and errors).
+
+    The file is opened lazily, per thread and per process (connections never cross a fork),
+    so a worker starts even while the file is unreachable and answers 503 until it is back.
+    Records past ``expire_at`` are purged every ``purge_interval`` by the process that claims.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: timedelta = timedelta(seconds=10),
+        purge_interval: timedelta = timedelta(minutes=10),
+    ) -> None:
+        self.path = Path(path)
+        self._busy_timeout = busy_timeout
+        self._purge_interval = purge_interval.total_seconds()
+        self._local = threading.local()
+        self._schema_ready_pid: int | None = None
+        self._schema_lock = threading.Lock()
+        self._next_purge = 0.0
+        # A child must not inherit a batch in flight at fork: each process groups its own.
+        self._batches = PerProcess(lambda: GroupCommit(self._commit_batch))
+        # The one connection this process's batches write through (one batch at a time).
+        # SQLite empties a connection's page cache whenever another connection changed the
+        # file, so a batch on a per-thread connection would reread its pages after every
+        # other thread's commit; one writing connection per process keeps them.
+        self._writing = PerProcess(self._open)
+        self._writer_lock = WriterLock(
+            Path(f"{self.path}.lock"), lambda: make_private_dirs(self.path.parent)
+        )
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({str(self.path)!r})"
+
+    def claim(self, request: ClaimRequest, now: Moment) -> Claim:
+        outcome = super().claim(request, now)
+        self._purge_now_and_then(resolve(now))
+        return outcome
+
+    def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
+        def work(connection: sqlite3.Connection) -> _T:
+            row = connection.execute(_SELECT_ONE, (run_id,)).fetchone()
+            new_record, value = change(_decode(row) if row else None)
+            if new_record is not None:
+                try:
+                    _write(connection, row, _encode(new_record))
+                except (UnicodeError, OverflowError) as exc:  # The contract: nothing else.
+                    raise StoreUnavailable(f"SQLite store: cannot store the record: {exc}") from exc
+            return value
+
+        value: _T = self._batches.get().run(work)
+        return value
+
+    def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
+        def work(connection: sqlite3.Connection) -> _T:
+            row = connection.execute(_SELECT_LOCK, (name,)).fetchone()
+            new_lock, value = change(_decode_lock(row) if row else None)
+            if new_lock is not None:
+                connection.execute(_UPSERT_LOCK, _encode_lock(new_lock))
+            return value
+
+        value: _T = self._batches.get().run(work)
+        return value
+
+    def get_lock(self, name: str) -> LockRecord | None:
+        with self._guard("read a lock"):
+            row = self._connection().execute(_SELECT_LOCK, (name,)).fetchone()
+        return _decode_lock(row) if row else None
+
+    def _commit_batch(self, batch: list[Pending[sqlite3.Connection]]) -> None:
+        """Apply a batch of changes in one write transaction: one commit, one sync."""
+        try:
+            with self._guard("change a run"), self._writer():
+                connection = self._writing.get()
+                connection.execute("BEGIN IMMEDIATE")
+                try:
+                    for pending in batch:
+                        try:
+                            pending.value = pending.work(connection)
+                        except sqlite3.Error:
+                            raise
+                        except Exception as exc:  # A change's own error: it wrote nothing.
+                            pending.error = exc
+                    connection.execute("COMMIT")
+                except BaseException:
+                    if connection.in_transaction:
+                        connection.execute("ROLLBACK")
+                    raise
+        except StoreUnavailable as exc:
+            for pending in batch:  # Nothing of the batch was committed.
+                pending.error = exc
+
+    @contextmanager
+    def _writer(self) -> Iterator[None]:
+        """Hold this store's cross-process writer lock (see the module docstring); a holder
+        that hangs (stopped, stuck on a dead disk) costs a 503 after busy_timeout, as SQLite's
+        own lock would."""
+        try:
+            with self._writer_lock.held(self._busy_timeout.total_seconds()):
+                yield
+        except WriterLockTimeout as exc:
+            raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from None
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self._guard("read a run"):
+            row = self._connection().execute(_SELECT_ONE, (run_id,)).fetchone()
+        return _decode(row) if row else None
+
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        where, params = (" WHERE status = ?", [status.value]) if status else ("", [])
+        with self._guard("list runs"):
+            rows = (
+                self._connection()
+                .execute(
+                    _SELECT + where + " ORDER BY claimed_at_us DESC LIMIT ?",
+                    [*params, limit],
+                )
+                .fetchall()
+            )
+        return [_decode(row) for row in rows]
+
+    # --- Operations: listing and lookup (issue 17) ------------------------------------------
+
+    def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        status = filters.status_to_scan
+        for column, value in (
+            ("status", status.value if status else None),
+            ("handler", filters.handler),
+            ("kind", filters.kind),
+        ):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if filters.older_than is not None:
+            clauses.append("claimed_at_us < ?")
+            params.append(_micros(filters.older_than))
+        if filters.newer_than is not None:
+            clauses.append("claimed_at_us >= ?")
+            params.append(_micros(filters.newer_than))
+        if after is not None:
+            clauses.append("(claimed_at_us < ? OR (claimed_at_us = ? AND run_id < ?))")
+            params.extend([_micros(after[0]), _micros(after[0]), after[1]])
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"{_SELECT}{where} ORDER BY claimed_at_us DESC, run_id DESC LIMIT ?"
+        with self._guard("list runs"):
+            rows = self._connection().execute(sql, [*params, limit]).fetchall()
+        return [_decode(row) for row in rows]
+
+    def _find_by_identity(self, name: str, value: str) -> list[RunRecord]:
+        if name not in ("task_name", "job_name"):  # The two indexed identity fields.
+            raise ValueError(f"runs are not looked up by {name!r}")
+        sql = f"{_SELECT} WHERE json_extract(identity, '$.{name}') = ?"
+        with self._guard("look runs up"):
+            rows = self._connection().execute(sql, (value,)).fetchall()
+        return [_decode(row) for row in rows]
+
+    def purge_expired(self, now: datetime) -> int:
+        def work(connection: sqlite3.Connection) -> int:
+            moment = (_micros(now),)
+            purged = connection.execute("DELETE FROM runs WHERE expire_at_us <= ?", moment).rowcount
+            lapsed = connection.execute("DELETE FROM locks WHERE lapses_at_us <= ?", moment)
+            return purged + lapsed.rowcount
+
+        purged: int = self._batches.get().run(work)
+        return purged
+
+    def close(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
+        writing = self._writing.made_here()
+        if writing is not None:
+            writing.close()
+        self._writing.forget()
+        self._writer_lock.close()
+
+    def _purge_now_and_then(self, now: datetime) -> None:
+        if time.monotonic() < self._next_purge:
+            return
+        self._next_purge = time.monotonic() + self._purge_interval
+        try:
+            purged = self.purge_expired(now)
+        except StoreUnavailable:
+            _log.warning("purging expired runs failed; will try again", exc_info=True)
+            return
+        if purged:
+            _log.info("purged %d expired runs from %s", purged, self.path)
+
+    def _connection(self) -> sqlite3.Connection:
+        pid = os.getpid()
+        if getattr(self._local, "pid", None) != pid or self._local.connection is None:
+            self._local.connection = self._open()
+            self._local.pid = pid
+        connection: sqlite3.Connection = self._local.connection
+        return connection
+
+    def _open(self) -> sqlite3.Connection:
+        # Records hold payloads and errors: the file (and so its -wal/-shm) is owner-only.
+        make_private_dirs(self.path.parent)
+        create_private_file(self.path, _start_in_wal_mode)
+        timeout = self._busy_timeout.total_seconds()
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves.
+        connection = sqlite3.connect(
+            self.path, timeout=timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            connection.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            connection.execute("PRAGMA synchronous = FULL")
+            self._ensure_schema(connection)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _ensure_schema(self, connection: sqlite3.Connection) -> None:
+        with self._schema_lock:
+            if self._schema_ready_pid == os.getpid():
+                return
+            self._use_wal(connection)
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                version = connection.execute("PRAGMA user_version").fetchone()[0]
+                if version > _SCHEMA_VERSION:
+                    raise StoreUnavailable(
+                        f"{self.path} has schema version {version}; this tasklease knows "
+                        f"{_SCHEMA_VERSION}: upgrade tasklease"
+                    )
+                if version == 1:  # Version 2 added the caller column.
+                    connection.execute("ALTER TABLE runs ADD COLUMN caller TEXT")
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    connection.execute(statement)
+                _add_missing_columns(connection)
+                connection.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+                connection.execute("COMMIT")
+            except BaseException:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                raise
+            self._schema_ready_pid = os.getpid()
+
+    def _use_wal(self, connection: sqlite3.Connection) -> None:
+        """Switch the file to WAL (a persistent setting), retrying while others hold it.
+
+        Switching needs the file alone, and SQLite can answer "database is locked" at once
+        there instead of waiting for busy_timeout: seen when several gunicorn workers open a
+        fresh file together (tests/test_store_sqlite_open.py).
+        """
+        deadline = time.monotonic() + self._busy_timeout.total_seconds()
+        pause = 0.005
+        while True:
+            try:
+                if connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                    return
+                if connection.execute("PRAGMA journal_mode = WAL").fetchone()[0] == "wal":
+                    return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(f"{self.path}: could not switch to WAL mode: file busy")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+
+    @contextmanager
+    def _guard(self, action: str) -> Iterator[None]:
+        """Turn any SQLite or file-system error into :class:`StoreUnavailable`."""
+        try:
+            yield
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreUnavailable(f"SQLite store {self.path}: could not {action}: {exc}") from exc
+
+
+def _add_missing_columns(connection: sqlite3.Connection) -> None:
+    present = {row[1] for row in connection.execute("PRAGMA table_info(runs)")}
+    for name, kind in _ADDED_COLUMNS.items():
+        if name not in present:  # Constant names and types only: nothing from outside.
+            connection.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+
+
+def _start_in_wal_mode(path: Path) -> None:
+    """Make ``path`` a database already in WAL mode, before any other process can see it."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute("PRAGMA journal_mode = WAL")
+    finally:
+        connection.close()
+
+
+def _micros(moment: datetime) -> int:
+    delta = moment - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _moment(micros: int | None) -> datetime | None:
+    return None if micros is None else _EPOCH + timedelta(microseconds=micros)
+
+
+def _write(
+    connection: sqlite3.Connection, old: tuple[Any, ...] | None, new: tuple[Any, ...]
+) -> None:
+    """Insert a new record, or update an existing one's state in place."""
+    if old is None:
+        connection.execute(_INSERT, new)
+    elif all(old[index] == new[index] for index in _IDENTITY_AT):
+        connection.execute(_UPDATE, [*(new[index] for index in _STATE_AT), new[0]])
+    else:  # Never for records this store wrote; kept correct for any other writer's.
+        connection.execute("DELETE FROM runs WHERE run_id = ?", (new[0],))
+        connection.execute(_INSERT, new)
+
+
+def _encode(record: RunRecord) -> tuple[Any, ...]:
+    return (
+        record.run_id,
+        record.kind,
+        record.handler,
+        record.status.value,
+        record.attempt_id,
+        record.fencing_token,
+        record.attempts,
+        _micros(record.lease_expires),
+        _micros(record.expire_at),
+        _micros(record.claimed_at),
+        None if record.finished_at is None else _micros(record.finished_at),
+        json.dumps(record.identity, sort_keys=True),
+        record.result_json,
+        record.error,
+        record.payload,
+        record.caller,
+        record.replay_of,
+        record.replayed_as,
+    )
+
+
+def _decode(row: tuple[Any, ...]) -> RunRecord:
+    (run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires,
+     expire_at, claimed_at, finished_at, identity, result, error, payload,
+     caller, replay_of, replayed_as) = row  # fmt: skip
+    return RunRecord(
+        run_id=run_id,
+        kind=kind,
+        handler=handler,
+        status=RunStatus(status),
+        attempt_id=attempt_id,
+        fencing_token=fencing_token,
+        attempts=attempts,
+        lease_expires=_EPOCH + timedelta(microseconds=lease_expires),
+        expire_at=_EPOCH + timedelta(microseconds=expire_at),
+        claimed_at=_EPOCH + timedelta(microseconds=claimed_at),
+        finished_at=_moment(finished_at),
+        identity=json.loads(identity),
+        # Version 1 stored a missing result as the JSON text "null".
+        result_json=None if result in (None, "null") else result,
+        error=error,
+        payload=payload,
+        caller=caller,
+        replay_of=replay_of,
+        replayed_as=replayed_as,
+    )
+
+
+def _encode_lock(lock: LockRecord) -> tuple[Any, ...]:
+    return (
+        lock.name,
+        lock.holder_run_id,
+        lock.holder_attempt_id,
+        lock.fencing_token,
+        _micros(lock.started_at),
+        _micros(lock.lease_expires),
+        _micros(lock.safety_expires),
+        _micros(lock.next_start_at),
+        None if lock.released_at is None else _micros(lock.released_at),
+        _micros(locking.lapses_at(lock)),
+    )
+
+
+def _decode_lock(row: tuple[Any, ...]) -> LockRecord:
+    (name, run_id, attempt_id, token, started_at, lease_expires, safety_expires, next_start_at,
+     released_at, _lapses_at) = row  # fmt: skip
+    return LockRecord(
+        name=name,
+        holder_run_id=run_id,
+        holder_attempt_id=attempt_id,
+        fencing_token=token,
+        started_at=_EPOCH + timedelta(microseconds=started_at),
+        lease_expires=_EPOCH + timedelta(microseconds=lease_expires),
+        safety_expires=_EPOCH + timedelta(microseconds=safety_expires),
+        next_start_at=_EPOCH + timedelta(microseconds=next_start_at),
+        released_at=_moment(released_at),
+    )
