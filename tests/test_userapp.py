@@ -13,25 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.checkout import clean_copy
+
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
-
-
-def clean_copy(destination: Path) -> Path:
-    """The files a clone of this checkout would have (tracked, or new and not ignored)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-    )
-    for name in filter(None, listed.stdout.decode().split("\0")):
-        source = ROOT / name
-        if source.is_file():
-            (destination / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, destination / name)
-    return destination
 
 
 def run(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -110,3 +96,19 @@ def test_the_installed_package_carries_the_init_template(
     )
     assert result.returncode == 0, result.stderr
     assert 'router = "shop.jobs:router"' in (tmp_path / "tasklease.toml").read_text()
+
+
+def test_the_installed_cli_runs_outside_a_checkout(
+    userapp: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Every file the demo serves ships in the wheel: it runs from an empty directory (without
+    the workflows extra, leaving out its Workflows proxy job and saying how to add it)."""
+    bin_dir, _ = userapp
+    version = run(bin_dir / "tasklease", "--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.startswith("tasklease "), version.stderr
+    demo = run(
+        bin_dir / "tasklease", "demo", "--orders=20", "--customers=4", "--seed=3", cwd=tmp_path
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "every side effect happened exactly once" in demo.stdout
+    assert "pip install 'tasklease[workflows]'" in demo.stdout

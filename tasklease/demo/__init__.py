@@ -4,4 +4,14 @@
 to end against the local emulator with faults injected.
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import importlib.util
+
+__all__ = ["has_workflows_client"]
+
+
+def has_workflows_client() -> bool:
+    """Whether google-cloud-workflows (``tasklease[workflows]``) is installed: the demo's proxy
+    job needs it, and is left out without it."""
+    return importlib.util.find_spec("google.cloud.workflows") is not None

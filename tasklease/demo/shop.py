@@ -19,6 +19,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from tasklease.demo import has_workflows_client
 from tasklease.demo.ledger import Ledger
 from tasklease.producer import Producer
 from tasklease.worker import PermanentFailure, Router, TaskContext
@@ -96,12 +97,14 @@ def post_ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
 
 # The Scheduler job targets the worker, which claims the run and then calls Workflows with
 # the run's key in the argument ({"tasklease": {"idempotency_key": ...}}). Needs
-# tasklease[workflows]; TASKLEASE_WORKFLOWS_EMULATOR_HOST points it at a local fake.
-router.proxy_job(
-    "nightly_export",
-    target=workflows_execution(
-        f"projects/{os.environ.get('TASKLEASE_PROJECT', 'my-project')}/locations/"
-        f"{os.environ.get('TASKLEASE_LOCATION', 'us-central1')}/workflows/nightly-export",
-        argument={"format": "parquet", "customers": len(CUSTOMERS)},
-    ),
-)
+# tasklease[workflows] (the demo leaves the job out without it); TASKLEASE_WORKFLOWS_EMULATOR_HOST
+# points it at a local fake.
+if has_workflows_client():
+    router.proxy_job(
+        "nightly_export",
+        target=workflows_execution(
+            f"projects/{os.environ.get('TASKLEASE_PROJECT', 'my-project')}/locations/"
+            f"{os.environ.get('TASKLEASE_LOCATION', 'us-central1')}/workflows/nightly-export",
+            argument={"format": "parquet", "customers": len(CUSTOMERS)},
+        ),
+    )
