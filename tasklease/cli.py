@@ -1,4 +1,4 @@
-"""The ``tasklease`` command line."""
+"""The ``tasklease`` command line: the demo, the local emulator and dev stack, deploys, runs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import requests
 
-from tasklease import deploy_cli, runs
+from tasklease import __version__, deploy_cli, runs
 from tasklease.worker.keys import is_loopback_url
 from tasklease.worker.logs import configure_logging
 
@@ -22,9 +22,11 @@ DEFAULT_EMULATOR_PORT = 8123
 DEFAULT_DASHBOARD_PORT = 8090
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its flags."""
     parser = argparse.ArgumentParser(prog="tasklease", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"tasklease {__version__}")
+    commands = parser.add_subparsers(dest="command")
 
     demo = commands.add_parser("demo", help="run the example shop end to end, faults injected")
     demo.add_argument("--orders", type=int, default=200)
@@ -44,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--emulator", default=f"http://127.0.0.1:{DEFAULT_EMULATOR_PORT}")
 
     dev = commands.add_parser("dev", help="emulator + scheduler + a gunicorn worker, foreground")
-    dev.add_argument("router", help="module:attribute of your worker.Router")
+    dev.add_argument("router", help="module:attribute of your tasklease.Router")
     dev.add_argument("--worker-port", type=int, default=8080)
     dev.add_argument("--workers", type=int, default=2)
     dev.add_argument("--store", default="sqlite:///.tasklease/runs.db")
@@ -70,8 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     board.add_argument(
         "--schedules", type=Path, help="[[job]] tables, for stuck jobs (default: ./tasklease.toml)"
     )
+    return parser
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     if args.command == "deploy":
         return deploy_cli.run(args)
     if args.command == "runs":
