@@ -7,14 +7,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from tasklease.lazy import lazy_exports
 from tasklease.worker import constants as c
 from tasklease.worker.errors import ConfigurationError
 from tasklease.worker.stores.base import LeaseStore
-from tasklease.worker.stores.memory import MemoryStore
-from tasklease.worker.stores.sqlite import SqliteStore
 
 if TYPE_CHECKING:
     from tasklease.worker.stores.firestore import FirestoreStore
+    from tasklease.worker.stores.memory import MemoryStore
+    from tasklease.worker.stores.sqlite import SqliteStore
 
 __all__ = [
     "FirestoreStore",
@@ -35,7 +36,7 @@ def check_store_is_shared(store: LeaseStore, environ: Mapping[str, str] | None =
     instance that accepts losing its records on every restart.
     """
     environ = os.environ if environ is None else environ
-    if not isinstance(store, (MemoryStore, SqliteStore)):
+    if store.shared_across_instances:
         return
     service = environ.get(c.ENV_CLOUD_RUN_SERVICE)
     if not service or environ.get(c.ENV_ALLOW_LOCAL_STORE) == "1":
@@ -60,11 +61,15 @@ def store_from_url(url: str | None = None) -> LeaseStore:
     url = url or os.environ.get(c.ENV_STORE) or c.DEFAULT_STORE_URL
     scheme, _, rest = url.partition("://")
     if scheme == "memory":
+        from tasklease.worker.stores.memory import MemoryStore  # noqa: PLC0415 - on use only.
+
         return MemoryStore()
     if scheme == "sqlite":
         path = rest[1:] if rest.startswith("/") else rest
         if not path:
             raise ConfigurationError(f"store URL {url!r} names no file: use sqlite:///runs.db")
+        from tasklease.worker.stores.sqlite import SqliteStore  # noqa: PLC0415 - on use only.
+
         return SqliteStore(path)
     if scheme == "firestore":
         options = {key: values[-1] for key, values in parse_qs(urlsplit(url).query).items()}
@@ -90,8 +95,18 @@ def _firestore_store() -> type[FirestoreStore]:
     return FirestoreStore
 
 
+# Each store is imported when it is first named, so a worker loads only the one it uses.
+_lazy_getattr, __dir__ = lazy_exports(
+    __name__,
+    {
+        "MemoryStore": "tasklease.worker.stores.memory",
+        "SqliteStore": "tasklease.worker.stores.sqlite",
+    },
+)
+
+
 def __getattr__(name: str) -> Any:
     # FirestoreStore needs an optional extra: import it on first use, with an install hint.
     if name == "FirestoreStore":
         return _firestore_store()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _lazy_getattr(name)

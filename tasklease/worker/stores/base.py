@@ -6,7 +6,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from tasklease.worker import decisions, locking
 from tasklease.worker.identity import parse_rfc3339
@@ -76,7 +76,14 @@ class LeaseStore(ABC):
     configuration in several processes must behave as one store. Every method raises
     :class:`~tasklease.worker.errors.StoreUnavailable` (and nothing else) when the backend fails; when it
     does, nothing was changed or the change is indistinguishable from one that was not made.
+
+    ``shared_across_instances`` says whether every instance of a service reaching the same
+    configuration sees the same records (a database service does; a file or process memory
+    does not): :func:`~tasklease.worker.stores.check_store_is_shared` refuses the latter on
+    Cloud Run.
     """
+
+    shared_across_instances: ClassVar[bool] = True
 
     @abstractmethod
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from tasklease.worker import locking
 from tasklease.worker.queries import Position, RunFilter, before
@@ -27,6 +27,8 @@ class MemoryStore(LeaseStore):
     tracking: a store of many thousand records then costs the collector nothing, where as many
     dataclasses and dicts would slow every collection (and so every request) as it grew.
     """
+
+    shared_across_instances: ClassVar[bool] = False  # One process / one machine's disk.
 
     def __init__(self) -> None:
         self._records: dict[str, Packed] = {}

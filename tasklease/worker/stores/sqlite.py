@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from tasklease.worker import locking
 from tasklease.worker.errors import StoreUnavailable
@@ -137,6 +137,8 @@ class SqliteStore(LeaseStore):
     so a worker starts even while the file is unreachable and answers 503 until it is back.
     Records past ``expire_at`` are purged every ``purge_interval`` by the process that claims.
     """
+
+    shared_across_instances: ClassVar[bool] = False  # One process / one machine's disk.
 
     def __init__(
         self,
