@@ -111,7 +111,11 @@ def test_the_procfile_command_serves_the_users_router(project: Path) -> None:
     log = project / "gunicorn.log"
     with log.open("wb") as output:
         process = subprocess.Popen(
-            ["bash", "-c", f"exec {command}"], cwd=project, env=env, stdout=output, stderr=subprocess.STDOUT
+            ["bash", "-c", f"exec {command}"],
+            cwd=project,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
         )
     try:
         headers = {
