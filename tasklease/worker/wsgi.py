@@ -26,7 +26,7 @@ def load_router(reference: str) -> Router | flask.Flask:
         )
     target = getattr(importlib.import_module(module_name), attribute, None)
     if not isinstance(target, (Router, flask.Flask)):
-        raise ConfigurationError(f"{reference} is not a worker.Router (or a Flask app)")
+        raise ConfigurationError(f"{reference} is not a tasklease.Router (or a Flask app)")
     return target
 
 
@@ -34,7 +34,7 @@ def app_from_env() -> flask.Flask:
     """Build the app the environment describes."""
     reference = os.environ.get(c.ENV_ROUTER)
     if not reference:
-        raise ConfigurationError(f"set {c.ENV_ROUTER}=module:attribute naming your worker.Router")
+        raise ConfigurationError(f"set {c.ENV_ROUTER}=module:attribute naming your tasklease.Router")
     target = load_router(reference)
     return target if isinstance(target, flask.Flask) else create_app(target)
 

@@ -6,8 +6,7 @@ import functools
 from typing import Any
 
 from myapp import mail
-from tasklease.producer import Producer
-from tasklease.worker import PermanentFailure, Router, TaskContext
+from tasklease import PermanentFailure, Producer, Router, TaskContext
 
 router = Router()
 

@@ -4,8 +4,8 @@ import pytest
 from flask.testing import FlaskClient
 from myapp import mail, tasks
 
+from tasklease import create_app
 from tasklease.stubs import StubQueue
-from tasklease.worker import create_app
 
 
 @pytest.fixture
