@@ -15,8 +15,8 @@ from pathlib import Path
 import requests
 
 from tasklease import __version__, deploy_cli, runs
-from tasklease.worker.keys import is_loopback_url
 from tasklease.worker.logs import configure_logging
+from tasklease.worker.loopback import is_loopback_url
 
 DEFAULT_EMULATOR_PORT = 8123
 DEFAULT_DASHBOARD_PORT = 8090

@@ -108,7 +108,10 @@ def test_a_memory_store_worker_loads_only_what_it_uses() -> None:
         "tasklease.worker.targets",
         "tasklease.worker.stores.sqlite",
         "tasklease.worker.stores.firestore",
-        "google.cloud",
+        "google",  # google-auth too: it verifies tokens, and authentication is off here.
+        "requests",
+        "cachecontrol",
+        "cryptography",
         "grpc",
         "opentelemetry.sdk",
         "sqlite3",

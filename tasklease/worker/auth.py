@@ -13,17 +13,16 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import google.auth.exceptions
-import requests
-from google.oauth2 import id_token
 
 from tasklease.worker import constants as c
 from tasklease.worker.errors import ConfigurationError
-from tasklease.worker.keys import FETCH_TIMEOUT_SECONDS, KeyFetcher, is_loopback_url
+from tasklease.worker.loopback import is_loopback_url
 from tasklease.worker.router import HandlerSpec
+
+if TYPE_CHECKING:
+    import requests
 
 _log = logging.getLogger("tasklease.auth")
 
@@ -97,7 +96,7 @@ class OidcAuth(Authenticator):
         certs_url: str = GOOGLE_CERTS_URL,
         issuers: Sequence[str] = GOOGLE_ISSUERS,
         session: requests.Session | None = None,
-        fetch_timeout: float = FETCH_TIMEOUT_SECONDS,
+        fetch_timeout: float = c.FETCH_TIMEOUT_SECONDS,
     ) -> None:
         self.allowed_service_accounts = frozenset(
             a.strip() for a in allowed_service_accounts if a.strip()
@@ -112,6 +111,9 @@ class OidcAuth(Authenticator):
             )
         self.certs_url = certs_url
         self.issuers = tuple(issuers)
+        # google-auth, requests and the HTTP cache load only for a worker that verifies tokens.
+        from tasklease.worker.keys import KeyFetcher  # noqa: PLC0415
+
         self._transport = KeyFetcher(session, timeout=fetch_timeout)
 
     @classmethod
@@ -145,6 +147,9 @@ class OidcAuth(Authenticator):
                 )
 
     def authenticate(self, request: AuthRequest, spec: HandlerSpec) -> AuthResult:
+        import google.auth.exceptions  # noqa: PLC0415 - loaded once, by __init__'s KeyFetcher.
+        from google.oauth2 import id_token  # noqa: PLC0415
+
         scheme, _, token = (request.authorization or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:

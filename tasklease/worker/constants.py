@@ -80,3 +80,6 @@ MAX_CONCURRENCY_KEY_LENGTH = 500
 
 # Seconds a client should wait before retrying when the store is down.
 STORE_UNAVAILABLE_RETRY_AFTER = 5
+
+# Seconds each connect and each read of an OIDC public key fetch may take.
+FETCH_TIMEOUT_SECONDS = 3.0

@@ -23,10 +23,11 @@ import google.auth.transport
 import google.auth.transport.requests
 import requests
 
+from tasklease.worker.constants import FETCH_TIMEOUT_SECONDS
+from tasklease.worker.loopback import is_loopback_url
+
 _log = logging.getLogger("tasklease.auth")
 
-# Seconds each connect and each read of a key fetch may take.
-FETCH_TIMEOUT_SECONDS = 3.0
 # Seconds a failed fetch is remembered: requests meanwhile get 503 without fetching again.
 FAILURE_CACHE_SECONDS = 5.0
 
@@ -84,14 +85,3 @@ class KeyFetcher(google.auth.transport.Request):
     def _remember(self, url: str, why: str) -> None:
         _log.error("could not fetch the OIDC public keys: %s", why)
         self._failed[url] = (self._monotonic() + self.failure_ttl, why)
-
-
-def is_loopback_url(url: str) -> bool:
-    """Whether ``url`` points at this machine (where plain http cannot be intercepted)."""
-    host = (urlsplit(url).hostname or "").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
