@@ -11,6 +11,7 @@ BENCHMARKS = [
     "bench.worker_overhead",
     "bench.worker_throughput",
     "bench.sqlite_floor",
+    "bench.cold_start",
     "bench.firestore_store",
 ]
 
