@@ -104,7 +104,8 @@ def main() -> None:
     ratio = statistics.median(times["tasklease"]) / statistics.median(times["bare"])
     fastest = min(times["tasklease"]) / min(times["bare"])
     print(
-        f"  ratio tasklease / bare: {ratio:.2f}x of medians (goal <= 1.25x), {fastest:.2f}x of minimums"
+        f"  ratio tasklease / bare: {ratio:.2f}x of medians (goal <= 1.25x), "
+        f"{fastest:.2f}x of minimums"
     )
 
 
