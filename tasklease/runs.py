@@ -245,12 +245,13 @@ def _replay(operations: Operations, args: argparse.Namespace, out: TextIO, err: 
                 "replay_run_id": result.replay_run_id,
                 "task_name": result.task_name,
                 "created": result.created,
+                "outcome": result.outcome.value,
+                "replayed_run_id": result.replayed_run_id,
+                "replay_status": result.replay_status,
             },
         )
     else:
-        done = "enqueued" if result.created else "already enqueued by an earlier replay"
-        print(f"run {result.run_id}: {done} as task {result.task_name}", file=out)
-        print(f"its run: {result.replay_run_id}", file=out)
+        print(_safe(f"run {result.run_id}: {result.summary}"), file=out)
     return Exit.OK
 
 
