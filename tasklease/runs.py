@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from tasklease.producer import EnqueueError, Producer
 from tasklease.worker.decisions import ReleaseOutcome
 from tasklease.worker.errors import ConfigurationError, StoreUnavailable
+from tasklease.worker.logs import escape_controls
 from tasklease.worker.operations import OperationRefused, Operations, StuckReport, run_summary
 from tasklease.worker.queries import RunFilter, parse_duration
 from tasklease.worker.records import RunRecord, RunStatus
@@ -164,9 +165,9 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
     for name, value in summary.items():
         if name == "identity":
             for key, item in sorted(value.items()):
-                print(f"{'identity.' + key:<18} {item}", file=out)
+                print(_safe(f"{'identity.' + key:<18} {item}"), file=out)
         elif value is not None:
-            print(f"{name:<18} {_describe(name, value, record, now)}", file=out)
+            print(_safe(f"{name:<18} {_describe(name, value, record, now)}"), file=out)
     return Exit.OK
 
 
@@ -182,7 +183,7 @@ def _stuck(operations: Operations, args: argparse.Namespace, out: TextIO, err: T
             print("In-progress runs whose lease expired (the attempt crashed or hangs):", file=out)
             _table(out, report.runs, now)
         for job in report.jobs:
-            print(f"job {job.name} ({job.schedule}): {_overdue_text(job)}", file=out)
+            print(_safe(f"job {job.name} ({job.schedule}): {_overdue_text(job)}"), file=out)
         if report.empty:
             checked = f" and {len(schedules)} scheduled jobs" if schedules else ""
             print(f"nothing stuck: no expired lease{checked}", file=out)
@@ -228,7 +229,7 @@ def _release(operations: Operations, args: argparse.Namespace, out: TextIO, err:
             },
         )
     else:
-        print(f"run {args.run_id}: {message}", file=out if code == Exit.OK else err)
+        print(_safe(f"run {args.run_id}: {message}"), file=out if code == Exit.OK else err)
     return code
 
 
@@ -244,12 +245,13 @@ def _replay(operations: Operations, args: argparse.Namespace, out: TextIO, err: 
                 "replay_run_id": result.replay_run_id,
                 "task_name": result.task_name,
                 "created": result.created,
+                "outcome": result.outcome.value,
+                "replayed_run_id": result.replayed_run_id,
+                "replay_status": result.replay_status,
             },
         )
     else:
-        done = "enqueued" if result.created else "already enqueued by an earlier replay"
-        print(f"run {result.run_id}: {done} as task {result.task_name}", file=out)
-        print(f"its run: {result.replay_run_id}", file=out)
+        print(_safe(f"run {result.run_id}: {result.summary}"), file=out)
     return Exit.OK
 
 
@@ -300,19 +302,18 @@ def _table(out: TextIO, records: list[RunRecord], now: datetime) -> None:
     if not records:
         print("no runs", file=out)
         return
-    rows = [("STATUS", "KIND", "HANDLER", "TRIES", "CLAIMED", "NOTE", "RUN ID")]
+    rows: list[list[str]] = [["STATUS", "KIND", "HANDLER", "TRIES", "CLAIMED", "NOTE", "RUN ID"]]
     for record in records:
-        rows.append(
-            (
-                record.status.value + (" (stuck)" if run_summary(record, now)["stuck"] else ""),
-                record.kind,
-                record.handler,
-                str(record.attempts),
-                _ago(now - record.claimed_at),
-                _note(record)[:40],
-                record.run_id,
-            )
+        fields = (
+            record.status.value + (" (stuck)" if run_summary(record, now)["stuck"] else ""),
+            record.kind,
+            record.handler,
+            str(record.attempts),
+            _ago(now - record.claimed_at),
+            _note(record)[:40],
+            record.run_id,
         )
+        rows.append([_safe(field) for field in fields])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
@@ -355,8 +356,15 @@ def _print_json(out: TextIO, value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True), file=out)
 
 
+def _safe(text: str) -> str:
+    """``text`` as it may reach a terminal: stored strings (error text, names, identity
+    fields) come from callers, and their control characters could send escape codes (set a
+    title, hide output, write the clipboard) to the operator's terminal."""
+    return escape_controls(text)
+
+
 def _error(args: argparse.Namespace, err: TextIO, out: TextIO, code: Exit, message: str) -> int:
-    print(f"tasklease runs: {message}", file=err)
+    print(_safe(f"tasklease runs: {message}"), file=err)
     if getattr(args, "json", False):
         _print_json(out, {"error": message, "exit_code": int(code)})
     return code

@@ -205,13 +205,27 @@ def test_replay_enqueues_once_and_reports_json(
     argv = ("runs", "replay", "failed", "--store", url, "--queue", "other")
     code, first = as_json(capsys, *argv)
     assert code == Exit.OK
-    assert set(first) == {"run_id", "replay_run_id", "task_name", "created"}
-    assert first["created"] is True
+    assert set(first) == {
+        "run_id", "replay_run_id", "task_name", "created", "outcome", "replayed_run_id",
+        "replay_status",
+    }  # fmt: skip
+    assert (first["created"], first["outcome"], first["replayed_run_id"]) == (
+        True,
+        "enqueued",
+        "failed",
+    )
     code, second = as_json(capsys, *argv)
-    assert (code, second["created"], second["replay_run_id"]) == (
+    assert (code, second["created"], second["outcome"], second["replay_run_id"]) == (
         Exit.OK,
         False,
+        "pending",
         first["replay_run_id"],
+    )
+    code, text, _ = tasklease(capsys, *argv)
+    assert (code, text.strip()) == (
+        Exit.OK,
+        f"run failed: Already replayed: pending as run {first['replay_run_id']} (released); "
+        "nothing enqueued.",
     )
     assert len(queue.tasks) == 1
     assert made[0] == {"queue": "other"}

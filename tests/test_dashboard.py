@@ -114,9 +114,9 @@ def test_replay_from_the_page_enqueues_once(
 ) -> None:
     token = confirm(client, "failed", "replay")
     first = client.post("/runs/failed/replay", data={"csrf_token": token})
-    assert first.status_code == 200 and "Enqueued as task" in first.text
+    assert first.status_code == 200 and "Replay enqueued as task" in first.text
     second = client.post("/runs/failed/replay", data={"csrf_token": token})
-    assert "Already enqueued" in second.text
+    assert "Already replayed: pending as run" in second.text and "nothing enqueued" in second.text
     assert len(queue.tasks) == 1
     assert store.get("failed").replayed_as  # type: ignore[union-attr]
     refused = client.post("/runs/completed/replay", data={"csrf_token": token})

@@ -157,8 +157,8 @@ def test_kill_leaves_no_write_half_done(tmp_path: Path) -> None:
 
 
 def _count(folder: Path, table: str) -> int:
-    try:
-        with closing(sqlite3.connect(folder / "emulator.db")) as db:
+    try:  # Read-only: a connection that created the file would plant a 0644 database.
+        with closing(sqlite3.connect(f"file:{folder / 'emulator.db'}?mode=ro", uri=True)) as db:
             return int(db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
     except sqlite3.OperationalError:  # Not created yet.
         return 0

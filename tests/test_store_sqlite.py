@@ -56,6 +56,7 @@ def test_unreachable_file_raises_store_unavailable_and_recovers(tmp_path: Path) 
 def test_newer_schema_is_refused_with_a_message(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     sqlite3.connect(path).execute("PRAGMA user_version = 99").connection.close()
+    path.chmod(0o600)  # sqlite3 made it 0644 less the umask: refused for that first.
     with pytest.raises(StoreUnavailable, match="upgrade tasklease"):
         SqliteStore(path).get("x")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasklease.worker.stores.group_commit import GroupCommit, Pending
-from tasklease.worker.stores.private_files import create_private_file, make_private_dirs
+from tasklease.worker.stores.private_files import check_private_database, prepare_private_database
 
 if TYPE_CHECKING:
     from tasklease.emulator.sender import AttemptResult
@@ -184,12 +184,12 @@ class EmulatorDB:
     """All reads and writes of the emulator's state."""
 
     def __init__(self, path: Path) -> None:
-        make_private_dirs(path.parent)  # Task payloads and headers: owner-only, like the key.
-        create_private_file(path)
+        prepare_private_database(path)  # Task payloads and headers: owner-only, like the key.
         self._connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.RLock()
         with self._lock:
             self._connection.execute("PRAGMA journal_mode = WAL")
+            check_private_database(path)
             self._connection.execute("PRAGMA synchronous = NORMAL")  # Durable across crashes.
             self._connection.executescript(_SCHEMA)
             columns = {row[1] for row in self._connection.execute("PRAGMA table_info(tasks)")}

@@ -19,6 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from google.auth import crypt, jwt
 
+from tasklease.worker.stores.private_files import check_private
+
 ISSUER = "https://accounts.google.com"
 TOKEN_LIFETIME_SECONDS = 3600
 
@@ -28,7 +30,8 @@ class TokenIssuer:
     stay verifiable across an emulator restart."""
 
     def __init__(self, key_path: Path | None = None) -> None:
-        if key_path is not None and key_path.exists():
+        if key_path is not None and os.path.lexists(key_path):
+            check_private(key_path)  # A planted key would sign tokens someone else holds.
             private_pem = key_path.read_bytes()
             key = serialization.load_pem_private_key(private_pem, password=None)
             assert isinstance(key, rsa.RSAPrivateKey)
@@ -43,7 +46,8 @@ class TokenIssuer:
                 key_path.parent.mkdir(parents=True, exist_ok=True)
                 # Created 0600, never readable by others even for a moment: whoever reads
                 # this key can mint tokens the dev worker accepts.
-                descriptor = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                descriptor = os.open(key_path, flags, 0o600)
                 with os.fdopen(descriptor, "wb") as file:
                     file.write(private_pem)
         public_der = key.public_key().public_bytes(

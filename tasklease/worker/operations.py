@@ -10,13 +10,14 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from tasklease.worker import decisions
 from tasklease.worker.execution import utc_now
 from tasklease.worker.identity import DeliveryIdentity, Kind
 from tasklease.worker.queries import RunFilter, RunPage, is_stuck
-from tasklease.worker.records import RunRecord
+from tasklease.worker.records import RunRecord, RunStatus
 from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, Schedule, overdue_jobs
 from tasklease.worker.stores.base import LeaseStore
 
@@ -42,19 +43,57 @@ class StuckReport:
         return not self.runs and not self.jobs
 
 
+class ReplayOutcome(StrEnum):
+    """What a replay request did."""
+
+    ENQUEUED = "enqueued"  # A new task now carries the payload.
+    # An earlier request for this same replay had created its task (a double click, a
+    # command retried after a lost answer): nothing new.
+    ALREADY_ENQUEUED = "already_enqueued"
+    PENDING = "pending"  # The run's latest replay has not finished: nothing enqueued.
+
+
 @dataclass(frozen=True)
 class ReplayResult:
-    """A replay: the task created (``created`` False: an earlier replay had created it) and
-    the run it becomes, linked both ways."""
+    """A replay of ``run_id``: the run that carries its payload now (``replay_run_id``, with
+    its status) and its task. ``replayed_run_id`` is the failed run whose payload was sent:
+    ``run_id`` itself, or its latest replay when that one failed too."""
 
     run_id: str
     replay_run_id: str
     task_name: str
     created: bool
+    outcome: ReplayOutcome
+    replayed_run_id: str
+    replay_status: str
+
+    @property
+    def summary(self) -> str:
+        """What the replay did, in one sentence, for the command line and the dashboard."""
+        if self.outcome is ReplayOutcome.PENDING:
+            return (
+                f"Already replayed: pending as run {self.replay_run_id} "
+                f"({self.replay_status}); nothing enqueued."
+            )
+        of = (
+            ""
+            if self.replayed_run_id == self.run_id
+            else f" of its latest replay {self.replayed_run_id}, which failed too,"
+        )
+        if self.outcome is ReplayOutcome.ALREADY_ENQUEUED:
+            return (
+                f"This replay{of} was already enqueued by an earlier request as task "
+                f"{self.task_name}; its run: {self.replay_run_id} ({self.replay_status})."
+            )
+        return f"Replay{of} enqueued as task {self.task_name}; its run: {self.replay_run_id}."
 
 
 def replay_key(run_id: str) -> str:
-    """The producer key of ``run_id``'s replay: one task, however often it is replayed."""
+    """The producer key of ``run_id``'s replay: one task, however often that run is replayed.
+
+    A replay that fails is replayed under its own run id, so each replay of a dead letter
+    gets a task of its own while a repeated request for the same one does not.
+    """
     return REPLAY_KEY_PREFIX + run_id
 
 
@@ -116,39 +155,95 @@ class Operations:
         return self.store.operator_release(run_id, self.clock, force=force)
 
     def replay(self, run_id: str) -> ReplayResult:
-        """Re-enqueue a failed run's payload as a new task keyed by the old run id.
+        """Re-enqueue a failed run's payload as a new task keyed by the run it re-runs.
 
-        Its run's record is written first (released, linked to the old run), then the task is
-        created, then the old run is linked to it: a replay that stopped half way is finished
-        by replaying again, and however often it is replayed, Cloud Tasks' name
-        de-duplication keeps it one task (for as long as it remembers the name, up to 24 h;
-        the link on the old run tells a later reader it was replayed).
+        A run already replayed is followed along its ``replayed_as`` links to its latest
+        replay: while that one is pending or running, nothing is enqueued (the result says
+        so); when it failed too, it is the one replayed, under its own key; when it
+        completed, the replay is refused. The replay's record is written first (released,
+        linked to the run it re-runs), then the task is created, then that run is linked to
+        it: a replay that stopped half way is finished by the next request for it, which
+        finds the same latest run and so the same key (Cloud Tasks' name de-duplication and
+        the run id keep it one task and one run).
         """
         now = self.clock()
         record = self.store.get(run_id)
         refusal = decisions.replay_refusal(record, now)
         if refusal is not None:
             raise OperationRefused(f"run {run_id}: {refusal}")
-        assert record is not None and record.payload is not None
+        assert record is not None
+        latest = self._latest_replay(record, now)
+        if latest.status in (RunStatus.RELEASED, RunStatus.IN_PROGRESS):
+            return ReplayResult(
+                run_id,
+                latest.run_id,
+                _task_path(latest.identity),
+                created=False,
+                outcome=ReplayOutcome.PENDING,
+                replayed_run_id=latest.replay_of or run_id,
+                replay_status=latest.status.value,
+            )
+        if latest is not record and latest.status is not RunStatus.FAILED:
+            raise OperationRefused(
+                f"run {run_id} was already replayed as run {latest.run_id}, which is "
+                f"{latest.status.value}: nothing to replay"
+            )
+        refusal = decisions.replay_refusal(latest, now)
+        if refusal is not None:
+            raise OperationRefused(f"run {run_id}'s latest replay {latest.run_id}: {refusal}")
+        return self._send(run_id, latest, now)
+
+    def _latest_replay(self, record: RunRecord, now: datetime) -> RunRecord:
+        """``record``'s newest replay on record (``record`` itself if it has none)."""
+        seen = {record.run_id}
+        while record.replayed_as is not None and record.replayed_as not in seen:
+            replay = self.store.get(record.replayed_as)
+            if not decisions.is_live(replay, now):
+                break  # Gone: its key is sent again, which finishes or renews it.
+            assert replay is not None
+            seen.add(replay.run_id)
+            record = replay
+        return record
+
+    def _send(self, run_id: str, failed: RunRecord, now: datetime) -> ReplayResult:
+        assert failed.payload is not None
         producer = self.producer()
         from tasklease.producer import task_id  # noqa: PLC0415
 
-        key = replay_key(run_id)
-        queue = record.identity.get("queue") or producer.queue
+        key = replay_key(failed.run_id)
+        queue = failed.identity.get("queue") or producer.queue
         identity = DeliveryIdentity(
             Kind.TASK,
-            record.handler,
+            failed.handler,
             project=producer.project,
             location=producer.location,
             queue=queue,
-            task_name=task_id(record.handler, key),
+            task_name=task_id(failed.handler, key),
         )
-        self.store.add_replay(
-            decisions.replay_pending(record, identity.run_id, identity.fields(), now)
+        stored = self.store.add_replay(
+            decisions.replay_pending(failed, identity.run_id, identity.fields(), now)
         )
-        result = producer.enqueue(record.handler, json.loads(record.payload), key, queue=queue)
-        self.store.mark_replayed(run_id, identity.run_id)
-        return ReplayResult(run_id, identity.run_id, result.name, result.created)
+        result = producer.enqueue(failed.handler, json.loads(failed.payload), key, queue=queue)
+        self.store.mark_replayed(failed.run_id, identity.run_id)
+        outcome = ReplayOutcome.ENQUEUED if result.created else ReplayOutcome.ALREADY_ENQUEUED
+        return ReplayResult(
+            run_id,
+            identity.run_id,
+            result.name,
+            result.created,
+            outcome,
+            failed.run_id,
+            stored.status.value,
+        )
+
+
+def _task_path(identity: dict[str, str]) -> str:
+    """The Cloud Tasks name of a run's task, as the producer gives it (or the short ID when
+    the run does not know its project or location)."""
+    parts = [identity.get(name) for name in ("project", "location", "queue", "task_name")]
+    if all(parts):
+        return "projects/{}/locations/{}/queues/{}/tasks/{}".format(*parts)
+    return identity.get("task_name", "")
 
 
 def run_summary(record: RunRecord, now: datetime) -> dict[str, Any]:

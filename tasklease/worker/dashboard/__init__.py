@@ -239,14 +239,13 @@ class _Views:
         except OperationRefused as exc:
             return self.detail(run_id, f"Refused: {exc}", 409)
         _log.warning(
-            "operator %s replayed run %s as %s (created: %s)",
+            "operator %s replayed run %s as %s (%s)",
             flask.g.get("operator") or "(local)",
             run_id,
             result.replay_run_id,
-            result.created,
+            result.outcome.value,
         )
-        done = "Enqueued" if result.created else "Already enqueued by an earlier replay"
-        return self.detail(run_id, f"{done} as task {result.task_name}.")
+        return self.detail(run_id, result.summary)
 
     def unavailable(self, error: StoreUnavailable) -> flask.Response:
         return _page("denied.html", 503, reason=f"The store is unavailable: {error}")

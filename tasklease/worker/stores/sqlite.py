@@ -37,7 +37,7 @@ from tasklease.worker.records import Claim, ClaimRequest, LockRecord, RunRecord,
 from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, resolve
 from tasklease.worker.stores.group_commit import GroupCommit, Pending
 from tasklease.worker.stores.per_process import PerProcess
-from tasklease.worker.stores.private_files import create_private_file, make_private_dirs
+from tasklease.worker.stores import private_files
 from tasklease.worker.stores.writer_lock import WriterLock, WriterLockTimeout
 
 _T = TypeVar("_T")
@@ -162,7 +162,7 @@ class SqliteStore(LeaseStore):
         # other thread's commit; one writing connection per process keeps them.
         self._writing = PerProcess(self._open)
         self._writer_lock = WriterLock(
-            Path(f"{self.path}.lock"), lambda: make_private_dirs(self.path.parent)
+            Path(f"{self.path}.lock"), lambda: private_files.make_private_dirs(self.path.parent)
         )
 
     def __repr__(self) -> str:
@@ -334,9 +334,7 @@ class SqliteStore(LeaseStore):
         return connection
 
     def _open(self) -> sqlite3.Connection:
-        # Records hold payloads and errors: the file (and so its -wal/-shm) is owner-only.
-        make_private_dirs(self.path.parent)
-        create_private_file(self.path, _start_in_wal_mode)
+        private_files.prepare_private_database(self.path, _start_in_wal_mode)
         timeout = self._busy_timeout.total_seconds()
         # isolation_level=None: we issue BEGIN/COMMIT ourselves.
         connection = sqlite3.connect(
@@ -346,6 +344,7 @@ class SqliteStore(LeaseStore):
             connection.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             connection.execute("PRAGMA synchronous = FULL")
             self._ensure_schema(connection)
+            private_files.check_private_database(self.path)  # What SQLite opened, too.
         except BaseException:
             connection.close()
             raise

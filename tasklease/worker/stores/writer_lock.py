@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasklease.worker.stores.per_process import PerProcess
+from tasklease.worker.stores.private_files import open_private
 
 
 class WriterLockTimeout(Exception):
@@ -85,7 +86,8 @@ class WriterLock:
 
     def _open(self) -> int:
         self._prepare()
-        return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Someone else's lock file could be held by them for ever: refused (ConfigurationError).
+        return open_private(self.path)
 
 
 def _start_waiter() -> queue.SimpleQueue[_Request]:
