@@ -177,3 +177,18 @@ def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
         "tasklease/worker/dashboard/templates/tasklease_dashboard/base.html",
     ):
         assert shipped in names, shipped
+
+
+def test_ruff_lints_every_module_once_under_tasklease() -> None:
+    listed = subprocess.run(
+        [BIN / "ruff", "check", "--show-files", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    files = {Path(line.strip()).resolve(strict=False) for line in listed.stdout.splitlines()}
+    shown = {line.strip() for line in listed.stdout.splitlines()}
+    for name in SHADOWED:
+        assert not any(line.startswith(f"{ROOT / name}/") for line in shown), name
+        assert ROOT / "tasklease" / name / "__init__.py" in files, name

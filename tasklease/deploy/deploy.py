@@ -883,8 +883,8 @@ _REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 def check_source(source: Path, router: str) -> list[str]:
     """What would keep the worker built from ``source`` from starting, found before any gcloud
     call: the buildpack installs ``requirements.txt`` if present, else the ``[project]``
-    dependencies of ``pyproject.toml``, never extras; gunicorn imports ``tasklease.worker.wsgi``, which
-    imports the router module from the source."""
+    dependencies of ``pyproject.toml``, never extras; gunicorn imports
+    ``tasklease.worker.wsgi``, which imports the router module from the source."""
     if not source.is_dir():
         return [f"source {source} is not a directory"]
     problems = []
@@ -895,7 +895,8 @@ def check_source(source: Path, router: str) -> list[str]:
         problems.append(str(exc))
     if what and "tasklease" not in installed:
         problems.append(
-            f"{what} does not install tasklease: the worker (tasklease.worker.wsgi) would not import. "
+            f"{what} does not install tasklease: the worker (tasklease.worker.wsgi) would not "
+            "import. "
             "Add tasklease to it (not as an extra of your own project: the buildpack installs "
             "no extras)"
         )

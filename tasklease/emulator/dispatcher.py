@@ -1,9 +1,9 @@
 """Delivers due tasks to their targets under each queue's rate limits and retry policy.
 
 The loop's own thread sends attempts to local plain-HTTP targets and reads their answers
-(:mod:`tasklease.emulator.exchanges`), and records the attempts that ended together in one change;
-attempts to other targets, and RunTask's, go to a thread each (:mod:`tasklease.emulator.workers`) and
-the blocking :class:`~tasklease.emulator.sender.Sender`.
+(:mod:`tasklease.emulator.exchanges`), and records the attempts that ended together in one
+change; attempts to other targets, and RunTask's, go to a thread each
+(:mod:`tasklease.emulator.workers`) and the blocking :class:`~tasklease.emulator.sender.Sender`.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ thread sends every attempt and reads every answer as it arrives.
 
 Only plain ``http://`` to an address that needs no DNS look-up (an IP literal or
 ``localhost``) goes this way: a slow resolver or a TLS handshake would stall every other
-attempt. The dispatcher sends anything else with the blocking :class:`~tasklease.emulator.sender.Sender`,
-as before. Requests are the same bytes the blocking sender puts on the wire
-(:func:`tasklease.emulator.http_wire.encode_request`), and connections are kept alive the same way.
+attempt. The dispatcher sends anything else with the blocking
+:class:`~tasklease.emulator.sender.Sender`, as before. Requests are the same bytes the
+blocking sender puts on the wire (:func:`tasklease.emulator.http_wire.encode_request`), and
+connections are kept alive the same way.
 """
 
 from __future__ import annotations

@@ -13,7 +13,11 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import tasks_v2
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from tasklease.producer.errors import PermanentEnqueueError, TaskAlreadyExists, TransientEnqueueError
+from tasklease.producer.errors import (
+    PermanentEnqueueError,
+    TaskAlreadyExists,
+    TransientEnqueueError,
+)
 from tasklease.producer.transport import TaskRequest, TaskTransport
 
 # Errors worth retrying (platform-facts.md: UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED,

@@ -37,7 +37,8 @@ LOCATION_HEADER = "X-Tasklease-Location"
 
 
 class RunContext(Protocol):
-    """What :meth:`Producer.fan_out` needs of the scheduled run: ``tasklease.worker.TaskContext`` fits."""
+    """What :meth:`Producer.fan_out` needs of the scheduled run: a
+    ``tasklease.worker.TaskContext`` fits."""
 
     @property
     def run_id(self) -> str: ...

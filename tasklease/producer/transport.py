@@ -36,7 +36,8 @@ class TaskTransport(ABC):
 
     - :class:`~tasklease.producer.errors.TaskAlreadyExists`: the name exists or existed recently;
     - :class:`~tasklease.producer.errors.TransientEnqueueError`: worth retrying;
-    - :class:`~tasklease.producer.errors.PermanentEnqueueError`: not worth retrying, with what to fix.
+    - :class:`~tasklease.producer.errors.PermanentEnqueueError`: not worth retrying, with what to
+      fix.
     """
 
     @abstractmethod

@@ -9,13 +9,11 @@ stream of junk tokens turns into a stream of fetches against a server that is al
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 import cachecontrol
 import google.auth.exceptions
@@ -24,7 +22,6 @@ import google.auth.transport.requests
 import requests
 
 from tasklease.worker.constants import FETCH_TIMEOUT_SECONDS
-from tasklease.worker.loopback import is_loopback_url
 
 _log = logging.getLogger("tasklease.auth")
 

@@ -1,7 +1,7 @@
 """``gunicorn 'tasklease.worker.wsgi:app'``: the app for the router named by ``TASKLEASE_ROUTER``.
 
-``TASKLEASE_ROUTER=module:attribute`` names a :class:`tasklease.worker.Router` (or a ready Flask app);
-the store and authentication come from ``TASKLEASE_STORE`` and ``TASKLEASE_AUTH``.
+``TASKLEASE_ROUTER=module:attribute`` names a :class:`tasklease.worker.Router` (or a ready
+Flask app); the store and authentication come from ``TASKLEASE_STORE`` and ``TASKLEASE_AUTH``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ def app_from_env() -> flask.Flask:
     """Build the app the environment describes."""
     reference = os.environ.get(c.ENV_ROUTER)
     if not reference:
-        raise ConfigurationError(f"set {c.ENV_ROUTER}=module:attribute naming your tasklease.Router")
+        raise ConfigurationError(
+            f"set {c.ENV_ROUTER}=module:attribute naming your tasklease.Router"
+        )
     target = load_router(reference)
     return target if isinstance(target, flask.Flask) else create_app(target)
 

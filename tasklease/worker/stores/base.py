@@ -10,7 +10,14 @@ from typing import ClassVar, TypeVar
 
 from tasklease.worker import decisions, locking
 from tasklease.worker.identity import parse_rfc3339
-from tasklease.worker.queries import MAX_PAGE, Position, RunFilter, RunPage, decode_cursor, encode_cursor
+from tasklease.worker.queries import (
+    MAX_PAGE,
+    Position,
+    RunFilter,
+    RunPage,
+    decode_cursor,
+    encode_cursor,
+)
 from tasklease.worker.records import (
     Claim,
     ClaimRequest,
@@ -62,8 +69,8 @@ class LeaseStore(ABC):
     - :meth:`purge_expired`: delete records past ``expire_at`` (and locks that decide nothing
       any more, :func:`tasklease.worker.locking.lapses_at`).
     - for exclusive jobs and concurrency keys, :meth:`_read_modify_write_lock` and
-      :meth:`get_lock`: the same for :class:`~tasklease.worker.records.LockRecord`, kept apart from the
-      runs (a table, a collection). Acquire, renew and release are built on them here, with
+      :meth:`get_lock`: the same for :class:`~tasklease.worker.records.LockRecord`, kept apart
+      from the runs (a table, a collection). Acquire, renew and release are built on them here, with
       the rules in :mod:`tasklease.worker.locking`.
 
     A backend may override :meth:`claim` and :meth:`_if_held` (which renew, complete, fail
@@ -74,8 +81,8 @@ class LeaseStore(ABC):
 
     Concurrency: every method may be called from many threads, and a store built from the same
     configuration in several processes must behave as one store. Every method raises
-    :class:`~tasklease.worker.errors.StoreUnavailable` (and nothing else) when the backend fails; when it
-    does, nothing was changed or the change is indistinguishable from one that was not made.
+    :class:`~tasklease.worker.errors.StoreUnavailable` (and nothing else) when the backend fails;
+    when it does, nothing was changed or the change is indistinguishable from one that was not made.
 
     ``shared_across_instances`` says whether every instance of a service reaching the same
     configuration sees the same records (a database service does; a file or process memory

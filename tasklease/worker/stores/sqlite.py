@@ -34,10 +34,10 @@ from tasklease.worker import locking
 from tasklease.worker.errors import StoreUnavailable
 from tasklease.worker.queries import Position, RunFilter
 from tasklease.worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
+from tasklease.worker.stores import private_files
 from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, resolve
 from tasklease.worker.stores.group_commit import GroupCommit, Pending
 from tasklease.worker.stores.per_process import PerProcess
-from tasklease.worker.stores import private_files
 from tasklease.worker.stores.writer_lock import WriterLock, WriterLockTimeout
 
 _T = TypeVar("_T")

@@ -50,8 +50,8 @@ class ProxyTarget(ABC, Generic[_Client]):
     Subclasses implement :meth:`start` (make the one call, carrying ``ctx.idempotency_key``
     downstream) and :meth:`find` (the execution an earlier attempt of this run started, by that
     key). Calling the target runs it as a scheduled handler: :meth:`Router.proxy_job
-    <tasklease.worker.Router.proxy_job>` registers it. Unless a client is given, one is built on first
-    use (after gunicorn forks), once per target: with Application Default Credentials, or over
+    <tasklease.worker.Router.proxy_job>` registers it. Unless a client is given, one is built on
+    first use (after gunicorn forks), once per target: with Application Default Credentials, or over
     plaintext gRPC to the loopback host:port named by :attr:`emulator_env` when that is set.
     """
 
