@@ -24,10 +24,17 @@ DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
 DEFAULT_QUEUE_REUSE_WINDOW = 7 * 86_400.0  # Cloud Tasks: a deleted queue's name, 7 days.
 # Cloud Tasks' own messages, for a name that is taken or recently gone.
 TASK_EXISTS = "Requested entity already exists"
+TASK_TOO_RECENT = (
+    "The task cannot be created because a task with this name existed too recently. For more "
+    "information about task de-duplication see https://cloud.google.com/tasks/docs/reference/"
+    "rest/v2/projects.locations.queues.tasks/create#body.request_body.FIELDS.task."
+)
 TASK_GONE = (
     "The task no longer exists, though a task with this name existed recently. "
     "The task either successfully completed or was deleted."
 )
+QUEUE_MISSING = "Queue does not exist."
+QUEUE_GONE = "The queue no longer exists, though a queue with this name existed recently."
 QUEUE_TOO_RECENT = (
     "The queue cannot be created because a queue with this name existed too recently."
 )
@@ -101,9 +108,15 @@ class CloudTasksApi:
         return config
 
     def update_queue(self, name: str, body: dict[str, Any], mask: str | None) -> dict[str, Any]:
-        current = self.get_queue(name)
+        """UpdateQueue, which creates the queue when it does not exist (Cloud Tasks v2)."""
         if body.get("name", name) != name:
             raise ApiError(400, "queue.name cannot be changed")
+        current = self.db.get_queue(name)
+        if current is None:
+            settings = {k: v for k, v in body.items() if k not in _QUEUE_OUTPUT_ONLY}
+            config = model.merge_queue(model.parse_queue(name, {}), settings, mask)
+            config = {k: v for k, v in config.items() if k not in _QUEUE_OUTPUT_ONLY}
+            return self.create_queue(name.rsplit("/queues/", 1)[0], config)
         if mask:
             kept = [p for p in mask.split(",") if model.camel(p.strip()) not in _QUEUE_OUTPUT_ONLY]
             mask = ",".join(kept) or None
@@ -161,8 +174,7 @@ class CloudTasksApi:
     # Tasks.
     def create_task(self, queue: str, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` is a CreateTaskRequest: ``{"task": {...}, "responseView": ...}``."""
-        if not self.db.has_queue(queue):
-            raise ApiError(404, f"queue {queue} not found")
+        self._check_queue_for_task(queue)
         now_us = _now_us()
         row, view = self._insert_task(queue, *model.parse_new_task(queue, body, now_us), now_us)
         return task_view(row, view)
@@ -171,11 +183,19 @@ class CloudTasksApi:
         """CreateTask for a CreateTaskRequest message (gRPC): the stored row and the view,
         without a round trip through JSON for the request."""
         queue = request.parent
-        if not self.db.has_queue(queue):
-            raise ApiError(404, f"queue {queue} not found")
+        self._check_queue_for_task(queue)
         now_us = _now_us()
         spec, view = model.parse_create_task_request(queue, request, now_us)
         return self._insert_task(queue, spec, view, now_us)
+
+    def _check_queue_for_task(self, queue: str) -> None:
+        """CreateTask needs its queue: FAILED_PRECONDITION when it is missing, as in Cloud
+        Tasks (NOT_FOUND is for the task itself)."""
+        if self.db.has_queue(queue):
+            return
+        since_us = _now_us() - int(self.queue_reuse_window * 1e6)
+        gone = self.db.queue_deleted_since(queue, since_us)
+        raise ApiError(412, QUEUE_GONE if gone else QUEUE_MISSING, "FAILED_PRECONDITION")
 
     def _insert_task(
         self, queue: str, spec: dict[str, Any], view: str, now_us: int
@@ -205,7 +225,8 @@ class CloudTasksApi:
         )
         # A name is taken while the task exists and for dedup_window after it ran or went.
         if not self.db.insert_task(row, now_us - int(self.dedup_window * 1_000_000)):
-            raise ApiError(409, TASK_EXISTS)
+            exists = self.db.get_task(row.name) is not None
+            raise ApiError(409, TASK_EXISTS if exists else TASK_TOO_RECENT)
         self.dispatcher.wake()
         return row, view
 
