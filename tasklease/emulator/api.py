@@ -20,7 +20,9 @@ from tasklease.emulator.oidc import TokenIssuer
 
 CERTS_PATH = "/oauth2/v1/certs"  # The emulator's OIDC keys (served by emulator.rest).
 CERTS_PATH = "/oauth2/v1/certs"  # The emulator's OIDC keys (served by emulator.rest).
-DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
+# ListQueues and ListTasks: "If unspecified, the page size will be the maximum" (v2 docs);
+# a larger size is coerced to the maximum (AIP-158), a negative one is INVALID_ARGUMENT.
+MAX_QUEUES_PAGE, MAX_TASKS_PAGE = 9800, 1000
 DEFAULT_QUEUE_REUSE_WINDOW = 7 * 86_400.0  # Cloud Tasks: a deleted queue's name, 7 days.
 # Cloud Tasks' own messages, for a name that is taken or recently gone.
 TASK_EXISTS = "Requested entity already exists"
@@ -234,7 +236,7 @@ class CloudTasksApi:
         self, queue: str, page_size: int = 0, page_token: str = "", view: str | int = "BASIC"
     ) -> dict[str, Any]:
         self.get_queue(queue)
-        size, offset = _page_bounds(page_size, page_token)
+        size, offset = _page_bounds(page_size, page_token, MAX_TASKS_PAGE)
         rows = self.db.list_tasks(queue, size + 1, offset)
         if not rows:
             return {}
@@ -272,7 +274,7 @@ class CloudTasksApi:
 def task_view(row: TaskRow, view: str | int) -> dict[str, Any]:
     """A stored task as the API returns it, in the BASIC or FULL view."""
     runtime = {
-        "createTime": model.rfc3339(row.create_us),
+        "createTime": model.rfc3339(create_second_us(row)),
         "scheduleTime": model.rfc3339(row.schedule_us),
         "dispatchCount": row.dispatch_count,
         "responseCount": row.response_count,
@@ -280,6 +282,11 @@ def task_view(row: TaskRow, view: str | int) -> dict[str, Any]:
         "lastAttempt": row.last_attempt,
     }
     return model.task_view(row.spec, runtime, "FULL" if view in ("FULL", 2, "2") else "BASIC")
+
+
+def create_second_us(row: TaskRow) -> int:
+    """The task's create time as Cloud Tasks shows it: truncated to the second."""
+    return row.create_us - row.create_us % 1_000_000
 
 
 def _etag(version: int) -> str:
@@ -291,19 +298,19 @@ def _check_region(location_id: str) -> None:
         raise ApiError(400, f"Location {location_id!r} is not a Cloud region (e.g. us-central1)")
 
 
-def _page_bounds(page_size: int | str, page_token: str) -> tuple[int, int]:
+def _page_bounds(page_size: int | str, page_token: str, maximum: int) -> tuple[int, int]:
     try:
-        size = int(page_size or DEFAULT_PAGE_SIZE)
+        size = int(page_size or 0)
         offset = int(page_token or 0)
     except ValueError as exc:
         raise ApiError(400, f"invalid pageSize or pageToken: {exc}") from exc
     if size < 0 or offset < 0:
         raise ApiError(400, "pageSize and pageToken must not be negative")
-    return min(size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE), offset
+    return min(size or maximum, maximum), offset
 
 
 def _page(items: list[dict[str, Any]], page_size: int, page_token: str) -> tuple[list[Any], str]:
-    size, offset = _page_bounds(page_size, page_token)
+    size, offset = _page_bounds(page_size, page_token, MAX_QUEUES_PAGE)
     page = items[offset : offset + size]
     return page, str(offset + size) if len(items) > offset + size else ""
 

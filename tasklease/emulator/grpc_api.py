@@ -20,7 +20,7 @@ from google.iam.v1 import iam_policy_pb2, policy_pb2
 from google.protobuf import empty_pb2, json_format
 
 from tasklease.emulator import model
-from tasklease.emulator.api import CloudTasksApi
+from tasklease.emulator.api import CloudTasksApi, create_second_us
 from tasklease.emulator.model import ApiError
 
 SERVICE = "google.cloud.tasks.v2.CloudTasks"
@@ -177,7 +177,7 @@ def _create_task(api: CloudTasksApi) -> Any:
         task.CopyFrom(request.task)  # Output-only fields already cleared.
         task.name = row.name
         task.schedule_time.FromMicroseconds(row.schedule_us)
-        task.create_time.FromMicroseconds(row.create_us)
+        task.create_time.FromMicroseconds(create_second_us(row))
         if not task.HasField("dispatch_deadline"):
             task.dispatch_deadline.FromNanoseconds(int(model.DEFAULT_DISPATCH_DEADLINE * 1e9))
         if not task.http_request.http_method:
