@@ -176,7 +176,7 @@ class CloudTasksApi:
     # Tasks.
     def create_task(self, queue: str, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` is a CreateTaskRequest: ``{"task": {...}, "responseView": ...}``."""
-        self._check_queue_for_task(queue)
+        self.check_queue_for_task(queue)
         now_us = _now_us()
         row, view = self._insert_task(queue, *model.parse_new_task(queue, body, now_us), now_us)
         return task_view(row, view)
@@ -185,12 +185,12 @@ class CloudTasksApi:
         """CreateTask for a CreateTaskRequest message (gRPC): the stored row and the view,
         without a round trip through JSON for the request."""
         queue = request.parent
-        self._check_queue_for_task(queue)
+        self.check_queue_for_task(queue)
         now_us = _now_us()
         spec, view = model.parse_create_task_request(queue, request, now_us)
         return self._insert_task(queue, spec, view, now_us)
 
-    def _check_queue_for_task(self, queue: str) -> None:
+    def check_queue_for_task(self, queue: str) -> None:
         """CreateTask needs its queue: FAILED_PRECONDITION when it is missing, as in Cloud
         Tasks (NOT_FOUND is for the task itself)."""
         if self.db.has_queue(queue):

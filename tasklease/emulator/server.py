@@ -19,6 +19,7 @@ from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpc
 from tasklease.emulator import guard, rest, scheduler_grpc
 from tasklease.emulator import metrics as emulator_metrics
 from tasklease.emulator.api import CERTS_PATH, DEFAULT_QUEUE_REUSE_WINDOW, CloudTasksApi
+from tasklease.emulator.batch import BatchApi, grpc_handlers
 from tasklease.emulator.db import DeliveryRecord, EmulatorDB
 from tasklease.emulator.dispatcher import Dispatcher
 from tasklease.emulator.faults import Faults
@@ -80,9 +81,10 @@ class CloudTasksEmulator:
         self.api = CloudTasksApi(
             self.db, self.dispatcher, self.issuer, dedup_window, queue_reuse_window
         )
+        self.batch_api = BatchApi(self.api, self.db)
         self.scheduler_api = SchedulerApi(self.db, self.scheduler)
         self.scheduler_api.load()  # Jobs made through the API before a restart.
-        app = rest.create_app(self.api, self.scheduler_api, self.issuer)
+        app = rest.create_app(self.api, self.scheduler_api, self.issuer, self.batch_api)
         emulator_metrics.install(app)
         app.add_url_rule(
             "/emulator/scheduler/jobs/<name>:run", "run_job", self._run_job, methods=["POST"]
@@ -97,7 +99,12 @@ class CloudTasksEmulator:
         if grpc_port is None:
             grpc_port = self._server.port + 1 if port else 0
         self._grpc = GrpcServer(
-            self.api, grpc_port, services=[scheduler_grpc.handler(self.scheduler_api)]
+            self.api,
+            grpc_port,
+            services=[
+                scheduler_grpc.handler(self.scheduler_api),
+                *grpc_handlers(self.batch_api),
+            ],
         )
         self.grpc_port = self._grpc.port
         self.grpc_target = self._grpc.target  # host:port, for grpc.insecure_channel.
