@@ -126,7 +126,9 @@ def test_failures_are_retried_with_the_backoff_formula_then_given_up(
     assert recorder.hits[1].headers["X-Cloudtasks-Taskretryreason"] == ""  # Empty for HTTP.
     assert "X-Cloudtasks-Taskretryreason" not in recorder.hits[0].headers
     assert emulator.db.count_tasks() == 0
-    with pytest.raises(ApiError, match="already exists"):  # Given up on, the name stays taken.
+    with pytest.raises(
+        ApiError, match="existed too recently"
+    ):  # Given up on, the name stays taken.
         create(emulator, url, "failing")
 
 

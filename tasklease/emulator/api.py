@@ -20,14 +20,23 @@ from tasklease.emulator.oidc import TokenIssuer
 
 CERTS_PATH = "/oauth2/v1/certs"  # The emulator's OIDC keys (served by emulator.rest).
 CERTS_PATH = "/oauth2/v1/certs"  # The emulator's OIDC keys (served by emulator.rest).
-DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
+# ListQueues and ListTasks: "If unspecified, the page size will be the maximum" (v2 docs);
+# a larger size is coerced to the maximum (AIP-158), a negative one is INVALID_ARGUMENT.
+MAX_QUEUES_PAGE, MAX_TASKS_PAGE = 9800, 1000
 DEFAULT_QUEUE_REUSE_WINDOW = 7 * 86_400.0  # Cloud Tasks: a deleted queue's name, 7 days.
 # Cloud Tasks' own messages, for a name that is taken or recently gone.
 TASK_EXISTS = "Requested entity already exists"
+TASK_TOO_RECENT = (
+    "The task cannot be created because a task with this name existed too recently. For more "
+    "information about task de-duplication see https://cloud.google.com/tasks/docs/reference/"
+    "rest/v2/projects.locations.queues.tasks/create#body.request_body.FIELDS.task."
+)
 TASK_GONE = (
     "The task no longer exists, though a task with this name existed recently. "
     "The task either successfully completed or was deleted."
 )
+QUEUE_MISSING = "Queue does not exist."
+QUEUE_GONE = "The queue no longer exists, though a queue with this name existed recently."
 QUEUE_TOO_RECENT = (
     "The queue cannot be created because a queue with this name existed too recently."
 )
@@ -101,9 +110,15 @@ class CloudTasksApi:
         return config
 
     def update_queue(self, name: str, body: dict[str, Any], mask: str | None) -> dict[str, Any]:
-        current = self.get_queue(name)
+        """UpdateQueue, which creates the queue when it does not exist (Cloud Tasks v2)."""
         if body.get("name", name) != name:
             raise ApiError(400, "queue.name cannot be changed")
+        current = self.db.get_queue(name)
+        if current is None:
+            settings = {k: v for k, v in body.items() if k not in _QUEUE_OUTPUT_ONLY}
+            config = model.merge_queue(model.parse_queue(name, {}), settings, mask)
+            config = {k: v for k, v in config.items() if k not in _QUEUE_OUTPUT_ONLY}
+            return self.create_queue(name.rsplit("/queues/", 1)[0], config)
         if mask:
             kept = [p for p in mask.split(",") if model.camel(p.strip()) not in _QUEUE_OUTPUT_ONLY]
             mask = ",".join(kept) or None
@@ -161,8 +176,7 @@ class CloudTasksApi:
     # Tasks.
     def create_task(self, queue: str, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` is a CreateTaskRequest: ``{"task": {...}, "responseView": ...}``."""
-        if not self.db.has_queue(queue):
-            raise ApiError(404, f"queue {queue} not found")
+        self.check_queue_for_task(queue)
         now_us = _now_us()
         row, view = self._insert_task(queue, *model.parse_new_task(queue, body, now_us), now_us)
         return task_view(row, view)
@@ -171,11 +185,19 @@ class CloudTasksApi:
         """CreateTask for a CreateTaskRequest message (gRPC): the stored row and the view,
         without a round trip through JSON for the request."""
         queue = request.parent
-        if not self.db.has_queue(queue):
-            raise ApiError(404, f"queue {queue} not found")
+        self.check_queue_for_task(queue)
         now_us = _now_us()
         spec, view = model.parse_create_task_request(queue, request, now_us)
         return self._insert_task(queue, spec, view, now_us)
+
+    def check_queue_for_task(self, queue: str) -> None:
+        """CreateTask needs its queue: FAILED_PRECONDITION when it is missing, as in Cloud
+        Tasks (NOT_FOUND is for the task itself)."""
+        if self.db.has_queue(queue):
+            return
+        since_us = _now_us() - int(self.queue_reuse_window * 1e6)
+        gone = self.db.queue_deleted_since(queue, since_us)
+        raise ApiError(412, QUEUE_GONE if gone else QUEUE_MISSING, "FAILED_PRECONDITION")
 
     def _insert_task(
         self, queue: str, spec: dict[str, Any], view: str, now_us: int
@@ -205,7 +227,8 @@ class CloudTasksApi:
         )
         # A name is taken while the task exists and for dedup_window after it ran or went.
         if not self.db.insert_task(row, now_us - int(self.dedup_window * 1_000_000)):
-            raise ApiError(409, TASK_EXISTS)
+            exists = self.db.get_task(row.name) is not None
+            raise ApiError(409, TASK_EXISTS if exists else TASK_TOO_RECENT)
         self.dispatcher.wake()
         return row, view
 
@@ -213,7 +236,7 @@ class CloudTasksApi:
         self, queue: str, page_size: int = 0, page_token: str = "", view: str | int = "BASIC"
     ) -> dict[str, Any]:
         self.get_queue(queue)
-        size, offset = _page_bounds(page_size, page_token)
+        size, offset = _page_bounds(page_size, page_token, MAX_TASKS_PAGE)
         rows = self.db.list_tasks(queue, size + 1, offset)
         if not rows:
             return {}
@@ -251,7 +274,7 @@ class CloudTasksApi:
 def task_view(row: TaskRow, view: str | int) -> dict[str, Any]:
     """A stored task as the API returns it, in the BASIC or FULL view."""
     runtime = {
-        "createTime": model.rfc3339(row.create_us),
+        "createTime": model.rfc3339(create_second_us(row)),
         "scheduleTime": model.rfc3339(row.schedule_us),
         "dispatchCount": row.dispatch_count,
         "responseCount": row.response_count,
@@ -259,6 +282,11 @@ def task_view(row: TaskRow, view: str | int) -> dict[str, Any]:
         "lastAttempt": row.last_attempt,
     }
     return model.task_view(row.spec, runtime, "FULL" if view in ("FULL", 2, "2") else "BASIC")
+
+
+def create_second_us(row: TaskRow) -> int:
+    """The task's create time as Cloud Tasks shows it: truncated to the second."""
+    return row.create_us - row.create_us % 1_000_000
 
 
 def _etag(version: int) -> str:
@@ -270,19 +298,19 @@ def _check_region(location_id: str) -> None:
         raise ApiError(400, f"Location {location_id!r} is not a Cloud region (e.g. us-central1)")
 
 
-def _page_bounds(page_size: int | str, page_token: str) -> tuple[int, int]:
+def _page_bounds(page_size: int | str, page_token: str, maximum: int) -> tuple[int, int]:
     try:
-        size = int(page_size or DEFAULT_PAGE_SIZE)
+        size = int(page_size or 0)
         offset = int(page_token or 0)
     except ValueError as exc:
         raise ApiError(400, f"invalid pageSize or pageToken: {exc}") from exc
     if size < 0 or offset < 0:
         raise ApiError(400, "pageSize and pageToken must not be negative")
-    return min(size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE), offset
+    return min(size or maximum, maximum), offset
 
 
 def _page(items: list[dict[str, Any]], page_size: int, page_token: str) -> tuple[list[Any], str]:
-    size, offset = _page_bounds(page_size, page_token)
+    size, offset = _page_bounds(page_size, page_token, MAX_QUEUES_PAGE)
     page = items[offset : offset + size]
     return page, str(offset + size) if len(items) > offset + size else ""
 

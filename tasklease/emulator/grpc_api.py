@@ -9,7 +9,7 @@ The server listens on loopback only: gRPC has no Host header for the guard to ch
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -20,7 +20,7 @@ from google.iam.v1 import iam_policy_pb2, policy_pb2
 from google.protobuf import empty_pb2, json_format
 
 from tasklease.emulator import model
-from tasklease.emulator.api import CloudTasksApi
+from tasklease.emulator.api import CloudTasksApi, create_second_us
 from tasklease.emulator.model import ApiError
 
 SERVICE = "google.cloud.tasks.v2.CloudTasks"
@@ -144,7 +144,10 @@ def _get_location(api: CloudTasksApi, name: str) -> dict[str, Any]:
     return api.get_location(parts[1], parts[3])
 
 
-def _method(api: CloudTasksApi, request_class: Any, response_class: Any, handle: Handler) -> Any:
+def unary_method(api: Any, request_class: Any, response_class: Any, handle: Any) -> Any:
+    """A unary method: ``handle(api, request as REST JSON)`` answers REST JSON, or raises
+    :class:`ApiError`, answered as its status code."""
+
     def call(request: Any, context: grpc.ServicerContext) -> Any:
         body = json_format.MessageToDict(request)
         try:
@@ -174,7 +177,7 @@ def _create_task(api: CloudTasksApi) -> Any:
         task.CopyFrom(request.task)  # Output-only fields already cleared.
         task.name = row.name
         task.schedule_time.FromMicroseconds(row.schedule_us)
-        task.create_time.FromMicroseconds(row.create_us)
+        task.create_time.FromMicroseconds(create_second_us(row))
         if not task.HasField("dispatch_deadline"):
             task.dispatch_deadline.FromNanoseconds(int(model.DEFAULT_DISPATCH_DEADLINE * 1e9))
         if not task.http_request.http_method:
@@ -199,18 +202,26 @@ def _status_code(error: ApiError) -> grpc.StatusCode:
 
 
 class GrpcServer:
-    """A gRPC server for ``api`` on 127.0.0.1:``port`` (0: any free port)."""
+    """A gRPC server for ``api`` on 127.0.0.1:``port`` (0: any free port), and for the other
+    ``services`` (Cloud Scheduler) on the same port."""
 
-    def __init__(self, api: CloudTasksApi, port: int = 0, max_workers: int = 32) -> None:
+    def __init__(
+        self,
+        api: CloudTasksApi,
+        port: int = 0,
+        max_workers: int = 32,
+        services: Iterable[grpc.GenericRpcHandler] = (),
+    ) -> None:
         self._server = grpc.server(ThreadPoolExecutor(max_workers, "emulator-grpc"))
-        tasks_methods = {name: _method(api, *spec) for name, spec in _TASKS_METHODS.items()}
+        tasks_methods = {name: unary_method(api, *spec) for name, spec in _TASKS_METHODS.items()}
         tasks_methods["CreateTask"] = _create_task(api)
         handlers = [
             grpc.method_handlers_generic_handler(SERVICE, tasks_methods),
             grpc.method_handlers_generic_handler(
                 LOCATIONS_SERVICE,
-                {name: _method(api, *spec) for name, spec in _LOCATIONS_METHODS.items()},
+                {name: unary_method(api, *spec) for name, spec in _LOCATIONS_METHODS.items()},
             ),
+            *services,
         ]
         self._server.add_generic_rpc_handlers(handlers)
         self.port = self._server.add_insecure_port(f"{LOOPBACK}:{port}")

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from google.cloud import tasks_v2
-from google.protobuf import json_format
+from google.protobuf import duration_pb2, json_format
 
 from tasklease.emulator.policy import RetrySettings
 
@@ -28,6 +28,9 @@ MIN_DISPATCH_DEADLINE, MAX_DISPATCH_DEADLINE = 15.0, 1800.0
 DEFAULT_RATE, MAX_RATE = 500.0, 500.0
 DEFAULT_BURST = 100
 DEFAULT_CONCURRENCY, MAX_CONCURRENCY = 1000, 5000
+# How Cloud Tasks truncates what it stores (v2 Task and RetryConfig field docs; the backoffs'
+# docs say "to the nearest second", yet the service keeps their default 0.1 s: milliseconds).
+MILLISECOND_NS, SECOND_NS = 1_000_000, 1_000_000_000
 
 _CREATE_TASK_REQUEST = tasks_v2.CreateTaskRequest.pb()  # The raw protobuf message class.
 
@@ -112,9 +115,24 @@ def parse_queue(name: str, body: dict[str, Any] | None) -> dict[str, Any]:
     retry.setdefault("minBackoff", duration(defaults.min_backoff))
     retry.setdefault("maxBackoff", duration(defaults.max_backoff))
     retry.setdefault("maxDoublings", defaults.max_doublings)
+    for key, unit in (("minBackoff", MILLISECOND_NS), ("maxBackoff", MILLISECOND_NS)):
+        retry[key] = truncated(retry[key], unit)
+    retry["maxRetryDuration"] = truncated(retry["maxRetryDuration"], SECOND_NS)
     config.setdefault("state", "RUNNING")
     _validate_queue(config)
     return config
+
+
+def truncated(text: str, unit_ns: int) -> str:
+    """A JSON Duration truncated to a multiple of ``unit_ns``, as the service stores it."""
+    value = duration_pb2.Duration()
+    try:
+        value.FromJsonString(text)
+    except ValueError as exc:
+        raise ApiError(400, f"invalid duration {text!r}: {exc}") from exc
+    nanos = value.ToNanoseconds()
+    value.FromNanoseconds(nanos - nanos % unit_ns if nanos >= 0 else nanos)
+    return str(value.ToJsonString())
 
 
 def merge_queue(
@@ -182,6 +200,8 @@ def parse_create_task_request(queue: str, request: Any, now_us: int) -> tuple[di
                 f"invalid task name {task.name!r}: {prefix}ID, ID of up to 500 "
                 "letters, digits, hyphens or underscores",
             )
+    if task.dispatch_deadline.nanos > 0:  # Cloud Tasks keeps it in milliseconds.
+        task.dispatch_deadline.nanos -= task.dispatch_deadline.nanos % MILLISECOND_NS
     if task.ByteSize() > MAX_TASK_BYTES:
         raise ApiError(400, f"task is larger than the maximum task size ({MAX_TASK_BYTES} bytes)")
     for output_only in (

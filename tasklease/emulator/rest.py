@@ -3,7 +3,8 @@ of :class:`CloudTasksApi` and :class:`SchedulerApi`.
 
 Resource paths follow the googleapis HTTP bindings: ``/v2/projects/*/locations``,
 ``.../locations/*/queues``, ``.../queues/*``, ``.../queues/*:pause|resume|purge``,
-``.../queues/*/tasks``, ``.../tasks/*`` and ``.../tasks/*:run``; ``/v1/projects/*/locations``,
+``.../queues/*/tasks``, ``.../tasks:batchCreate``, ``.../tasks/*``, ``.../tasks/*:run`` and
+``.../locations/*/operations/*``; ``/v1/projects/*/locations``,
 ``.../locations/*/jobs``, ``.../jobs/*`` and ``.../jobs/*:pause|resume|run``. Errors use
 Google's JSON error shape.
 """
@@ -18,6 +19,7 @@ import flask
 
 from tasklease.emulator import locations
 from tasklease.emulator.api import CERTS_PATH, CloudTasksApi
+from tasklease.emulator.batch import BatchApi
 from tasklease.emulator.model import ApiError
 from tasklease.emulator.oidc import TokenIssuer
 from tasklease.emulator.scheduler_api import SchedulerApi
@@ -33,15 +35,19 @@ _IAM_VERBS = {
     "setIamPolicy": "set_iam_policy",
     "testIamPermissions": "test_iam_permissions",
 }
+_OPERATION = re.compile(r"projects/[^/]+/locations/[^/]+/operations/[^/:]+")
 _JOB = re.compile(r"projects/[^/]+/locations/[^/]+/jobs/[^/:]+")
 
 
-def create_app(api: CloudTasksApi, scheduler: SchedulerApi, issuer: TokenIssuer) -> flask.Flask:
-    """The emulator's Flask app: ``/v2/...`` (Cloud Tasks), ``/v1/...`` (Cloud Scheduler),
-    the OIDC keys and a health check."""
+def create_app(
+    api: CloudTasksApi, scheduler: SchedulerApi, issuer: TokenIssuer, batch: BatchApi
+) -> flask.Flask:
+    """The emulator's Flask app: ``/v2/...`` (Cloud Tasks, BatchCreateTasks and its
+    operations included), ``/v1/...`` (Cloud Scheduler), the OIDC keys and a health check."""
     app = flask.Flask("tasklease-emulator")
     methods = ["GET", "POST", "PATCH", "DELETE"]
-    app.add_url_rule("/v2/<path:resource>", "api", _RestRoutes(api).route, methods=methods)
+    tasks = _RestRoutes(api, batch)
+    app.add_url_rule("/v2/<path:resource>", "api", tasks.route, methods=methods)
     jobs = _SchedulerRoutes(scheduler)
     app.add_url_rule("/v1/<path:resource>", "scheduler_api", jobs.route, methods=methods)
 
@@ -81,8 +87,9 @@ def _app_engine_app(project: str) -> dict[str, Any]:
 
 
 class _RestRoutes:
-    def __init__(self, api: CloudTasksApi) -> None:
+    def __init__(self, api: CloudTasksApi, batch: BatchApi) -> None:
         self.api = api
+        self.batch = batch
 
     def route(self, resource: str) -> flask.Response:
         try:
@@ -101,6 +108,8 @@ class _RestRoutes:
             return 200, api.list_locations(parts[1])
         if reading and len(parts) == 4 and _LOCATION.fullmatch(resource):
             return 200, api.get_location(parts[1], parts[3])
+        if reading and len(parts) == 6 and _OPERATION.fullmatch(resource):
+            return 200, self.batch.get_operation(resource)
         if len(parts) == 5 and parts[4] == "queues" and _LOCATION.fullmatch("/".join(parts[:4])):
             parent = "/".join(parts[:4])
             if method == "POST" and not verb:
@@ -130,6 +139,8 @@ class _RestRoutes:
             queue = "/".join(parts[:6])
             if method == "POST" and not verb:
                 return 200, api.create_task(queue, json_body())
+            if method == "POST" and verb == "batchCreate":
+                return 200, self.batch.batch_create_tasks(queue, json_body())
             if method == "GET" and not verb:
                 return 200, api.list_tasks(
                     queue, _int_arg("pageSize"), args.get("pageToken", ""), _view()

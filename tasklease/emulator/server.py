@@ -16,9 +16,10 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import tasks_v2
 from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
 
-from tasklease.emulator import guard, rest
+from tasklease.emulator import guard, rest, scheduler_grpc
 from tasklease.emulator import metrics as emulator_metrics
 from tasklease.emulator.api import CERTS_PATH, DEFAULT_QUEUE_REUSE_WINDOW, CloudTasksApi
+from tasklease.emulator.batch import BatchApi, grpc_handlers
 from tasklease.emulator.db import DeliveryRecord, EmulatorDB
 from tasklease.emulator.dispatcher import Dispatcher
 from tasklease.emulator.faults import Faults
@@ -42,8 +43,8 @@ class CloudTasksEmulator:
     Start it in-process for tests (``with CloudTasksEmulator() as emulator:``) or with
     ``tasklease emulator``. Point the producer at :attr:`url` (``TASKLEASE_TASKS_ENDPOINT``)
     and the worker at :attr:`certs_url` (``TASKLEASE_OIDC_CERTS_URL``). The same API is
-    served over gRPC on 127.0.0.1 at :attr:`grpc_target`: ``grpc_port`` (default: the REST
-    port + 1, or any free port when ``port`` is 0).
+    served over gRPC on 127.0.0.1 at :attr:`grpc_target`, Cloud Scheduler too: ``grpc_port``
+    (default: the REST port + 1, or any free port when ``port`` is 0).
 
     It answers only requests whose Host is loopback, ``host`` or one of ``allowed_hosts``,
     and state-changing calls only in JSON (see :mod:`tasklease.emulator.guard`).
@@ -80,9 +81,10 @@ class CloudTasksEmulator:
         self.api = CloudTasksApi(
             self.db, self.dispatcher, self.issuer, dedup_window, queue_reuse_window
         )
+        self.batch_api = BatchApi(self.api, self.db)
         self.scheduler_api = SchedulerApi(self.db, self.scheduler)
         self.scheduler_api.load()  # Jobs made through the API before a restart.
-        app = rest.create_app(self.api, self.scheduler_api, self.issuer)
+        app = rest.create_app(self.api, self.scheduler_api, self.issuer, self.batch_api)
         emulator_metrics.install(app)
         app.add_url_rule(
             "/emulator/scheduler/jobs/<name>:run", "run_job", self._run_job, methods=["POST"]
@@ -96,7 +98,14 @@ class CloudTasksEmulator:
         self.certs_url = self.url + CERTS_PATH
         if grpc_port is None:
             grpc_port = self._server.port + 1 if port else 0
-        self._grpc = GrpcServer(self.api, grpc_port)
+        self._grpc = GrpcServer(
+            self.api,
+            grpc_port,
+            services=[
+                scheduler_grpc.handler(self.scheduler_api),
+                *grpc_handlers(self.batch_api),
+            ],
+        )
         self.grpc_port = self._grpc.port
         self.grpc_target = self._grpc.target  # host:port, for grpc.insecure_channel.
 

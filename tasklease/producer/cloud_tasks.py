@@ -78,10 +78,7 @@ class CloudTasksTransport(TaskTransport):
         except _TRANSIENT as exc:
             raise TransientEnqueueError(f"{type(exc).__name__}: {exc}") from exc
         except api.NotFound as exc:
-            raise PermanentEnqueueError(
-                f"queue {task.queue_path} not found: create it (gcloud tasks queues create) "
-                f"or fix the project/location/queue settings ({exc})"
-            ) from exc
+            raise PermanentEnqueueError(_queue_not_found(task, exc)) from exc
         except api.Forbidden as exc:  # PermissionDenied over gRPC, 403 over REST.
             raise PermanentEnqueueError(
                 "permission denied: the caller needs roles/cloudtasks.enqueuer on the queue"
@@ -93,6 +90,12 @@ class CloudTasksTransport(TaskTransport):
                 + f" ({exc})"
             ) from exc
         except api.GoogleAPICallError as exc:
+            # Cloud Tasks answers a missing queue with FAILED_PRECONDITION, not NOT_FOUND.
+            if (
+                isinstance(exc, api.FailedPrecondition)
+                or _rest_status(exc) == "FAILED_PRECONDITION"
+            ):
+                raise PermanentEnqueueError(_queue_not_found(task, exc)) from exc
             raise PermanentEnqueueError(f"Cloud Tasks refused the task: {exc}") from exc
 
     @property
@@ -135,6 +138,13 @@ def _tune_local_session(client: Any, size: int) -> None:
         adapter = requests.adapters.HTTPAdapter(pool_connections=size, pool_maxsize=size)
         session.mount("http://", adapter)
         session.mount("https://", adapter)
+
+
+def _queue_not_found(task: TaskRequest, error: api.GoogleAPICallError) -> str:
+    return (
+        f"queue {task.queue_path} not found: create it (gcloud tasks queues create) "
+        f"or fix the project/location/queue settings ({error})"
+    )
 
 
 def _rest_status(error: api.GoogleAPICallError) -> str | None:
