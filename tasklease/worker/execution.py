@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tasklease.worker import constants as c
-from tasklease.worker import decisions, locking, telemetry
+from tasklease.worker import decisions, lease, locking, telemetry
 from tasklease.worker.auth import Authenticator, AuthRequest
 from tasklease.worker.context import TaskContext
 from tasklease.worker.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
@@ -336,6 +336,9 @@ class Executor:
                     result = spec.function(payload, ctx)
                 else:
                     result = spec.function(ctx)
+        except lease.KeeperNotStarted as exc:  # Raised before the handler ran: not an attempt.
+            self._give_back(ctx, str(exc), count=False)
+            return _store_unavailable(str(exc), ctx.run_id)
         except PermanentFailure as exc:
             return self._fail(ctx, f"PermanentFailure: {exc}", body)
         except LeaseLost as exc:
