@@ -29,6 +29,16 @@ def test_each_status_decides_as_documented() -> None:
     assert decisions.decide(decisions.released(record, "e", T0), T0) is Verdict.CLAIMED
 
 
+def test_a_claim_of_an_expired_record_counts_from_the_first_attempt_but_keeps_fencing() -> None:
+    record = decisions.completed(claimed(), None, T0)
+    later = decisions.claim(record, claim_request(attempt_id="attempt-2"), record.expire_at)
+    assert (later.verdict, later.record.attempts, later.record.fencing_token) == (
+        Verdict.CLAIMED,
+        1,  # The expired record counts as absent: its attempts are not this run's.
+        2,  # Tokens never repeat for one run.
+    )
+
+
 def test_claim_keeps_retention_at_least_as_long_as_the_lease() -> None:
     request = claim_request(lease=timedelta(hours=2), retention=timedelta(hours=1))
     record = decisions.claim(None, request, T0).record

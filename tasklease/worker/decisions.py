@@ -51,17 +51,17 @@ def decide(record: RunRecord | None, now: datetime, caller: str | None = None) -
 def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Claim:
     """Apply :func:`decide`; on ``CLAIMED`` return the new record the store must write.
 
-    The fencing token and the attempt count carry over from any earlier record, expired or
-    not, so a token never repeats for one run.
+    The fencing token carries over from any earlier record, expired or not, so a token never
+    repeats for one run. The attempt count carries over from a live record only: an expired
+    one counts as absent, and the run it held starts again from its first attempt.
     """
     verdict = decide(record, now, request.caller)
     if verdict is not Verdict.CLAIMED:
         assert record is not None
         return Claim(verdict, record)
+    live = record if record is not None and is_live(record, now) else None
     previous_holder = (
-        record.attempt_id
-        if record is not None and is_live(record, now) and record.status is RunStatus.IN_PROGRESS
-        else None
+        live.attempt_id if live is not None and live.status is RunStatus.IN_PROGRESS else None
     )
     lease_expires = now + request.lease
     claimed = RunRecord(
@@ -71,7 +71,7 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
         status=RunStatus.IN_PROGRESS,
         attempt_id=request.attempt_id,
         fencing_token=(record.fencing_token if record else 0) + 1,
-        attempts=(record.attempts if record else 0) + 1,
+        attempts=(live.attempts if live else 0) + 1,
         lease_expires=lease_expires,
         expire_at=max(now + request.retention, lease_expires + c.MAX_CLOCK_SKEW),
         claimed_at=now,
