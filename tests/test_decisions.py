@@ -71,14 +71,15 @@ def test_release_keeps_error_and_status() -> None:
     )
 
 
-@pytest.mark.parametrize("result", [{1, 2}, float("nan"), {1: "a", "b": 2}, object()])
+@pytest.mark.parametrize("result", [{1, 2}, float("nan"), {(1, 2): "a"}, object()])
 def test_results_json_cannot_encode_are_refused_with_the_reason(result: object) -> None:
     with pytest.raises(ValueError, match="not JSON-serialisable"):
         decisions.serialize_result(result)
 
 
-def test_results_serialise_once_to_sorted_compact_json() -> None:
-    assert decisions.serialize_result({"b": [1, "a"], "a": None}) == '{"a":null,"b":[1,"a"]}'
+def test_results_serialise_once_to_compact_json_in_the_handlers_key_order() -> None:
+    assert decisions.serialize_result({"b": [1, "a"], "a": None}) == '{"b":[1,"a"],"a":null}'
+    assert decisions.serialize_result({1: "one", "total": 1}) == '{"1":"one","total":1}'
     assert decisions.serialize_result(None) is None
 
 

@@ -172,13 +172,14 @@ def serialize_result(result: Any, limit: int = c.MAX_RESULT_BYTES) -> str | None
     """The handler's result as the JSON text stored and answered; None for None.
 
     A result over ``limit`` bytes is replaced by a note saying so. Raises ``ValueError`` when
-    JSON cannot encode it (NaN, sets, keys that cannot be sorted, ...): keys are sorted so the
-    same result always gives the same bytes.
+    JSON cannot encode it (NaN, sets, objects, ...). Keys keep the handler's order: sorting
+    would refuse mixed key types (``{1: "one", "total": 1}``) that JSON encodes, and the bytes
+    are stored once, so every answer carries the same ones anyway.
     """
     if result is None:
         return None
     try:
-        encoded = json.dumps(result, allow_nan=False, sort_keys=True, separators=(",", ":"))
+        encoded = json.dumps(result, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"the handler's result is not JSON-serialisable: {exc}") from None
     if len(encoded.encode()) > limit:
