@@ -173,12 +173,13 @@ class Executor:
         auth = self.authenticator.authenticate(
             AuthRequest(delivery.authorization, delivery.url), spec
         )
-        log["caller"] = auth.principal
+        log.update(auth.log_fields())
         if not auth.allowed:
             retry_after = c.STORE_UNAVAILABLE_RETRY_AFTER if auth.status == 503 else None
             return Reply(
                 auth.status, _AUTH_OUTCOMES[auth.status], auth.reason, retry_after=retry_after
             )
+        telemetry.authenticated()  # Only now may the caller's traceparent name the trace.
         try:
             identity = parse_identity(
                 delivery.kind,
