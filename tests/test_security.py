@@ -542,7 +542,7 @@ def test_handler_names_with_traversal_or_unicode_tricks_are_404(
 def test_oversized_body_is_413_before_authentication(
     app: flask.Flask, runs: list[str], store: MemoryStore
 ) -> None:
-    assert_refused(post(app, None, data=b"x" * (100 * 1024 + 1)), 413, runs, store)
+    assert_refused(post(app, None, data=b"x" * (1024 * 1024 + 1)), 413, runs, store)
 
 
 def test_wrong_method_is_405_and_claims_nothing(

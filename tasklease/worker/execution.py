@@ -51,11 +51,12 @@ class Delivery:
     handler: str
     header: HeaderLookup
     query: Mapping[str, str]
-    body: bytes | None  # None: larger than MAX_BODY_BYTES, not read.
+    body: bytes | None  # None: larger than body_limit, not read.
     url: str
     authorization: str | None = None
     method: str = "POST"
     refusal: str | None = None  # Set when the request is malformed below HTTP (its framing).
+    body_limit: int = c.MAX_BODY_BYTES
 
 
 @dataclass
@@ -166,7 +167,7 @@ class Executor:
             # 404 is retried: a retry may reach a newer deploy that has the handler.
             return Reply(404, Outcome.REJECTED, f"no {delivery.kind.value} handler of that name")
         if delivery.body is None:
-            return Reply(413, Outcome.REJECTED, f"body over {c.MAX_BODY_BYTES} bytes")
+            return Reply(413, Outcome.REJECTED, f"body over {delivery.body_limit} bytes")
         if delivery.refusal is not None:
             # 400 is retried by both services: the retry brings the whole request.
             return Reply(400, Outcome.REJECTED, delivery.refusal)
