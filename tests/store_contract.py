@@ -183,6 +183,20 @@ class StoreContract:
         assert claim.verdict is Verdict.CLAIMED
         assert claim.record.fencing_token == 2
 
+    def test_a_record_past_retention_passes_no_attempts_to_the_next_claim(
+        self, store: LeaseStore
+    ) -> None:
+        store.claim(claim_request(), T0)
+        store.release("run-1", "attempt-1", "RuntimeError: x", T0)
+        store.claim(claim_request(attempt_id="attempt-2"), T0)
+        store.complete("run-1", "attempt-2", None, T0)
+        claim = store.claim(claim_request(attempt_id="attempt-3"), T0 + timedelta(days=7))
+        assert (claim.verdict, claim.record.attempts, claim.record.fencing_token) == (
+            Verdict.CLAIMED,
+            1,
+            3,
+        )
+
     def test_purge_deletes_only_expired_records(self, store: LeaseStore) -> None:
         store.claim(claim_request("old"), T0)
         store.claim(claim_request("new", retention=timedelta(days=30)), T0)

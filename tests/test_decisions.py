@@ -29,6 +29,16 @@ def test_each_status_decides_as_documented() -> None:
     assert decisions.decide(decisions.released(record, "e", T0), T0) is Verdict.CLAIMED
 
 
+def test_a_claim_of_an_expired_record_counts_from_the_first_attempt_but_keeps_fencing() -> None:
+    record = decisions.completed(claimed(), None, T0)
+    later = decisions.claim(record, claim_request(attempt_id="attempt-2"), record.expire_at)
+    assert (later.verdict, later.record.attempts, later.record.fencing_token) == (
+        Verdict.CLAIMED,
+        1,  # The expired record counts as absent: its attempts are not this run's.
+        2,  # Tokens never repeat for one run.
+    )
+
+
 def test_claim_keeps_retention_at_least_as_long_as_the_lease() -> None:
     request = claim_request(lease=timedelta(hours=2), retention=timedelta(hours=1))
     record = decisions.claim(None, request, T0).record
@@ -61,14 +71,15 @@ def test_release_keeps_error_and_status() -> None:
     )
 
 
-@pytest.mark.parametrize("result", [{1, 2}, float("nan"), {1: "a", "b": 2}, object()])
+@pytest.mark.parametrize("result", [{1, 2}, float("nan"), {(1, 2): "a"}, object()])
 def test_results_json_cannot_encode_are_refused_with_the_reason(result: object) -> None:
     with pytest.raises(ValueError, match="not JSON-serialisable"):
         decisions.serialize_result(result)
 
 
-def test_results_serialise_once_to_sorted_compact_json() -> None:
-    assert decisions.serialize_result({"b": [1, "a"], "a": None}) == '{"a":null,"b":[1,"a"]}'
+def test_results_serialise_once_to_compact_json_in_the_handlers_key_order() -> None:
+    assert decisions.serialize_result({"b": [1, "a"], "a": None}) == '{"b":[1,"a"],"a":null}'
+    assert decisions.serialize_result({1: "one", "total": 1}) == '{"1":"one","total":1}'
     assert decisions.serialize_result(None) is None
 
 

@@ -163,7 +163,9 @@ def test_unnamed_tasks_get_generated_names(client, target: tuple[Target, str]) -
             "invalid task name",
         ),
         (
-            tasks_v2.Task(http_request=tasks_v2.HttpRequest(url="http://x/", body=b"x" * 102_400)),
+            tasks_v2.Task(
+                http_request=tasks_v2.HttpRequest(url="http://x/", body=b"x" * 1024 * 1024)
+            ),
             "maximum task size",
         ),
         (tasks_v2.Task(http_request=tasks_v2.HttpRequest(url="ftp://x/")), "must be http"),

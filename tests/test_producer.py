@@ -171,7 +171,7 @@ def test_unreachable_endpoint_is_transient_and_gives_up() -> None:
     [
         (lambda p: p.enqueue("t", {1, 2}), "not JSON-serialisable"),
         (lambda p: p.enqueue("t", float("nan")), "not JSON-serialisable"),
-        (lambda p: p.enqueue("t", "x" * 102_400), "over Cloud Tasks' 102400"),
+        (lambda p: p.enqueue("t", "x" * 1024 * 1024), "over Cloud Tasks' 1048576"),
         (lambda p: p.enqueue("t", {}, delay=timedelta(days=31)), "more than 30 days"),
         (lambda p: p.enqueue("t", {}, delay=timedelta(seconds=-1)), "negative"),
         (lambda p: p.enqueue("t", {}, at=datetime(2030, 1, 1)), "timezone-aware"),

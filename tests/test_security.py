@@ -21,6 +21,7 @@ from pytest_httpserver import HTTPServer
 
 from tasklease.emulator.oidc import TokenIssuer
 from tasklease.worker import ConfigurationError, OidcAuth, Router, TaskContext, create_app
+from tasklease.worker.auth import UNAUTHENTICATED
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import job_headers, task_headers
 
@@ -142,6 +143,67 @@ def test_forwarded_scheme_does_not_change_the_expected_audience(
     assert post(app, token, headers).status_code == 401
 
 
+QUERY = "project=shop-prod&location=europe-west1"
+
+
+def test_the_default_audience_with_the_query_string_the_delivery_carries_is_accepted(
+    app: flask.Flask, keys: Keys, runs: list[str]
+) -> None:
+    """Cloud Tasks' and Scheduler's default audience is the target's whole URL, query included:
+    project and location passed as query parameters must not make every delivery a 401."""
+    token = keys.token(aud=f"{AUDIENCE}?{QUERY}")
+    response = post(app, token, path=f"/tasks/send_receipt?{QUERY}")
+    assert response.status_code == 200, response.json
+    assert len(runs) == 1
+
+
+@pytest.mark.parametrize(
+    ("audience", "path"),
+    [
+        (f"{AUDIENCE}?{QUERY}", "/tasks/send_receipt?project=other&location=europe-west1"),
+        (f"{AUDIENCE}?{QUERY}", "/tasks/send_receipt"),
+        (f"{AUDIENCE}?{QUERY}", f"/tasks/send_receipt?{QUERY}&extra=1"),
+        (f"http://localhost/jobs/nightly?{QUERY}", f"/tasks/send_receipt?{QUERY}"),
+        (f"https://billing.example.com/tasks/send_receipt?{QUERY}", f"/tasks/send_receipt?{QUERY}"),
+    ],
+    ids=["other-query", "no-query", "longer-query", "other-path", "other-service"],
+)
+def test_a_token_with_a_query_string_is_accepted_only_for_the_exact_url_it_was_minted_for(
+    app: flask.Flask, keys: Keys, runs: list[str], store: MemoryStore, audience: str, path: str
+) -> None:
+    assert_refused(post(app, keys.token(aud=audience), path=path), 401, runs, store)
+
+
+def test_a_401_answer_names_no_configured_audience_and_the_log_line_says_why(
+    app: flask.Flask, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="tasklease")
+    response = post(app, keys.token(aud="https://another-service.a.run.app"))
+    assert response.status_code == 401
+    assert response.json["message"] == UNAUTHENTICATED
+    assert "localhost" not in response.get_data(as_text=True)  # Nor "expected one of [...]".
+    [line] = [r for r in caplog.records if r.name == "tasklease.execution"]
+    assert "another-service" in line.tasklease["auth_error"]  # type: ignore[attr-defined]
+    assert "localhost" not in line.getMessage()
+
+
+def test_an_unauthenticated_request_does_not_put_its_log_line_in_the_callers_trace(
+    app: flask.Flask, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="tasklease")
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    traced = {**task_headers(), "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    assert post(app, None, traced).status_code == 401
+    assert post(app, keys.token(), traced).status_code == 200  # Authenticated: joins it.
+    refused, allowed = [
+        r.tasklease  # type: ignore[attr-defined]
+        for r in caplog.records
+        if r.name == "tasklease.execution"
+    ]
+    assert trace_id not in json.dumps(refused)
+    assert allowed["logging.googleapis.com/trace"].endswith(trace_id)
+
+
 def test_oidc_without_an_audience_refuses_to_start_naming_the_variable(
     keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,12 +256,19 @@ def test_bad_tokens_are_refused_and_nothing_is_claimed(
     claims: dict[str, Any],
     status: int,
     reason: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level("INFO", logger="tasklease")
     token = None if not claims else keys.token(**claims)
     response = post(app, token)
     assert_refused(response, status, runs, store)
-    assert reason in response.json["message"]
     assert response.headers["X-Tasklease-Outcome"] in ("unauthenticated", "forbidden")
+    if status == 401:  # The answer says nothing more; the log line says why.
+        assert response.json["message"] == UNAUTHENTICATED
+        [line] = [r for r in caplog.records if r.name == "tasklease.execution"]
+        assert reason in line.tasklease["auth_error"]  # type: ignore[attr-defined]
+    else:
+        assert reason in response.json["message"]
 
 
 def test_forged_cloud_tasks_headers_without_a_token_are_refused(
@@ -473,7 +542,7 @@ def test_handler_names_with_traversal_or_unicode_tricks_are_404(
 def test_oversized_body_is_413_before_authentication(
     app: flask.Flask, runs: list[str], store: MemoryStore
 ) -> None:
-    assert_refused(post(app, None, data=b"x" * (100 * 1024 + 1)), 413, runs, store)
+    assert_refused(post(app, None, data=b"x" * (1024 * 1024 + 1)), 413, runs, store)
 
 
 def test_wrong_method_is_405_and_claims_nothing(

@@ -289,6 +289,32 @@ def test_log_line_names_the_delivery_span_when_tracing_records(
     assert entry["logging.googleapis.com/trace"].endswith(TRACE_ID)
 
 
+def test_a_refused_request_starts_a_trace_of_its_own_not_the_one_its_traceparent_names(
+    otel: Telemetry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``traceparent`` is anyone's to send: only an authenticated delivery joins that trace."""
+    caplog.set_level(logging.INFO, logger="tasklease")
+    router = Router()
+    router.task("send")(lambda payload, ctx: None)
+    client = create_app(router, store=MemoryStore(), auth=HeaderAuth()).test_client()
+    headers = task_headers(traceparent=TRACEPARENT)
+    for code in ("401", "403"):
+        response = client.post("/tasks/send", headers={**headers, "Authorization": code})
+        assert response.status_code == int(code)
+    assert client.post("/tasks/send", headers=headers, data="{}").status_code == 200
+    refused_401, refused_403, allowed = execution_entries(caplog)
+    for refused in (refused_401, refused_403):
+        assert TRACE_ID not in refused["logging.googleapis.com/trace"]
+    assert allowed["logging.googleapis.com/trace"].endswith(TRACE_ID)
+    deliveries = [span for span in otel.spans() if span.name == "task send"]
+    assert [f"{span.context.trace_id:032x}" == TRACE_ID for span in deliveries] == [
+        False,
+        False,
+        True,
+    ]
+    assert [span.parent is None for span in deliveries] == [True, True, False]
+
+
 def test_line_without_a_trace_has_labels_but_no_trace_fields(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

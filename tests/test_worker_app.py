@@ -310,10 +310,10 @@ def test_unknown_handler_is_404_so_a_newer_deploy_can_take_the_retry(
 def test_body_over_the_cloud_tasks_limit_is_413(
     app: flask.Flask, shop: Shop, store: SwitchableStore
 ) -> None:
-    response = deliver(app, raw=b" " * (100 * 1024 + 1))
+    response = deliver(app, raw=b" " * (1024 * 1024 + 1))
     assert (response.status_code, response.headers["X-Tasklease-Outcome"]) == (413, "rejected")
     assert store.list_runs() == []
-    assert deliver(app, raw=b'{"order_id": 1}' + b" " * (100 * 1024 - 15)).status_code == 200
+    assert deliver(app, raw=b'{"order_id": 1}' + b" " * (1024 * 1024 - 15)).status_code == 200
 
 
 @pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
@@ -429,8 +429,8 @@ def test_health_check_answers_without_touching_the_store(app: flask.Flask) -> No
 
 @pytest.mark.parametrize(
     "result",
-    [{1, 2}, {1: "a", "b": 2}, float("nan")],
-    ids=["set", "int-and-str-keys", "nan"],
+    [{1, 2}, {(1, 2): "a"}, float("nan")],
+    ids=["set", "tuple-key", "nan"],
 )
 def test_a_result_json_cannot_encode_is_a_clear_failure_not_a_500(
     app: flask.Flask, shop: Shop, store: SwitchableStore, result: Any

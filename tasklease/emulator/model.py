@@ -12,6 +12,7 @@ from google.cloud import tasks_v2
 from google.protobuf import duration_pb2, json_format
 
 from tasklease.emulator.policy import RetrySettings
+from tasklease.worker import constants as c
 
 # platform-facts.md: queue IDs letters, digits, hyphens, <= 100; task IDs add underscores, <= 500.
 QUEUE_NAME = re.compile(
@@ -19,7 +20,7 @@ QUEUE_NAME = re.compile(
     re.ASCII,
 )
 TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,500}", re.ASCII)
-MAX_TASK_BYTES = 100 * 1024
+MAX_TASK_BYTES = c.MAX_TASK_BYTES  # Cloud Tasks' maximum task size: 1 MB (quotas page).
 MAX_SCHEDULE_AHEAD_SECONDS = 30 * 86_400
 DEFAULT_DISPATCH_DEADLINE = 600.0
 MIN_DISPATCH_DEADLINE, MAX_DISPATCH_DEADLINE = 15.0, 1800.0

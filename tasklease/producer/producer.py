@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,9 +24,11 @@ from tasklease.producer.errors import (
 from tasklease.producer.naming import random_task_id, task_id
 from tasklease.producer.retry import RetryPolicy
 from tasklease.producer.transport import TaskRequest, TaskTransport
+from tasklease.worker.constants import LARGE_TASK_BYTES, MAX_TASK_BYTES
 
-# Platform limits (platform-facts.md).
-MAX_TASK_BYTES = 100 * 1024
+_log = logging.getLogger("tasklease.producer")
+
+# Platform limits (platform-facts.md). MAX_TASK_BYTES: Cloud Tasks' 1 MB, shared with the worker.
 MAX_SCHEDULE_AHEAD = timedelta(days=30)
 MIN_DISPATCH_DEADLINE = timedelta(seconds=15)
 MAX_DISPATCH_DEADLINE = timedelta(minutes=30)
@@ -294,6 +297,14 @@ class Producer:
             raise InvalidTask(
                 f"task is {size} bytes, over Cloud Tasks' {MAX_TASK_BYTES}: store the payload "
                 "elsewhere (GCS, Firestore) and enqueue a reference to it"
+            )
+        if size > LARGE_TASK_BYTES:
+            _log.warning(
+                "task %s is %d bytes: Cloud Tasks takes up to 1 MB (its quotas page), though its "
+                "API reference still says %d; large payloads are better stored elsewhere",
+                request.task_id,
+                size,
+                LARGE_TASK_BYTES,
             )
         return request
 

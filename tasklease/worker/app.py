@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException
 from tasklease.worker import constants as c
 from tasklease.worker import fallback, otel_setup
 from tasklease.worker.auth import Authenticator, NoAuth, OidcAuth, authenticator_for
+from tasklease.worker.errors import ConfigurationError
 from tasklease.worker.execution import Clock, Executor, Reply, utc_now
 from tasklease.worker.logs import configure_logging, request_fields
 from tasklease.worker.router import Router
@@ -37,6 +38,7 @@ def create_app(
     audience: str | None = None,
     dashboard: str | None = None,
     dashboard_operators: Iterable[str] | None = None,
+    max_task_bytes: int | None = None,
 ) -> flask.Flask:
     """A Flask app serving ``router``: ``POST /tasks/<name>`` and ``POST /jobs/<name>``.
 
@@ -52,6 +54,9 @@ def create_app(
       (default ``TASKLEASE_DASHBOARD``; off when unset). It takes the same OIDC tokens as
       deliveries, from ``dashboard_operators`` (default ``TASKLEASE_DASHBOARD_OPERATORS``,
       comma-separated) or else the deliveries' allow-list; its forms need a CSRF token.
+    - ``max_task_bytes``: the largest body a delivery may have (default
+      ``TASKLEASE_MAX_TASK_BYTES``, else 1 MiB, Cloud Tasks' maximum task size); larger ones
+      are answered 413 unread.
     """
     configure_logging()
     telemetry = otel_setup.configure_from_env("tasklease-worker")
@@ -93,7 +98,9 @@ def create_app(
 
     # Deliveries are answered in front of Flask (tasklease.worker.wsgi_routes); the rest is Flask's,
     # and the error handler above gives what Flask itself refuses one line and a JSON answer.
-    app.wsgi_app = DeliveryRoutes(app.wsgi_app, executor, fields)  # type: ignore[method-assign]
+    app.wsgi_app = DeliveryRoutes(  # type: ignore[method-assign]
+        app.wsgi_app, executor, fields, max_body_bytes=_max_task_bytes(max_task_bytes)
+    )
     app.add_url_rule("/healthz", "tasklease_health", lambda: {"status": "ok"}, methods=["GET"])
     dashboard = dashboard if dashboard is not None else os.environ.get(c.ENV_DASHBOARD) or None
     if dashboard:
@@ -117,6 +124,20 @@ def create_app(
         },
     )
     return app
+
+
+def _max_task_bytes(configured: int | None) -> int:
+    """The body limit: ``configured``, else ``TASKLEASE_MAX_TASK_BYTES``, else Cloud Tasks'."""
+    if configured is None:
+        text = os.environ.get(c.ENV_MAX_TASK_BYTES, "").strip()
+        if not text:
+            return c.MAX_BODY_BYTES
+        if not text.isdigit():
+            raise ConfigurationError(f"{c.ENV_MAX_TASK_BYTES}={text!r}: a number of bytes")
+        configured = int(text)
+    if isinstance(configured, bool) or not isinstance(configured, int) or configured <= 0:
+        raise ConfigurationError(f"max_task_bytes={configured!r}: a positive number of bytes")
+    return configured
 
 
 def _respond(reply: Reply) -> flask.Response:

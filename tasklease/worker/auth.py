@@ -33,6 +33,9 @@ CLOCK_SKEW_SECONDS = 30
 # Three base64url segments: anything else is refused before the keys are fetched.
 _JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*", re.ASCII)
 _MAX_TOKEN_CHARS = 16 * 1024
+# The whole answer to a 401: why it was refused goes to the log line only. google-auth's
+# "expected one of [...]" would tell anyone holding a Google token the audiences configured.
+UNAUTHENTICATED = "missing or invalid OIDC ID token"
 
 
 @dataclass(frozen=True)
@@ -40,12 +43,20 @@ class AuthResult:
     """An authentication decision: ``status`` 200 lets the request through."""
 
     status: int
-    reason: str
+    reason: str  # Sent in the answer.
     principal: str | None = None
+    detail: str | None = None  # Why it was refused, for the request's log line only.
 
     @property
     def allowed(self) -> bool:
         return self.status == 200
+
+    def log_fields(self) -> dict[str, str | None]:
+        """The fields this decision adds to the request's log line."""
+        fields = {"caller": self.principal}
+        if self.detail is not None:
+            fields["auth_error"] = self.detail
+        return fields
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,9 @@ class OidcAuth(Authenticator):
     Checks signature, expiry, issuer, audience, ``email_verified``, and ``email`` in the
     allow-list (per handler if the handler sets one). The audience is the handler's
     ``audience``, else ``audience`` here (``TASKLEASE_AUDIENCE``); when that is a root URL, the
-    handler's own URL under it (Cloud Tasks' and Scheduler's default audience) is accepted too.
+    handler's own URL under it (Cloud Tasks' and Scheduler's default audience) is accepted too,
+    with the query string this request carries when it has one. A 401 answers
+    :data:`UNAUTHENTICATED` only; its reason is in :attr:`AuthResult.detail`.
     It is never taken from the request: ``Host`` and ``X-Forwarded-Proto`` are the caller's to
     choose, so a token minted for another service could be replayed here. Public keys are
     fetched through an HTTP cache that honours ``Cache-Control``, not on every request.
@@ -153,13 +166,13 @@ class OidcAuth(Authenticator):
         scheme, _, token = (request.authorization or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            return AuthResult(401, "missing Authorization: Bearer <OIDC ID token>")
+            return _unauthenticated("missing Authorization: Bearer <OIDC ID token>")
         if len(token) > _MAX_TOKEN_CHARS or not _JWT_SHAPE.fullmatch(token):
-            return AuthResult(401, "invalid ID token: not a JWT")
+            return _unauthenticated("invalid ID token: not a JWT")
         configured = spec.audience or self.audience
         if not configured:  # check_configuration refuses this at start; never guess.
-            return AuthResult(401, "no token audience is configured for this handler")
-        audiences = expected_audiences(configured, spec.path)
+            return _unauthenticated("no token audience is configured for this handler")
+        audiences = expected_audiences(configured, spec.path, urlsplit(request.url).query)
         try:
             claims: dict[str, Any] = dict(
                 id_token.verify_token(
@@ -173,11 +186,13 @@ class OidcAuth(Authenticator):
         except google.auth.exceptions.TransportError:  # KeyFetcher logged it, once.
             return AuthResult(503, "could not fetch the OIDC public keys to verify the token")
         except (ValueError, google.auth.exceptions.GoogleAuthError) as exc:
-            return AuthResult(401, f"invalid ID token: {_redacted(exc, token)}")
+            return _unauthenticated(f"invalid ID token: {_redacted(exc, token)}")
         except Exception as exc:  # pyjwt and cryptography raise their own types for bad input
-            return AuthResult(401, f"invalid ID token: {type(exc).__name__}")
+            return _unauthenticated(f"invalid ID token: {type(exc).__name__}")
         if claims.get("iss") not in self.issuers:
-            return AuthResult(401, f"ID token issuer {claims.get('iss')!r} is not trusted")
+            return _unauthenticated(
+                f"ID token issuer {str(claims.get('iss'))[:200]!r} is not trusted"
+            )
         email = claims.get("email")
         if not isinstance(email, str) or claims.get("email_verified") is not True:
             return AuthResult(403, "ID token carries no verified email")
@@ -215,15 +230,28 @@ def authenticator_for(
     raise ConfigurationError(f"unknown auth {choice!r}: use 'oidc' (the default) or 'none'")
 
 
-def expected_audiences(configured: str, path: str) -> list[str]:
+def expected_audiences(configured: str, path: str, query: str = "") -> list[str]:
     """The audiences a token may carry for the handler at ``path``: ``configured`` itself and,
     when it is a service's root URL, that URL with or without ``/`` and the handler's URL under
-    it (what Cloud Tasks and Scheduler put in the token when the task or job sets none)."""
+    it (what Cloud Tasks and Scheduler put in the token when the task or job sets none).
+
+    That default audience is the target's whole URL, query string included (the ``audience``
+    field of Cloud Tasks' and Cloud Scheduler's OidcToken: "If not specified, the URI specified
+    in target will be used"), so with a ``query`` (this request's own, as received) the
+    handler's URL with it is accepted too: exactly the URL the request was made to, never
+    another path, and a token minted for one query is refused with another."""
     parts = urlsplit(configured)
     if parts.path not in ("", "/") or parts.query or not parts.netloc:
         return [configured]
     origin = f"{parts.scheme}://{parts.netloc}"
-    return [configured, origin, origin + "/", origin + path]
+    audiences = [configured, origin, origin + "/", origin + path]
+    if query:
+        audiences.append(f"{origin}{path}?{query}")
+    return audiences
+
+
+def _unauthenticated(detail: str) -> AuthResult:
+    return AuthResult(401, UNAUTHENTICATED, detail=detail)
 
 
 def _split(value: str) -> list[str]:

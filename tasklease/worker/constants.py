@@ -43,12 +43,19 @@ ENV_OIDC_ISSUERS = "TASKLEASE_OIDC_ISSUERS"
 ENV_ALLOW_LOCAL_STORE = "TASKLEASE_ALLOW_LOCAL_STORE"
 ENV_DASHBOARD = "TASKLEASE_DASHBOARD"  # The operators' dashboard's path in the worker, if any.
 ENV_DASHBOARD_OPERATORS = "TASKLEASE_DASHBOARD_OPERATORS"
+ENV_MAX_TASK_BYTES = "TASKLEASE_MAX_TASK_BYTES"  # The largest body the worker reads.
 ENV_CLOUD_RUN_SERVICE = "K_SERVICE"  # Set by Cloud Run on every instance (platform-facts.md).
 
 DEFAULT_STORE_URL = "sqlite:///tasklease-runs.db"
 
 # Limits taken from the platform (platform-facts.md).
-MAX_BODY_BYTES = 100 * 1024  # Cloud Tasks' maximum task size.
+# Cloud Tasks' maximum task size: 1 MB (cloud.google.com/tasks/docs/quotas, "Maximum task
+# size"); the v2 CreateTask proto comment still says 100 KB, an older App Engine limit. A
+# worker must accept whatever the queue may deliver: the worker, the producer, the stubs and
+# the emulator all take this one limit (the worker's: TASKLEASE_MAX_TASK_BYTES).
+MAX_TASK_BYTES = 1024 * 1024
+MAX_BODY_BYTES = MAX_TASK_BYTES  # The worker's default limit on a delivery's body.
+LARGE_TASK_BYTES = 100 * 1024  # The proto comment's limit: the producer warns above it.
 MAX_TASK_NAME_LENGTH = 500
 MAX_QUEUE_NAME_LENGTH = 100
 MAX_JOB_NAME_LENGTH = 500

@@ -51,17 +51,17 @@ def decide(record: RunRecord | None, now: datetime, caller: str | None = None) -
 def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Claim:
     """Apply :func:`decide`; on ``CLAIMED`` return the new record the store must write.
 
-    The fencing token and the attempt count carry over from any earlier record, expired or
-    not, so a token never repeats for one run.
+    The fencing token carries over from any earlier record, expired or not, so a token never
+    repeats for one run. The attempt count carries over from a live record only: an expired
+    one counts as absent, and the run it held starts again from its first attempt.
     """
     verdict = decide(record, now, request.caller)
     if verdict is not Verdict.CLAIMED:
         assert record is not None
         return Claim(verdict, record)
+    live = record if record is not None and is_live(record, now) else None
     previous_holder = (
-        record.attempt_id
-        if record is not None and is_live(record, now) and record.status is RunStatus.IN_PROGRESS
-        else None
+        live.attempt_id if live is not None and live.status is RunStatus.IN_PROGRESS else None
     )
     lease_expires = now + request.lease
     claimed = RunRecord(
@@ -71,7 +71,7 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
         status=RunStatus.IN_PROGRESS,
         attempt_id=request.attempt_id,
         fencing_token=(record.fencing_token if record else 0) + 1,
-        attempts=(record.attempts if record else 0) + 1,
+        attempts=(live.attempts if live else 0) + 1,
         lease_expires=lease_expires,
         expire_at=max(now + request.retention, lease_expires + c.MAX_CLOCK_SKEW),
         claimed_at=now,
@@ -172,13 +172,14 @@ def serialize_result(result: Any, limit: int = c.MAX_RESULT_BYTES) -> str | None
     """The handler's result as the JSON text stored and answered; None for None.
 
     A result over ``limit`` bytes is replaced by a note saying so. Raises ``ValueError`` when
-    JSON cannot encode it (NaN, sets, keys that cannot be sorted, ...): keys are sorted so the
-    same result always gives the same bytes.
+    JSON cannot encode it (NaN, sets, objects, ...). Keys keep the handler's order: sorting
+    would refuse mixed key types (``{1: "one", "total": 1}``) that JSON encodes, and the bytes
+    are stored once, so every answer carries the same ones anyway.
     """
     if result is None:
         return None
     try:
-        encoded = json.dumps(result, allow_nan=False, sort_keys=True, separators=(",", ":"))
+        encoded = json.dumps(result, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"the handler's result is not JSON-serialisable: {exc}") from None
     if len(encoded.encode()) > limit:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tasklease.worker import constants as c
-from tasklease.worker import decisions, locking, telemetry
+from tasklease.worker import decisions, lease, locking, telemetry
 from tasklease.worker.auth import Authenticator, AuthRequest
 from tasklease.worker.context import TaskContext
 from tasklease.worker.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
@@ -51,11 +51,12 @@ class Delivery:
     handler: str
     header: HeaderLookup
     query: Mapping[str, str]
-    body: bytes | None  # None: larger than MAX_BODY_BYTES, not read.
+    body: bytes | None  # None: larger than body_limit, not read.
     url: str
     authorization: str | None = None
     method: str = "POST"
     refusal: str | None = None  # Set when the request is malformed below HTTP (its framing).
+    body_limit: int = c.MAX_BODY_BYTES
 
 
 @dataclass
@@ -166,19 +167,20 @@ class Executor:
             # 404 is retried: a retry may reach a newer deploy that has the handler.
             return Reply(404, Outcome.REJECTED, f"no {delivery.kind.value} handler of that name")
         if delivery.body is None:
-            return Reply(413, Outcome.REJECTED, f"body over {c.MAX_BODY_BYTES} bytes")
+            return Reply(413, Outcome.REJECTED, f"body over {delivery.body_limit} bytes")
         if delivery.refusal is not None:
             # 400 is retried by both services: the retry brings the whole request.
             return Reply(400, Outcome.REJECTED, delivery.refusal)
         auth = self.authenticator.authenticate(
             AuthRequest(delivery.authorization, delivery.url), spec
         )
-        log["caller"] = auth.principal
+        log.update(auth.log_fields())
         if not auth.allowed:
             retry_after = c.STORE_UNAVAILABLE_RETRY_AFTER if auth.status == 503 else None
             return Reply(
                 auth.status, _AUTH_OUTCOMES[auth.status], auth.reason, retry_after=retry_after
             )
+        telemetry.authenticated()  # Only now may the caller's traceparent name the trace.
         try:
             identity = parse_identity(
                 delivery.kind,
@@ -336,6 +338,9 @@ class Executor:
                     result = spec.function(payload, ctx)
                 else:
                     result = spec.function(ctx)
+        except lease.KeeperNotStarted as exc:  # Raised before the handler ran: not an attempt.
+            self._give_back(ctx, str(exc), count=False)
+            return _store_unavailable(str(exc), ctx.run_id)
         except PermanentFailure as exc:
             return self._fail(ctx, f"PermanentFailure: {exc}", body)
         except LeaseLost as exc:

@@ -38,6 +38,11 @@ IDLE_WAKE = 1.0
 MIN_RETRY_PAUSE = 0.05
 
 
+class KeeperNotStarted(Exception):
+    """The scheduler thread could not be started: no lease would be renewed, so the
+    execution must not begin (its claim is given back without counting the attempt)."""
+
+
 @dataclass
 class _Entry:
     ctx: TaskContext
@@ -57,7 +62,8 @@ class LeaseKeeper:
         self._store = store
         self._clock = clock
         self._sequence = itertools.count()
-        self._pid: int | None = None
+        self._pid: int | None = None  # The process whose scheduler thread runs.
+        self._state_pid: int | None = None  # The process the state below belongs to.
         self._condition = threading.Condition()
         self._entries: dict[int, _Entry] = {}  # Executions still running, by sequence number.
         self._due: list[tuple[float, int]] = []  # (monotonic due time, sequence), a heap.
@@ -74,7 +80,8 @@ class LeaseKeeper:
         self, ctx: TaskContext, lease: timedelta, *, keep_for: timedelta | None = None
     ) -> Iterator[None]:
         """Renew ``ctx``'s lease for as long as the ``with`` block runs; each renewal keeps
-        the record at least ``keep_for`` (the handler's retention) past the new lease."""
+        the record at least ``keep_for`` (the handler's retention) past the new lease.
+        Raises :class:`KeeperNotStarted` on entry if the keeper's thread cannot start."""
         self._start_if_needed()
         sequence = next(self._sequence)
         # Counted from when the claim the context holds was confirmed (before its store call).
@@ -105,17 +112,29 @@ class LeaseKeeper:
             self._condition.notify()
 
     def _start_if_needed(self) -> None:
+        """Start the scheduler thread unless it runs in this process. A start that fails is
+        tried again at the next use; until one succeeds no execution may begin."""
         if self._pid == os.getpid():
             return
         with self._condition:
-            if self._pid == os.getpid():
+            pid = os.getpid()
+            if self._pid == pid:
                 return
-            # After a fork the parent's threads do not exist here: start afresh.
-            self._condition = threading.Condition()
-            self._entries = {}
-            self._due = []
-            self._pid = os.getpid()
-            threading.Thread(target=self._run, name="tasklease-lease-keeper", daemon=True).start()
+            if self._state_pid != pid:
+                # After a fork the parent's threads do not exist here: start afresh.
+                self._condition = threading.Condition()
+                self._entries = {}
+                self._due = []
+                self._state_pid = pid
+            try:
+                threading.Thread(
+                    target=self._run, name="tasklease-lease-keeper", daemon=True
+                ).start()
+            except Exception as exc:  # e.g. "can't start new thread"
+                _log.error("could not start the lease keeper's thread: %s", exc)
+                raise KeeperNotStarted(f"the lease keeper could not start: {exc}") from exc
+            # Recorded only once the thread runs: a failed start leaves it to the next use.
+            self._pid = pid
 
     def _run(self) -> None:
         while True:

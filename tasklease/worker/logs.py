@@ -95,6 +95,7 @@ class ReadableFormatter(logging.Formatter):
         "fencing_token",
         "run_id",
         "duration_ms",
+        "auth_error",  # Why a request was refused a 401: its answer does not say.
     )
 
     def format(self, record: logging.LogRecord) -> str:

@@ -123,6 +123,8 @@ _ENV_PROVIDERS = (
 _explicit = [False, False]  # use_providers() gave a tracer provider, a meter provider.
 # Whether the current delivery's span records: its steps are spanned only then.
 _RECORDING: ContextVar[bool] = ContextVar("tasklease_span_recording", default=False)
+# The delivery being served, for :func:`authenticated`.
+_DELIVERY: ContextVar[DeliveryTrace | None] = ContextVar("tasklease_delivery", default=None)
 
 
 def use_providers(
@@ -186,10 +188,16 @@ class DeliveryTrace:
     """One delivery's span (recording or not), current while the delivery is served.
 
     ``label`` names the handler in metrics and the span name: only registered names, so a
-    caller cannot grow the metrics' label sets by inventing paths.
+    caller cannot grow the metrics' label sets by inventing paths. The span joins the
+    caller's trace only once the request is authenticated (:func:`authenticated`): until
+    then ``traceparent`` is anyone's to choose, and a refused request's log line and span
+    start a trace of their own rather than land in one a stranger named.
     """
 
-    __slots__ = ("_ended", "_recording", "_token", "kind", "label", "metering", "span")
+    __slots__ = (
+        *("_delivery", "_ended", "_parent", "_recording", "_start_ns", "_token"),
+        *("kind", "label", "metering", "span"),
+    )
 
     def __init__(self, header: HeaderLookup, kind: str, label: str) -> None:
         self.kind = kind
@@ -197,22 +205,37 @@ class DeliveryTrace:
         self.metering = _metering()
         self._ended = False
         self._recording: Token[bool] | None = None
-        parent = incoming_context(header)
+        self._token: Token[otel_context.Context] | None = None
+        self._parent = incoming_context(header)
+        self._start_ns: int | None = time.time_ns()  # None once the span is started.
+        self.span: trace.Span = INVALID_SPAN
+        self._delivery = _DELIVERY.set(self)
+
+    def trusted(self) -> None:
+        """The request is authenticated: start the span in the caller's trace."""
+        self._start(self._parent, trusted=True)
+
+    def _start(self, parent: SpanContext | None, *, trusted: bool) -> None:
+        start_ns = self._start_ns
+        if start_ns is None:
+            return
+        self._start_ns = None
         if _tracing():
-            context = (
-                None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
+            context: otel_context.Context | None
+            if parent is not None:
+                context = trace.set_span_in_context(NonRecordingSpan(parent))
+            else:  # Trusted: the application's current span, if any; else a new trace.
+                context = None if trusted else otel_context.Context()
+            self.span = _tracer.start_span(
+                f"{self.kind} {self.label}", context, kind=SpanKind.CONSUMER, start_time=start_ns
             )
-            self.span = _tracer.start_span(f"{kind} {label}", context, kind=SpanKind.CONSUMER)
             if self.span.is_recording():
                 self._recording = _RECORDING.set(True)
-        else:
-            self.span = INVALID_SPAN if parent is None else NonRecordingSpan(parent)
+        elif parent is not None:
+            self.span = NonRecordingSpan(parent)
         # Current only when it carries a trace: then a fan-out from the handler propagates it.
-        self._token = (
-            otel_context.attach(trace.set_span_in_context(self.span))
-            if self.span is not INVALID_SPAN
-            else None
-        )
+        if self.span is not INVALID_SPAN:
+            self._token = otel_context.attach(trace.set_span_in_context(self.span))
 
     def __enter__(self) -> DeliveryTrace:
         return self
@@ -223,6 +246,7 @@ class DeliveryTrace:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._start(None, trusted=False)  # Not started: refused before authentication.
         if error is not None and not self._ended:  # A bug: the WSGI layer answers 500 error.
             if self.metering:
                 attributes = {"handler": self.label, "kind": self.kind, "outcome": "error"}
@@ -234,6 +258,7 @@ class DeliveryTrace:
 
     def finished(self, status: int, outcome: Outcome, log: dict[str, Any], seconds: float) -> None:
         """Count the delivery, finish its span, and add the trace fields to its log line."""
+        self._start(None, trusted=False)  # Not started: refused before authentication.
         if self.metering:
             attributes = {"handler": self.label, "kind": self.kind, "outcome": outcome.value}
             _instruments.deliveries.add(1, attributes)
@@ -272,6 +297,14 @@ class DeliveryTrace:
             _RECORDING.reset(self._recording)
         if self._token is not None:
             otel_context.detach(self._token)
+        _DELIVERY.reset(self._delivery)
+
+
+def authenticated() -> None:
+    """The current delivery's request is authenticated: its span joins the caller's trace."""
+    delivery = _DELIVERY.get()
+    if delivery is not None:
+        delivery.trusted()
 
 
 def log_fields(span_context: SpanContext, log: dict[str, Any]) -> None:

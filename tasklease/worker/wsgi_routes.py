@@ -31,15 +31,22 @@ _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in H
 class DeliveryRoutes:
     """WSGI middleware: serves deliveries through ``executor``, passes the rest to ``app``.
 
-    ``fields`` go into every delivery's log line (``auth: none`` when authentication is off).
+    ``fields`` go into every delivery's log line (``auth: none`` when authentication is off);
+    a body over ``max_body_bytes`` is not read, and answered 413.
     """
 
     def __init__(
-        self, app: WSGIApp, executor: Executor, fields: Mapping[str, Any] | None = None
+        self,
+        app: WSGIApp,
+        executor: Executor,
+        fields: Mapping[str, Any] | None = None,
+        *,
+        max_body_bytes: int = c.MAX_BODY_BYTES,
     ) -> None:
         self.app = app
         self.executor = executor
         self.fields = dict(fields or {})
+        self.max_body_bytes = max_body_bytes
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
@@ -50,10 +57,11 @@ class DeliveryRoutes:
                 name = path[len(prefix) :]
                 started = time.monotonic()
                 with request_fields(self.fields):
+                    limit = self.max_body_bytes
                     try:
-                        delivery = _delivery(environ, kind, name)
+                        delivery = _delivery(environ, kind, name, limit)
                     except _BadBody as exc:
-                        delivery = _delivery(environ, kind, name, body=b"", refusal=str(exc))
+                        delivery = _delivery(environ, kind, name, limit, body=b"", refusal=str(exc))
                     try:
                         reply = self.executor.execute(delivery)
                     except Exception as exc:  # A bug: still one line and a JSON answer.
@@ -84,6 +92,7 @@ def _delivery(
     environ: Mapping[str, Any],
     kind: Kind,
     name: str,
+    limit: int,
     *,
     body: bytes | None = None,
     refusal: str | None = None,
@@ -94,7 +103,8 @@ def _delivery(
         handler=name,
         header=_header_lookup(environ),
         query=dict(parse_qsl(query, keep_blank_values=True)) if query else {},
-        body=_read_body(environ) if refusal is None else body,
+        body=_read_body(environ, limit) if refusal is None else body,
+        body_limit=limit,
         refusal=refusal,
         url=_path_and_query(environ),
         authorization=environ.get("HTTP_AUTHORIZATION"),
@@ -117,8 +127,8 @@ class _BadBody(ValueError):
     """The request's body is not what its framing says: refuse it, claim nothing."""
 
 
-def _read_body(environ: Mapping[str, Any]) -> bytes | None:
-    """The body, or None if it is larger than Cloud Tasks allows (read no further than that).
+def _read_body(environ: Mapping[str, Any], limit: int) -> bytes | None:
+    """The body, or None if it is over ``limit`` bytes (read no further than that).
 
     Raises :class:`_BadBody` for a Content-Length that is not a number, or a body that ended
     before it: a connection cut mid-body must not reach the handler (or be dead-lettered as
@@ -130,7 +140,7 @@ def _read_body(environ: Mapping[str, Any]) -> bytes | None:
         if not length.isdigit():
             raise _BadBody(f"Content-Length {length[:40]!r} is not a number")
         size = int(length)
-        if size > c.MAX_BODY_BYTES:
+        if size > limit:
             return None
         body: bytes = stream.read(size) if size and stream is not None else b""
         if len(body) != size:
@@ -141,8 +151,8 @@ def _read_body(environ: Mapping[str, Any]) -> bytes | None:
     framed = environ.get("HTTP_TRANSFER_ENCODING") or environ.get("wsgi.input_terminated")
     if stream is None or not framed:
         return b""
-    unsized: bytes = stream.read(c.MAX_BODY_BYTES + 1)
-    return None if len(unsized) > c.MAX_BODY_BYTES else unsized
+    unsized: bytes = stream.read(limit + 1)
+    return None if len(unsized) > limit else unsized
 
 
 def _path_and_query(environ: Mapping[str, Any]) -> str:
