@@ -111,3 +111,17 @@ def test_error_text_is_kept_whole_up_to_the_cap_and_cut_with_a_note_beyond(size:
     text = decisions.cap_text("e" * size)
     assert len(text) == min(size, c.MAX_ERROR_CHARS)
     assert ("[cut:" in text) == (size > c.MAX_ERROR_CHARS)
+
+
+def test_a_delivery_near_its_slot_goes_to_the_manual_run_only_while_it_waits_for_a_retry() -> None:
+    manual = claimed()
+    takes = decisions.takes_manual_delivery
+    assert not takes(None, T0, None)  # No manual run recorded: the slot's own.
+    assert not takes(manual, T0, None)  # Live: the slot's own delivery is not turned away.
+    assert takes(manual, manual.lease_expires + c.MAX_CLOCK_SKEW, None)  # Its holder is gone.
+    assert takes(decisions.released(manual, "e", T0), T0, None)
+    assert not takes(decisions.completed(manual, None, T0), T0, None)
+    assert not takes(decisions.failed(manual, "e", None, T0), T0, None)
+    assert not takes(decisions.released(manual, "e", T0), manual.expire_at, None)  # Expired.
+    owned = decisions.released(manual, "e", T0).replace(caller="someone@example.com")
+    assert not takes(owned, T0, "other@example.com")  # Another principal's run.

@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tasklease.worker.errors import InvalidDelivery
 from tasklease.worker.identity import DeliveryIdentity, Kind, parse_identity, parse_rfc3339
 from tests.helpers import job_headers, task_headers
+
+MARGIN = timedelta(seconds=60)
 
 
 def lookup(headers: dict[str, str | list[str]]):  # type: ignore[no-untyped-def]
@@ -135,3 +137,20 @@ def test_identity_fields_keep_only_what_was_sent() -> None:
         "schedule_time": "2026-10-16T12:00:00.000000Z",
         "trigger": "scheduled",
     }
+
+
+def test_only_a_delivery_earlier_than_the_margin_is_surely_manual() -> None:
+    slot = datetime(2026, 10, 16, 12, 0, tzinfo=UTC)
+    headers = lookup(job_headers(schedule_time="2026-10-16T12:00:00Z"))
+
+    def at(seconds: float) -> DeliveryIdentity:
+        received = slot - timedelta(seconds=seconds)
+        return parse_identity(
+            Kind.SCHEDULER, "h", headers, {}, received_at=received, manual_run_margin=MARGIN
+        )
+
+    assert (at(61).manual, at(61).maybe_manual) == (True, False)
+    for seconds in (60, 30, 0.5, 0, -3600):  # Within the margin, before or after the slot.
+        assert (at(seconds).manual, at(seconds).maybe_manual) == (False, True), seconds
+    assert at(30).as_manual().run_id != at(30).run_id
+    assert at(30).as_manual().as_slot() == at(30).as_slot()

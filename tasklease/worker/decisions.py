@@ -83,6 +83,19 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
     return Claim(Verdict.CLAIMED, claimed, took_over_from=previous_holder)
 
 
+def takes_manual_delivery(record: RunRecord | None, now: datetime, caller: str | None) -> bool:
+    """Whether a Scheduler delivery that is either the slot's own or a retry of the slot's
+    manual run ``record`` (both carry the same headers) goes to that manual run: only while
+    the manual run waits for a retry (released, or its holder's lease ran out).
+
+    Else it is the slot's: a finished manual run needs no more deliveries, and a live one must
+    not turn the slot's own delivery away (Scheduler's retry_count defaults to 0). Either way
+    both runs complete: a slot's delivery taken by a waiting manual run leaves the manual run's
+    own retry, still due, to find it finished and run the slot.
+    """
+    return is_live(record, now) and decide(record, now, caller) is Verdict.CLAIMED
+
+
 def holds(record: RunRecord | None, attempt_id: str) -> bool:
     """Whether ``attempt_id`` still holds the claim on ``record`` (attempt fencing)."""
     return (

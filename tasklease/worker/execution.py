@@ -21,6 +21,7 @@ from tasklease.worker.errors import InvalidDelivery, LeaseLost, PermanentFailure
 from tasklease.worker.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.logs import instance_id, log_execution, note_error
+from tasklease.worker.manual_runs import ManualRuns
 from tasklease.worker.outcome import Outcome
 from tasklease.worker.records import ClaimRequest, LockGrant, LockRequest, RunRecord, Verdict
 from tasklease.worker.router import HandlerSpec, Router
@@ -126,6 +127,7 @@ class Executor:
         self.project_header = project_header
         self.location_header = location_header
         self.lease_keeper = LeaseKeeper(store, clock)
+        self.manual_runs = ManualRuns(store, clock)
 
     def execute(self, delivery: Delivery) -> Reply:
         """Handle one delivery and write its one structured log line."""
@@ -194,19 +196,13 @@ class Executor:
             )
         except InvalidDelivery as exc:
             return Reply(400, Outcome.REJECTED, str(exc))
-        if identity.early:
-            try:
-                identity = self._manual_retry_or_slot(identity)
-            except StoreUnavailable as exc:
-                return _store_unavailable(f"lease store unavailable: {exc}", identity.run_id)
-        log.update(_identity_fields(identity))
-        return self._claim_and_run(spec, identity, delivery.body, log, auth.principal)
-
-    def _manual_retry_or_slot(self, identity: DeliveryIdentity) -> DeliveryIdentity:
-        """An early Scheduler delivery is a retry of the slot's manual run if that run exists:
-        manual-ness is decided by a run's first delivery, not by when each retry arrives."""
-        manual = identity.as_manual()
-        return manual if self.store.get(manual.run_id) is not None else identity
+        try:
+            identity = self.manual_runs.resolve(identity, auth.principal)
+        except StoreUnavailable as exc:
+            return _store_unavailable(f"lease store unavailable: {exc}", identity.run_id)
+        reply = self._claim_and_run(spec, identity, delivery.body, log, auth.principal)
+        self.manual_runs.answered(identity, reply.status)
+        return reply
 
     def _claim_and_run(
         self,
@@ -216,6 +212,7 @@ class Executor:
         log: dict[str, Any],
         caller: str | None,
     ) -> Reply:
+        log.update(_identity_fields(identity))
         run_id = identity.run_id
         if identity.is_retry:
             # A retry has most likely been seen before: one read answers a finished run
@@ -244,6 +241,9 @@ class Executor:
         except StoreUnavailable as exc:
             return _store_unavailable(f"lease store unavailable: {exc}", run_id)
         record = claim.record
+        if claim.verdict is not Verdict.CLAIMED and identity.manual and identity.maybe_manual:
+            # Another delivery took the waiting manual run first: this one is the slot's.
+            return self._claim_and_run(spec, identity.as_slot(), body, log, caller)
         if claim.verdict is not Verdict.CLAIMED:
             return self._settled(claim.verdict, record, log)
         log.update(

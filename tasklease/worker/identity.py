@@ -59,10 +59,12 @@ class DeliveryIdentity:
     job_name: str | None = None
     schedule_time: datetime | None = None
     manual: bool = False  # A manual Scheduler run ("jobs run", "Force run"), not the slot's.
-    # Arrived before its schedule time (by more than the clock-skew bound), but within the
-    # manual-run margin: the slot's own delivery never comes early, so this may be a retry of
-    # a manual run that started earlier; the executor checks for that run.
-    early: bool = False
+    # Not certainly manual, nor certainly the slot's own: arrived within the manual-run margin
+    # of its schedule time, before or after it. A manual run's retries carry the same headers
+    # as the slot's own delivery, so only the store's record of the manual run can tell
+    # (tasklease.worker.manual_runs). On a manual identity: taken as the manual run's because
+    # that run was waiting for a retry; the slot's own if it cannot claim it.
+    maybe_manual: bool = False
     # Per-attempt fields, informational only.
     retry_count: int | None = None
     execution_count: int | None = None
@@ -93,7 +95,11 @@ class DeliveryIdentity:
 
     def as_manual(self) -> DeliveryIdentity:
         """This delivery read as (a retry of) a manual run of its slot."""
-        return dataclasses.replace(self, manual=True, early=False)
+        return dataclasses.replace(self, manual=True)
+
+    def as_slot(self) -> DeliveryIdentity:
+        """This delivery read as the slot's own run, settled."""
+        return dataclasses.replace(self, manual=False, maybe_manual=False)
 
     @property
     def is_retry(self) -> bool:
@@ -137,7 +143,9 @@ def parse_identity(
 
     A Scheduler delivery whose schedule time is more than ``manual_run_margin`` after
     ``received_at`` is a manual run: Cloud Scheduler sends the *next* slot's time with a manual
-    run (platform-facts.md), and that slot's own delivery must still run.
+    run (platform-facts.md), and that slot's own delivery must still run. Any other is
+    ``maybe_manual``. The margin counts as at least ``MAX_CLOCK_SKEW``: the slot's own delivery
+    never arrives before its slot, but a clock running behind may read it as early by that much.
     """
     project = _optional(header, project_header, _matching(_PROJECT)) or _query(
         query, c.PROJECT_QUERY, _PROJECT
@@ -161,6 +169,7 @@ def parse_identity(
         )
     schedule_time = _required(header, c.SCHEDULER_SCHEDULE_TIME, parse_rfc3339)
     ahead = schedule_time - received_at if received_at is not None else timedelta(0)
+    manual = ahead > max(manual_run_margin, c.MAX_CLOCK_SKEW)
     return DeliveryIdentity(
         kind=kind,
         handler=handler,
@@ -168,8 +177,8 @@ def parse_identity(
         location=location,
         job_name=_required(header, c.SCHEDULER_JOB_NAME, _matching(_JOB_NAME)),
         schedule_time=schedule_time,
-        manual=ahead > manual_run_margin,
-        early=c.MAX_CLOCK_SKEW < ahead <= manual_run_margin,
+        manual=manual,
+        maybe_manual=not manual,
     )
 
 

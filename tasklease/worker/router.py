@@ -64,13 +64,14 @@ class Router:
 
     Option of scheduled handlers (and of the router, as their default):
 
-    - ``manual_run_margin`` (default 60 s): a delivery whose schedule time lies more than this
-      after its arrival is a manual run (``gcloud scheduler jobs run`` or the Console's "Force
-      run" send the *next* slot's time, well before it). It runs as a run of its own, derived
-      from that slot, so its retries stay one run and the slot's own delivery still runs
-      when it comes. Keep it well below the job's interval: for a job firing every minute, a
-      manual run cannot be told apart from an early delivery of the next slot, and counts as
-      that slot's run.
+    - ``manual_run_margin`` (default 60 s, at least ``MAX_CLOCK_SKEW``): a delivery whose
+      schedule time lies more than this after its arrival is a manual run (``gcloud scheduler
+      jobs run`` or the Console's "Force run" send the *next* slot's time, well before it). It
+      runs as a run of its own, derived from that slot, so its retries stay one run, whenever
+      they arrive (the store's record of it tells them from the slot's own delivery), and the
+      slot's own delivery still runs when it comes. Keep it well below the job's interval: for
+      a job firing every minute, a manual run started within the margin before the next slot
+      counts as that slot's run.
 
     Options of scheduled handlers, for jobs whose runs must not overlap (a nightly job still
     running when the next tick fires, two timers firing one job, a manual run meanwhile):
@@ -96,8 +97,7 @@ class Router:
     """
 
     def __init__(self, *, manual_run_margin: timedelta = c.DEFAULT_MANUAL_RUN_MARGIN) -> None:
-        if manual_run_margin < timedelta(0):
-            raise ConfigurationError("manual_run_margin must not be negative")
+        _check_margin("router", manual_run_margin)
         self.manual_run_margin = manual_run_margin
         self._handlers: dict[tuple[Kind, str], HandlerSpec] = {}
 
@@ -231,14 +231,22 @@ class Router:
             raise ConfigurationError(f"{spec.name}: lease must be at least {c.MIN_LEASE}")
         if spec.retention <= spec.lease:
             raise ConfigurationError(f"{spec.name}: retention must be longer than the lease")
-        if spec.manual_run_margin < timedelta(0):
-            raise ConfigurationError(f"{spec.name}: manual_run_margin must not be negative")
+        _check_margin(spec.name, spec.manual_run_margin)
         if spec.max_attempts is not None and spec.max_attempts < 1:
             raise ConfigurationError(f"{spec.name}: max_attempts must be at least 1")
         _check_exclusion(spec)
         if (spec.kind, spec.name) in self._handlers:
             raise ConfigurationError(f"{spec.kind.value} handler {spec.name!r} is registered twice")
         self._handlers[(spec.kind, spec.name)] = spec
+
+
+def _check_margin(owner: str, margin: timedelta) -> None:
+    """A margin below the clock-skew bound would read the slot's own delivery, seen early by a
+    clock running behind, as a manual run: its retry would then run the slot again."""
+    if margin < c.MAX_CLOCK_SKEW:
+        raise ConfigurationError(
+            f"{owner}: manual_run_margin must be at least MAX_CLOCK_SKEW ({c.MAX_CLOCK_SKEW})"
+        )
 
 
 def _check_exclusion(spec: HandlerSpec) -> None:

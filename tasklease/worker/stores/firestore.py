@@ -41,6 +41,7 @@ from tasklease.worker.errors import StoreUnavailable
 from tasklease.worker.queries import Position, RunFilter
 from tasklease.worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus, Verdict
 from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, Update, resolve
+from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 
 _T = TypeVar("_T")
 
@@ -64,12 +65,6 @@ _UNCERTAIN = (
     api.Cancelled,
     api.RetryError,
 )
-# Background retries of releasing claims that may have landed unseen: first delay, then doubling.
-ORPHAN_RETRY_FIRST = 0.5
-ORPHAN_RETRY_MAX = 60.0
-MAX_ORPHANS = 10_000
-ORPHAN_ERROR = "the claim's write landed but its call failed; released, the handler never ran"
-
 log = logging.getLogger("tasklease.store.firestore")
 
 
@@ -105,11 +100,9 @@ class FirestoreStore(LeaseStore):
         self._lock = threading.Lock()
         # (run id, attempt id) -> (update_time of our last write, the record we wrote).
         self._writes: OrderedDict[tuple[str, str], tuple[datetime, RunRecord]] = OrderedDict()
-        # Claims whose write may have landed though the claim failed: (run id, attempt id) ->
-        # the claim's time. Released on the next call, or by a background retry.
-        self._orphans: OrderedDict[tuple[str, str], datetime] = OrderedDict()
-        self._orphan_timer: threading.Timer | None = None
-        self._orphan_delay = ORPHAN_RETRY_FIRST
+        # Claims whose write may have landed though the claim failed: released on the next
+        # claim of their run, or by a background retry.
+        self._orphans = OrphanClaims(self._give_back_orphan)
 
     @classmethod
     def from_options(
@@ -143,14 +136,13 @@ class FirestoreStore(LeaseStore):
                         )
                     self._client_pid = os.getpid()
                     self._writes.clear()
-                    self._orphans.clear()  # The parent process still owns them.
-                    self._orphan_timer = None
+                    self._orphans.forget_all()  # The parent process still owns them.
         return self._client
 
     def claim(self, request: ClaimRequest, now: Moment) -> Claim:
         # The retry of a delivery whose claim landed unseen: give that claim back first. (Other
         # runs' orphans are left to the background, so an outage does not slow every claim.)
-        self._release_orphans(request.run_id)
+        self._orphans.release(request.run_id)
         ref = self._document(request.run_id)
         with self._guard("claim a run"):
             for _ in range(MAX_ROUNDS):
@@ -159,8 +151,9 @@ class FirestoreStore(LeaseStore):
                     written = ref.create(_encode(fresh.record), **self._call)
                 except api.Aborted:
                     continue  # Contention: a Conflict subclass, but nothing was written.
-                except api.Conflict:  # AlreadyExists (or a conflict with our own retried try).
-                    snapshot = ref.get(**self._call)
+                except api.Conflict as exc:  # AlreadyExists, or a conflict with our own
+                    # first try, retried by the client: unreadable, it may be our landed claim.
+                    snapshot = self._read_back(ref, fresh.record, exc, ours_only=False)
                 except _UNCERTAIN as exc:
                     snapshot = self._read_back(ref, fresh.record, exc)
                 else:
@@ -188,23 +181,32 @@ class FirestoreStore(LeaseStore):
                     return outcome
         raise StoreUnavailable(f"run {request.run_id}: too much contention to claim it")
 
-    def _read_back(self, ref: Any, claimed: RunRecord, error: Exception) -> Any:
+    def _read_back(
+        self, ref: Any, claimed: RunRecord, error: Exception, *, ours_only: bool = True
+    ) -> Any:
         """The document after a claim's write failed in a way that may have landed it: its
-        snapshot if it shows this attempt's claim. Otherwise the claim fails (StoreUnavailable),
-        noted as an orphan to release in case it landed unseen or lands late."""
+        snapshot if it shows this attempt's claim (any snapshot unless ``ours_only``).
+        Otherwise the claim fails (StoreUnavailable), noted as an orphan to release in case
+        it landed unseen or lands late."""
         try:
             snapshot = ref.get(**self._call)
-        except (api.GoogleAPIError, ValueError, OSError):
-            self._note_orphan(claimed)
+        except (api.GoogleAPIError, ValueError, OSError) as unread:
+            self._orphans.note(claimed)
             raise StoreUnavailable(
-                f"Firestore store: could not claim a run (nor read it back): {error}"
+                f"Firestore store: could not claim a run ({error}) nor read it back: {unread}"
             ) from error
-        if snapshot.exists and decisions.holds(
-            _decode(claimed.run_id, snapshot.to_dict()), claimed.attempt_id
+        if not ours_only or (
+            snapshot.exists
+            and decisions.holds(_decode(claimed.run_id, snapshot.to_dict()), claimed.attempt_id)
         ):
             return snapshot
-        self._note_orphan(claimed)
+        self._orphans.note(claimed)
         raise StoreUnavailable(f"Firestore store: could not claim a run: {error}") from error
+
+    def _give_back_orphan(
+        self, run_id: str, attempt_id: str, claimed_at: datetime
+    ) -> RunRecord | None:
+        return self._if_held(run_id, attempt_id, orphan_released, claimed_at, RunStatus.RELEASED)
 
     def _if_held(
         self,
@@ -416,10 +418,7 @@ class FirestoreStore(LeaseStore):
         return purged
 
     def close(self) -> None:
-        with self._lock:
-            timer, self._orphan_timer = self._orphan_timer, None
-        if timer is not None:
-            timer.cancel()
+        self._orphans.close()
         if self._client is not None and self._client_pid == os.getpid():
             self._client.close()  # type: ignore[no-untyped-call]
 
@@ -457,69 +456,6 @@ class FirestoreStore(LeaseStore):
         with self._lock:
             self._writes.pop((run_id, attempt_id), None)
 
-    def _note_orphan(self, claimed: RunRecord) -> None:
-        """Remember a claim that may have landed unseen, and release it soon.
-
-        Safe because attempt ids are single use: the delivery whose claim failed never runs
-        the handler, and no later claim carries its attempt id.
-        """
-        with self._lock:
-            self._orphans[(claimed.run_id, claimed.attempt_id)] = claimed.claimed_at
-            while len(self._orphans) > MAX_ORPHANS:
-                self._orphans.popitem(last=False)  # Its lease expires by itself.
-        self._schedule_orphan_release()
-
-    def _drop_orphan(self, run_id: str, attempt_id: str) -> None:
-        with self._lock:
-            self._orphans.pop((run_id, attempt_id), None)
-
-    def _release_orphans(self, only_run: str | None = None) -> None:
-        """Give back claims that may have landed unseen (all, or ``only_run``'s), each only
-        while its attempt still holds it.
-
-        Released as of the claim's own time (nothing ran), so the next delivery runs at once.
-        """
-        if not self._orphans:
-            return
-        with self._lock:
-            pending = [
-                (key, claimed_at)
-                for key, claimed_at in self._orphans.items()
-                if only_run is None or key[0] == only_run
-            ]
-        for (run_id, attempt_id), claimed_at in pending:
-            try:
-                released = self._if_held(
-                    run_id, attempt_id, _orphan_released, claimed_at, RunStatus.RELEASED
-                )
-            except StoreUnavailable:
-                continue  # Still down: kept for the next call or the background retry.
-            self._drop_orphan(run_id, attempt_id)
-            if released is not None:
-                log.info("released run %s: attempt %s's claim landed unseen", run_id, attempt_id)
-        with self._lock:
-            if not self._orphans:
-                self._orphan_delay = ORPHAN_RETRY_FIRST
-        self._schedule_orphan_release()
-
-    def _schedule_orphan_release(self) -> None:
-        with self._lock:
-            if self._orphan_timer is not None or not self._orphans:
-                return
-            timer = threading.Timer(self._orphan_delay, self._release_orphans_in_background)
-            timer.daemon = True
-            self._orphan_timer = timer
-            self._orphan_delay = min(self._orphan_delay * 2, ORPHAN_RETRY_MAX)
-        timer.start()
-
-    def _release_orphans_in_background(self) -> None:
-        with self._lock:
-            self._orphan_timer = None
-        try:
-            self._release_orphans()
-        except Exception:  # A background thread has no caller to tell; it must not die noisily.
-            log.exception("could not release claims that may have landed unseen")
-
     @contextmanager
     def _guard(self, action: str) -> Iterator[None]:
         """Turn Firestore and transport errors into :class:`StoreUnavailable`."""
@@ -530,10 +466,6 @@ class FirestoreStore(LeaseStore):
         except (api.GoogleAPIError, ValueError, OSError) as exc:
             # ValueError: @transactional gives up after its retries on ABORTED.
             raise StoreUnavailable(f"Firestore store: could not {action}: {exc}") from exc
-
-
-def _orphan_released(record: RunRecord, now: datetime) -> RunRecord:
-    return decisions.released(record, ORPHAN_ERROR, now)
 
 
 def _encode(record: RunRecord) -> dict[str, Any]:
