@@ -43,6 +43,8 @@ ENV_OIDC_ISSUERS = "TASKLEASE_OIDC_ISSUERS"
 ENV_ALLOW_LOCAL_STORE = "TASKLEASE_ALLOW_LOCAL_STORE"
 ENV_DASHBOARD = "TASKLEASE_DASHBOARD"  # The operators' dashboard's path in the worker, if any.
 ENV_DASHBOARD_OPERATORS = "TASKLEASE_DASHBOARD_OPERATORS"
+ENV_DASHBOARD_AUDIENCE = "TASKLEASE_DASHBOARD_AUDIENCE"  # Operators' tokens' own audience.
+ENV_DASHBOARD_SECRET = "TASKLEASE_DASHBOARD_SECRET"  # Signs the dashboard's CSRF tokens.
 ENV_CLOUD_RUN_SERVICE = "K_SERVICE"  # Set by Cloud Run on every instance (platform-facts.md).
 
 DEFAULT_STORE_URL = "sqlite:///tasklease-runs.db"
