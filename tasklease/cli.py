@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--store", default=None, help="store URL (default: $TASKLEASE_STORE)")
     board.add_argument("--host", default="127.0.0.1")
     board.add_argument("--port", type=int, default=DEFAULT_DASHBOARD_PORT)
+    board.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="another Host header name to answer (loopback names and --host always are)",
+    )
     board.add_argument(
         "--schedules", type=Path, help="[[job]] tables, for stuck jobs (default: ./tasklease.toml)"
     )
@@ -227,7 +233,10 @@ def _dashboard(args: argparse.Namespace) -> int:
         )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with _serving_dashboard(args.store, args.host, args.port, None, args.schedules) as url:
+    serving = _serving_dashboard(
+        args.store, args.host, args.port, None, args.schedules, allowed_hosts=args.allow_host
+    )
+    with serving as url:
         print(f"tasklease dashboard on {url} (store: {args.store or 'TASKLEASE_STORE'})")
         return _wait(stop)
 
@@ -239,8 +248,11 @@ def _serving_dashboard(
     port: int,
     producer_env: dict[str, str] | None,
     schedules: Path | None = None,
+    *,
+    allowed_hosts: Iterable[str] = (),
 ) -> Iterator[str]:
-    """The dashboard on ``host:port`` in a thread, for as long as the block runs."""
+    """The dashboard on ``host:port`` in a thread, for as long as the block runs, answering
+    loopback ``Host`` names, ``host`` and ``allowed_hosts`` only."""
     from werkzeug.serving import make_server  # noqa: PLC0415
 
     from tasklease.producer import Producer  # noqa: PLC0415
@@ -252,6 +264,8 @@ def _serving_dashboard(
         store_from_url(store_url),
         schedules=load_schedules(path) if (path := default_schedules(schedules)) else None,
         producer=(lambda: Producer.from_env(producer_env)) if producer_env else None,
+        host=host,
+        allowed_hosts=allowed_hosts,
     )
     server = make_server(host, port, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)

@@ -86,6 +86,12 @@ def add_parser(commands: Any) -> None:
     release.add_argument(
         "--force", action="store_true", help="even while its lease is live (the holder is fenced)"
     )
+    release.add_argument(
+        "--attempt",
+        metavar="ATTEMPT_ID",
+        help="only if this attempt (as `runs show` printed it) still holds the run "
+        "(default: the attempt holding it when the command starts)",
+    )
 
     replay = actions.add_parser(
         "replay", parents=[common], help="re-enqueue a failed run's payload, once"
@@ -191,13 +197,24 @@ def _stuck(operations: Operations, args: argparse.Namespace, out: TextIO, err: T
 
 
 def _release(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    decision = operations.release(args.run_id, force=args.force)
+    # Release the attempt named, or the one read now: never one that took over in between.
+    seen = operations.store.get(args.run_id)
+    attempt = args.attempt or (seen.attempt_id if seen else None)
+    token = seen.fencing_token if seen and not args.attempt else None
+    decision = operations.release(
+        args.run_id, force=args.force, attempt_id=attempt, fencing_token=token
+    )
     outcome = decision.outcome
     until = decision.live_until.isoformat() if decision.live_until else None
+    holder = decision.record
+    holding = (
+        f"attempt {holder.attempt_id} (fencing token {holder.fencing_token})" if holder else ""
+    )
+    released = outcome is ReleaseOutcome.RELEASED
     if decision.forced:
         print(
-            f"warning: released run {args.run_id} while its lease was live (until {until}): "
-            "its holder may still be running; its renew and finish will be refused",
+            f"warning: released run {args.run_id} while attempt {attempt}'s lease was live "
+            f"(until {until}): it may still be running; its renew and finish will be refused",
             file=err,
         )
     code = {
@@ -206,16 +223,19 @@ def _release(operations: Operations, args: argparse.Namespace, out: TextIO, err:
         ReleaseOutcome.LEASE_LIVE: Exit.REFUSED,
         ReleaseOutcome.FINISHED: Exit.REFUSED,
         ReleaseOutcome.MISSING: Exit.NOT_FOUND,
+        ReleaseOutcome.HOLDER_CHANGED: Exit.REFUSED,
     }[outcome]
     message = {
-        ReleaseOutcome.RELEASED: "released: the next delivery runs it",
+        ReleaseOutcome.RELEASED: f"released attempt {attempt}: the next delivery runs it",
         ReleaseOutcome.ALREADY_RELEASED: "already released",
-        ReleaseOutcome.LEASE_LIVE: f"refused: its lease is live until {until} (--force to "
-        "release it anyway)",
+        ReleaseOutcome.LEASE_LIVE: f"refused: its lease is live until {until}: {holding} may "
+        f"still be running (--force --attempt {attempt} to release it anyway)",
         ReleaseOutcome.FINISHED: "refused: the run is finished ("
         + (decision.record.status.value if decision.record else "?")
         + "); replay a failed run instead",
         ReleaseOutcome.MISSING: "no such run",
+        ReleaseOutcome.HOLDER_CHANGED: f"refused: attempt {attempt} no longer holds it, "
+        f"{holding} does: nothing was released; look again (`runs show`) before releasing",
     }[outcome]
     if args.json:
         record = decision.record
@@ -225,6 +245,7 @@ def _release(operations: Operations, args: argparse.Namespace, out: TextIO, err:
                 "outcome": outcome.value,
                 "forced": decision.forced,
                 "live_until": until,
+                "released_attempt_id": attempt if released else None,
                 "run": None if record is None else run_summary(record, operations.clock()),
             },
         )

@@ -19,7 +19,7 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -76,10 +76,10 @@ def _which() -> str | None:
 class Browser:
     """One headless Chromium; :meth:`tab` opens a page to drive."""
 
-    def __init__(self, binary: str, profile: Path) -> None:
+    def __init__(self, binary: str, profile: Path, extra_flags: Sequence[str] = ()) -> None:
         to_chrome_read, to_chrome_write = os.pipe()
         from_chrome_read, from_chrome_write = os.pipe()
-        flags = [*FLAGS, f"--user-data-dir={profile}"]
+        flags = [*FLAGS, *extra_flags, f"--user-data-dir={profile}"]
         if os.geteuid() == 0:
             flags.append("--no-sandbox")  # Chromium refuses to run as root with its sandbox.
         # Descriptors 3 and 4 of the browser are our pipes: the shell maps them, then execs.
@@ -231,10 +231,12 @@ class Tab:
 
 
 @contextmanager
-def chromium() -> Iterator[Browser]:
+def chromium(extra_flags: Sequence[str] = ()) -> Iterator[Browser]:
+    """A headless Chromium for the block; ``extra_flags`` such as
+    ``--host-resolver-rules=MAP rebound.test 127.0.0.1`` (a DNS answer the test chooses)."""
     binary = find_chromium()
     with tempfile.TemporaryDirectory(prefix="tasklease-chromium-") as profile:
-        browser = Browser(binary, Path(profile))
+        browser = Browser(binary, Path(profile), extra_flags)
         try:
             yield browser
         finally:

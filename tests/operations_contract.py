@@ -171,6 +171,33 @@ class OperationsContract:
         assert not store.complete("run-1", "attempt-1", '"late"', later)
         assert store.complete("run-1", "attempt-2", '"ok"', later)
 
+    def test_a_forced_release_naming_a_replaced_attempt_releases_nothing(
+        self, store: LeaseStore
+    ) -> None:
+        """The operator saw attempt-1 hang; a healthy retry took the run over before the
+        click: the release names attempt-1, so attempt-2 keeps running alone."""
+        store.claim(claim_request(), T0)
+        retry = store.claim(claim_request(attempt_id="attempt-2"), T0 + EXPIRED)
+        assert retry.verdict is Verdict.CLAIMED
+        click = T0 + EXPIRED + timedelta(seconds=1)
+        by_attempt = store.operator_release("run-1", click, force=True, attempt_id="attempt-1")
+        by_token = store.operator_release("run-1", click, force=True, fencing_token=1)
+        for decision in (by_attempt, by_token):
+            assert decision.outcome is ReleaseOutcome.HOLDER_CHANGED
+            assert decision.record is not None and decision.record.attempt_id == "attempt-2"
+        stored = store.get("run-1")
+        assert stored is not None
+        assert (stored.status, stored.attempt_id, stored.fencing_token) == (
+            RunStatus.IN_PROGRESS,
+            "attempt-2",
+            2,
+        )
+        assert store.renew("run-1", "attempt-2", LEASE, click)
+        named = store.operator_release(
+            "run-1", click, force=True, attempt_id="attempt-2", fencing_token=2
+        )
+        assert (named.outcome, named.forced) == (ReleaseOutcome.RELEASED, True)
+
     def test_release_of_a_crashed_attempt_needs_no_force(self, store: LeaseStore) -> None:
         store.claim(claim_request(), T0)
         decision = store.operator_release("run-1", T0 + EXPIRED)

@@ -40,16 +40,24 @@ def queue() -> MemoryTransport:
 @pytest.fixture
 def client(store: MemoryStore, queue: MemoryTransport) -> FlaskClient:
     producer = Producer("p", "l", "q", "https://w.example", transport=queue)
-    return create_dashboard_app(store, producer=producer).test_client()
+    client = create_dashboard_app(store, producer=producer).test_client()
+    client.environ_base["HTTP_ORIGIN"] = "http://localhost"  # What a browser sends on a POST.
+    return client
+
+
+def form(
+    client: FlaskClient, run_id: str, action: str, prefix: str = "", **headers: str
+) -> dict[str, str]:
+    """Open the confirmation page; return its form's hidden fields (the client keeps the
+    cookie)."""
+    page = client.get(f"{prefix}/runs/{run_id}/{action}", headers=headers)
+    assert page.status_code == 200, page.text
+    return dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page.text))
 
 
 def confirm(client: FlaskClient, run_id: str, action: str, **headers: str) -> str:
     """Open the confirmation page; return its CSRF token (the client keeps the cookie)."""
-    page = client.get(f"/runs/{run_id}/{action}", headers=headers)
-    assert page.status_code == 200, page.text
-    match = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
-    assert match is not None
-    return match.group(1)
+    return form(client, run_id, action, **headers)["csrf_token"]
 
 
 def test_the_list_shows_every_state_and_highlights_the_stuck_run(client: FlaskClient) -> None:
@@ -90,13 +98,15 @@ def test_release_needs_the_csrf_token_and_force_for_a_live_lease(
     client: FlaskClient, store: MemoryStore
 ) -> None:
     assert client.post("/runs/live/release").status_code == 403
-    token = confirm(client, "live", "release")
-    assert 'name="force" value="1"' in client.get("/runs/live/release").text
+    fields = form(client, "live", "release")
+    token = fields["csrf_token"]
+    assert fields["force"] == "1"
     assert client.post("/runs/live/release", data={"csrf_token": "x" * 43}).status_code == 403
-    refused = client.post("/runs/live/release", data={"csrf_token": token})
+    unforced = {**fields, "force": ""}
+    refused = client.post("/runs/live/release", data=unforced)
     assert refused.status_code == 409 and "live until" in refused.text
     assert store.get("live").status is RunStatus.IN_PROGRESS  # type: ignore[union-attr]
-    released = client.post("/runs/live/release", data={"csrf_token": token, "force": "1"})
+    released = client.post("/runs/live/release", data=fields)
     assert released.status_code == 200 and "holder is fenced out" in released.text
     record = store.get("live")
     assert record is not None
@@ -162,16 +172,17 @@ def test_the_dashboard_is_off_unless_asked_for(keys: Keys, store: MemoryStore) -
     assert client.get("/tasklease/", headers=bearer(keys, SA)).status_code == 404
 
 
-def test_mounted_it_takes_the_deliveries_allow_list(keys: Keys, store: MemoryStore) -> None:
-    client = worker_app(keys, store, dashboard="/tasklease").test_client()
+def test_mounted_it_takes_its_operators_tokens_only(keys: Keys, store: MemoryStore) -> None:
+    app = worker_app(keys, store, dashboard="/tasklease", dashboard_operators=[OPERATOR])
+    client = app.test_client()
     anonymous = client.get("/tasklease/")
     assert anonymous.status_code == 401
     assert anonymous.headers["WWW-Authenticate"].startswith("Bearer")
     assert "t-failed" not in anonymous.text
-    assert client.get("/tasklease/", headers=bearer(keys, OPERATOR)).status_code == 403
-    wrong_audience = bearer(keys, SA, "https://other.example")
+    assert client.get("/tasklease/", headers=bearer(keys, SA)).status_code == 403
+    wrong_audience = bearer(keys, OPERATOR, "https://other.example")
     assert client.get("/tasklease/", headers=wrong_audience).status_code == 401
-    page = client.get("/tasklease/?status=failed", headers=bearer(keys, SA))
+    page = client.get("/tasklease/?status=failed", headers=bearer(keys, OPERATOR))
     assert page.status_code == 200 and "t-failed" in page.text
     assert 'href="/tasklease/runs/failed"' in page.text
     assert client.get("/healthz").status_code == 200
@@ -187,12 +198,12 @@ def test_mounted_with_operators_only_they_get_in_and_posts_need_csrf(
     page = client.get("/tasklease/runs/live/release", headers=operator)
     assert "Path=/tasklease/" in page.headers["Set-Cookie"]
     token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    client.environ_base["HTTP_ORIGIN"] = "http://localhost"
     assert client.post("/tasklease/runs/stuck/release", headers=operator).status_code == 403
-    denied = client.post("/tasklease/runs/stuck/release", data={"csrf_token": token})
+    fields = form(client, "stuck", "release", "/tasklease", **operator) | {"csrf_token": token}
+    denied = client.post("/tasklease/runs/stuck/release", data=fields)
     assert denied.status_code == 401  # The token is no login: the bearer token still is.
-    done = client.post(
-        "/tasklease/runs/stuck/release", data={"csrf_token": token}, headers=operator
-    )
+    done = client.post("/tasklease/runs/stuck/release", data=fields, headers=operator)
     assert done.status_code == 200
     assert store.get("stuck").status is RunStatus.RELEASED  # type: ignore[union-attr]
 

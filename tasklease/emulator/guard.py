@@ -14,24 +14,14 @@ gcloud sends its DELETEs without one (checked with gcloud 528 against this emula
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable
 
 import flask
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 - recognised, not bound
+from tasklease.worker.hosts import LOOPBACK_HOSTS, WILDCARD_HOSTS, allowed_host_names, host_name
+
 # The one state-changing method a browser sends cross-origin without asking first.
 _SIMPLE_STATE_CHANGING = frozenset({"POST"})
 _JSON_TYPES = frozenset({"application/json", "application/grpc"})
-# host, [v6 host], with an optional port; nothing else may be in a Host header.
-_HOST_HEADER = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::\d{1,5})?")
-
-
-def allowed_host_names(bind_host: str, extra: Iterable[str] = ()) -> frozenset[str]:
-    """Loopback names, the host the emulator binds to (unless a wildcard) and ``extra``."""
-    names = {bind_host.strip("[]").lower()} - WILDCARD_HOSTS
-    return LOOPBACK_HOSTS | names | {name.strip("[]").lower() for name in extra}
 
 
 def install(app: flask.Flask, allowed_hosts: frozenset[str]) -> None:
@@ -48,14 +38,15 @@ def install(app: flask.Flask, allowed_hosts: frozenset[str]) -> None:
         return None
 
 
-def host_name(header: str) -> str | None:
-    """The lower-cased host of a Host header without its port; None if it is malformed."""
-    match = _HOST_HEADER.fullmatch(header)
-    if match is None:
-        return None
-    return (match.group("v6") or match.group("name")).lower()
-
-
 def _error(code: int, status: str, message: str) -> flask.Response:
     body = {"error": {"code": code, "message": message, "status": status}}
     return flask.Response(json.dumps(body), status=code, content_type="application/json")
+
+
+__all__ = [
+    "LOOPBACK_HOSTS",
+    "WILDCARD_HOSTS",
+    "allowed_host_names",
+    "host_name",
+    "install",
+]

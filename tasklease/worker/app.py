@@ -39,6 +39,7 @@ def create_app(
     dashboard: str | None = None,
     dashboard_operators: Iterable[str] | None = None,
     max_task_bytes: int | None = None,
+    dashboard_audience: str | None = None,
 ) -> flask.Flask:
     """A Flask app serving ``router``: ``POST /tasks/<name>`` and ``POST /jobs/<name>``.
 
@@ -51,9 +52,12 @@ def create_app(
       worker's root URL. With OIDC on, it (or a per-handler audience) is required.
     - ``app``: an existing Flask app to add the routes to, instead of a new one.
     - ``dashboard``: a path such as ``"/tasklease"`` to serve the operators' dashboard at
-      (default ``TASKLEASE_DASHBOARD``; off when unset). It takes the same OIDC tokens as
-      deliveries, from ``dashboard_operators`` (default ``TASKLEASE_DASHBOARD_OPERATORS``,
-      comma-separated) or else the deliveries' allow-list; its forms need a CSRF token.
+      (default ``TASKLEASE_DASHBOARD``; off when unset). It takes OIDC ID tokens of
+      ``dashboard_operators`` only (default ``TASKLEASE_DASHBOARD_OPERATORS``, comma-separated;
+      required: the deliveries' accounts are never let in by default), for
+      ``dashboard_audience`` (default ``TASKLEASE_DASHBOARD_AUDIENCE``, else the worker's
+      audience; required to differ from it when an operator also delivers tasks). Its forms
+      need a CSRF token signed with ``TASKLEASE_DASHBOARD_SECRET`` (else a per-process secret).
     - ``max_task_bytes``: the largest body a delivery may have (default
       ``TASKLEASE_MAX_TASK_BYTES``, else 1 MiB, Cloud Tasks' maximum task size); larger ones
       are answered 413 unread.
@@ -109,7 +113,16 @@ def create_app(
         operators = dashboard_operators
         if operators is None and os.environ.get(c.ENV_DASHBOARD_OPERATORS):
             operators = os.environ[c.ENV_DASHBOARD_OPERATORS].split(",")
-        mount(app, dashboard, store, authenticator, operators=operators)
+        board_audience = dashboard_audience or os.environ.get(c.ENV_DASHBOARD_AUDIENCE) or None
+        mount(
+            app,
+            dashboard,
+            store,
+            authenticator,
+            operators=operators,
+            audience=board_audience,
+            deliveries=list(router),
+        )
     if telemetry.registry is not None:  # TASKLEASE_METRICS=prometheus
         view = otel_setup.metrics_view(telemetry.registry)
         app.add_url_rule("/metrics", "tasklease_metrics", view, methods=["GET"])

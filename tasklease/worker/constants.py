@@ -44,6 +44,9 @@ ENV_ALLOW_LOCAL_STORE = "TASKLEASE_ALLOW_LOCAL_STORE"
 ENV_DASHBOARD = "TASKLEASE_DASHBOARD"  # The operators' dashboard's path in the worker, if any.
 ENV_DASHBOARD_OPERATORS = "TASKLEASE_DASHBOARD_OPERATORS"
 ENV_MAX_TASK_BYTES = "TASKLEASE_MAX_TASK_BYTES"  # The largest body the worker reads.
+ENV_DASHBOARD_AUDIENCE = "TASKLEASE_DASHBOARD_AUDIENCE"  # Operators' tokens' own audience.
+# Signs the dashboard's CSRF tokens (the name of a variable, not a secret).
+ENV_DASHBOARD_SECRET = "TASKLEASE_DASHBOARD_SECRET"  # noqa: S105
 ENV_CLOUD_RUN_SERVICE = "K_SERVICE"  # Set by Cloud Run on every instance (platform-facts.md).
 
 DEFAULT_STORE_URL = "sqlite:///tasklease-runs.db"

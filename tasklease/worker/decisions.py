@@ -212,6 +212,7 @@ class ReleaseOutcome(StrEnum):
     ALREADY_RELEASED = "already_released"  # Nothing to do.
     FINISHED = "finished"  # Completed, failed or skipped: nothing holds it (replay instead).
     MISSING = "missing"  # No such run (or past its retention).
+    HOLDER_CHANGED = "holder_changed"  # Refused: not the attempt the operator named holds it.
 
 
 @dataclass(frozen=True)
@@ -225,13 +226,19 @@ class OperatorRelease:
 
 
 def operator_release(
-    record: RunRecord | None, now: datetime, attempt_id: str, force: bool = False
+    record: RunRecord | None,
+    now: datetime,
+    attempt_id: str,
+    force: bool = False,
+    holder: tuple[str | None, int | None] = (None, None),
 ) -> OperatorRelease:
     """An operator gives back the claim on ``record`` at ``now``.
 
     A live lease is refused unless ``force``. A release writes a new ``attempt_id`` (the
     operator's, single use) and a higher fencing token, so the old holder's renew and finish,
-    which need its own attempt to hold the claim, are refused from then on.
+    which need its own attempt to hold the claim, are refused from then on. ``holder``, the
+    attempt id and fencing token the operator saw (None: not checked), must still hold the
+    claim: a retry that took the run over since is never the one released.
     """
     if record is None or not is_live(record, now):
         return OperatorRelease(ReleaseOutcome.MISSING, record)
@@ -241,6 +248,11 @@ def operator_release(
         return OperatorRelease(ReleaseOutcome.FINISHED, record)
     live_until = record.lease_expires + c.MAX_CLOCK_SKEW
     live = lease_held(record, now)
+    seen_attempt, seen_token = holder
+    if (seen_attempt is not None and seen_attempt != record.attempt_id) or (
+        seen_token is not None and seen_token != record.fencing_token
+    ):
+        return OperatorRelease(ReleaseOutcome.HOLDER_CHANGED, record, live_until=live_until)
     if live and not force:
         return OperatorRelease(ReleaseOutcome.LEASE_LIVE, record, live_until=live_until)
     note = (

@@ -150,9 +150,20 @@ class Operations:
         jobs = overdue_jobs(self.store, schedules, now, grace) if schedules else []
         return StuckReport(runs, jobs)
 
-    def release(self, run_id: str, force: bool = False) -> decisions.OperatorRelease:
-        """Give a run's claim back; refused while its lease is live unless ``force``."""
-        return self.store.operator_release(run_id, self.clock, force=force)
+    def release(
+        self,
+        run_id: str,
+        force: bool = False,
+        *,
+        attempt_id: str | None = None,
+        fencing_token: int | None = None,
+    ) -> decisions.OperatorRelease:
+        """Give a run's claim back; refused while its lease is live unless ``force``, and
+        refused (``HOLDER_CHANGED``) unless the attempt the operator saw, ``attempt_id`` and
+        ``fencing_token`` when given, still holds it."""
+        return self.store.operator_release(
+            run_id, self.clock, force=force, attempt_id=attempt_id, fencing_token=fencing_token
+        )
 
     def replay(self, run_id: str) -> ReplayResult:
         """Re-enqueue a failed run's payload as a new task keyed by the run it re-runs.

@@ -17,6 +17,8 @@ from tasklease.worker import decisions
 from tasklease.worker.records import RunRecord, RunStatus
 
 MAX_PAGE = 500
+# The longest duration a filter takes: "now" minus it never leaves datetime's range.
+MAX_DURATION = timedelta(days=36500)
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -106,17 +108,22 @@ def decode_cursor(cursor: str | None) -> Position | None:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         moment, run_id = json.loads(text)
         parsed = datetime.fromisoformat(moment)
-    except (ValueError, TypeError) as exc:
+        if parsed.tzinfo is None or not isinstance(run_id, str):
+            raise ValueError("not a position")
+        # Year 9999 with a negative offset is past datetime's range in UTC: OverflowError.
+        return (parsed.astimezone(UTC), run_id)
+    except (ValueError, TypeError, OverflowError) as exc:
         raise ValueError(f"invalid cursor {cursor!r}") from exc
-    if parsed.tzinfo is None or not isinstance(run_id, str):
-        raise ValueError(f"invalid cursor {cursor!r}")
-    return (parsed.astimezone(UTC), run_id)
 
 
 def parse_duration(text: str) -> timedelta:
-    """``90s``, ``10m``, ``2h``, ``1d``, ``1w`` or combinations such as ``1h30m``."""
+    """``90s``, ``10m``, ``2h``, ``1d``, ``1w`` or combinations such as ``1h30m``, up to
+    :data:`MAX_DURATION`."""
     compact = text.strip().lower().replace(" ", "")
     parts = _DURATION.findall(compact)
     if not parts or "".join(number + unit for number, unit in parts) != compact:
-        raise ValueError(f"invalid duration {text!r}: use e.g. 90s, 10m, 2h, 1d")
-    return timedelta(seconds=sum(float(number) * _UNITS[unit] for number, unit in parts))
+        raise ValueError(f"invalid duration {text[:40]!r}: use e.g. 90s, 10m, 2h, 1d")
+    seconds = sum(float(number) * _UNITS[unit] for number, unit in parts)
+    if not seconds <= MAX_DURATION.total_seconds():  # Also inf, from a thousand-digit number.
+        raise ValueError(f"invalid duration {text[:40]!r}: at most {MAX_DURATION.days}d")
+    return timedelta(seconds=seconds)

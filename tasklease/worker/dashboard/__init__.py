@@ -1,26 +1,25 @@
 """The operators' web page: runs with filters, a run's detail, stuck runs, release and replay.
 
 Server-rendered (Flask + Jinja, no JavaScript), over the same :class:`~tasklease.worker.operations.
-Operations` as ``tasklease runs``. Standalone: ``tasklease dashboard`` (loopback, no login);
-inside the worker: ``create_app(..., dashboard="/tasklease")``, behind OIDC.
+Operations` as ``tasklease runs``. Standalone: ``tasklease dashboard`` (loopback, no login,
+answering loopback ``Host`` names only); inside the worker: ``create_app(...,
+dashboard="/tasklease")``, behind OIDC for the operators named. Forms: :mod:`.csrf`.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
-import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import flask
 
-from tasklease.worker.auth import Authenticator, AuthRequest, AuthResult, NoAuth
-from tasklease.worker.decisions import ReleaseOutcome
+from tasklease.worker.auth import Authenticator
+from tasklease.worker.dashboard.csrf import CSRF_COOKIE, CSRF_FIELD, Csrf
+from tasklease.worker.dashboard.operators import OperatorAuth
+from tasklease.worker.decisions import OperatorRelease, ReleaseOutcome
 from tasklease.worker.errors import ConfigurationError, StoreUnavailable
-from tasklease.worker.identity import Kind
+from tasklease.worker.hosts import LOOPBACK_HOSTS, allowed_host_names, host_name
 from tasklease.worker.operations import OperationRefused, Operations, run_summary
 from tasklease.worker.queries import RunFilter, is_stuck, parse_duration
 from tasklease.worker.records import RunRecord, RunStatus
@@ -30,47 +29,10 @@ from tasklease.worker.stores.base import LeaseStore
 
 _log = logging.getLogger("tasklease.dashboard")
 
-CSRF_COOKIE = "tasklease_csrf"
-CSRF_FIELD = "csrf_token"
 PAGE_SIZE = 50
-
-
-@dataclass(frozen=True)
-class OperatorAuth:
-    """Who may use the dashboard mounted in a worker.
-
-    Checks ``Authorization: Bearer <OIDC ID token>`` with the worker's own authenticator,
-    against ``operators`` when given, else the deliveries' allow-list; the token's audience
-    is ``audience`` when given, else the worker's. With authentication off (``auth="none"``,
-    local development) the page is open, unless operators are named: then it refuses to start.
-    """
-
-    authenticator: Authenticator
-    operators: tuple[str, ...] | None = None
-    audience: str | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.authenticator, NoAuth):
-            if self.operators:
-                raise ConfigurationError(
-                    "dashboard operators need OIDC authentication to be checked: "
-                    "auth='none' would let anyone in"
-                )
-            _log.warning("the dashboard is mounted with authentication OFF: anyone may use it")
-
-    def check(self, authorization: str | None, url: str) -> AuthResult:
-        spec = HandlerSpec(
-            Kind.TASK,
-            "tasklease-dashboard",
-            _no_handler,
-            allowed_service_accounts=self.operators,
-            audience=self.audience,
-        )
-        return self.authenticator.authenticate(AuthRequest(authorization, url), spec)
-
-
-def _no_handler(*_: Any) -> None:
-    """The dashboard's stand-in handler: only its allow-list and audience are used."""
+# The list's query parameters: only these are carried into its links, never a name url_for
+# reads itself (_anchor, _method, _scheme, _external, endpoint).
+FILTER_PARAMS = ("status", "handler", "kind", "trigger", "older_than", "newer_than", "stuck")
 
 
 def dashboard_blueprint(
@@ -80,13 +42,28 @@ def dashboard_blueprint(
     schedules: list[Schedule] | None = None,
     producer: Any = None,
     name: str = "tasklease_dashboard",
+    allowed_hosts: frozenset[str] | None = None,
+    csrf_secret: str | None = None,
 ) -> flask.Blueprint:
     """The dashboard as a blueprint; register it with ``url_prefix``.
 
-    ``auth`` None serves everyone (the standalone, loopback dashboard). ``producer``: a
+    ``auth`` None serves everyone (the standalone, loopback dashboard); it then answers only
+    ``Host`` names in ``allowed_hosts`` (default: loopback names). ``producer``: a
     :class:`tasklease.producer.Producer` or a factory for replays (default: ``Producer.from_env``).
+    ``csrf_secret``: signs the forms' tokens (default ``TASKLEASE_DASHBOARD_SECRET``, else
+    random per process).
     """
-    views = _Views(Operations(store, producer), auth, schedules, name)
+    if allowed_hosts is None and auth is None:
+        allowed_hosts = LOOPBACK_HOSTS
+    operations = Operations(store, producer)
+    views = _Views(
+        operations,
+        auth=auth,
+        schedules=schedules,
+        name=name,
+        hosts=allowed_hosts,
+        csrf=Csrf(csrf_secret),
+    )
     blueprint = flask.Blueprint(name, __name__, template_folder="templates")
     blueprint.before_request(views.guard)
     blueprint.after_request(views.headers)
@@ -106,16 +83,25 @@ class _Views:
     def __init__(
         self,
         operations: Operations,
+        *,
         auth: OperatorAuth | None,
         schedules: list[Schedule] | None,
         name: str,
+        hosts: frozenset[str] | None,
+        csrf: Csrf,
     ) -> None:
         self.operations = operations
         self.auth = auth
         self.schedules = schedules
         self.name = name
+        self.hosts = hosts  # None: any Host (behind OIDC, the front end's name).
+        self.csrf = csrf
 
     def guard(self) -> flask.Response | None:
+        host = host_name(flask.request.headers.get("Host", ""))
+        if self.hosts is not None and host not in self.hosts:
+            # DNS rebinding: a page that points its own name at 127.0.0.1 sends that name.
+            return _page("denied.html", 403, reason="Refused: not a host name it answers to.")
         if self.auth is not None:
             request = flask.request
             result = self.auth.check(request.headers.get("Authorization"), request.url)
@@ -125,8 +111,8 @@ class _Views:
                     response.headers["WWW-Authenticate"] = 'Bearer realm="tasklease dashboard"'
                 return response
             flask.g.operator = result.principal
-        if flask.request.method == "POST":
-            return _csrf_refusal()
+        if flask.request.method == "POST" and (refusal := self.csrf.refusal()):
+            return _page("denied.html", 403, reason=refusal)
         return None
 
     def headers(self, response: flask.Response) -> flask.Response:
@@ -158,13 +144,15 @@ class _Views:
         error = None
         page = None
         try:
+            if unknown := sorted(set(args) - {*FILTER_PARAMS, "limit", "cursor"}):
+                raise ValueError(f"unknown query parameter {unknown[0][:40]!r}")
             filters = _filters(args, now)
             limit = min(max(int(args.get("limit") or PAGE_SIZE), 1), 500)
             page = self.operations.list_runs(filters, limit, args.get("cursor") or None)
         except ValueError as exc:
             error = str(exc)
         stuck = self.operations.list_runs(RunFilter(stuck_at=now), 100).runs
-        query: dict[str, Any] = {k: v for k, v in args.items() if v and k != "cursor"}
+        query: dict[str, Any] = {n: args[n] for n in (*FILTER_PARAMS, "limit") if args.get(n)}
         next_url = None
         if page is not None and page.cursor:
             next_url = flask.url_for(f"{self.name}.runs", **query, cursor=page.cursor)
@@ -206,17 +194,24 @@ class _Views:
             action=action,
             run=_row(record, now),
             live=record.status is RunStatus.IN_PROGRESS and not is_stuck(record, now),
-            csrf=_csrf_token(),
+            csrf=self.csrf.page_token(),
         )
 
     def release(self, run_id: str) -> flask.Response:
-        force = flask.request.form.get("force") == "1"
-        decision = self.operations.release(run_id, force=force)
+        """Release the attempt the confirmation page showed, and only that one."""
+        form = flask.request.form
+        attempt, token = form.get("attempt_id"), form.get("fencing_token", "")
+        if not attempt or not token.isdigit() or len(token) > 20:
+            return self.detail(run_id, "Refused: the form names no attempt. Reload the page.", 400)
+        decision = self.operations.release(
+            run_id, force=form.get("force") == "1", attempt_id=attempt, fencing_token=int(token)
+        )
         until = decision.live_until.isoformat() if decision.live_until else ""
         _log.warning(
-            "operator %s released run %s: %s%s",
+            "operator %s released run %s, attempt %s: %s%s",
             flask.g.get("operator") or "(local)",
             run_id,
+            attempt,
             decision.outcome.value,
             " (forced while its lease was live)" if decision.forced else "",
         )
@@ -229,6 +224,7 @@ class _Views:
             "Release it anyway only if its holder is gone.",
             ReleaseOutcome.FINISHED: "Refused: the run is finished; replay a failed run instead.",
             ReleaseOutcome.MISSING: "No such run.",
+            ReleaseOutcome.HOLDER_CHANGED: _holder_changed(decision, attempt),
         }
         ok = decision.outcome in (ReleaseOutcome.RELEASED, ReleaseOutcome.ALREADY_RELEASED)
         return self.detail(run_id, notices[decision.outcome], 200 if ok else 409)
@@ -295,30 +291,13 @@ def _row(record: RunRecord, now: Any) -> dict[str, Any]:
     return summary
 
 
-def _csrf_token() -> str:
-    """The page's CSRF token: the cookie's, or a new one set on this response."""
-    token = flask.request.cookies.get(CSRF_COOKIE)
-    if not token or len(token) != 43:
-        token = secrets.token_urlsafe(32)
-        flask.g.csrf_new = token
-    return token
-
-
-def _csrf_refusal() -> flask.Response | None:
-    """A state change needs the form's token to equal the cookie's (double submit; the
-    cookie is SameSite=Strict) and, when the browser names an origin, this very origin."""
-    origin = flask.request.headers.get("Origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != flask.request.host:
-        return _page("denied.html", 403, reason="Refused: the form came from another site.")
-    cookie = flask.request.cookies.get(CSRF_COOKIE, "")
-    form = flask.request.form.get(CSRF_FIELD, "")
-    if not cookie or not hmac.compare_digest(cookie.encode(), form.encode()):
-        return _page(
-            "denied.html",
-            403,
-            reason="Refused: the form's CSRF token is missing or stale. Reload the page.",
-        )
-    return None
+def _holder_changed(decision: OperatorRelease, seen: str) -> str:
+    record = decision.record
+    now = f" attempt {record.attempt_id} (fencing token {record.fencing_token})" if record else ""
+    return (
+        f"Refused: attempt {seen}, shown when you asked, no longer holds this run;{now} took "
+        "it over since. Nothing was released: look at the run again before releasing it."
+    )
 
 
 def create_dashboard_app(
@@ -327,12 +306,22 @@ def create_dashboard_app(
     schedules: list[Schedule] | None = None,
     producer: Any = None,
     auth: OperatorAuth | None = None,
+    host: str = "127.0.0.1",
+    allowed_hosts: Iterable[str] = (),
+    csrf_secret: str | None = None,
 ) -> flask.Flask:
-    """The standalone dashboard (``tasklease dashboard``): the blueprint at ``/``."""
+    """The standalone dashboard (``tasklease dashboard``): the blueprint at ``/``. It answers
+    only ``Host`` names that are loopback, ``host`` (its bind address) or ``allowed_hosts``."""
     app = flask.Flask("tasklease_dashboard")
-    app.register_blueprint(
-        dashboard_blueprint(store, auth=auth, schedules=schedules, producer=producer)
+    blueprint = dashboard_blueprint(
+        store,
+        auth=auth,
+        schedules=schedules,
+        producer=producer,
+        allowed_hosts=allowed_host_names(host, allowed_hosts),
+        csrf_secret=csrf_secret,
     )
+    app.register_blueprint(blueprint)
     return app
 
 
@@ -344,13 +333,27 @@ def mount(
     *,
     operators: Iterable[str] | None = None,
     audience: str | None = None,
+    deliveries: Iterable[HandlerSpec] = (),
+    csrf_secret: str | None = None,
 ) -> None:
-    """Mount the dashboard in a worker app at ``prefix``, behind ``authenticator``."""
+    """Mount the dashboard in a worker app at ``prefix``, behind ``authenticator``, for
+    ``operators`` (required with authentication on) with tokens for ``audience`` (default:
+    the worker's). An operator that also delivers one of ``deliveries`` needs an audience of
+    its own (:meth:`OperatorAuth.check_apart_from`)."""
     if not prefix.startswith("/") or prefix.rstrip("/") in ("", "/tasks", "/jobs"):
         raise ConfigurationError(f"dashboard prefix {prefix!r}: use a path such as /tasklease")
     operator_list = tuple(o.strip() for o in operators if o.strip()) if operators else None
     auth = OperatorAuth(authenticator, operator_list, audience)
-    app.register_blueprint(dashboard_blueprint(store, auth=auth), url_prefix=prefix.rstrip("/"))
+    auth.check_apart_from(deliveries)
+    blueprint = dashboard_blueprint(store, auth=auth, csrf_secret=csrf_secret)
+    app.register_blueprint(blueprint, url_prefix=prefix.rstrip("/"))
 
 
-__all__ = ["OperatorAuth", "create_dashboard_app", "dashboard_blueprint", "mount"]
+__all__ = [
+    "CSRF_COOKIE",
+    "CSRF_FIELD",
+    "OperatorAuth",
+    "create_dashboard_app",
+    "dashboard_blueprint",
+    "mount",
+]

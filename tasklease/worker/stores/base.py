@@ -402,16 +402,24 @@ class LeaseStore(ABC):
         return sorted(records, key=lambda r: (r.claimed_at, r.run_id), reverse=True)
 
     def operator_release(
-        self, run_id: str, now: Moment, *, force: bool = False
+        self,
+        run_id: str,
+        now: Moment,
+        *,
+        force: bool = False,
+        attempt_id: str | None = None,
+        fencing_token: int | None = None,
     ) -> decisions.OperatorRelease:
         """An operator gives the run's claim back (see :func:`decisions.operator_release`):
-        refused while its lease is live unless ``force``; the old holder is fenced out."""
-        attempt_id = f"operator-{uuid.uuid4().hex}"
+        refused while its lease is live unless ``force``, and unless ``attempt_id`` /
+        ``fencing_token`` (when given) still hold it; the old holder is fenced out."""
+        operator = f"operator-{uuid.uuid4().hex}"
+        holder = (attempt_id, fencing_token)
 
         def change(
             record: RunRecord | None,
         ) -> tuple[RunRecord | None, decisions.OperatorRelease]:
-            decision = decisions.operator_release(record, resolve(now), attempt_id, force)
+            decision = decisions.operator_release(record, resolve(now), operator, force, holder)
             released = decision.outcome is decisions.ReleaseOutcome.RELEASED
             written = decision.record if released else None
             return written, decision
