@@ -14,7 +14,7 @@ from pathlib import Path
 
 import requests
 
-from tasklease import __version__, deploy_cli, runs
+from tasklease import __version__, deploy_cli, locks, runs
 from tasklease.worker.logs import configure_logging
 from tasklease.worker.loopback import is_loopback_url
 
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy_cli.add_arguments(deploy)
 
     runs.add_parser(commands)
+    locks.add_parser(commands)
 
     board = commands.add_parser("dashboard", help="serve the operators' web page over the store")
     board.add_argument("--store", default=None, help="store URL (default: $TASKLEASE_STORE)")
@@ -91,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return deploy_cli.run(args)
     if args.command == "runs":
         return runs.run(args)
+    if args.command == "locks":
+        return locks.run(args)
     if args.command == "dashboard":
         configure_logging()
         return _dashboard(args)

@@ -10,11 +10,12 @@ from datetime import datetime, timedelta
 import pytest
 
 from tasklease.worker.decisions import ReleaseOutcome, replay_pending
+from tasklease.worker.locking import LockReleaseOutcome
 from tasklease.worker.queries import RunFilter
 from tasklease.worker.records import RunRecord, RunStatus, Verdict
 from tasklease.worker.stores.base import LeaseStore
 from tests.helpers import T0, claim_request
-from tests.store_contract import EXPIRED, LEASE
+from tests.store_contract import EXPIRED, LEASE, lock_request
 
 # The moment the listing tests look from: one run in every state.
 NOW = T0 + timedelta(hours=1)
@@ -228,3 +229,61 @@ class OperationsContract:
         assert (claim.record.replay_of, claim.record.fencing_token) == ("old", 1)
         assert store.get("new").replay_of == "old"  # type: ignore[union-attr]
         assert store.mark_replayed("gone", "new") is None
+
+    # Locks: `tasklease locks list` and `tasklease locks release`.
+
+    def test_locks_are_listed_latest_start_first(self, store: LeaseStore) -> None:
+        assert store.list_locks() == []
+        for index in range(3):
+            store.acquire_lock(
+                lock_request(f"run-{index}", f"a{index}", f"key/{index}"),
+                T0 + timedelta(seconds=index),
+            )
+        assert [lock.name for lock in store.list_locks()] == ["key/2", "key/1", "key/0"]
+        assert [lock.name for lock in store.list_locks(limit=2)] == ["key/2", "key/1"]
+
+    def test_lock_release_refuses_a_running_holder_unless_forced(self, store: LeaseStore) -> None:
+        store.claim(claim_request("run-a", "a1"), T0)
+        held = store.acquire_lock(lock_request(), T0).lock
+        decision = store.operator_release_lock("job/nightly", T0 + timedelta(seconds=30))
+        assert decision.outcome is LockReleaseOutcome.HOLDER_LIVE
+        assert decision.live_until == T0 + EXPIRED
+        assert store.get_lock("job/nightly") == held
+        forced = store.operator_release_lock("job/nightly", T0 + LEASE / 2, force=True)
+        assert (forced.outcome, forced.forced) == (LockReleaseOutcome.RELEASED, True)
+        stored = store.get_lock("job/nightly")
+        assert stored is not None
+        assert stored.released
+        # The holder is fenced out of the lock: its renewal fails, so it loses its lease.
+        assert store.renew_lock("job/nightly", "a1", LEASE, T0 + LEASE / 2) is None
+        grant = store.acquire_lock(lock_request("run-b", "b1"), T0 + LEASE / 2)
+        assert grant.acquired
+        assert grant.lock.fencing_token > held.fencing_token
+
+    def test_lock_release_of_a_silent_holder_needs_no_force(self, store: LeaseStore) -> None:
+        store.acquire_lock(lock_request(), T0)  # Then its process died: nothing renews.
+        assert not store.acquire_lock(lock_request("run-b", "b1"), T0 + EXPIRED).acquired
+        decision = store.operator_release_lock("job/nightly", T0 + EXPIRED)
+        assert (decision.outcome, decision.forced) == (LockReleaseOutcome.RELEASED, False)
+        assert store.acquire_lock(lock_request("run-b", "b1"), T0 + EXPIRED).acquired
+
+    def test_lock_release_lifts_min_gap_and_leaves_a_free_lock_alone(
+        self, store: LeaseStore
+    ) -> None:
+        gap = timedelta(minutes=30)
+        store.acquire_lock(lock_request(min_gap=gap), T0)
+        assert store.release_lock("job/nightly", "a1", T0 + timedelta(minutes=1))
+        lifted = store.operator_release_lock("job/nightly", T0 + timedelta(minutes=2))
+        assert lifted.outcome is LockReleaseOutcome.RELEASED
+        free = store.operator_release_lock("job/nightly", T0 + timedelta(minutes=2))
+        assert free.outcome is LockReleaseOutcome.ALREADY_FREE
+        assert store.acquire_lock(lock_request("run-b", "b1"), T0 + timedelta(minutes=2)).acquired
+        missing = store.operator_release_lock("job/none", T0)
+        assert (missing.outcome, missing.lock) == (LockReleaseOutcome.MISSING, None)
+
+    def test_a_lock_whose_holder_ended_its_run_is_already_free(self, store: LeaseStore) -> None:
+        store.claim(claim_request("run-a", "a1"), T0)
+        store.acquire_lock(lock_request(), T0)
+        assert store.complete("run-a", "a1", None, T0 + timedelta(seconds=5))
+        decision = store.operator_release_lock("job/nightly", T0 + timedelta(seconds=6))
+        assert decision.outcome is LockReleaseOutcome.ALREADY_FREE

@@ -14,7 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
+from tasklease.worker import locking
 from tasklease.worker.constants import MAX_CLOCK_SKEW
+from tasklease.worker.locking import token_floor
 from tasklease.worker.records import LockRequest, RunStatus, Verdict
 from tasklease.worker.stores.base import LeaseStore
 from tests.helpers import T0, claim_request
@@ -235,7 +237,7 @@ class StoreContract:
     def test_a_lock_is_kept_from_other_runs_while_its_holder_lives(self, store: LeaseStore) -> None:
         first = store.acquire_lock(lock_request(), T0)
         assert first.acquired
-        assert (first.lock.holder_run_id, first.lock.fencing_token) == ("run-a", 1)
+        assert (first.lock.holder_run_id, first.lock.fencing_token) == ("run-a", token_floor(T0))
         assert store.get_lock("job/nightly") == first.lock
         other = store.acquire_lock(lock_request("run-b", "b1"), T0 + LEASE)
         assert not other.acquired
@@ -251,7 +253,7 @@ class StoreContract:
         taken = store.acquire_lock(lock_request("run-b", "b1"), T0 + HOUR)
         assert taken.acquired
         assert taken.took_over_from == "run-a"
-        assert taken.lock.fencing_token == 2
+        assert taken.lock.fencing_token == token_floor(T0 + HOUR)
         # The crashed holder's late finish is fenced.
         assert not store.release_lock("job/nightly", "a1", T0 + HOUR)
         assert store.renew_lock("job/nightly", "a1", LEASE, T0 + HOUR) is None
@@ -293,7 +295,10 @@ class StoreContract:
         store.acquire_lock(lock_request(), T0)
         retry = store.acquire_lock(lock_request("run-a", "a2"), T0 + EXPIRED)
         assert retry.acquired
-        assert (retry.lock.holder_attempt_id, retry.lock.fencing_token) == ("a2", 2)
+        assert (retry.lock.holder_attempt_id, retry.lock.fencing_token) == (
+            "a2",
+            token_floor(T0 + EXPIRED),
+        )
         assert not store.release_lock("job/nightly", "a1", T0 + EXPIRED)
 
     def test_purge_deletes_locks_that_decide_nothing_any_more(self, store: LeaseStore) -> None:
@@ -303,6 +308,68 @@ class StoreContract:
         assert store.purge_expired(T0 + EXPIRED) == 1
         assert store.get_lock("key/b") is None
         assert store.get_lock("key/a") is not None
+
+    def test_a_lock_token_grows_by_one_when_the_clock_has_not_moved(
+        self, store: LeaseStore
+    ) -> None:
+        first = store.acquire_lock(lock_request(), T0).lock
+        assert store.release_lock("job/nightly", "a1", T0)
+        second = store.acquire_lock(lock_request("run-b", "b1"), T0).lock
+        assert second.fencing_token == first.fencing_token + 1
+
+    def test_a_lock_token_grows_past_a_purge_of_the_lapsed_lock(self, store: LeaseStore) -> None:
+        tokens = []
+        for index in range(3):
+            moment = T0 + timedelta(seconds=index)
+            granted = store.acquire_lock(lock_request(f"run-{index}", f"a{index}"), moment)
+            tokens.append(granted.lock.fencing_token)
+            assert store.release_lock("job/nightly", f"a{index}", moment)
+        last = store.get_lock("job/nightly")
+        assert last is not None
+        lapsed = locking.lapses_at(last)
+        assert store.purge_expired(lapsed) == 1
+        assert store.get_lock("job/nightly") is None
+        # Granted again on a fresh record, from a clock MAX_CLOCK_SKEW behind the purge's.
+        again = store.acquire_lock(lock_request("run-9", "a9"), lapsed - MAX_CLOCK_SKEW)
+        assert tokens == sorted(set(tokens))
+        assert again.lock.fencing_token > tokens[-1]
+
+    def test_a_lock_whose_holder_ended_its_run_is_free_although_never_released(
+        self, store: LeaseStore
+    ) -> None:
+        for index, end in enumerate(("complete", "fail", "release")):
+            name, run, attempt = f"job/{end}", f"run-{end}", f"a-{end}"
+            store.claim(claim_request(run, attempt), T0)
+            assert store.acquire_lock(lock_request(run, attempt, name), T0).acquired
+            later = T0 + timedelta(seconds=index + 1)
+            if end == "complete":
+                assert store.complete(run, attempt, None, later)
+            elif end == "fail":
+                assert store.fail(run, attempt, "PermanentFailure: bad", later)
+            else:
+                assert store.release(run, attempt, "RuntimeError: boom", later)
+            # Its lock release was lost: the lock still names it, unreleased.
+            stored = store.get_lock(name)
+            assert stored is not None
+            assert not stored.released
+            grant = store.acquire_lock(lock_request("run-next", "n1", name), later)
+            assert grant.acquired, f"{end}: a finished holder kept the lock"
+            assert grant.took_over_from is None
+            assert grant.lock.fencing_token > stored.fencing_token
+            assert not store.release_lock(name, attempt, later)  # The old holder is fenced.
+
+    def test_a_lock_stays_held_while_its_holders_run_is_in_progress_or_ended_by_another(
+        self, store: LeaseStore
+    ) -> None:
+        store.claim(claim_request("run-a", "a1"), T0)
+        store.acquire_lock(lock_request(), T0)
+        assert not store.acquire_lock(lock_request("run-b", "b1"), T0 + LEASE / 2).acquired
+        # Another attempt of run-a took the run over and finished it: the holder, attempt a1,
+        # may still be running unheard, so max_runtime still keeps run-b out.
+        store.claim(claim_request("run-a", "a2"), T0 + EXPIRED)
+        assert store.complete("run-a", "a2", None, T0 + EXPIRED)
+        busy = store.acquire_lock(lock_request("run-b", "b1"), T0 + EXPIRED)
+        assert (busy.acquired, busy.free_at) == (False, T0 + HOUR)
 
     def test_twenty_runs_racing_for_one_lock_one_acquires_it(self, store: LeaseStore) -> None:
         start = threading.Barrier(20)

@@ -15,6 +15,7 @@ from google.cloud.firestore_v1.document import DocumentReference
 
 from tasklease.worker import Router, create_app
 from tasklease.worker.errors import StoreUnavailable
+from tasklease.worker.locking import token_floor
 from tasklease.worker.records import RunStatus, Verdict
 from tasklease.worker.stores import FirestoreStore, store_from_url
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
@@ -219,6 +220,17 @@ def test_a_lock_is_one_document_changed_without_transactions(
     assert rpcs.take() == ["batch_get_documents"]  # Busy: a read decides, nothing written.
 
 
+def test_a_lock_held_by_a_live_holder_costs_a_read_of_its_holders_run_too(
+    counted: tuple[FirestoreStore, RpcCounter],
+) -> None:
+    store, rpcs = counted
+    store.claim(claim_request("run-a", "a1"), T0)
+    assert store.acquire_lock(lock_request(), T0).acquired
+    rpcs.take()
+    assert not store.acquire_lock(lock_request("run-b", "b1"), T0 + LEASE / 2).acquired
+    assert rpcs.take() == ["batch_get_documents"] * 2  # The lock, then the holder's run.
+
+
 @IGNORES_UPDATE_TIME
 def test_a_lock_write_that_landed_unseen_is_recognised_by_attempt_id(
     firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
@@ -234,7 +246,7 @@ def test_a_lock_write_that_landed_unseen_is_recognised_by_attempt_id(
     grant = store.acquire_lock(lock_request(), T0)
     assert grant.acquired
     assert grant.lock.holder_attempt_id == "a1"
-    assert grant.lock.fencing_token == 1
+    assert grant.lock.fencing_token == token_floor(T0)
 
 
 def test_duplicate_costs_two_rpcs(counted: tuple[FirestoreStore, RpcCounter]) -> None:

@@ -87,6 +87,11 @@ MAX_ERROR_CHARS = 4 * 1024
 # held by a live run: that run may end at any moment, and its lease could run for minutes.
 LOCK_BUSY_RETRY_AFTER_MAX = 10
 MAX_CONCURRENCY_KEY_LENGTH = 500
+# A lock's fencing token is at least its grant's time in microseconds (locking.next_token), and
+# a lock record is deleted (purge, TTL) no sooner than this after the time its token stands
+# for: a later grant on a fresh record then outranks it while the clocks of the instances
+# agree within this, sixty times what the lease already assumes.
+LOCK_TOKEN_MARGIN = timedelta(minutes=1)
 
 # Seconds a client should wait before retrying when the store is down.
 STORE_UNAVAILABLE_RETRY_AFTER = 5

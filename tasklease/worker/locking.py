@@ -4,18 +4,26 @@ A lock is held by one attempt of one run, under the same lease as the run: the l
 renews both together, so a live run never loses its lock however long it runs. A holder that
 stops renewing (crashed, cut off from the store) keeps blocking other runs until both its lease
 and its safety expiry (``max_runtime``, ShedLock's lockAtMostFor) have passed; a holder still
-renewing past ``max_runtime`` keeps the lock. Every change to a lock is conditional on the
-attempt holding it (fencing), and every rule recognises its own earlier write by the attempt
-id, so a store may re-apply a change whose write landed unseen.
+renewing past ``max_runtime`` keeps the lock. A holder whose run is recorded as ended by that
+very attempt (its release of the lock was lost) holds nothing: the next run takes the lock.
+Every change to a lock is conditional on the attempt holding it (fencing), and every rule
+recognises its own earlier write by the attempt id, so a store may re-apply a change whose
+write landed unseen.
+
+Fencing tokens grow for the life of a key, whatever a store deletes: see :func:`next_token`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 
 from tasklease.worker import constants as c
-from tasklease.worker.records import LockGrant, LockRecord, LockRequest
+from tasklease.worker.records import LockGrant, LockRecord, LockRequest, RunRecord, RunStatus
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def job_lock_name(handler: str, project: str | None, location: str | None) -> str:
@@ -34,16 +42,82 @@ def lock_id(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()
 
 
-def busy_until(lock: LockRecord | None, run_id: str, now: datetime) -> datetime | None:
+def token_floor(now: datetime) -> int:
+    """The least fencing token a grant at ``now`` carries: ``now`` in microseconds since the
+    epoch (below 2**53 until the year 2255, so exact in JSON and JavaScript too)."""
+    delta = now - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def token_time(token: int) -> datetime:
+    """The moment a fencing token stands for (its :func:`token_floor`)."""
+    return _EPOCH + timedelta(microseconds=token)
+
+
+def next_token(lock: LockRecord | None, now: datetime) -> int:
+    """The fencing token of a grant at ``now``: one more than the stored lock's, and at least
+    ``now`` in microseconds.
+
+    While the record is stored, tokens grow by the first rule whatever the clocks say. Once
+    it is gone (purged, deleted by a Firestore TTL policy), nothing remembers the last token;
+    the second rule outranks it, because a record is never deleted before
+    ``c.LOCK_TOKEN_MARGIN`` past the moment its own token stands for (:func:`lapses_at`), and
+    a grant after the deletion reads a clock at most that far behind. So storage stays
+    bounded (a key's record lives only while it decides something) and no counter document
+    is written by every grant of every key (Firestore sustains about one write a second per
+    document).
+    """
+    return max((lock.fencing_token if lock else 0) + 1, token_floor(now))
+
+
+def holder_finished(lock: LockRecord, holder_run: RunRecord | None) -> bool:
+    """Whether ``holder_run`` (the record of the lock holder's run) shows the holding attempt
+    ended that run itself: completed, failed, released or skipped, written by that attempt.
+    Attempt ids are single use, so that attempt runs no more and never holds again; its lock
+    is free (its release was lost, or it never got to release)."""
+    return (
+        holder_run is not None
+        and holder_run.run_id == lock.holder_run_id
+        and holder_run.attempt_id == lock.holder_attempt_id
+        and holder_run.status is not RunStatus.IN_PROGRESS
+    )
+
+
+def needs_holder(lock: LockRecord | None, run_id: str, now: datetime) -> bool:
+    """Whether the holder's run record could change :func:`busy_until`'s answer for ``run_id``
+    at ``now``: a store reads it (in the same atomic change) only then."""
+    return (
+        lock is not None
+        and lock.holder_run_id != run_id
+        and not lock.released
+        and _held_until(lock) > now
+    )
+
+
+def busy_until(
+    lock: LockRecord | None, run_id: str, now: datetime, holder_run: RunRecord | None = None
+) -> datetime | None:
     """When ``lock`` stops keeping ``run_id`` out, if it does at ``now``; else None.
 
     Another attempt of the *same* run is never kept out: the run's own claim already fenced
     the earlier attempt (it takes a run over only once that attempt's lease lapsed).
+    ``holder_run`` is the holder's run record, when the store read it (:func:`needs_holder`).
     """
     if lock is None or lock.holder_run_id == run_id:
         return None
-    if not lock.released:
-        held_until = max(lock.lease_expires + c.MAX_CLOCK_SKEW, lock.safety_expires)
+    return kept_out_until(lock, holder_run, now)
+
+
+def _held_until(lock: LockRecord) -> datetime:
+    return max(lock.lease_expires + c.MAX_CLOCK_SKEW, lock.safety_expires)
+
+
+def kept_out_until(
+    lock: LockRecord, holder_run: RunRecord | None, now: datetime
+) -> datetime | None:
+    """Until when ``lock`` keeps any other run out at ``now`` (None: it does not)."""
+    if not lock.released and not holder_finished(lock, holder_run):
+        held_until = _held_until(lock)
         if held_until > now:
             return held_until
     if lock.next_start_at > now:  # min_gap: too soon after the last run started.
@@ -51,17 +125,26 @@ def busy_until(lock: LockRecord | None, run_id: str, now: datetime) -> datetime 
     return None
 
 
-def acquire(lock: LockRecord | None, request: LockRequest, now: datetime) -> LockGrant:
-    """Whether ``request`` gets the lock at ``now``; on success, the record to write."""
+def acquire(
+    lock: LockRecord | None,
+    request: LockRequest,
+    now: datetime,
+    holder_run: RunRecord | None = None,
+) -> LockGrant:
+    """Whether ``request`` gets the lock at ``now``; on success, the record to write.
+    ``holder_run``: the holder's run record, when :func:`needs_holder` asked for it."""
     if lock is not None and holds(lock, request.attempt_id):
         return LockGrant(True, lock)  # Our own acquisition, landed before: nothing to write.
-    free_at = busy_until(lock, request.run_id, now)
+    free_at = busy_until(lock, request.run_id, now, holder_run)
     if free_at is not None:
         assert lock is not None
         return LockGrant(False, lock, free_at=free_at)
     took_over_from = (
         lock.holder_run_id
-        if lock is not None and not lock.released and lock.holder_run_id != request.run_id
+        if lock is not None
+        and not lock.released
+        and lock.holder_run_id != request.run_id
+        and not holder_finished(lock, holder_run)
         else None
     )
     lease_expires = now + request.lease
@@ -69,7 +152,7 @@ def acquire(lock: LockRecord | None, request: LockRequest, now: datetime) -> Loc
         name=request.name,
         holder_run_id=request.run_id,
         holder_attempt_id=request.attempt_id,
-        fencing_token=(lock.fencing_token if lock else 0) + 1,
+        fencing_token=next_token(lock, now),
         started_at=now,
         lease_expires=lease_expires,
         safety_expires=now + request.max_runtime if request.max_runtime else now,
@@ -100,5 +183,89 @@ def released_by(lock: LockRecord | None, attempt_id: str) -> bool:
 
 
 def lapses_at(lock: LockRecord) -> datetime:
-    """From this moment the record decides nothing any more: a store may delete it."""
-    return max(lock.lease_expires + c.MAX_CLOCK_SKEW, lock.safety_expires, lock.next_start_at)
+    """From this moment the record decides nothing any more: a store may delete it. Its
+    token is outranked by any later grant's from then on too (:func:`next_token`)."""
+    return max(
+        lock.lease_expires + c.MAX_CLOCK_SKEW,
+        lock.safety_expires,
+        lock.next_start_at,
+        token_time(lock.fencing_token) + c.LOCK_TOKEN_MARGIN,
+    )
+
+
+# --- Operators: `tasklease locks list` and `tasklease locks release` -------------------------
+
+
+class LockState(StrEnum):
+    """What a stored lock does at a moment, for operators."""
+
+    HELD = "held"  # Its holder's lease is live: the holder is running.
+    SILENT = "silent"  # Its holder stopped renewing; kept until max_runtime (may run unheard).
+    GAP = "min_gap"  # No holder; no run starts before min_gap after the last start.
+    FREE = "free"  # Decides nothing: the next run takes it.
+
+
+def live_until(lock: LockRecord, holder_run: RunRecord | None, now: datetime) -> datetime | None:
+    """Until when the holder may be running and renewing, if it may at ``now``; else None."""
+    if lock.released or holder_finished(lock, holder_run):
+        return None
+    until = lock.lease_expires + c.MAX_CLOCK_SKEW
+    return until if until > now else None
+
+
+def state(lock: LockRecord, holder_run: RunRecord | None, now: datetime) -> LockState:
+    """The lock's :class:`LockState` at ``now``, given its holder's run record."""
+    if live_until(lock, holder_run, now) is not None:
+        return LockState.HELD
+    kept_until = kept_out_until(lock, holder_run, now)
+    if kept_until is None:
+        return LockState.FREE
+    return LockState.GAP if kept_until == lock.next_start_at else LockState.SILENT
+
+
+class LockReleaseOutcome(StrEnum):
+    """What an operator's release of a lock decided."""
+
+    RELEASED = "released"  # Free now; a live holder's renewals are refused from now on.
+    HOLDER_LIVE = "holder_live"  # Refused: the holder is running (use force).
+    ALREADY_FREE = "already_free"  # Nothing keeps a run out: nothing to do.
+    MISSING = "missing"  # No such lock (never taken, or purged).
+
+
+@dataclass(frozen=True)
+class OperatorLockRelease:
+    """The decision, the lock as it stands afterwards, and until when a live holder's lease
+    runs (refused, or released with ``forced``)."""
+
+    outcome: LockReleaseOutcome
+    lock: LockRecord | None
+    forced: bool = False
+    live_until: datetime | None = None
+
+
+def operator_release(
+    lock: LockRecord | None, holder_run: RunRecord | None, now: datetime, force: bool = False
+) -> OperatorLockRelease:
+    """An operator frees ``lock`` at ``now``: its holder's hold, safety expiry and ``min_gap``.
+
+    Refused while the holder's lease is live unless ``force``: that holder is running. A
+    holder that stopped renewing (kept only by ``max_runtime``) or whose run ended needs no
+    force. The holder stays named, so its own late release still succeeds, but its renewals
+    are refused: a forced-out holder loses its lease (``ctx.lease_lost``).
+    """
+    if lock is None:
+        return OperatorLockRelease(LockReleaseOutcome.MISSING, None)
+    if kept_out_until(lock, holder_run, now) is None:
+        return OperatorLockRelease(LockReleaseOutcome.ALREADY_FREE, lock)
+    until = live_until(lock, holder_run, now)
+    if until is not None and not force:
+        return OperatorLockRelease(LockReleaseOutcome.HOLDER_LIVE, lock, live_until=until)
+    written = lock.replace(
+        released_at=lock.released_at or now,
+        lease_expires=min(lock.lease_expires, now),
+        safety_expires=min(lock.safety_expires, now),
+        next_start_at=min(lock.next_start_at, now),
+    )
+    return OperatorLockRelease(
+        LockReleaseOutcome.RELEASED, written, forced=until is not None, live_until=until
+    )

@@ -1,23 +1,25 @@
-"""What an operator does to runs: list, show, find stuck ones, release, replay.
+"""What an operator does to runs and locks: list, show, find stuck ones, release, replay.
 
-One service that ``tasklease runs`` and the dashboard both call, so a button and a command
-do the same thing. The rules are in :mod:`tasklease.worker.decisions`, the storage in the stores.
+One service that ``tasklease runs``, ``tasklease locks`` and the dashboard call, so a button
+and a command do the same thing. The rules are in :mod:`tasklease.worker.decisions` and
+:mod:`tasklease.worker.locking`, the storage in the stores.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from tasklease.worker import decisions
+from tasklease.worker import decisions, locking
 from tasklease.worker.execution import utc_now
 from tasklease.worker.identity import DeliveryIdentity, Kind
 from tasklease.worker.queries import RunFilter, RunPage, is_stuck
-from tasklease.worker.records import RunRecord, RunStatus
+from tasklease.worker.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, Schedule, overdue_jobs
 from tasklease.worker.stores.base import LeaseStore
 
@@ -25,6 +27,9 @@ if TYPE_CHECKING:
     from tasklease.producer import Producer
 
 REPLAY_KEY_PREFIX = "replay/"
+
+_log = logging.getLogger("tasklease.operations")
+_log.addHandler(logging.NullHandler())  # A library's logger: the application configures output.
 
 
 class OperationRefused(Exception):
@@ -86,6 +91,17 @@ class ReplayResult:
                 f"{self.task_name}; its run: {self.replay_run_id} ({self.replay_status})."
             )
         return f"Replay{of} enqueued as task {self.task_name}; its run: {self.replay_run_id}."
+
+
+@dataclass(frozen=True)
+class LockView:
+    """A stored lock as an operator sees it at a moment: its state, until when it keeps other
+    runs out (None: it does not), and its holder's run record when it has a holder."""
+
+    lock: LockRecord
+    holder_run: RunRecord | None
+    state: locking.LockState
+    busy_until: datetime | None
 
 
 def replay_key(run_id: str) -> str:
@@ -164,6 +180,38 @@ class Operations:
         return self.store.operator_release(
             run_id, self.clock, force=force, attempt_id=attempt_id, fencing_token=fencing_token
         )
+
+    def locks(self, limit: int = 100) -> list[LockView]:
+        """The stored locks, latest start first, each with its state now."""
+        now = self.clock()
+        return [self.lock_view(lock, now) for lock in self.store.list_locks(limit)]
+
+    def lock_view(self, lock: LockRecord, now: datetime) -> LockView:
+        """``lock`` at ``now``, its holder's run read (a released lock has none)."""
+        holder = None if lock.released else self.store.get(lock.holder_run_id)
+        return LockView(
+            lock,
+            holder,
+            locking.state(lock, holder, now),
+            locking.kept_out_until(lock, holder, now),
+        )
+
+    def release_lock(self, name: str, force: bool = False) -> locking.OperatorLockRelease:
+        """Free the lock ``name`` for the next run; refused while its holder's lease is live
+        unless ``force`` (the holder then loses its lease). Logged as an operator action."""
+        decision = self.store.operator_release_lock(name, self.clock, force=force)
+        if decision.outcome is locking.LockReleaseOutcome.RELEASED and decision.lock:
+            _log.log(
+                logging.WARNING if decision.forced else logging.INFO,
+                "an operator released lock %r held by run %s (attempt %s)%s",
+                name,
+                decision.lock.holder_run_id,
+                decision.lock.holder_attempt_id,
+                f", forced while its lease was live until {decision.live_until.isoformat()}"
+                if decision.forced and decision.live_until
+                else "",
+            )
+        return decision
 
     def replay(self, run_id: str) -> ReplayResult:
         """Re-enqueue a failed run's payload as a new task keyed by the run it re-runs.
@@ -282,6 +330,25 @@ def run_summary(record: RunRecord, now: datetime) -> dict[str, Any]:
         "payload_bytes": None if record.payload is None else len(record.payload.encode()),
         "replay_of": record.replay_of,
         "replayed_as": record.replayed_as,
+    }
+
+
+def lock_summary(view: LockView) -> dict[str, Any]:
+    """A lock as JSON for ``tasklease locks --json``."""
+    lock, holder = view.lock, view.holder_run
+    return {
+        "name": lock.name,
+        "state": view.state.value,
+        "busy_until": _time(view.busy_until),
+        "holder_run_id": lock.holder_run_id,
+        "holder_attempt_id": lock.holder_attempt_id,
+        "holder_run_status": None if holder is None else holder.status.value,
+        "fencing_token": lock.fencing_token,
+        "started_at": _time(lock.started_at),
+        "lease_expires": _time(lock.lease_expires),
+        "safety_expires": _time(lock.safety_expires),
+        "next_start_at": _time(lock.next_start_at),
+        "released_at": _time(lock.released_at),
     }
 
 

@@ -102,13 +102,14 @@ class LockRecord:
     attempt of one run under the same renewing lease as that run.
 
     The record stays after a release: it remembers the last holder, whose start ``min_gap``
-    counts from, and its fencing token keeps growing.
+    counts from, until it lapses (:func:`tasklease.worker.locking.lapses_at`) and a store may
+    delete it. Its fencing token grows past that too (:func:`tasklease.worker.locking.next_token`).
     """
 
     name: str
     holder_run_id: str
     holder_attempt_id: str
-    fencing_token: int  # Grows with every acquisition of this lock.
+    fencing_token: int  # Grows with every grant; at least the grant's time in microseconds.
     started_at: datetime  # When the holder acquired it.
     lease_expires: datetime  # The holder's lease, renewed with its run's; now on release.
     # The safety expiry for a holder that stopped renewing (ShedLock's lockAtMostFor): a

@@ -46,9 +46,12 @@ def _instant(text: str | None) -> datetime | None:
     return parse_rfc3339(text) if text else None
 
 
-LockChange = Callable[[LockRecord | None], tuple[LockRecord | None, _T]]
-"""Given the stored lock (or None), returns the lock to write (None: write nothing) and a value
-for the caller."""
+RunReader = Callable[[str], RunRecord | None]
+"""Reads a run's record (expired or not) as part of a lock's atomic change."""
+
+LockChange = Callable[[LockRecord | None, RunReader], tuple[LockRecord | None, _T]]
+"""Given the stored lock (or None) and a reader of runs, returns the lock to write (None: write
+nothing) and a value for the caller."""
 
 
 def resolve(now: Moment) -> datetime:
@@ -68,10 +71,22 @@ class LeaseStore(ABC):
     - :meth:`get` and :meth:`list_runs`: plain reads.
     - :meth:`purge_expired`: delete records past ``expire_at`` (and locks that decide nothing
       any more, :func:`tasklease.worker.locking.lapses_at`).
-    - for exclusive jobs and concurrency keys, :meth:`_read_modify_write_lock` and
-      :meth:`get_lock`: the same for :class:`~tasklease.worker.records.LockRecord`, kept apart
-      from the runs (a table, a collection). Acquire, renew and release are built on them here, with
-      the rules in :mod:`tasklease.worker.locking`.
+    - for exclusive jobs and concurrency keys, :meth:`_read_modify_write_lock`, :meth:`get_lock`
+      and :meth:`list_locks`: the same for :class:`~tasklease.worker.records.LockRecord`, kept
+      apart from the runs (a table, a collection). Acquire, renew and release are built on
+      them here, with the rules in :mod:`tasklease.worker.locking`. A lock change may read the
+      holder's run record: a holder whose own attempt recorded its run's end holds nothing,
+      so a release that was lost never blocks the next run. SQLite and memory read it in the
+      same transaction; Firestore reads it beside the lock's compare-and-set, which is enough
+      because "this attempt ended its run" never becomes false (attempt ids are single use).
+
+    Lock fencing tokens grow for the life of a key although lapsed locks are deleted (purged,
+    or by a TTL policy on ``lapses_at``): a token is at least its grant's time in
+    microseconds, and a lock is deleted only ``LOCK_TOKEN_MARGIN`` after the time its token
+    stands for (:func:`tasklease.worker.locking.next_token`). Keeping every key's record, or a
+    store-wide counter, would do it too, but the first grows with every key ever used (one
+    per account, say) and the second makes every grant write one document, which Firestore
+    sustains at about one write a second.
 
     A backend may override :meth:`claim` and :meth:`_if_held` (which renew, complete, fail
     and release go through) with faster equivalents, as the Firestore store does with
@@ -81,8 +96,9 @@ class LeaseStore(ABC):
 
     Concurrency: every method may be called from many threads, and a store built from the same
     configuration in several processes must behave as one store. Every method raises
-    :class:`~tasklease.worker.errors.StoreUnavailable` (and nothing else) when the backend fails;
-    when it does, nothing was changed or the change is indistinguishable from one that was not made.
+    :class:`~tasklease.worker.errors.StoreUnavailable` (and nothing else) when the backend
+    fails; when it does, nothing was changed or the change is indistinguishable from one that
+    was not made.
 
     ``shared_across_instances`` says whether every instance of a service reaching the same
     configuration sees the same records (a database service does; a file or process memory
@@ -116,12 +132,20 @@ class LeaseStore(ABC):
         """The stored lock called ``name``, or None."""
         raise NotImplementedError(f"{type(self).__name__} keeps no locks")
 
+    def list_locks(self, limit: int = 100) -> list[LockRecord]:
+        """Up to ``limit`` stored locks, latest start first (lapsed ones until purged)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list locks")
+
     def acquire_lock(self, request: LockRequest, now: Moment) -> LockGrant:
         """Take the lock for ``request.attempt_id`` unless another run holds it (or held it
         less than its ``min_gap`` ago). Call it only while holding the run's claim."""
 
-        def change(lock: LockRecord | None) -> tuple[LockRecord | None, LockGrant]:
-            grant = locking.acquire(lock, request, resolve(now))
+        def change(lock: LockRecord | None, read: RunReader) -> tuple[LockRecord | None, LockGrant]:
+            at = resolve(now)
+            holder = None
+            if lock is not None and locking.needs_holder(lock, request.run_id, at):
+                holder = read(lock.holder_run_id)
+            grant = locking.acquire(lock, request, at, holder)
             return (grant.lock if grant.lock is not lock else None), grant
 
         return self._read_modify_write_lock(request.name, change)
@@ -131,7 +155,9 @@ class LeaseStore(ABC):
     ) -> datetime | None:
         """Extend the holder's lease on the lock; None if ``attempt_id`` no longer holds it."""
 
-        def change(lock: LockRecord | None) -> tuple[LockRecord | None, datetime | None]:
+        def change(
+            lock: LockRecord | None, _: RunReader
+        ) -> tuple[LockRecord | None, datetime | None]:
             if lock is None or not locking.holds(lock, attempt_id):
                 return None, None
             written = locking.renewed(lock, lease, resolve(now))
@@ -143,12 +169,28 @@ class LeaseStore(ABC):
         """Give the lock back if ``attempt_id`` holds it (fenced: a stale holder's release
         changes nothing and answers False). True again for a release retried after it landed."""
 
-        def change(lock: LockRecord | None) -> tuple[LockRecord | None, bool]:
+        def change(lock: LockRecord | None, _: RunReader) -> tuple[LockRecord | None, bool]:
             if locking.released_by(lock, attempt_id):
                 return None, True
             if lock is None or not locking.holds(lock, attempt_id):
                 return None, False
             return locking.released(lock, resolve(now)), True
+
+        return self._read_modify_write_lock(name, change)
+
+    def operator_release_lock(
+        self, name: str, now: Moment, *, force: bool = False
+    ) -> locking.OperatorLockRelease:
+        """An operator frees the lock (see :func:`locking.operator_release`): refused while its
+        holder's lease is live unless ``force``; a forced-out holder's renewals are refused."""
+
+        def change(
+            lock: LockRecord | None, read: RunReader
+        ) -> tuple[LockRecord | None, locking.OperatorLockRelease]:
+            holder = read(lock.holder_run_id) if lock is not None and not lock.released else None
+            decision = locking.operator_release(lock, holder, resolve(now), force)
+            released = decision.outcome is locking.LockReleaseOutcome.RELEASED
+            return (decision.lock if released else None), decision
 
         return self._read_modify_write_lock(name, change)
 

@@ -29,7 +29,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 from google.api_core import exceptions as api
@@ -40,7 +40,9 @@ from tasklease.worker import decisions, locking
 from tasklease.worker.errors import StoreUnavailable
 from tasklease.worker.queries import Position, RunFilter
 from tasklease.worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus, Verdict
+from tasklease.worker.stores import firestore_locks as locks
 from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, Update, resolve
+from tasklease.worker.stores.firestore_locks import utc as _utc
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 
 _T = TypeVar("_T")
@@ -274,9 +276,11 @@ class FirestoreStore(LeaseStore):
         with self._guard("change a lock"):
             value: _T = self._compare_and_set(
                 self._lock_document(name),
-                lambda data: _decode_lock(name, data),
-                _encode_lock,
-                change,
+                lambda data: locks.decode(name, data),
+                locks.encode,
+                # The holder's run is read apart from the lock's precondition: enough, as the
+                # lock rules only ask whether the holding attempt ended its run (see base).
+                lambda lock: change(lock, self.get),
                 # Conflict covers Aborted and AlreadyExists; an uncertain write is read back.
                 retry_on=(api.Conflict, api.FailedPrecondition, api.NotFound, *_UNCERTAIN),
                 what=f"lock {name}",
@@ -286,7 +290,12 @@ class FirestoreStore(LeaseStore):
     def get_lock(self, name: str) -> LockRecord | None:
         with self._guard("read a lock"):
             snapshot = self._lock_document(name).get(**self._call)
-        return _decode_lock(name, snapshot.to_dict()) if snapshot.exists else None
+        return locks.decode(name, snapshot.to_dict()) if snapshot.exists else None
+
+    def list_locks(self, limit: int = 100) -> list[LockRecord]:
+        collection = self.client.collection(self.lock_collection)
+        with self._guard("list locks"):
+            return locks.listed(collection, limit, self._timeout)
 
     def _lock_document(self, name: str) -> Any:
         return self.client.collection(self.lock_collection).document(locking.lock_id(name))
@@ -405,16 +414,8 @@ class FirestoreStore(LeaseStore):
                 except (api.FailedPrecondition, api.NotFound):
                     continue
                 purged += 1
-            locks = self.client.collection(self.lock_collection).where(
-                filter=firestore.FieldFilter("lapses_at", "<=", now)
-            )
-            for snapshot in locks.stream():
-                option = self.client.write_option(last_update_time=snapshot.update_time)
-                try:
-                    snapshot.reference.delete(option=option, **self._call)
-                except (api.FailedPrecondition, api.NotFound):
-                    continue
-                purged += 1
+            lock_collection = self.client.collection(self.lock_collection)
+            purged += locks.purge(self.client, lock_collection, now, self._call)
         return purged
 
     def close(self) -> None:
@@ -512,49 +513,4 @@ def _decode(run_id: str, data: dict[str, Any] | None) -> RunRecord:
         caller=data.get("caller"),
         replay_of=data.get("replay_of"),
         replayed_as=data.get("replayed_as"),
-    )
-
-
-def _encode_lock(lock: LockRecord) -> dict[str, Any]:
-    return {
-        "name": lock.name,
-        "holder_run_id": lock.holder_run_id,
-        "holder_attempt_id": lock.holder_attempt_id,
-        "fencing_token": lock.fencing_token,
-        "started_at": lock.started_at,
-        "lease_expires": lock.lease_expires,
-        "safety_expires": lock.safety_expires,
-        "next_start_at": lock.next_start_at,
-        "released_at": lock.released_at,
-        # From then on the document decides nothing: a TTL policy may delete it.
-        "lapses_at": locking.lapses_at(lock),
-    }
-
-
-def _decode_lock(name: str, data: dict[str, Any] | None) -> LockRecord:
-    data = data or {}
-    return LockRecord(
-        name=data.get("name", name),
-        holder_run_id=data["holder_run_id"],
-        holder_attempt_id=data["holder_attempt_id"],
-        fencing_token=int(data["fencing_token"]),
-        started_at=_utc(data["started_at"]),
-        lease_expires=_utc(data["lease_expires"]),
-        safety_expires=_utc(data["safety_expires"]),
-        next_start_at=_utc(data["next_start_at"]),
-        released_at=_utc(data["released_at"]) if data.get("released_at") else None,
-    )
-
-
-def _utc(moment: datetime) -> datetime:
-    """A plain UTC datetime (the client returns DatetimeWithNanoseconds, microseconds kept)."""
-    return datetime(
-        moment.year,
-        moment.month,
-        moment.day,
-        moment.hour,
-        moment.minute,
-        moment.second,
-        moment.microsecond,
-        tzinfo=UTC,
     )

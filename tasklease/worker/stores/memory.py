@@ -44,8 +44,12 @@ class MemoryStore(LeaseStore):
             return value
 
     def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
+        def read(run_id: str) -> RunRecord | None:  # Under self._lock, like the change.
+            packed = self._records.get(run_id)
+            return None if packed is None else _unpack(packed)
+
         with self._lock:
-            new_lock, value = change(self._locks.get(name))
+            new_lock, value = change(self._locks.get(name), read)
             if new_lock is not None:
                 self._locks[name] = new_lock
             return value
@@ -53,6 +57,11 @@ class MemoryStore(LeaseStore):
     def get_lock(self, name: str) -> LockRecord | None:
         with self._lock:
             return self._locks.get(name)
+
+    def list_locks(self, limit: int = 100) -> list[LockRecord]:
+        with self._lock:
+            locks = list(self._locks.values())
+        return sorted(locks, key=lambda lock: (lock.started_at, lock.name), reverse=True)[:limit]
 
     def get(self, run_id: str) -> RunRecord | None:
         with self._lock:

@@ -30,14 +30,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from tasklease.worker import locking
 from tasklease.worker.errors import StoreUnavailable
 from tasklease.worker.queries import Position, RunFilter
 from tasklease.worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores import private_files
+from tasklease.worker.stores import sqlite_locks as locks
 from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, resolve
 from tasklease.worker.stores.group_commit import GroupCommit, Pending
 from tasklease.worker.stores.per_process import PerProcess
+from tasklease.worker.stores.sqlite_locks import micros as _micros
+from tasklease.worker.stores.sqlite_locks import moment as _moment
 from tasklease.worker.stores.writer_lock import WriterLock, WriterLockTimeout
 
 _T = TypeVar("_T")
@@ -118,15 +120,6 @@ _UPDATE = (
 )
 _STATE_AT = [_COLUMNS.split(", ").index(column) for column in _STATE]
 _IDENTITY_AT = [_COLUMNS.split(", ").index(column) for column in _FIXED]
-_LOCK_COLUMNS = (
-    "name, holder_run_id, holder_attempt_id, fencing_token, started_at_us, lease_expires_us, "
-    "safety_expires_us, next_start_at_us, released_at_us, lapses_at_us"
-)
-_SELECT_LOCK = f"SELECT {_LOCK_COLUMNS} FROM locks WHERE name = ?"  # noqa: S608
-_UPSERT_LOCK = (
-    f"INSERT OR REPLACE INTO locks ({_LOCK_COLUMNS}) "  # noqa: S608
-    f"VALUES ({', '.join('?' * len(_LOCK_COLUMNS.split(', ')))})"
-)
 
 
 class SqliteStore(LeaseStore):
@@ -189,10 +182,13 @@ class SqliteStore(LeaseStore):
 
     def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
         def work(connection: sqlite3.Connection) -> _T:
-            row = connection.execute(_SELECT_LOCK, (name,)).fetchone()
-            new_lock, value = change(_decode_lock(row) if row else None)
+            def read(run_id: str) -> RunRecord | None:  # In the same write transaction.
+                row = connection.execute(_SELECT_ONE, (run_id,)).fetchone()
+                return _decode(row) if row else None
+
+            new_lock, value = change(locks.read(connection, name), read)
             if new_lock is not None:
-                connection.execute(_UPSERT_LOCK, _encode_lock(new_lock))
+                locks.write(connection, new_lock)
             return value
 
         value: _T = self._batches.get().run(work)
@@ -200,8 +196,11 @@ class SqliteStore(LeaseStore):
 
     def get_lock(self, name: str) -> LockRecord | None:
         with self._guard("read a lock"):
-            row = self._connection().execute(_SELECT_LOCK, (name,)).fetchone()
-        return _decode_lock(row) if row else None
+            return locks.read(self._connection(), name)
+
+    def list_locks(self, limit: int = 100) -> list[LockRecord]:
+        with self._guard("list locks"):
+            return locks.listed(self._connection(), limit)
 
     def _commit_batch(self, batch: list[Pending[sqlite3.Connection]]) -> None:
         """Apply a batch of changes in one write transaction: one commit, one sync."""
@@ -296,8 +295,7 @@ class SqliteStore(LeaseStore):
         def work(connection: sqlite3.Connection) -> int:
             moment = (_micros(now),)
             purged = connection.execute("DELETE FROM runs WHERE expire_at_us <= ?", moment).rowcount
-            lapsed = connection.execute("DELETE FROM locks WHERE lapses_at_us <= ?", moment)
-            return purged + lapsed.rowcount
+            return purged + locks.purge(connection, now)
 
         purged: int = self._batches.get().run(work)
         return purged
@@ -424,15 +422,6 @@ def _start_in_wal_mode(path: Path) -> None:
         connection.close()
 
 
-def _micros(moment: datetime) -> int:
-    delta = moment - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def _moment(micros: int | None) -> datetime | None:
-    return None if micros is None else _EPOCH + timedelta(microseconds=micros)
-
-
 def _write(
     connection: sqlite3.Connection, old: tuple[Any, ...] | None, new: tuple[Any, ...]
 ) -> None:
@@ -493,35 +482,4 @@ def _decode(row: tuple[Any, ...]) -> RunRecord:
         caller=caller,
         replay_of=replay_of,
         replayed_as=replayed_as,
-    )
-
-
-def _encode_lock(lock: LockRecord) -> tuple[Any, ...]:
-    return (
-        lock.name,
-        lock.holder_run_id,
-        lock.holder_attempt_id,
-        lock.fencing_token,
-        _micros(lock.started_at),
-        _micros(lock.lease_expires),
-        _micros(lock.safety_expires),
-        _micros(lock.next_start_at),
-        None if lock.released_at is None else _micros(lock.released_at),
-        _micros(locking.lapses_at(lock)),
-    )
-
-
-def _decode_lock(row: tuple[Any, ...]) -> LockRecord:
-    (name, run_id, attempt_id, token, started_at, lease_expires, safety_expires, next_start_at,
-     released_at, _lapses_at) = row  # fmt: skip
-    return LockRecord(
-        name=name,
-        holder_run_id=run_id,
-        holder_attempt_id=attempt_id,
-        fencing_token=token,
-        started_at=_EPOCH + timedelta(microseconds=started_at),
-        lease_expires=_EPOCH + timedelta(microseconds=lease_expires),
-        safety_expires=_EPOCH + timedelta(microseconds=safety_expires),
-        next_start_at=_EPOCH + timedelta(microseconds=next_start_at),
-        released_at=_moment(released_at),
     )
