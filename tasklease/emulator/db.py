@@ -4,8 +4,8 @@ One SQLite file, one connection behind a lock (the emulator is one process). A r
 emulator finds every queue, pending task and tombstone where it left them.
 
 The hot writes, creating a task and recording a dispatch, go through a group commit
-(:mod:`tasklease.worker.stores.group_commit`): the changes that threads make at the same time share one
-transaction and one commit, and each call returns only once its change is committed, so a
+(:mod:`tasklease.worker.stores.group_commit`): the changes that threads make at the same time
+share one transaction and one commit, and each call returns only once its change is committed, so a
 created task survives a crash as before. One transaction per change, as before, cost a commit
 (and its WAL pages) per task twice over, and kept every other writer waiting on the lock.
 """

@@ -8,9 +8,10 @@ thread sends every attempt and reads every answer as it arrives.
 
 Only plain ``http://`` to an address that needs no DNS look-up (an IP literal or
 ``localhost``) goes this way: a slow resolver or a TLS handshake would stall every other
-attempt. The dispatcher sends anything else with the blocking :class:`~tasklease.emulator.sender.Sender`,
-as before. Requests are the same bytes the blocking sender puts on the wire
-(:func:`tasklease.emulator.http_wire.encode_request`), and connections are kept alive the same way.
+attempt. The dispatcher sends anything else with the blocking
+:class:`~tasklease.emulator.sender.Sender`, as before. Requests are the same bytes the blocking
+sender puts on the wire (:func:`tasklease.emulator.http_wire.encode_request`), and connections
+are kept alive the same way.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 from urllib3.util import Url
 
 from tasklease.emulator.http_wire import ResponseReader, encode_request
-from tasklease.emulator.sender import OUTCOME_HEADER, AttemptResult, retry_after
+from tasklease.emulator.sender import OUTCOME_HEADER, AttemptResult, bounded_text, retry_after
 
 Origin = tuple[str, int]  # host, port
 _READ_BYTES = 65536
@@ -293,12 +294,13 @@ class Exchanges:
         reader = exchange.reader
         result = AttemptResult(
             reader.status,
-            reader.header(OUTCOME_HEADER),
+            bounded_text(reader.header(OUTCOME_HEADER)),
             None,
             retry_after(reader.header("Retry-After")),
             exchange.started_us,
             _now_us(),
             exchange.fault,
+            bounded_text(reader.header("Location")),
         )
         sock, exchange.sock = exchange.sock, None
         assert sock is not None
