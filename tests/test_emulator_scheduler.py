@@ -88,7 +88,8 @@ def test_jobs_load_from_toml_with_validation(tmp_path: Path) -> None:
     ("entry", "message"),
     [
         ({"name": "j", "url": "http://x"}, "missing"),
-        ({"name": "j", "schedule": "every 5 minutes", "url": "http://x"}, "unix-cron"),
+        ({"name": "j", "schedule": "every 5 seconds", "url": "http://x"}, "unix-cron"),
+        ({"name": "j", "schedule": "0 0 31 2 *", "url": "http://x"}, "never fires"),
         (
             {"name": "j", "schedule": "* * * * *", "url": "http://x", "attempt_deadline": 5},
             "15 to 1800",
