@@ -8,6 +8,7 @@ schedule (INVALID_ARGUMENT), and one job's bad data must not stop the others."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from google.cloud import scheduler_v1
 
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.emulator.db import EmulatorDB
+from tasklease.worker.schedules import Schedule, overdue_jobs
+from tasklease.worker.stores import MemoryStore
 from tests.emulator_target import Target
 
 PARENT = "projects/p/locations/us-central1"
@@ -84,3 +87,11 @@ def test_a_stored_job_that_never_fires_stops_no_other_job(
     assert recorder.hits, "the job that fires every second never fired"
     assert {hit.headers["X-Cloudscheduler-Jobname"] for hit in recorder.hits} == {"b-every-second"}
     assert names == ["a-never", "b-every-second"]
+
+
+def test_the_stuck_jobs_report_skips_a_job_that_never_fires() -> None:
+    """The dashboard's stuck page and ``runs stuck`` asked croniter for each job's last slot:
+    a job that never fires raised, and the page answered 500 for every job."""
+    jobs = [Schedule("never", NEVER), Schedule("daily", "0 3 * * *")]
+    overdue = overdue_jobs(MemoryStore(), jobs, datetime(2026, 3, 10, 12, tzinfo=UTC))
+    assert [job.name for job in overdue] == ["daily"]
