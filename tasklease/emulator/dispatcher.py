@@ -21,12 +21,11 @@ from tasklease.emulator import metrics as emulator_metrics
 from tasklease.emulator import model
 from tasklease.emulator.db import DeliveryRecord, EmulatorDB, Finish, TaskRow
 from tasklease.emulator.exchanges import Exchanges, direct_origin
-from tasklease.emulator.headers import TASKS_USER_AGENT, set_header, task_headers
 from tasklease.emulator.oidc import TokenIssuer
 from tasklease.emulator.policy import TokenBucket, backoff, gives_up
 from tasklease.emulator.redirects import next_hop
-from tasklease.emulator.routing import route
 from tasklease.emulator.sender import AttemptResult, Sender
+from tasklease.emulator.task_request import TaskRequest, task_request, unsent
 from tasklease.emulator.workers import Workers
 
 _log = logging.getLogger("tasklease.emulator")
@@ -41,17 +40,6 @@ class _QueueState:
     in_flight: int = 0
 
 
-@dataclass(frozen=True)
-class _Request:
-    """The HTTP request of one attempt."""
-
-    method: str
-    url: str
-    headers: dict[str, str]
-    body: bytes
-    deadline: float
-
-
 @dataclass(eq=False)
 class _Flight:
     """An attempt sent from the loop's thread: its exchange and, with the duplicate fault,
@@ -60,7 +48,7 @@ class _Flight:
     row: TaskRow
     config: dict[str, Any]
     state: _QueueState
-    request: _Request
+    request: TaskRequest
     waiting: int
     results: dict[str, AttemptResult] = field(default_factory=dict)
 
@@ -228,15 +216,15 @@ class Dispatcher:
         row: TaskRow,
         config: dict[str, Any],
         state: _QueueState,
-        request: _Request | None = None,
+        request: TaskRequest | None = None,
     ) -> None:
         """An attempt on a pool thread, with the blocking sender. An attempt that cannot be
         sent at all is a failed attempt too: the queue's retry policy ends it."""
         try:
-            finish = self._attempt(row, config, state, request or self._request(row, config))
+            finish = self._attempt(row, config, state, request or task_request(row, config, self._issuer))
         except Exception as exc:
             _log.exception("dispatch of %s failed", row.name)
-            finish = self._outcome(row, config, state, _unsent(exc), [])
+            finish = self._outcome(row, config, state, unsent(exc), [])
         try:
             self._db.finish_attempts([finish])
         except Exception:
@@ -251,7 +239,7 @@ class Dispatcher:
     def _start(self, row: TaskRow, config: dict[str, Any], state: _QueueState) -> None:
         """Send an attempt from this thread if its target allows, else from a pool thread."""
         try:
-            request = self._request(row, config)
+            request = task_request(row, config, self._issuer)
             target = parse_url(request.url)
             origin = direct_origin(target)
             if origin is None:  # TLS, a DNS name or an unparsable URL: the blocking way.
@@ -273,7 +261,7 @@ class Dispatcher:
                 )
         except Exception as exc:
             _log.exception("dispatch of %s failed", row.name)
-            self._record_ended([(state, self._outcome(row, config, state, _unsent(exc), []))])
+            self._record_ended([(state, self._outcome(row, config, state, unsent(exc), []))])
 
     def _conclude(self, ended: list[tuple[Any, AttemptResult]]) -> None:
         """Record the attempts sent from this thread that ended, in one change."""
@@ -336,7 +324,7 @@ class Dispatcher:
                     first=result,
                 )
             except Exception as exc:
-                rest = _unsent(exc)
+                rest = unsent(exc)
             with self._lock:
                 self._handed_back.append(((flight, fault), rest))
             self.wake()
@@ -382,34 +370,8 @@ class Dispatcher:
             state.in_flight -= 1
         self.wake()
 
-    def _request(self, row: TaskRow, config: dict[str, Any]) -> _Request:
-        request = route(row.spec["httpRequest"], config.get("httpTarget"))
-        url = request.url
-        # What Cloud Tasks ignores or sets is not the task's to send (emulator.headers).
-        headers = task_headers(request.headers)
-        headers["User-Agent"] = TASKS_USER_AGENT
-        # The headers Cloud Tasks adds to every HTTP-target request (platform-facts.md).
-        headers["X-CloudTasks-QueueName"] = row.queue.rsplit("/", 1)[-1]
-        headers["X-CloudTasks-TaskName"] = row.name.rsplit("/", 1)[-1]
-        headers["X-CloudTasks-TaskRetryCount"] = str(row.dispatch_count)
-        headers["X-CloudTasks-TaskExecutionCount"] = str(row.execution_count)
-        headers["X-CloudTasks-TaskETA"] = f"{row.schedule_us / 1e6:.6f}"
-        # Only on a retry of an attempt that got an answer; the reason is empty for HTTP
-        # targets (captured from production: aertje/cloud-tasks-emulator#114).
-        if row.previous_response is not None:
-            headers["X-CloudTasks-TaskPreviousResponse"] = str(row.previous_response)
-        if row.retry_reason is not None:
-            headers["X-CloudTasks-TaskRetryReason"] = row.retry_reason
-        if request.service_account:
-            token = self._issuer.mint(request.service_account, request.audience or url)
-            set_header(headers, "Authorization", f"Bearer {token}")
-        deadline = model.seconds_of(
-            row.spec.get("dispatchDeadline"), model.DEFAULT_DISPATCH_DEADLINE
-        )
-        return _Request(request.method, url, headers, request.body, deadline)
-
     def _attempt(
-        self, row: TaskRow, config: dict[str, Any], state: _QueueState, request: _Request
+        self, row: TaskRow, config: dict[str, Any], state: _QueueState, request: TaskRequest
     ) -> Finish:
         result, duplicate = self._sender.send(
             request.method, request.url, request.headers, request.body, request.deadline
@@ -520,14 +482,6 @@ class Dispatcher:
             return
         self._next_tombstone_sweep = now + 60
         self._db.forget_tombstones(int((now - self._dedup_window) * 1_000_000))
-
-
-def _unsent(error: Exception) -> AttemptResult:
-    """The result of an attempt that could not be sent (a header http.client refuses, say)."""
-    now = _now_us()
-    return AttemptResult(
-        None, None, f"not sent: {type(error).__name__}: {error}"[:300], None, now, now
-    )
 
 
 def _now_us() -> int:
