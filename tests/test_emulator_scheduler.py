@@ -88,7 +88,8 @@ def test_jobs_load_from_toml_with_validation(tmp_path: Path) -> None:
     ("entry", "message"),
     [
         ({"name": "j", "url": "http://x"}, "missing"),
-        ({"name": "j", "schedule": "every 5 minutes", "url": "http://x"}, "unix-cron"),
+        ({"name": "j", "schedule": "every 5 seconds", "url": "http://x"}, "unix-cron"),
+        ({"name": "j", "schedule": "0 0 31 2 *", "url": "http://x"}, "never fires"),
         (
             {"name": "j", "schedule": "* * * * *", "url": "http://x", "attempt_deadline": 5},
             "15 to 1800",
@@ -102,3 +103,34 @@ def test_jobs_load_from_toml_with_validation(tmp_path: Path) -> None:
 def test_invalid_jobs_are_refused(entry: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_job(entry)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "after", "expected"),
+    [
+        ("every 5 minutes", "2026-03-10T12:07:30", "2026-03-10T12:12:30"),  # From the last run.
+        ("every 5 minutes synchronized", "2026-03-10T12:07:30", "2026-03-10T12:10:00"),
+        ("every 2 hours from 10:00 to 14:00", "2026-03-10T14:00:00", "2026-03-11T10:00:00"),
+        ("every 3 hours from 22:00 to 02:00", "2026-03-10T23:00:00", "2026-03-11T01:00:00"),
+        ("every monday 09:00", "2026-03-10T12:00:00", "2026-03-16T09:00:00"),
+        ("2nd,third mon,wed,thu of march 17:00", "2026-03-10T12:00:00", "2026-03-11T17:00:00"),
+        ("1st monday of sep,oct,nov 17:00", "2026-03-10T12:00:00", "2026-09-07T17:00:00"),
+        ("1 of jan,april,july,oct 00:00", "2026-03-10T12:00:00", "2026-04-01T00:00:00"),
+        ("every day 00:00", "2026-03-10T00:00:00", "2026-03-11T00:00:00"),
+    ],
+)
+def test_english_like_schedules_fire_as_app_engine_cron_documents(
+    schedule: str, after: str, expected: str
+) -> None:
+    job = Job(name="j", schedule=schedule, url="http://x", time_zone="utc")
+    moment = datetime.fromisoformat(after).replace(tzinfo=UTC)
+    assert job.next_time(moment) == datetime.fromisoformat(expected).replace(tzinfo=UTC)
+    assert not job.unix_cron
+
+
+@pytest.mark.parametrize(
+    "schedule", ["every 0 minutes", "every 25 hours", "every funday 09:00", "31 of feb 00:00"]
+)
+def test_english_like_schedules_that_cannot_fire_are_refused(schedule: str) -> None:
+    with pytest.raises(ValueError):
+        parse_job({"name": "j", "schedule": schedule, "url": "http://x"})

@@ -23,8 +23,9 @@ from tasklease.emulator.db import DeliveryRecord, EmulatorDB, Finish, TaskRow
 from tasklease.emulator.exchanges import Exchanges, direct_origin
 from tasklease.emulator.oidc import TokenIssuer
 from tasklease.emulator.policy import TokenBucket, backoff, gives_up
-from tasklease.emulator.routing import route
+from tasklease.emulator.redirects import next_hop
 from tasklease.emulator.sender import AttemptResult, Sender
+from tasklease.emulator.task_request import TaskRequest, task_request, unsent
 from tasklease.emulator.workers import Workers
 
 _log = logging.getLogger("tasklease.emulator")
@@ -39,17 +40,6 @@ class _QueueState:
     in_flight: int = 0
 
 
-@dataclass(frozen=True)
-class _Request:
-    """The HTTP request of one attempt."""
-
-    method: str
-    url: str
-    headers: dict[str, str]
-    body: bytes
-    deadline: float
-
-
 @dataclass(eq=False)
 class _Flight:
     """An attempt sent from the loop's thread: its exchange and, with the duplicate fault,
@@ -58,7 +48,7 @@ class _Flight:
     row: TaskRow
     config: dict[str, Any]
     state: _QueueState
-    url: str
+    request: TaskRequest
     waiting: int
     results: dict[str, AttemptResult] = field(default_factory=dict)
 
@@ -87,9 +77,12 @@ class Dispatcher:
         self._dedup_window = dedup_window
         self._pool = Workers(max_threads, "emulator-dispatch")
         self._exchanges = Exchanges()
-        # Attempts that ended but could not be recorded yet (the database refused the change):
-        # their tasks stay in flight until recorded, so they are kept and recorded again.
-        self._unrecorded: list[tuple[_Flight, Finish]] = []
+        # Attempts that ended but could not be recorded yet (the database refused the change),
+        # the pool's and the loop's: their tasks stay in flight until recorded, so the loop
+        # records them again. Under ``_lock``.
+        self._unrecorded: list[tuple[_QueueState, Finish]] = []
+        # Redirected attempts of the loop's, finished by the pool: (key, result). Under _lock.
+        self._handed_back: list[tuple[Any, AttemptResult]] = []
         self._states: dict[str, _QueueState] = {}
         self._lock = threading.Lock()
         self._woken = False
@@ -178,7 +171,11 @@ class Dispatcher:
         if self._unrecorded:
             timeout = min(timeout, _RECORD_RETRY_SECONDS)
         try:
-            self._conclude(self._exchanges.poll(timeout))
+            ended = self._exchanges.poll(timeout)
+            with self._lock:
+                ended += self._handed_back
+                self._handed_back = []
+            self._conclude(ended)
         except Exception:
             _log.exception("dispatcher loop failed to conclude attempts")
 
@@ -219,21 +216,32 @@ class Dispatcher:
         row: TaskRow,
         config: dict[str, Any],
         state: _QueueState,
-        request: _Request | None = None,
+        request: TaskRequest | None = None,
     ) -> None:
-        """An attempt on a pool thread, with the blocking sender."""
+        """An attempt on a pool thread, with the blocking sender. An attempt that cannot be
+        sent at all is a failed attempt too: the queue's retry policy ends it."""
         try:
-            self._attempt(row, config, state, request or self._request(row, config))
-        except Exception:
+            finish = self._attempt(
+                row, config, state, request or task_request(row, config, self._issuer)
+            )
+        except Exception as exc:
             _log.exception("dispatch of %s failed", row.name)
-            self._retry_later(row, state)
-        else:
-            self._ended(state)
+            finish = self._outcome(row, config, state, unsent(exc), [])
+        try:
+            self._db.finish_attempts([finish])
+        except Exception:
+            _log.exception("could not record the attempt of %s; trying again", row.name)
+            with self._lock:  # Still in flight: the loop records it on a later turn.
+                self._unrecorded.append((state, finish))
+            self.wake()
+            return
+        self._ended(state)
+        self._run_again_if_asked(finish)
 
     def _start(self, row: TaskRow, config: dict[str, Any], state: _QueueState) -> None:
         """Send an attempt from this thread if its target allows, else from a pool thread."""
         try:
-            request = self._request(row, config)
+            request = task_request(row, config, self._issuer)
             target = parse_url(request.url)
             origin = direct_origin(target)
             if origin is None:  # TLS, a DNS name or an unparsable URL: the blocking way.
@@ -241,7 +249,7 @@ class Dispatcher:
                 return
             faults = self._sender.faults
             twin = faults.roll(faults.duplicate)
-            flight = _Flight(row, config, state, request.url, 2 if twin else 1)
+            flight = _Flight(row, config, state, request, 2 if twin else 1)
             for fault in ("duplicate", None) if twin else (None,):
                 self._exchanges.start(
                     (flight, fault),
@@ -253,14 +261,16 @@ class Dispatcher:
                     timeout=request.deadline,
                     fault=fault,
                 )
-        except Exception:
+        except Exception as exc:
             _log.exception("dispatch of %s failed", row.name)
-            self._retry_later(row, state)
+            self._record_ended([(state, self._outcome(row, config, state, unsent(exc), []))])
 
     def _conclude(self, ended: list[tuple[Any, AttemptResult]]) -> None:
         """Record the attempts sent from this thread that ended, in one change."""
-        done: list[tuple[_Flight, Finish]] = []
+        done: list[tuple[_QueueState, Finish]] = []
         for (flight, fault), result in ended:
+            if self._redirected(flight, fault, result):
+                continue
             flight.results["duplicate" if fault else "main"] = result
             flight.waiting -= 1
             if flight.waiting:
@@ -271,49 +281,90 @@ class Dispatcher:
             row = flight.row
             deliveries = [
                 DeliveryRecord.of(
-                    "task", row.queue, row.name, flight.url, attempt=attempt, sent=one
+                    "task", row.queue, row.name, flight.request.url, attempt=attempt, sent=one
                 )
                 for one in (main, twin)
                 if one is not None
             ]
-            done.append((flight, self._outcome(row, flight.config, flight.state, main, deliveries)))
-        self._record_ended([*self._unrecorded, *done])
+            done.append(
+                (flight.state, self._outcome(row, flight.config, flight.state, main, deliveries))
+            )
+        self._record_ended(done)
 
-    def _record_ended(self, done: list[tuple[_Flight, Finish]]) -> None:
-        """Record ended attempts in one change; if the database refuses it (nothing of it is
-        committed), keep them all and try again on a later turn: dropping them would leave
-        their tasks in flight, never dispatched again."""
+    def _redirected(self, flight: _Flight, fault: str | None, result: AttemptResult) -> bool:
+        """Whether ``result`` is a redirect that the attempt follows (emulator.redirects):
+        then the blocking sender sends the rest of the attempt from a pool thread and hands
+        its result back to this thread, under the same key."""
+        request = flight.request
+        if (
+            result.status is None
+            or next_hop(
+                result.status,
+                result.location,
+                method=request.method,
+                url=request.url,
+                headers=request.headers,
+                body=request.body,
+                hops=0,
+            )
+            is None
+        ):
+            return False
+        left = request.deadline - (_now_us() - result.started_us) / 1e6
+        if left <= 0:
+            return False
+
+        def follow() -> None:
+            try:
+                rest = self._sender.follow(
+                    request.method,
+                    request.url,
+                    request.headers,
+                    request.body,
+                    left,
+                    fault=fault,
+                    first=result,
+                )
+            except Exception as exc:
+                rest = unsent(exc)
+            with self._lock:
+                self._handed_back.append(((flight, fault), rest))
+            self.wake()
+
+        self._pool.submit(follow)
+        return True
+
+    def _record_ended(self, done: list[tuple[_QueueState, Finish]]) -> None:
+        """Record ended attempts (with those not recorded before) in one change; if the
+        database refuses it (nothing of it is committed), each on its own, and those it still
+        refuses are kept and tried again on a later turn: dropping them would leave their
+        tasks in flight, never dispatched again, and one of them must not hold back the
+        others."""
+        with self._lock:
+            done, self._unrecorded = [*self._unrecorded, *done], []
         if not done:
             return
+        recorded: list[tuple[_QueueState, Finish]] = []
         try:
             self._db.finish_attempts([finish for _, finish in done])
+            recorded = done
         except Exception:
-            _log.exception("could not record %d attempts; trying again", len(done))
-            self._unrecorded = done
-            return
-        self._unrecorded = []
-        for flight, _ in done:
+            _log.exception("could not record %d attempts; recording them one by one", len(done))
+            for one in done:
+                try:
+                    self._db.finish_attempts([one[1]])
+                    recorded.append(one)
+                except Exception:
+                    _log.exception("could not record the attempt of %s; trying again", one[1].name)
+                    with self._lock:
+                        self._unrecorded.append(one)
+        for state, _ in recorded:
             with self._lock:
-                flight.state.in_flight -= 1
-        self._woken = True  # This thread: its next turn makes the pass, no interrupt.
-        for _, finish in done:
+                state.in_flight -= 1
+        if recorded:
+            self._woken = True  # This thread: its next turn makes the pass, no interrupt.
+        for _, finish in recorded:
             self._run_again_if_asked(finish)
-
-    def _retry_later(self, row: TaskRow, state: _QueueState) -> None:
-        """An attempt that could not be sent at all (as the pool's): again in a second."""
-        try:
-            self._db.finish_attempt(
-                row.name,
-                delete=False,
-                now_us=_now_us(),
-                schedule_us=_now_us() + 1_000_000,
-                responded=False,
-                attempt={},
-                previous_response=None,
-                retry_reason=None,
-            )
-        finally:
-            self._ended(state)
 
     def _ended(self, state: _QueueState) -> None:
         """An attempt is over (recorded or not): one fewer in flight; look again."""
@@ -321,34 +372,9 @@ class Dispatcher:
             state.in_flight -= 1
         self.wake()
 
-    def _request(self, row: TaskRow, config: dict[str, Any]) -> _Request:
-        request = route(row.spec["httpRequest"], config.get("httpTarget"))
-        url = request.url
-        headers = request.headers
-        headers.setdefault("User-Agent", "Google-Cloud-Tasks")
-        # The headers Cloud Tasks adds to every HTTP-target request (platform-facts.md).
-        headers["X-CloudTasks-QueueName"] = row.queue.rsplit("/", 1)[-1]
-        headers["X-CloudTasks-TaskName"] = row.name.rsplit("/", 1)[-1]
-        headers["X-CloudTasks-TaskRetryCount"] = str(row.dispatch_count)
-        headers["X-CloudTasks-TaskExecutionCount"] = str(row.execution_count)
-        headers["X-CloudTasks-TaskETA"] = f"{row.schedule_us / 1e6:.6f}"
-        # Only on a retry of an attempt that got an answer; the reason is empty for HTTP
-        # targets (captured from production: aertje/cloud-tasks-emulator#114).
-        if row.previous_response is not None:
-            headers["X-CloudTasks-TaskPreviousResponse"] = str(row.previous_response)
-        if row.retry_reason is not None:
-            headers["X-CloudTasks-TaskRetryReason"] = row.retry_reason
-        if request.service_account:
-            token = self._issuer.mint(request.service_account, request.audience or url)
-            headers["Authorization"] = f"Bearer {token}"
-        deadline = model.seconds_of(
-            row.spec.get("dispatchDeadline"), model.DEFAULT_DISPATCH_DEADLINE
-        )
-        return _Request(request.method, url, headers, request.body, deadline)
-
     def _attempt(
-        self, row: TaskRow, config: dict[str, Any], state: _QueueState, request: _Request
-    ) -> None:
+        self, row: TaskRow, config: dict[str, Any], state: _QueueState, request: TaskRequest
+    ) -> Finish:
         result, duplicate = self._sender.send(
             request.method, request.url, request.headers, request.body, request.deadline
         )
@@ -360,19 +386,7 @@ class Dispatcher:
             for sent in (result, duplicate)
             if sent is not None
         ]
-        self._record(row, config, state, result, deliveries)
-
-    def _record(
-        self,
-        row: TaskRow,
-        config: dict[str, Any],
-        state: _QueueState,
-        result: AttemptResult,
-        deliveries: list[DeliveryRecord],
-    ) -> None:
-        finish = self._outcome(row, config, state, result, deliveries)
-        self._db.finish_attempts([finish])
-        self._run_again_if_asked(finish)
+        return self._outcome(row, config, state, result, deliveries)
 
     def _outcome(
         self,

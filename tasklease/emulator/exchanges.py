@@ -33,7 +33,7 @@ from typing import Any
 from urllib3.util import Url
 
 from tasklease.emulator.http_wire import ResponseReader, encode_request
-from tasklease.emulator.sender import OUTCOME_HEADER, AttemptResult, retry_after
+from tasklease.emulator.sender import OUTCOME_HEADER, AttemptResult, bounded_text, retry_after
 
 Origin = tuple[str, int]  # host, port
 _READ_BYTES = 65536
@@ -294,12 +294,13 @@ class Exchanges:
         reader = exchange.reader
         result = AttemptResult(
             reader.status,
-            reader.header(OUTCOME_HEADER),
+            bounded_text(reader.header(OUTCOME_HEADER)),
             None,
             retry_after(reader.header("Retry-After")),
             exchange.started_us,
             _now_us(),
             exchange.fault,
+            bounded_text(reader.header("Location")),
         )
         sock, exchange.sock = exchange.sock, None
         assert sock is not None

@@ -13,6 +13,8 @@ from __future__ import annotations
 import http.client
 from typing import Any
 
+from tasklease.emulator.headers import without_framing
+
 _MAX_LINE = 65536  # http.client's _MAXLINE: a longer status or header line is refused.
 _MAX_HEADERS = 100  # http.client's _MAXHEADERS.
 
@@ -34,7 +36,7 @@ def encode_request(
     """The bytes http.client sends for this request; its ValueError or InvalidURL if it
     refuses it (a header value with a line break, say)."""
     encoder = _Encoder(host, port)
-    encoder.request(method, target, body=body, headers=headers)
+    encoder.request(method, target, body=body, headers=without_framing(headers))
     return b"".join(encoder.sent)
 
 

@@ -6,11 +6,13 @@ import json
 import math
 import re
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from google.cloud import tasks_v2
 from google.protobuf import duration_pb2, json_format
 
+from tasklease.emulator import http_rules
+from tasklease.emulator.errors import ApiError as ApiError  # noqa: PLC0414 - re-exported
 from tasklease.emulator.policy import RetrySettings
 from tasklease.worker import constants as c
 
@@ -49,27 +51,6 @@ _RPC_CODE_OF_HTTP = {
     503: 14,
     504: 4,
 }
-
-
-class ApiError(Exception):
-    """An error the REST API answers in Google's JSON error shape."""
-
-    STATUS_OF_CODE: ClassVar[dict[int, str]] = {
-        400: "INVALID_ARGUMENT",
-        404: "NOT_FOUND",
-        409: "ALREADY_EXISTS",
-        412: "FAILED_PRECONDITION",
-        501: "UNIMPLEMENTED",
-    }
-
-    def __init__(self, code: int, message: str, status: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status or self.STATUS_OF_CODE.get(code, "UNKNOWN")
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, "status": self.status}}
 
 
 def rfc3339(micros: int) -> str:
@@ -193,6 +174,11 @@ def parse_create_task_request(queue: str, request: Any, now_us: int) -> tuple[di
         raise ApiError(400, "task.httpRequest.url is required")
     if not task.http_request.url.startswith(("http://", "https://")):
         raise ApiError(400, f"task.httpRequest.url must be http(s): {task.http_request.url}")
+    http = task.http_request
+    if http.HasField("oauth_token"):
+        raise ApiError(501, "the emulator sends OIDC tokens, not OAuth tokens", "UNIMPLEMENTED")
+    method = tasks_v2.HttpMethod(http.http_method or tasks_v2.HttpMethod.POST).name
+    http_rules.check_request("task.httpRequest", http.url, method, http.headers, len(http.body))
     if task.name:
         prefix = f"{queue}/tasks/"
         if not task.name.startswith(prefix) or not TASK_ID.fullmatch(task.name[len(prefix) :]):
@@ -269,6 +255,9 @@ def _validate_queue(config: dict[str, Any]) -> None:
         raise ApiError(400, f"rateLimits.maxDispatchesPerSecond must be in (0, {MAX_RATE}]")
     if not 0 < int(rate["maxConcurrentDispatches"]) <= MAX_CONCURRENCY:
         raise ApiError(400, f"rateLimits.maxConcurrentDispatches must be in (0, {MAX_CONCURRENCY}]")
+    sampling = float(config.get("stackdriverLoggingConfig", {}).get("samplingRatio", 0.0))
+    if not 0.0 <= sampling <= 1.0:
+        raise ApiError(400, "stackdriverLoggingConfig.samplingRatio must be in [0.0, 1.0]")
     retry = retry_settings(config)
     if retry.max_attempts < -1 or retry.max_attempts == 0:
         raise ApiError(400, "retryConfig.maxAttempts must be -1 (unlimited) or positive")
@@ -285,6 +274,11 @@ def _validate_http_target(target: dict[str, Any]) -> None:
         raise ApiError(400, "httpTarget.uriOverride.host cannot be an empty string")
     if int(uri.get("port", 0)) < 0:
         raise ApiError(400, "httpTarget.uriOverride.port must be a positive integer")
+    overrides = {
+        str(o.get("header", {}).get("key", "")): str(o.get("header", {}).get("value", ""))
+        for o in target.get("headerOverrides", [])
+    }
+    http_rules.check_headers("httpTarget.headerOverrides", overrides)
     if "oauthToken" in target:
         raise ApiError(501, "the emulator sends OIDC tokens, not OAuth tokens", "UNIMPLEMENTED")
     oidc = target.get("oidcToken")

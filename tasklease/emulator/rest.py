@@ -12,6 +12,7 @@ Google's JSON error shape.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
@@ -24,6 +25,7 @@ from tasklease.emulator.model import ApiError
 from tasklease.emulator.oidc import TokenIssuer
 from tasklease.emulator.scheduler_api import SchedulerApi
 
+_log = logging.getLogger("tasklease.emulator")
 # Lets the worker cache the keys. Short: a new data dir on the same port means a new key.
 CERTS_MAX_AGE_SECONDS = 300
 _LOCATIONS = re.compile(r"projects/[^/]+/locations")
@@ -96,6 +98,10 @@ class _RestRoutes:
             status, body = self._dispatch(flask.request.method, resource)
         except ApiError as exc:
             status, body = exc.code, exc.body()
+        except Exception as exc:  # Google's JSON error shape even for the emulator's own bugs.
+            _log.exception("%s %s failed", flask.request.method, resource)
+            error = ApiError(500, f"internal error: {type(exc).__name__}", "INTERNAL")
+            status, body = error.code, error.body()
         return json_response(status, body)
 
     def _dispatch(self, method: str, resource: str) -> tuple[int, dict[str, Any]]:
@@ -164,6 +170,10 @@ class _SchedulerRoutes:
             status, body = self._dispatch(flask.request.method, resource)
         except ApiError as exc:
             status, body = exc.code, exc.body()
+        except Exception as exc:  # Google's JSON error shape even for the emulator's own bugs.
+            _log.exception("%s %s failed", flask.request.method, resource)
+            error = ApiError(500, f"internal error: {type(exc).__name__}", "INTERNAL")
+            status, body = error.code, error.body()
         return json_response(status, body)
 
     def _dispatch(self, method: str, resource: str) -> tuple[int, dict[str, Any]]:

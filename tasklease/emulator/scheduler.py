@@ -1,31 +1,37 @@
 """A local Cloud Scheduler: unix-cron jobs from a TOML file or the Cloud Scheduler API
 (:mod:`tasklease.emulator.scheduler_api`), fired at the emulator's targets.
 
-Each run sends ``X-CloudScheduler: true``, ``X-CloudScheduler-JobName`` and
-``X-CloudScheduler-ScheduleTime`` (RFC 3339, constant across the run's retries), plus an OIDC
-token when the job names a service account. ``run_job`` triggers a job by hand as
-``gcloud scheduler jobs run`` does: with the next scheduled time.
+Each run sends ``X-CloudScheduler: true``, ``X-CloudScheduler-JobName`` and, for unix-cron
+jobs only, ``X-CloudScheduler-ScheduleTime`` (RFC 3339, constant across the run's retries), plus
+an OIDC token when the job names a service account. English-like schedules (``every 5
+minutes``) get no schedule time, as Cloud Scheduler does not guarantee one for them.
+``run_job`` triggers a job by hand as ``gcloud scheduler jobs run`` does: with the next
+scheduled time. A run waiting for a retry is kept in the database
+(:mod:`tasklease.emulator.pending_runs`) and resumed after a restart; one job whose schedule
+cannot be computed is skipped (and logged), never stopping the others.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 import tomllib
+import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
-
-from croniter import croniter
 
 from tasklease.emulator import metrics as emulator_metrics
+from tasklease.emulator import schedules
 from tasklease.emulator.db import DeliveryRecord, EmulatorDB
+from tasklease.emulator.headers import SCHEDULER_USER_AGENT, job_headers, set_header
 from tasklease.emulator.oidc import TokenIssuer
+from tasklease.emulator.pending_runs import PendingRun, PendingRuns
 from tasklease.emulator.policy import RetrySettings, backoff, gives_up
 from tasklease.emulator.sender import Sender
 
@@ -55,11 +61,19 @@ class Job:
     attempt_deadline: float = 180.0
     retry: RetrySettings = DEFAULT_JOB_RETRY
 
+    @functools.cached_property
+    def _schedule(self) -> schedules.Schedule:
+        return schedules.parse(self.schedule, self.time_zone)
+
+    @property
+    def unix_cron(self) -> bool:
+        """Whether runs carry a schedule time (English-like schedules' do not)."""
+        return self._schedule.unix_cron
+
     def next_time(self, after: datetime) -> datetime:
-        """The first scheduled time strictly after ``after``, in UTC."""
-        local = after.astimezone(ZoneInfo(self.time_zone))
-        following: datetime = croniter(self.schedule, local).get_next(datetime)
-        return following.astimezone(UTC)
+        """The first scheduled time strictly after ``after``, in UTC; ValueError (croniter's
+        CroniterBadDateError is one) if there is none."""
+        return self._schedule.next_time(after)
 
 
 def load_jobs(path: Path) -> list[Job]:
@@ -74,8 +88,10 @@ def parse_job(entry: dict[str, Any]) -> Job:
     missing = {"name", "schedule", "url"} - entry.keys()
     if missing:
         raise ValueError(f"scheduler job {entry.get('name', '?')}: missing {sorted(missing)}")
-    if not croniter.is_valid(entry["schedule"]):
-        raise ValueError(f"job {entry['name']}: {entry['schedule']!r} is not a unix-cron schedule")
+    try:
+        schedules.check(entry["schedule"], entry.get("time_zone", "UTC"), datetime.now(UTC))
+    except ValueError as exc:
+        raise ValueError(f"job {entry['name']}: {exc}") from exc
     deadline = float(entry.get("attempt_deadline", 180))
     if not MIN_ATTEMPT_DEADLINE <= deadline <= MAX_ATTEMPT_DEADLINE:
         raise ValueError(f"job {entry['name']}: attempt_deadline must be 15 to 1800 seconds")
@@ -83,7 +99,6 @@ def parse_job(entry: dict[str, Any]) -> Job:
     retry_count = int(retry.get("retry_count", 0))
     if not 0 <= retry_count <= MAX_RETRY_COUNT:
         raise ValueError(f"job {entry['name']}: retry_count must be 0 to {MAX_RETRY_COUNT}")
-    ZoneInfo(entry.get("time_zone", "UTC"))  # Raises for an unknown zone.
     return Job(
         name=entry["name"],
         schedule=entry["schedule"],
@@ -130,11 +145,26 @@ class LocalScheduler:
         self._changed = threading.Event()
         self._jobs_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="emulator-cron", daemon=True)
+        self._pending = PendingRuns(db)
         self.after_run: Callable[[str, int, int | None], None] | None = None
 
     def start(self) -> None:
+        """Resume the runs that were waiting for a retry, and fire jobs on schedule."""
+        self._resume()
         if self._on_schedule:
             self._thread.start()
+
+    def _resume(self) -> None:
+        for pending in self._pending.all():
+            with self._jobs_lock:
+                job = self.jobs.get(pending.job)
+            if job is None:  # Deleted or paused since: nothing more is owed.
+                _log.info("dropping the retry of %s: the job is gone or paused", pending.job)
+                self._pending.done(pending.run_id)
+                continue
+            when = datetime.fromtimestamp(pending.schedule_us / 1e6, UTC)
+            future = self._pool.submit(self._run, job, when, pending)
+            self._runs.append(future)
 
     def add(self, job: Job) -> None:
         """Schedule ``job`` (replacing a job of that name) from now on."""
@@ -175,43 +205,68 @@ class LocalScheduler:
 
     def _loop(self) -> None:
         next_fire: dict[str, tuple[Job, datetime]] = {}
+        broken: dict[str, Job] = {}  # Jobs with no next time: logged once, until changed.
         while not self._stopping.is_set():
             self._changed.clear()
             now = datetime.now(UTC)
             with self._jobs_lock:
                 current = dict(self.jobs)
             # A new or changed job is scheduled from now; a removed one is forgotten.
-            next_fire = {
-                name: next_fire[name]
-                if name in next_fire and next_fire[name][0] == job
-                else (job, job.next_time(now))
-                for name, job in current.items()
-            }
+            scheduled: dict[str, tuple[Job, datetime]] = {}
+            for name, job in current.items():
+                if name in next_fire and next_fire[name][0] == job:
+                    scheduled[name] = next_fire[name]
+                elif broken.get(name) != job and (when := self._next(job, now)) is not None:
+                    scheduled[name] = (job, when)
+                else:
+                    broken[name] = job
+            next_fire = scheduled
             for name, (job, when) in list(next_fire.items()):
                 if when <= now:
                     self.run(job, when)
-                    next_fire[name] = (job, job.next_time(when))
+                    following = self._next(job, when)
+                    if following is None:
+                        del next_fire[name]
+                        broken[name] = job
+                    else:
+                        next_fire[name] = (job, following)
             soonest = min((when for _, when in next_fire.values()), default=None)
             wait = 1.0 if soonest is None else (soonest - now).total_seconds()
             self._changed.wait(max(0.05, min(1.0, wait)))
 
-    def _run(self, job: Job, schedule_time: datetime) -> bool:
-        """One scheduled run with its retries; True if the target answered 2xx."""
+    @staticmethod
+    def _next(job: Job, after: datetime) -> datetime | None:
+        """``job``'s next time, or None (logged) if it has none: that job is skipped."""
+        try:
+            return job.next_time(after)
+        except Exception:
+            _log.exception("scheduler job %s has no next run; skipping it", job.name)
+            return None
+
+    def _run(self, job: Job, schedule_time: datetime, resumed: PendingRun | None = None) -> bool:
+        """One scheduled run with its retries; True if the target answered 2xx. A run owed
+        a retry is kept in the database while it waits, and left there if the scheduler
+        stops meanwhile (``resumed``: such a run, after a restart)."""
         stamp = schedule_time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        first = time.monotonic()
-        attempt = 0
+        run_id = resumed.run_id if resumed else uuid.uuid4().hex
+        first_us = resumed.first_us if resumed else _now_us()
+        attempt = resumed.attempt if resumed else 0
+        if resumed is not None and self._stopping.wait(
+            max(0.0, resumed.next_us / 1e6 - time.time())
+        ):
+            return False
         while True:
             attempt += 1
-            headers = {
-                **job.headers,
-                "User-Agent": "Google-Cloud-Scheduler",
-                "X-CloudScheduler": "true",
-                "X-CloudScheduler-JobName": job.name.rsplit("/", 1)[-1],
-                "X-CloudScheduler-ScheduleTime": stamp,
-            }
+            # What Cloud Scheduler ignores or sets is not the job's to send (emulator.headers).
+            headers = job_headers(job.headers, job.body)
+            headers["User-Agent"] = SCHEDULER_USER_AGENT
+            headers["X-CloudScheduler"] = "true"
+            headers["X-CloudScheduler-JobName"] = job.name.rsplit("/", 1)[-1]
+            if job.unix_cron:
+                headers["X-CloudScheduler-ScheduleTime"] = stamp
             if job.service_account:
                 token = self._issuer.mint(job.service_account, job.audience or job.url)
-                headers["Authorization"] = f"Bearer {token}"
+                set_header(headers, "Authorization", f"Bearer {token}")
             result, duplicate = self._sender.send(
                 job.http_method, job.url, headers, job.body, job.attempt_deadline
             )
@@ -230,15 +285,24 @@ class LocalScheduler:
                     )
                 )
             if result.succeeded:
+                self._pending.done(run_id)
                 self._after_run(job, result.started_us, result.status)
                 return True
-            if gives_up(job.retry, attempt, time.monotonic() - first) or self._stopping.is_set():
+            if gives_up(job.retry, attempt, (_now_us() - first_us) / 1e6):
                 _log.warning(
                     "scheduler job %s run %s failed after %d attempts", job.name, stamp, attempt
                 )
+                self._pending.done(run_id)
                 self._after_run(job, result.started_us, result.status)
                 return False
-            self._stopping.wait(backoff(job.retry, attempt))
+            delay = backoff(job.retry, attempt)
+            self._pending.owe(
+                PendingRun(
+                    run_id, job.name, scheduled_us, attempt, first_us, _now_us() + int(delay * 1e6)
+                )
+            )
+            if self._stopping.wait(delay):
+                return False  # Still owed: the next start resumes it at its time.
 
     def _after_run(self, job: Job, attempt_us: int, status: int | None) -> None:
         if self.after_run is not None:
@@ -246,3 +310,7 @@ class LocalScheduler:
                 self.after_run(job.name, attempt_us, status)
             except Exception:
                 _log.exception("recording the run of %s failed", job.name)
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000

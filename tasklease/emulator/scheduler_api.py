@@ -10,17 +10,16 @@ scheduled time in ``X-CloudScheduler-ScheduleTime``, before that time.
 from __future__ import annotations
 
 import base64
+import logging
 import re
 import time
 from datetime import UTC, datetime
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
 from google.cloud import scheduler_v1
 from google.protobuf import json_format
 
-from tasklease.emulator import locations, model
+from tasklease.emulator import http_rules, locations, model, schedules
 from tasklease.emulator.db import EmulatorDB
 from tasklease.emulator.model import ApiError
 from tasklease.emulator.policy import RetrySettings
@@ -49,6 +48,8 @@ _DEFAULT_RETRY = {
     "maxDoublings": 5,
 }
 _DEFAULT_DEADLINE = "180s"
+MAX_DESCRIPTION = 500  # Job.description: "must not contain more than 500 characters".
+_log = logging.getLogger("tasklease.scheduler")
 
 
 class SchedulerApi:
@@ -60,10 +61,15 @@ class SchedulerApi:
         scheduler.after_run = self._record_run
 
     def load(self) -> None:
-        """Schedule every enabled job in the database (at start-up)."""
+        """Schedule every enabled job in the database (at start-up). A job stored with data
+        the emulator cannot run (from before a check existed) is skipped and logged."""
         for spec in self.db.list_jobs(""):
-            if spec.get("state") == "ENABLED":
+            if spec.get("state") != "ENABLED":
+                continue
+            try:
                 self.scheduler.add(job_of(spec))
+            except Exception:
+                _log.exception("cannot schedule the stored job %s; skipping it", spec.get("name"))
 
     def list_locations(self, project: str) -> dict[str, Any]:
         return {"locations": locations.list_locations(project)}
@@ -134,10 +140,14 @@ class SchedulerApi:
         return self._view(spec)
 
     def pause_job(self, name: str) -> dict[str, Any]:
-        return self._set_state(name, "PAUSED")
+        """PauseJob: "If successful, the job's state will be PAUSED. A job must be in
+        Job.State.ENABLED to be paused" (PauseJob's docs); FAILED_PRECONDITION otherwise."""
+        return self._set_state(name, "PAUSED", required="ENABLED")
 
     def resume_job(self, name: str) -> dict[str, Any]:
-        return self._set_state(name, "ENABLED")
+        """ResumeJob: the job must be PAUSED (ResumeJob's docs); FAILED_PRECONDITION
+        otherwise."""
+        return self._set_state(name, "ENABLED", required="PAUSED")
 
     def delete_job(self, name: str) -> dict[str, Any]:
         self._spec(name)
@@ -151,8 +161,14 @@ class SchedulerApi:
         self.scheduler.run(job_of(spec))
         return self._view(spec)
 
-    def _set_state(self, name: str, state: str) -> dict[str, Any]:
+    def _set_state(self, name: str, state: str, *, required: str) -> dict[str, Any]:
         spec = self._spec(name)
+        if spec.get("state") != required:
+            raise ApiError(
+                400,
+                f"Job.state must be {required}, not {spec.get('state')}, for this call.",
+                "FAILED_PRECONDITION",
+            )
         spec["state"] = state
         self.db.put_job(name, spec)
         if state == "ENABLED":
@@ -183,7 +199,10 @@ class SchedulerApi:
     def _view(spec: dict[str, Any]) -> dict[str, Any]:
         view = dict(spec)
         if spec.get("state") == "ENABLED":
-            upcoming = job_of(spec).next_time(datetime.now(UTC))
+            try:
+                upcoming = job_of(spec).next_time(datetime.now(UTC))
+            except Exception:  # Stored before its schedule was checked: shown, never fired.
+                return view
             view["scheduleTime"] = upcoming.isoformat().replace("+00:00", "Z")
         return view
 
@@ -203,14 +222,19 @@ def parse_job(name: str, body: dict[str, Any]) -> dict[str, Any]:
         raise ApiError(400, f"job.httpTarget.uri must be http(s): {job.http_target.uri}")
     if job.http_target.HasField("oauth_token"):
         raise ApiError(501, "the emulator sends OIDC tokens, not OAuth tokens", "UNIMPLEMENTED")
-    if not job.schedule or not croniter.is_valid(job.schedule):
-        raise ApiError(400, f"Schedule {job.schedule!r} is not a valid unix-cron schedule")
+    if len(job.description) > MAX_DESCRIPTION:
+        raise ApiError(400, f"job.description must not exceed {MAX_DESCRIPTION} characters")
+    target = job.http_target
+    method = scheduler_v1.HttpMethod(target.http_method or scheduler_v1.HttpMethod.POST).name
+    http_rules.check_request("job.httpTarget", target.uri, method, target.headers, len(target.body))
     spec: dict[str, Any] = json_format.MessageToDict(job)
     spec.setdefault("timeZone", "Etc/UTC")
+    if not job.schedule:
+        raise ApiError(400, "job.schedule is required")
     try:
-        ZoneInfo(spec["timeZone"])
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ApiError(400, f"Invalid time zone {spec['timeZone']!r}") from exc
+        schedules.check(job.schedule, spec["timeZone"], datetime.now(UTC))
+    except ValueError as exc:
+        raise ApiError(400, f"Invalid schedule: {exc}") from exc
     spec["httpTarget"].setdefault("httpMethod", "POST")
     retry = spec.setdefault("retryConfig", {})
     for key, default in _DEFAULT_RETRY.items():

@@ -98,7 +98,10 @@ def overdue_jobs(
     """
     overdue = []
     for schedule in schedules:
-        due = schedule.last_slot(now - grace)
+        try:
+            due = schedule.last_slot(now - grace)
+        except ValueError:  # croniter's CroniterBadDateError: a job that never fires (0 0 31 2 *).
+            continue  # It has no slot to miss; it must not hide the others.
         success = _last_success(store.find_runs(job_name=schedule.name))
         last = None if success is None else _slot_of(success)
         if last is None or last < due:
