@@ -440,27 +440,6 @@ class EmulatorDB:
                 (resource, json.dumps(policy)),
             )
 
-    # Cloud Scheduler jobs created through the API (REST JSON).
-    def put_job(self, name: str, spec: dict[str, Any]) -> None:
-        with self._lock:
-            self._connection.execute(
-                "INSERT OR REPLACE INTO scheduler_jobs (name, spec) VALUES (?, ?)",
-                (name, json.dumps(spec)),
-            )
-
-    def get_job(self, name: str) -> dict[str, Any] | None:
-        rows = self._query("SELECT spec FROM scheduler_jobs WHERE name = ?", (name,))
-        return json.loads(rows[0][0]) if rows else None
-
-    def list_jobs(self, prefix: str) -> list[dict[str, Any]]:
-        """Jobs whose name starts with ``prefix``, by name."""
-        rows = self._query("SELECT name, spec FROM scheduler_jobs ORDER BY name")
-        return [json.loads(spec) for name, spec in rows if name.startswith(prefix)]
-
-    def delete_job(self, name: str) -> None:
-        with self._lock:
-            self._connection.execute("DELETE FROM scheduler_jobs WHERE name = ?", (name,))
-
     # Deliveries.
     def log_delivery(self, record: DeliveryRecord) -> None:
         with self._lock:

@@ -13,6 +13,7 @@ import base64
 import logging
 import re
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +22,7 @@ from google.protobuf import json_format
 
 from tasklease.emulator import http_rules, locations, model, schedules
 from tasklease.emulator.db import EmulatorDB
+from tasklease.emulator.job_table import JobTable
 from tasklease.emulator.model import ApiError
 from tasklease.emulator.policy import RetrySettings
 from tasklease.emulator.scheduler import (
@@ -57,13 +59,14 @@ class SchedulerApi:
 
     def __init__(self, db: EmulatorDB, scheduler: LocalScheduler) -> None:
         self.db = db
+        self.jobs = JobTable(db)
         self.scheduler = scheduler
         scheduler.after_run = self._record_run
 
     def load(self) -> None:
         """Schedule every enabled job in the database (at start-up). A job stored with data
         the emulator cannot run (from before a check existed) is skipped and logged."""
-        for spec in self.db.list_jobs(""):
+        for spec in self.jobs.list(""):
             if spec.get("state") != "ENABLED":
                 continue
             try:
@@ -83,18 +86,17 @@ class SchedulerApi:
                 f"job.name must be {parent}/jobs/JOB_ID, JOB_ID of up to 500 letters, digits, "
                 f"hyphens or underscores, not {name!r}",
             )
-        if self.db.get_job(name) is not None:
-            raise ApiError(409, f"Job {name} already exists.")
         spec = parse_job(name, {k: v for k, v in body.items() if k not in _OUTPUT_ONLY})
         spec["state"] = "ENABLED"
         spec["userUpdateTime"] = model.rfc3339(_now_us())
-        self.db.put_job(name, spec)
+        if not self.jobs.create(name, spec):
+            raise ApiError(409, f"Job {name} already exists.")
         self.scheduler.add(job_of(spec))
         return self._view(spec)
 
     def list_jobs(self, parent: str, page_size: int = 0, page_token: str = "") -> dict[str, Any]:
         _check_parent(parent)
-        jobs = [self._view(spec) for spec in self.db.list_jobs(parent + "/jobs/")]
+        jobs = [self._view(spec) for spec in self.jobs.list(parent + "/jobs/")]
         try:
             size, offset = min(int(page_size or 500), 500), int(page_token or 0)
         except ValueError as exc:
@@ -108,33 +110,36 @@ class SchedulerApi:
         return self._view(self._spec(name))
 
     def update_job(self, name: str, body: dict[str, Any], mask: str | None) -> dict[str, Any]:
-        current = self._spec(name)
         if body.get("name", name) != name:
             raise ApiError(400, "job.name cannot be changed")
         changes = {k: v for k, v in body.items() if k not in _OUTPUT_ONLY}
         paths = [p.strip() for p in mask.split(",") if p.strip()] if mask else _leaf_paths(changes)
-        merged: dict[str, Any] = {k: v for k, v in current.items() if k not in _OUTPUT_ONLY}
-        for path in paths:
-            keys = [model.camel(part) for part in path.split(".")]
-            if keys[0] in _OUTPUT_ONLY or keys[0] == "name":
-                continue
-            source: Any = changes
-            for key in keys:
-                source = source.get(key) if isinstance(source, dict) else None
-            target = merged
-            for key in keys[:-1]:
-                target = target.setdefault(key, {})
-            if source is None:
-                target.pop(keys[-1], None)
-            else:
-                target[keys[-1]] = source
-        spec = parse_job(name, merged)
-        spec["state"] = current["state"]
-        spec["userUpdateTime"] = model.rfc3339(_now_us())
-        for kept in ("status", "lastAttemptTime"):
-            if kept in current:
-                spec[kept] = current[kept]
-        self.db.put_job(name, spec)
+
+        def update(current: dict[str, Any]) -> dict[str, Any]:
+            merged = {k: v for k, v in current.items() if k not in _OUTPUT_ONLY}
+            for path in paths:
+                keys = [model.camel(part) for part in path.split(".")]
+                if keys[0] in _OUTPUT_ONLY or keys[0] == "name":
+                    continue
+                source: Any = changes
+                for key in keys:
+                    source = source.get(key) if isinstance(source, dict) else None
+                target = merged
+                for key in keys[:-1]:
+                    target = target.setdefault(key, {})
+                if source is None:
+                    target.pop(keys[-1], None)
+                else:
+                    target[keys[-1]] = source
+            spec = parse_job(name, merged)
+            spec["state"] = current["state"]
+            spec["userUpdateTime"] = model.rfc3339(_now_us())
+            for kept in ("status", "lastAttemptTime"):
+                if kept in current:
+                    spec[kept] = current[kept]
+            return spec
+
+        spec = self._change(name, update)
         if spec["state"] == "ENABLED":
             self.scheduler.add(job_of(spec))
         return self._view(spec)
@@ -150,9 +155,9 @@ class SchedulerApi:
         return self._set_state(name, "ENABLED", required="PAUSED")
 
     def delete_job(self, name: str) -> dict[str, Any]:
-        self._spec(name)
+        if not self.jobs.delete(name):
+            raise ApiError(404, f"Job not found: {name}")
         self.scheduler.remove(name)
-        self.db.delete_job(name)
         return {}
 
     def run_job(self, name: str) -> dict[str, Any]:
@@ -162,15 +167,16 @@ class SchedulerApi:
         return self._view(spec)
 
     def _set_state(self, name: str, state: str, *, required: str) -> dict[str, Any]:
-        spec = self._spec(name)
-        if spec.get("state") != required:
-            raise ApiError(
-                400,
-                f"Job.state must be {required}, not {spec.get('state')}, for this call.",
-                "FAILED_PRECONDITION",
-            )
-        spec["state"] = state
-        self.db.put_job(name, spec)
+        def change(spec: dict[str, Any]) -> dict[str, Any]:
+            if spec.get("state") != required:
+                raise ApiError(
+                    400,
+                    f"Job.state must be {required}, not {spec.get('state')}, for this call.",
+                    "FAILED_PRECONDITION",
+                )
+            return {**spec, "state": state}
+
+        spec = self._change(name, change)
         if state == "ENABLED":
             self.scheduler.add(job_of(spec))
         else:
@@ -178,19 +184,29 @@ class SchedulerApi:
         return self._view(spec)
 
     def _record_run(self, name: str, attempt_us: int, status: int | None) -> None:
-        spec = self.db.get_job(name)
-        if spec is None:
-            return
-        spec["lastAttemptTime"] = model.rfc3339(attempt_us)
-        if status is not None and 200 <= status < 300:
-            spec.pop("status", None)
-        else:
-            code = model.attempt(attempt_us, attempt_us, None, status, "")["responseStatus"]
-            spec["status"] = {"code": code["code"]}
-        self.db.put_job(name, spec)
+        """Note a run's last attempt on its job, unless the job was deleted meanwhile."""
+
+        def record(spec: dict[str, Any]) -> dict[str, Any]:
+            spec["lastAttemptTime"] = model.rfc3339(attempt_us)
+            if status is not None and 200 <= status < 300:
+                spec.pop("status", None)
+            else:
+                code = model.attempt(attempt_us, attempt_us, None, status, "")["responseStatus"]
+                spec["status"] = {"code": code["code"]}
+            return spec
+
+        self.jobs.change(name, record)
 
     def _spec(self, name: str) -> dict[str, Any]:
-        spec = self.db.get_job(name)
+        spec = self.jobs.get(name)
+        if spec is None:
+            raise ApiError(404, f"Job not found: {name}")
+        return spec
+
+    def _change(
+        self, name: str, change: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        spec = self.jobs.change(name, change)
         if spec is None:
             raise ApiError(404, f"Job not found: {name}")
         return spec

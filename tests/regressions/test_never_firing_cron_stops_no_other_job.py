@@ -19,6 +19,7 @@ from google.cloud import scheduler_v1
 
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.emulator.db import EmulatorDB
+from tasklease.emulator.job_table import JobTable
 from tasklease.worker.schedules import Schedule, overdue_jobs
 from tasklease.worker.stores import MemoryStore
 from tests.emulator_target import Target
@@ -77,7 +78,7 @@ def test_a_stored_job_that_never_fires_stops_no_other_job(
     db = EmulatorDB(tmp_path / "emulator.db")
     for name, schedule in (("a-never", NEVER), ("b-every-second", "* * * * * *")):
         spec = stored_job(name, schedule, url)
-        db.put_job(str(spec["name"]), spec)
+        JobTable(db).put(str(spec["name"]), spec)
     db.close()
     with CloudTasksEmulator(data_dir=tmp_path) as emulator:
         deadline = time.monotonic() + 15
