@@ -121,7 +121,11 @@ def prepare_private_database(path: Path, initialise: Callable[[Path], None] | No
     make_private_dirs(path.parent)
     create_private_file(path, initialise)
     for suffix in COMPANIONS:
-        os.close(open_private(Path(f"{path}{suffix}")))
+        # Never open an existing companion: closing any descriptor of a file drops every
+        # POSIX lock this process holds on it (fcntl(2)), SQLite's on -shm included; another
+        # process then takes itself for the first, resets -shm, and this one's mapping of it
+        # dies with SIGBUS (sqlite.org/howtocorrupt.html, "posix advisory locks canceled").
+        create_private_file(Path(f"{path}{suffix}"))
     for suffix in _CHECKED_ONLY:
         check_private(Path(f"{path}{suffix}"))
 
