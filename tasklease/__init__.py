@@ -27,6 +27,7 @@ from tasklease.lazy import lazy_exports
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from tasklease.errors import TaskleaseError
     from tasklease.producer import (
         EnqueueError,
         EnqueueResult,
@@ -64,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     "LeaseLost": "tasklease.errors",
     "PermanentFailure": "tasklease.errors",
     "StoreUnavailable": "tasklease.errors",
+    "TaskleaseError": "tasklease.errors",
     "HandlerSpec": "tasklease.worker.router",
     "Router": "tasklease.worker.router",
     "TaskContext": "tasklease.worker.context",
@@ -114,6 +116,7 @@ __all__ = [
     "StoreUnavailable",
     "TaskAlreadyExists",
     "TaskContext",
+    "TaskleaseError",
     "TransientEnqueueError",
     "__version__",
     "create_app",
