@@ -19,8 +19,8 @@ from datetime import UTC, datetime, timedelta
 
 from google.cloud import firestore
 
-from tasklease.worker import decisions
-from tasklease.worker.records import Verdict
+from tasklease.worker.core import decisions
+from tasklease.worker.core.records import Verdict
 from tasklease.worker.stores import FirestoreStore
 from tests.firestore_support import RpcCounter, run_gcloud_emulator, run_npm_emulator
 from tests.helpers import claim_request

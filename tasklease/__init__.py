@@ -27,6 +27,7 @@ from tasklease.lazy import lazy_exports
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from tasklease.errors import TaskleaseError
     from tasklease.producer import (
         EnqueueError,
         EnqueueResult,
@@ -59,17 +60,18 @@ if TYPE_CHECKING:
 
 # Each public name and the module that defines it (imported when the name is first read).
 _EXPORTS: dict[str, str] = {
-    "ConfigurationError": "tasklease.worker.errors",
-    "InvalidDelivery": "tasklease.worker.errors",
-    "LeaseLost": "tasklease.worker.errors",
-    "PermanentFailure": "tasklease.worker.errors",
-    "StoreUnavailable": "tasklease.worker.errors",
+    "ConfigurationError": "tasklease.errors",
+    "InvalidDelivery": "tasklease.errors",
+    "LeaseLost": "tasklease.errors",
+    "PermanentFailure": "tasklease.errors",
+    "StoreUnavailable": "tasklease.errors",
+    "TaskleaseError": "tasklease.errors",
     "HandlerSpec": "tasklease.worker.router",
     "Router": "tasklease.worker.router",
     "TaskContext": "tasklease.worker.context",
-    "Outcome": "tasklease.worker.outcome",
-    "RunRecord": "tasklease.worker.records",
-    "RunStatus": "tasklease.worker.records",
+    "Outcome": "tasklease.worker.core.outcome",
+    "RunRecord": "tasklease.worker.core.records",
+    "RunStatus": "tasklease.worker.core.records",
     "NoAuth": "tasklease.worker.auth",
     "OidcAuth": "tasklease.worker.auth",
     "create_app": "tasklease.worker.app",
@@ -114,6 +116,7 @@ __all__ = [
     "StoreUnavailable",
     "TaskAlreadyExists",
     "TaskContext",
+    "TaskleaseError",
     "TransientEnqueueError",
     "__version__",
     "create_app",

@@ -15,8 +15,8 @@ from pathlib import Path
 import requests
 
 from tasklease import __version__, deploy_cli, locks, runs
+from tasklease.plumbing.loopback import is_loopback_url
 from tasklease.worker.logs import configure_logging
-from tasklease.worker.loopback import is_loopback_url
 
 DEFAULT_EMULATOR_PORT = 8123
 DEFAULT_DASHBOARD_PORT = 8090
@@ -153,7 +153,7 @@ def _emulator_options(parser: argparse.ArgumentParser, port: int) -> None:
 def _serve(args: argparse.Namespace, worker: argparse.Namespace | None) -> int:
     from tasklease.dev_summary import MinuteSummary  # noqa: PLC0415
     from tasklease.emulator import CloudTasksEmulator, Faults, load_jobs  # noqa: PLC0415
-    from tasklease.worker.serve import GunicornWorker  # noqa: PLC0415
+    from tasklease.plumbing.serve import GunicornWorker  # noqa: PLC0415
 
     jobs = load_jobs(args.scheduler_config) if args.scheduler_config else []
     faults = Faults(args.duplicate_probability, args.lost_response_probability, args.seed)

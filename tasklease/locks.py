@@ -12,12 +12,12 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, TextIO
 
+from tasklease.errors import ConfigurationError, StoreUnavailable
+from tasklease.protocol import rfc3339_or_none
 from tasklease.runs import Exit
-from tasklease.worker.errors import ConfigurationError, StoreUnavailable
-from tasklease.worker.locking import LockReleaseOutcome, LockState, OperatorLockRelease
+from tasklease.worker.core.locking import LockReleaseOutcome, LockState, OperatorLockRelease
 from tasklease.worker.logs import escape_controls
 from tasklease.worker.operations import Operations, lock_summary
 from tasklease.worker.stores import LeaseStore, store_from_url
@@ -110,7 +110,7 @@ def _release(operations: Operations, args: argparse.Namespace, out: TextIO, err:
     decision = operations.release_lock(args.name, force=args.force)
     name = _clean(args.name)
     outcome = decision.outcome
-    until = _iso(decision.live_until)
+    until = rfc3339_or_none(decision.live_until)
     holder = _holder(decision)
     if decision.forced:
         print(
@@ -167,10 +167,6 @@ def _span(delta: Any) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
 
 
 def _print_json(out: TextIO, value: Any) -> None:

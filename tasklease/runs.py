@@ -16,13 +16,14 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, TextIO
 
+from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.producer import EnqueueError, Producer
-from tasklease.worker.decisions import ReleaseOutcome
-from tasklease.worker.errors import ConfigurationError, StoreUnavailable
+from tasklease.protocol import rfc3339_or_none
+from tasklease.worker.core.decisions import ReleaseOutcome
+from tasklease.worker.core.queries import RunFilter, parse_duration
+from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.logs import escape_controls
 from tasklease.worker.operations import OperationRefused, Operations, StuckReport, run_summary
-from tasklease.worker.queries import RunFilter, parse_duration
-from tasklease.worker.records import RunRecord, RunStatus
 from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, default_schedules, load_schedules
 from tasklease.worker.stores import LeaseStore, store_from_url
 
@@ -301,8 +302,8 @@ def _stuck_json(report: StuckReport, now: datetime) -> dict[str, Any]:
             {
                 "name": job.name,
                 "schedule": job.schedule,
-                "due": _iso(job.due),
-                "last_success": _iso(job.last_success),
+                "due": rfc3339_or_none(job.due),
+                "last_success": rfc3339_or_none(job.last_success),
                 "last_success_run_id": job.last_success_run_id,
             }
             for job in report.jobs
@@ -312,11 +313,11 @@ def _stuck_json(report: StuckReport, now: datetime) -> dict[str, Any]:
 
 def _overdue_text(job: OverdueJob) -> str:
     last = (
-        f"last success was the {_iso(job.last_success)} run ({job.last_success_run_id})"
+        f"last success was the {rfc3339_or_none(job.last_success)} run ({job.last_success_run_id})"
         if job.last_success
         else "no successful run on record"
     )
-    return f"the {_iso(job.due)} run has not succeeded; {last}"
+    return f"the {rfc3339_or_none(job.due)} run has not succeeded; {last}"
 
 
 def _table(out: TextIO, records: list[RunRecord], now: datetime) -> None:
@@ -367,10 +368,6 @@ def _ago(delta: timedelta) -> str:
         if abs(seconds) >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
 
 
 def _print_json(out: TextIO, value: Any) -> None:

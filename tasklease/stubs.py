@@ -25,10 +25,11 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
+from tasklease import protocol
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.producer.memory import QueuedTask
 from tasklease.producer.transport import TaskRequest
-from tasklease.worker import constants as c
+from tasklease.worker.core import constants as c
 
 PROJECT, LOCATION, QUEUE = "test-project", "us-central1", "default"
 WORKER_URL = "http://worker.test"
@@ -232,7 +233,7 @@ class StubQueue:
             "task",
             _path(request.url).rsplit("/", 1)[-1],
             response.status_code,
-            response.headers.get(c.OUTCOME_HEADER),
+            response.headers.get(protocol.OUTCOME_HEADER),
             retry_count=task.deliveries,
             task_id=request.task_id,
             schedule_time=request.schedule_time,
@@ -346,14 +347,14 @@ class StubScheduler:
             "User-Agent": "Google-Cloud-Scheduler",
             "X-CloudScheduler": "true",
             c.SCHEDULER_JOB_NAME: job,
-            c.SCHEDULER_SCHEDULE_TIME: slot.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            c.SCHEDULER_SCHEDULE_TIME: protocol.rfc3339(slot, "seconds"),
         }
-        response = client.post(f"{c.SCHEDULER_ROUTE_PREFIX}{job}", headers=sent, data=b"")
+        response = client.post(f"{protocol.SCHEDULER_ROUTE_PREFIX}{job}", headers=sent, data=b"")
         return Delivered(
             "scheduler",
             job,
             response.status_code,
-            response.headers.get(c.OUTCOME_HEADER),
+            response.headers.get(protocol.OUTCOME_HEADER),
             schedule_time=slot,
             body=response.get_data(),
         )

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tasklease.worker.serve import free_port
+from tasklease.plumbing.serve import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "services" / "firestore_emulator.js"

@@ -6,8 +6,8 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tasklease.worker.errors import StoreUnavailable
-from tasklease.worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
+from tasklease.errors import StoreUnavailable
+from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base import LeaseStore, Moment
 
 T0 = datetime(2026, 10, 16, 12, 0, 0, tzinfo=UTC)

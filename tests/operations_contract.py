@@ -9,10 +9,10 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from tasklease.worker.decisions import ReleaseOutcome, replay_pending
-from tasklease.worker.locking import LockReleaseOutcome
-from tasklease.worker.queries import RunFilter
-from tasklease.worker.records import RunRecord, RunStatus, Verdict
+from tasklease.worker.core.decisions import ReleaseOutcome, replay_pending
+from tasklease.worker.core.locking import LockReleaseOutcome
+from tasklease.worker.core.queries import RunFilter
+from tasklease.worker.core.records import RunRecord, RunStatus, Verdict
 from tasklease.worker.stores.base import LeaseStore
 from tests.helpers import T0, claim_request
 from tests.store_contract import EXPIRED, LEASE, lock_request

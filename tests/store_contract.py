@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
-from tasklease.worker import locking
-from tasklease.worker.constants import MAX_CLOCK_SKEW
-from tasklease.worker.locking import token_floor
-from tasklease.worker.records import LockRequest, RunStatus, Verdict
+from tasklease.worker.core import locking
+from tasklease.worker.core.constants import MAX_CLOCK_SKEW
+from tasklease.worker.core.locking import token_floor
+from tasklease.worker.core.records import LockRequest, RunStatus, Verdict
 from tasklease.worker.stores.base import LeaseStore
 from tests.helpers import T0, claim_request
 

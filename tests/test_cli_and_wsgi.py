@@ -16,9 +16,9 @@ from tasklease.cli import main
 from tasklease.demo.ledger import Ledger
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.emulator.scheduler import Job
+from tasklease.errors import ConfigurationError
+from tasklease.plumbing.serve import free_port
 from tasklease.producer import Producer
-from tasklease.worker.errors import ConfigurationError
-from tasklease.worker.serve import free_port
 from tasklease.worker.wsgi import app_from_env, load_router
 from tests.emulator_target import Target
 from tests.helpers import task_headers

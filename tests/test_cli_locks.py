@@ -12,7 +12,7 @@ import pytest
 
 from tasklease import cli
 from tasklease.runs import Exit
-from tasklease.worker.records import LockRequest
+from tasklease.worker.core.records import LockRequest
 from tasklease.worker.stores import SqliteStore
 from tests.helpers import claim_request
 

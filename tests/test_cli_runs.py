@@ -13,7 +13,7 @@ from tasklease import cli
 from tasklease import runs as runs_cli
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.runs import Exit
-from tasklease.worker.records import RunRecord
+from tasklease.worker.core.records import RunRecord
 from tasklease.worker.stores import SqliteStore
 from tests.operations_contract import seed_every_state
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tasklease.cli import _serving_dashboard
-from tasklease.worker.records import RunStatus
-from tasklease.worker.serve import free_port
+from tasklease.plumbing.serve import free_port
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import SqliteStore
 from tests.browser import Browser, chromium, png_colours
 from tests.helpers import claim_request

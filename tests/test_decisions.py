@@ -5,9 +5,9 @@ from datetime import timedelta
 
 import pytest
 
-from tasklease.worker import constants as c
-from tasklease.worker import decisions
-from tasklease.worker.records import RunStatus, Verdict
+from tasklease.worker.core import constants as c
+from tasklease.worker.core import decisions
+from tasklease.worker.core.records import RunStatus, Verdict
 from tests.helpers import T0, claim_request
 
 

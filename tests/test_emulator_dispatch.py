@@ -15,7 +15,7 @@ from tasklease.emulator import CloudTasksEmulator, Faults
 from tasklease.emulator.api import CERTS_PATH
 from tasklease.emulator.model import ApiError
 from tasklease.worker.auth import AuthRequest, OidcAuth
-from tasklease.worker.identity import Kind
+from tasklease.worker.core.identity import Kind
 from tasklease.worker.router import HandlerSpec
 from tests.emulator_target import Target
 

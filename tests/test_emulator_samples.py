@@ -16,7 +16,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.worker.auth import AuthRequest, OidcAuth
-from tasklease.worker.identity import Kind
+from tasklease.worker.core.identity import Kind
 from tasklease.worker.router import HandlerSpec
 from tests.emulator_target import Target
 

@@ -11,7 +11,7 @@ from werkzeug import Response
 
 from tasklease.emulator import CloudTasksEmulator, Job, RetrySettings, load_jobs
 from tasklease.emulator.scheduler import parse_job
-from tasklease.worker.identity import parse_rfc3339
+from tasklease.worker.core.identity import parse_rfc3339
 from tests.emulator_target import Target
 
 SA = "scheduler@p.iam.gserviceaccount.com"

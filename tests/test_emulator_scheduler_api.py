@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2, field_mask_pb2
 from werkzeug import Response
 
 from tasklease.emulator import CloudTasksEmulator
-from tasklease.worker.identity import parse_rfc3339
+from tasklease.worker.core.identity import parse_rfc3339
 from tests.emulator_target import Target
 
 PARENT = "projects/p/locations/us-central1"

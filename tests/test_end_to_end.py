@@ -12,8 +12,8 @@ import pytest
 from tasklease.demo.ledger import Ledger
 from tasklease.demo.run import DemoSettings, run_demo
 from tasklease.emulator import CloudTasksEmulator, Faults
+from tasklease.plumbing.serve import GunicornWorker
 from tasklease.producer import Producer
-from tasklease.worker.serve import GunicornWorker
 
 QUEUE = "projects/p/locations/us-central1/queues/e2e"
 SA = "tasks@p.iam.gserviceaccount.com"

@@ -21,8 +21,8 @@ from typing import Any
 
 import requests
 
-from tasklease.worker.records import RunStatus
-from tasklease.worker.serve import GunicornWorker
+from tasklease.plumbing.serve import GunicornWorker
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import SqliteStore
 from tests.helpers import job_headers, task_headers
 

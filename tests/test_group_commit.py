@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tasklease.worker.stores.group_commit import GroupCommit, Pending
+from tasklease.plumbing.group_commit import GroupCommit, Pending
 
 
 class Recorder:

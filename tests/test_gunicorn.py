@@ -9,7 +9,7 @@ from pathlib import Path
 import requests
 
 from tasklease.demo.ledger import Ledger
-from tasklease.worker.serve import GunicornWorker
+from tasklease.plumbing.serve import GunicornWorker
 from tests.helpers import task_headers
 
 

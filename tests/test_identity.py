@@ -5,8 +5,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tasklease.worker.errors import InvalidDelivery
-from tasklease.worker.identity import DeliveryIdentity, Kind, parse_identity, parse_rfc3339
+from tasklease.errors import InvalidDelivery
+from tasklease.worker.core.identity import DeliveryIdentity, Kind, parse_identity, parse_rfc3339
 from tests.helpers import job_headers, task_headers
 
 MARGIN = timedelta(seconds=60)

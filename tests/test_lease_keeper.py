@@ -12,9 +12,9 @@ from typing import Any
 import flask
 import pytest
 
+from tasklease.errors import LeaseLost
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.constants import MAX_CLOCK_SKEW
-from tasklease.worker.errors import LeaseLost
+from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.lease import LeaseKeeper
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import SwitchableStore, claim_request, task_headers

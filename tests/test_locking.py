@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from tasklease.worker import decisions, locking
-from tasklease.worker.constants import LOCK_TOKEN_MARGIN, MAX_CLOCK_SKEW
-from tasklease.worker.records import RunStatus, Verdict
+from tasklease.worker.core import decisions, locking
+from tasklease.worker.core.constants import LOCK_TOKEN_MARGIN, MAX_CLOCK_SKEW
+from tasklease.worker.core.records import RunStatus, Verdict
 from tests.helpers import T0, claim_request
 from tests.store_contract import HOUR, LEASE, lock_request
 

@@ -10,8 +10,8 @@ import pytest
 
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.operations import OperationRefused, Operations, replay_key, run_summary
-from tasklease.worker.records import RunStatus
 from tasklease.worker.schedules import Schedule, load_schedules
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import T0, FakeClock, claim_request

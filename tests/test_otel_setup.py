@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from tasklease.worker.errors import ConfigurationError
-from tasklease.worker.otel_setup import Settings, build, settings_from_env
+from tasklease.errors import ConfigurationError
+from tasklease.plumbing.otel_setup import Settings, build, settings_from_env
 
 
 @pytest.mark.parametrize(

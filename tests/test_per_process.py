@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tasklease.worker.stores.per_process import PerProcess
+from tasklease.plumbing.per_process import PerProcess
 
 
 def test_the_value_is_made_once_per_process_and_anew_after_a_fork() -> None:

@@ -17,7 +17,7 @@ from pytest_httpserver import HTTPServer
 
 from tasklease.emulator.oidc import TokenIssuer
 from tasklease.worker import OidcAuth, PermanentFailure, Router, TaskContext, create_app
-from tasklease.worker.records import RunStatus
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import task_headers
 

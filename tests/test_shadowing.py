@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from tasklease.plumbing.serve import free_port
 from tasklease.producer import Producer
-from tasklease.worker.serve import free_port
 from tests.checkout import ROOT
 
 pytestmark = pytest.mark.slow

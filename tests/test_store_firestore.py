@@ -13,10 +13,10 @@ import pytest
 from google.api_core import exceptions as api
 from google.cloud.firestore_v1.document import DocumentReference
 
+from tasklease.errors import StoreUnavailable
 from tasklease.worker import Router, create_app
-from tasklease.worker.errors import StoreUnavailable
-from tasklease.worker.locking import token_floor
-from tasklease.worker.records import RunStatus, Verdict
+from tasklease.worker.core.locking import token_floor
+from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import FirestoreStore, store_from_url
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.helpers import T0, FakeClock, claim_request, job_headers, task_headers

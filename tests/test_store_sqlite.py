@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tasklease.worker.errors import ConfigurationError, StoreUnavailable
-from tasklease.worker.records import RunStatus, Verdict
+from tasklease.errors import ConfigurationError, StoreUnavailable
+from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import SqliteStore, store_from_url
 from tests.helpers import T0, claim_request
 from tests.operations_contract import OperationsContract

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tasklease.worker import constants as c
-from tasklease.worker.errors import ConfigurationError
+from tasklease.errors import ConfigurationError
+from tasklease.worker.core import constants as c
 from tasklease.worker.stores import SqliteStore
 from tests.helpers import T0, claim_request
 

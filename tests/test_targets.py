@@ -19,8 +19,8 @@ import flask
 import grpc
 import pytest
 
+from tasklease.errors import ConfigurationError
 from tasklease.worker import Router, TaskContext, create_app, execution
-from tasklease.worker.errors import ConfigurationError
 from tasklease.worker.stores import MemoryStore
 from tasklease.worker.targets import (
     ProxyTarget,

@@ -13,11 +13,11 @@ from typing import Any
 import flask
 import pytest
 
+from tasklease.errors import ConfigurationError
 from tasklease.worker import PermanentFailure, Router, TaskContext, create_app, execution
-from tasklease.worker import constants as c
-from tasklease.worker.errors import ConfigurationError
-from tasklease.worker.identity import Kind, parse_identity
-from tasklease.worker.records import RunStatus
+from tasklease.worker.core import constants as c
+from tasklease.worker.core.identity import Kind, parse_identity
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import MemoryStore, SqliteStore
 from tests.helpers import FakeClock, SwitchableStore, claim_request, job_headers, task_headers
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tasklease.worker.stores.writer_lock import WriterLock, WriterLockTimeout
+from tasklease.plumbing.writer_lock import WriterLock, WriterLockTimeout
 
 
 @contextmanager

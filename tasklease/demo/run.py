@@ -24,8 +24,8 @@ from typing import Any, TextIO
 from tasklease.demo import has_workflows_client
 from tasklease.demo.ledger import Ledger
 from tasklease.emulator import CloudTasksEmulator, Faults, Job, RetrySettings
+from tasklease.plumbing.serve import GunicornWorker, free_port
 from tasklease.producer import EnqueueResult, Producer
-from tasklease.worker.serve import GunicornWorker, free_port
 from tasklease.worker.targets.testing import FakeGoogleApis
 from tasklease.worker.targets.workflows import carried_key
 

@@ -4,7 +4,7 @@ One SQLite file, one connection behind a lock (the emulator is one process). A r
 emulator finds every queue, pending task and tombstone where it left them.
 
 The hot writes, creating a task and recording a dispatch, go through a group commit
-(:mod:`tasklease.worker.stores.group_commit`): the changes that threads make at the same time
+(:mod:`tasklease.plumbing.group_commit`): the changes that threads make at the same time
 share one transaction and one commit, and each call returns only once its change is committed, so a
 created task survives a crash as before. One transaction per change, as before, cost a commit
 (and its WAL pages) per task twice over, and kept every other writer waiting on the lock.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasklease.worker.stores.group_commit import GroupCommit, Pending
-from tasklease.worker.stores.private_files import check_private_database, prepare_private_database
+from tasklease.plumbing.group_commit import GroupCommit, Pending
+from tasklease.plumbing.private_files import check_private_database, prepare_private_database
 
 if TYPE_CHECKING:
     from tasklease.emulator.sender import AttemptResult

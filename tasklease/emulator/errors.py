@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from tasklease.errors import TaskleaseError
+
 HTTP_OF_STATUS = {
     "OK": 200,
     "CANCELLED": 499,
@@ -32,7 +34,7 @@ HTTP_OF_STATUS = {
 }
 
 
-class ApiError(Exception):
+class ApiError(TaskleaseError):
     """An error the REST API answers in Google's JSON error shape. ``code`` stands for the
     status when none is given (400, 404, 409); with a status, the HTTP code is the
     status's own."""

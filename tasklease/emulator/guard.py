@@ -17,7 +17,7 @@ import json
 
 import flask
 
-from tasklease.worker.hosts import LOOPBACK_HOSTS, WILDCARD_HOSTS, allowed_host_names, host_name
+from tasklease.plumbing.hosts import LOOPBACK_HOSTS, WILDCARD_HOSTS, allowed_host_names, host_name
 
 # The one state-changing method a browser sends cross-origin without asking first.
 _SIMPLE_STATE_CHANGING = frozenset({"POST"})

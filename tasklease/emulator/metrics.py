@@ -24,7 +24,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from tasklease.emulator.db import EmulatorDB
 from tasklease.emulator.sender import AttemptResult
-from tasklease.worker import otel_setup
+from tasklease.plumbing import otel_setup
 
 INSTRUMENTATION = "tasklease.emulator"
 # Milliseconds, as Cloud Tasks reports attempt delays.

@@ -14,7 +14,6 @@ from google.protobuf import duration_pb2, json_format
 from tasklease.emulator import http_rules
 from tasklease.emulator.errors import ApiError as ApiError  # noqa: PLC0414 - re-exported
 from tasklease.emulator.policy import RetrySettings
-from tasklease.worker import constants as c
 
 # platform-facts.md: queue IDs letters, digits, hyphens, <= 100; task IDs add underscores, <= 500.
 QUEUE_NAME = re.compile(
@@ -22,7 +21,10 @@ QUEUE_NAME = re.compile(
     re.ASCII,
 )
 TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,500}", re.ASCII)
-MAX_TASK_BYTES = c.MAX_TASK_BYTES  # Cloud Tasks' maximum task size: 1 MB (quotas page).
+# Cloud Tasks' maximum task size: 1 MB (cloud.google.com/tasks/docs/quotas, "Maximum task size";
+# the v2 CreateTask proto comment still says 100 KB). Spelled here, not taken from the worker:
+# the emulator is the oracle the worker is tested against.
+MAX_TASK_BYTES = 1024 * 1024
 MAX_SCHEDULE_AHEAD_SECONDS = 30 * 86_400
 DEFAULT_DISPATCH_DEADLINE = 600.0
 MIN_DISPATCH_DEADLINE, MAX_DISPATCH_DEADLINE = 15.0, 1800.0

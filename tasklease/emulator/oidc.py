@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from google.auth import crypt, jwt
 
-from tasklease.worker.stores.private_files import check_private
+from tasklease.plumbing.private_files import check_private
 
 ISSUER = "https://accounts.google.com"
 TOKEN_LIFETIME_SECONDS = 3600

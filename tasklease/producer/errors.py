@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from tasklease.errors import TaskleaseError
+
 if TYPE_CHECKING:
     from tasklease.producer.producer import EnqueueResult
 
 
-class EnqueueError(Exception):
+class EnqueueError(TaskleaseError):
     """Base class: the task was not (known to be) created."""
 
 

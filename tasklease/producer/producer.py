@@ -24,19 +24,22 @@ from tasklease.producer.errors import (
 from tasklease.producer.naming import random_task_id, task_id
 from tasklease.producer.retry import RetryPolicy
 from tasklease.producer.transport import TaskRequest, TaskTransport
-from tasklease.worker.constants import LARGE_TASK_BYTES, MAX_TASK_BYTES
+from tasklease.protocol import (
+    LARGE_TASK_BYTES,
+    LOCATION_HEADER,
+    MAX_TASK_BYTES,
+    PROJECT_HEADER,
+    TASK_ROUTE_PREFIX,
+)
 
 _log = logging.getLogger("tasklease.producer")
 
-# Platform limits (platform-facts.md). MAX_TASK_BYTES: Cloud Tasks' 1 MB, shared with the worker.
+# Platform limits (platform-facts.md); the task size limits are the protocol's.
 MAX_SCHEDULE_AHEAD = timedelta(days=30)
 MIN_DISPATCH_DEADLINE = timedelta(seconds=15)
 MAX_DISPATCH_DEADLINE = timedelta(minutes=30)
-TASK_ROUTE = "/tasks/"
 # Headers the producer sets itself; a caller may not override them.
 _RESERVED_HEADER_PREFIXES = ("x-cloudtasks-", "x-appengine-", "x-cloudscheduler", "authorization")
-PROJECT_HEADER = "X-Tasklease-Project"  # Read by the worker into the run key.
-LOCATION_HEADER = "X-Tasklease-Location"
 
 
 class RunContext(Protocol):
@@ -283,7 +286,7 @@ class Producer:
         request = TaskRequest(
             queue_path=self.queue_path(options.queue),
             task_id=task_id(task_name, key) if key is not None else random_task_id(task_name),
-            url=f"{self.worker_url}{TASK_ROUTE}{task_name}",
+            url=f"{self.worker_url}{TASK_ROUTE_PREFIX}{task_name}",
             body=body,
             headers=task_headers,
             service_account=self.service_account,

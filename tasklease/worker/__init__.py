@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING
 from tasklease.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from tasklease.worker.app import create_app
-    from tasklease.worker.auth import Authenticator, AuthRequest, AuthResult, NoAuth, OidcAuth
-    from tasklease.worker.context import TaskContext
-    from tasklease.worker.errors import (
+    from tasklease.errors import (
         ConfigurationError,
         InvalidDelivery,
         LeaseLost,
         PermanentFailure,
         StoreUnavailable,
     )
-    from tasklease.worker.outcome import Outcome
-    from tasklease.worker.records import RunRecord, RunStatus
+    from tasklease.worker.app import create_app
+    from tasklease.worker.auth import Authenticator, AuthRequest, AuthResult, NoAuth, OidcAuth
+    from tasklease.worker.context import TaskContext
+    from tasklease.worker.core.outcome import Outcome
+    from tasklease.worker.core.records import RunRecord, RunStatus
     from tasklease.worker.router import HandlerSpec, Router
 
 # Each public name and the module that defines it (imported when the name is first read).
@@ -40,14 +40,14 @@ _EXPORTS: dict[str, str] = {
     "NoAuth": "tasklease.worker.auth",
     "OidcAuth": "tasklease.worker.auth",
     "TaskContext": "tasklease.worker.context",
-    "ConfigurationError": "tasklease.worker.errors",
-    "InvalidDelivery": "tasklease.worker.errors",
-    "LeaseLost": "tasklease.worker.errors",
-    "PermanentFailure": "tasklease.worker.errors",
-    "StoreUnavailable": "tasklease.worker.errors",
-    "Outcome": "tasklease.worker.outcome",
-    "RunRecord": "tasklease.worker.records",
-    "RunStatus": "tasklease.worker.records",
+    "ConfigurationError": "tasklease.errors",
+    "InvalidDelivery": "tasklease.errors",
+    "LeaseLost": "tasklease.errors",
+    "PermanentFailure": "tasklease.errors",
+    "StoreUnavailable": "tasklease.errors",
+    "Outcome": "tasklease.worker.core.outcome",
+    "RunRecord": "tasklease.worker.core.records",
+    "RunStatus": "tasklease.worker.core.records",
     "HandlerSpec": "tasklease.worker.router",
     "Router": "tasklease.worker.router",
 }

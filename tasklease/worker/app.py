@@ -11,10 +11,11 @@ from typing import Any
 import flask
 from werkzeug.exceptions import HTTPException
 
-from tasklease.worker import constants as c
-from tasklease.worker import fallback, otel_setup
+from tasklease import protocol
+from tasklease.errors import ConfigurationError
+from tasklease.plumbing import otel_setup
+from tasklease.worker import fallback
 from tasklease.worker.auth import Authenticator, NoAuth, OidcAuth, authenticator_for
-from tasklease.worker.errors import ConfigurationError
 from tasklease.worker.execution import Clock, Executor, Reply, utc_now
 from tasklease.worker.logs import configure_logging, request_fields
 from tasklease.worker.router import Router
@@ -32,8 +33,8 @@ def create_app(
     auth: str | Authenticator | None = None,
     *,
     clock: Clock = utc_now,
-    project_header: str = c.PROJECT_HEADER,
-    location_header: str = c.LOCATION_HEADER,
+    project_header: str = protocol.PROJECT_HEADER,
+    location_header: str = protocol.LOCATION_HEADER,
     app: flask.Flask | None = None,
     audience: str | None = None,
     dashboard: str | None = None,
@@ -106,14 +107,18 @@ def create_app(
         app.wsgi_app, executor, fields, max_body_bytes=_max_task_bytes(max_task_bytes)
     )
     app.add_url_rule("/healthz", "tasklease_health", lambda: {"status": "ok"}, methods=["GET"])
-    dashboard = dashboard if dashboard is not None else os.environ.get(c.ENV_DASHBOARD) or None
+    dashboard = (
+        dashboard if dashboard is not None else os.environ.get(protocol.ENV_DASHBOARD) or None
+    )
     if dashboard:
         from tasklease.worker.dashboard import mount  # noqa: PLC0415 - only when asked for.
 
         operators = dashboard_operators
-        if operators is None and os.environ.get(c.ENV_DASHBOARD_OPERATORS):
-            operators = os.environ[c.ENV_DASHBOARD_OPERATORS].split(",")
-        board_audience = dashboard_audience or os.environ.get(c.ENV_DASHBOARD_AUDIENCE) or None
+        if operators is None and os.environ.get(protocol.ENV_DASHBOARD_OPERATORS):
+            operators = os.environ[protocol.ENV_DASHBOARD_OPERATORS].split(",")
+        board_audience = (
+            dashboard_audience or os.environ.get(protocol.ENV_DASHBOARD_AUDIENCE) or None
+        )
         mount(
             app,
             dashboard,
@@ -142,11 +147,11 @@ def create_app(
 def _max_task_bytes(configured: int | None) -> int:
     """The body limit: ``configured``, else ``TASKLEASE_MAX_TASK_BYTES``, else Cloud Tasks'."""
     if configured is None:
-        text = os.environ.get(c.ENV_MAX_TASK_BYTES, "").strip()
+        text = os.environ.get(protocol.ENV_MAX_TASK_BYTES, "").strip()
         if not text:
-            return c.MAX_BODY_BYTES
+            return protocol.MAX_TASK_BYTES
         if not text.isdigit():
-            raise ConfigurationError(f"{c.ENV_MAX_TASK_BYTES}={text!r}: a number of bytes")
+            raise ConfigurationError(f"{protocol.ENV_MAX_TASK_BYTES}={text!r}: a number of bytes")
         configured = int(text)
     if isinstance(configured, bool) or not isinstance(configured, int) or configured <= 0:
         raise ConfigurationError(f"max_task_bytes={configured!r}: a positive number of bytes")

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from tasklease.worker import constants as c
-from tasklease.worker.errors import ConfigurationError
-from tasklease.worker.loopback import is_loopback_url
+from tasklease import protocol
+from tasklease.errors import ConfigurationError
+from tasklease.plumbing.loopback import is_loopback_url
+from tasklease.worker.core import constants as c
 from tasklease.worker.router import HandlerSpec
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ class OidcAuth(Authenticator):
         if scheme != "https" and not (scheme == "http" and is_loopback_url(certs_url)):
             # Over plain http, anyone on the path could serve their own keys.
             raise ConfigurationError(
-                f"{c.ENV_OIDC_CERTS_URL}={certs_url!r}: the keys must come over https "
+                f"{protocol.ENV_OIDC_CERTS_URL}={certs_url!r}: the keys must come over https "
                 "(plain http only from a loopback address such as the local emulator)"
             )
         self.certs_url = certs_url
@@ -134,11 +135,11 @@ class OidcAuth(Authenticator):
         """Configured from ``TASKLEASE_ALLOWED_SERVICE_ACCOUNTS`` (comma-separated),
         ``TASKLEASE_AUDIENCE`` (unless ``audience`` is given), ``TASKLEASE_OIDC_CERTS_URL`` and
         ``TASKLEASE_OIDC_ISSUERS``."""
-        issuers = _split(os.environ.get(c.ENV_OIDC_ISSUERS, ""))
+        issuers = _split(os.environ.get(protocol.ENV_OIDC_ISSUERS, ""))
         return cls(
-            _split(os.environ.get(c.ENV_ALLOWED_SERVICE_ACCOUNTS, "")),
-            audience=audience or os.environ.get(c.ENV_AUDIENCE, "").strip() or None,
-            certs_url=os.environ.get(c.ENV_OIDC_CERTS_URL) or GOOGLE_CERTS_URL,
+            _split(os.environ.get(protocol.ENV_ALLOWED_SERVICE_ACCOUNTS, "")),
+            audience=audience or os.environ.get(protocol.ENV_AUDIENCE, "").strip() or None,
+            certs_url=os.environ.get(protocol.ENV_OIDC_CERTS_URL) or GOOGLE_CERTS_URL,
             issuers=issuers or GOOGLE_ISSUERS,
         )
 
@@ -148,14 +149,15 @@ class OidcAuth(Authenticator):
             if not (spec.audience or self.audience):
                 raise ConfigurationError(
                     f"OIDC authentication is on but no token audience is set for {spec.path}: "
-                    f"set {c.ENV_AUDIENCE} to the worker's URL (e.g. https://SERVICE.run.app), "
+                    f"set {protocol.ENV_AUDIENCE} to the worker's URL "
+                    "(e.g. https://SERVICE.run.app), "
                     "or pass create_app(..., audience=...) or the handler's audience. It is "
                     "never taken from the request's Host header, which the caller chooses."
                 )
             if not self._allowed_for(spec):
                 raise ConfigurationError(
                     f"OIDC authentication is on but no service account may call {spec.path}: "
-                    f"set {c.ENV_ALLOWED_SERVICE_ACCOUNTS} (or the handler's "
+                    f"set {protocol.ENV_ALLOWED_SERVICE_ACCOUNTS} (or the handler's "
                     "allowed_service_accounts), or pass auth='none' for local development"
                 )
 
@@ -217,7 +219,7 @@ def authenticator_for(
         return auth
     # Exactly "oidc" or "none", in any case: a near miss such as " none" or "off" must not
     # silently pick either mode.
-    choice = (auth if auth is not None else os.environ.get(c.ENV_AUTH, "")) or "oidc"
+    choice = (auth if auth is not None else os.environ.get(protocol.ENV_AUTH, "")) or "oidc"
     if choice.lower() == "none":
         _log.warning(
             "request authentication is OFF (auth='none'): anyone who can reach this worker can "

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tasklease.worker.errors import LeaseLost
+from tasklease.errors import LeaseLost
 
 
 @dataclass

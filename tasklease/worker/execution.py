@@ -13,17 +13,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tasklease.worker import constants as c
-from tasklease.worker import decisions, lease, locking, telemetry
+from tasklease import protocol
+from tasklease.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
+from tasklease.worker import lease, telemetry
 from tasklease.worker.auth import Authenticator, AuthRequest
 from tasklease.worker.context import TaskContext
-from tasklease.worker.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
-from tasklease.worker.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
+from tasklease.worker.core import constants as c
+from tasklease.worker.core import decisions, locking
+from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
+from tasklease.worker.core.outcome import Outcome
+from tasklease.worker.core.records import ClaimRequest, LockGrant, LockRequest, RunRecord, Verdict
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.logs import instance_id, log_execution, note_error
 from tasklease.worker.manual_runs import ManualRuns
-from tasklease.worker.outcome import Outcome
-from tasklease.worker.records import ClaimRequest, LockGrant, LockRequest, RunRecord, Verdict
 from tasklease.worker.router import HandlerSpec, Router
 from tasklease.worker.stores.base import LeaseStore
 
@@ -57,7 +59,7 @@ class Delivery:
     authorization: str | None = None
     method: str = "POST"
     refusal: str | None = None  # Set when the request is malformed below HTTP (its framing).
-    body_limit: int = c.MAX_BODY_BYTES
+    body_limit: int = protocol.MAX_TASK_BYTES
 
 
 @dataclass
@@ -99,9 +101,9 @@ class Reply:
         return f'{envelope[:-1]},"result":{self.result_json}}}'.encode()
 
     def headers(self) -> dict[str, str]:
-        headers = {c.OUTCOME_HEADER: self.outcome.value}
+        headers = {protocol.OUTCOME_HEADER: self.outcome.value}
         if self.run_id:
-            headers[c.RUN_ID_HEADER] = self.run_id
+            headers[protocol.RUN_ID_HEADER] = self.run_id
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)
         return headers
@@ -117,8 +119,8 @@ class Executor:
         authenticator: Authenticator,
         *,
         clock: Clock = utc_now,
-        project_header: str = c.PROJECT_HEADER,
-        location_header: str = c.LOCATION_HEADER,
+        project_header: str = protocol.PROJECT_HEADER,
+        location_header: str = protocol.LOCATION_HEADER,
     ) -> None:
         self.router = router
         self.store = store

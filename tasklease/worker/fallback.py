@@ -13,15 +13,18 @@ import time
 import flask
 from werkzeug.exceptions import HTTPException
 
-from tasklease.worker import constants as c
+from tasklease import protocol
+from tasklease.worker.core.outcome import Outcome
 from tasklease.worker.execution import Reply
 from tasklease.worker.logs import instance_id, log_execution
-from tasklease.worker.outcome import Outcome
 
 
 def is_tasklease_path(path: str) -> bool:
     """Whether ``path`` is one of the routes tasklease adds to an app."""
-    return path.startswith((c.TASK_ROUTE_PREFIX, c.SCHEDULER_ROUTE_PREFIX)) or path == "/healthz"
+    return (
+        path.startswith((protocol.TASK_ROUTE_PREFIX, protocol.SCHEDULER_ROUTE_PREFIX))
+        or path == "/healthz"
+    )
 
 
 def reply_for_http_error(error: HTTPException) -> Reply:
@@ -41,10 +44,10 @@ def log_reply(reply: Reply, started: float, error: BaseException | None = None) 
     """The one execution line of a request that did not go through the executor's own."""
     request = flask.request
     path = request.path
-    if path.startswith(c.TASK_ROUTE_PREFIX):
-        kind, name = "task", path[len(c.TASK_ROUTE_PREFIX) :]
-    elif path.startswith(c.SCHEDULER_ROUTE_PREFIX):
-        kind, name = "scheduler", path[len(c.SCHEDULER_ROUTE_PREFIX) :]
+    if path.startswith(protocol.TASK_ROUTE_PREFIX):
+        kind, name = "task", path[len(protocol.TASK_ROUTE_PREFIX) :]
+    elif path.startswith(protocol.SCHEDULER_ROUTE_PREFIX):
+        kind, name = "scheduler", path[len(protocol.SCHEDULER_ROUTE_PREFIX) :]
     else:
         kind, name = "http", path
     name = name[:100]  # Caller-chosen: cap what it puts in the log.

@@ -21,7 +21,7 @@ import google.auth.transport
 import google.auth.transport.requests
 import requests
 
-from tasklease.worker.constants import FETCH_TIMEOUT_SECONDS
+from tasklease.worker.core.constants import FETCH_TIMEOUT_SECONDS
 
 _log = logging.getLogger("tasklease.auth")
 

@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from tasklease.errors import StoreUnavailable
 from tasklease.worker import telemetry
 from tasklease.worker.context import TaskContext
-from tasklease.worker.errors import StoreUnavailable
 from tasklease.worker.stores.base import LeaseStore
 
 _log = logging.getLogger("tasklease.lease")

@@ -2,8 +2,8 @@
 
 ``gcloud scheduler jobs run`` sends the next slot's ScheduleTime, and its retries carry the
 same headers as that slot's own delivery (platform-facts.md). A delivery well before its slot
-is surely manual (:func:`tasklease.worker.identity.parse_identity`); any other may be either,
-and the manual run's record decides (:func:`tasklease.worker.decisions.takes_manual_delivery`).
+is surely manual (:func:`tasklease.worker.core.identity.parse_identity`); any other may be either,
+and the manual run's record decides (:func:`tasklease.worker.core.decisions.takes_manual_delivery`).
 
 A manual run none of whose deliveries reached the store has no record. This process remembers
 the ones it answered 503, so their retries reaching it stay the manual run's; a retry reaching
@@ -18,8 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 
-from tasklease.worker import decisions
-from tasklease.worker.identity import DeliveryIdentity
+from tasklease.worker.core import decisions
+from tasklease.worker.core.identity import DeliveryIdentity
 from tasklease.worker.stores.base import LeaseStore
 
 # Manual runs answered 503 before any record of them was written, per process.

@@ -1,8 +1,8 @@
 """What an operator does to runs and locks: list, show, find stuck ones, release, replay.
 
 One service that ``tasklease runs``, ``tasklease locks`` and the dashboard call, so a button
-and a command do the same thing. The rules are in :mod:`tasklease.worker.decisions` and
-:mod:`tasklease.worker.locking`, the storage in the stores.
+and a command do the same thing. The rules are in :mod:`tasklease.worker.core.decisions` and
+:mod:`tasklease.worker.core.locking`, the storage in the stores.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from tasklease.worker import decisions, locking
+from tasklease.errors import TaskleaseError
+from tasklease.protocol import rfc3339_or_none
+from tasklease.worker.core import decisions, locking
+from tasklease.worker.core.identity import DeliveryIdentity, Kind
+from tasklease.worker.core.queries import RunFilter, RunPage, is_stuck
+from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.execution import utc_now
-from tasklease.worker.identity import DeliveryIdentity, Kind
-from tasklease.worker.queries import RunFilter, RunPage, is_stuck
-from tasklease.worker.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, Schedule, overdue_jobs
 from tasklease.worker.stores.base import LeaseStore
 
@@ -32,7 +34,7 @@ _log = logging.getLogger("tasklease.operations")
 _log.addHandler(logging.NullHandler())  # A library's logger: the application configures output.
 
 
-class OperationRefused(Exception):
+class OperationRefused(TaskleaseError):
     """The operation does not apply to this run; the message says why."""
 
 
@@ -319,11 +321,11 @@ def run_summary(record: RunRecord, now: datetime) -> dict[str, Any]:
         "fencing_token": record.fencing_token,
         "attempt_id": record.attempt_id,
         "caller": record.caller,
-        "claimed_at": _time(record.claimed_at),
-        "lease_expires": _time(record.lease_expires),
-        "finished_at": _time(record.finished_at),
+        "claimed_at": rfc3339_or_none(record.claimed_at),
+        "lease_expires": rfc3339_or_none(record.lease_expires),
+        "finished_at": rfc3339_or_none(record.finished_at),
         "duration_seconds": None if duration is None else duration.total_seconds(),
-        "expire_at": _time(record.expire_at),
+        "expire_at": rfc3339_or_none(record.expire_at),
         "identity": dict(record.identity),
         "error": record.error,
         "result_bytes": None if record.result_json is None else len(record.result_json.encode()),
@@ -339,18 +341,14 @@ def lock_summary(view: LockView) -> dict[str, Any]:
     return {
         "name": lock.name,
         "state": view.state.value,
-        "busy_until": _time(view.busy_until),
+        "busy_until": rfc3339_or_none(view.busy_until),
         "holder_run_id": lock.holder_run_id,
         "holder_attempt_id": lock.holder_attempt_id,
         "holder_run_status": None if holder is None else holder.status.value,
         "fencing_token": lock.fencing_token,
-        "started_at": _time(lock.started_at),
-        "lease_expires": _time(lock.lease_expires),
-        "safety_expires": _time(lock.safety_expires),
-        "next_start_at": _time(lock.next_start_at),
-        "released_at": _time(lock.released_at),
+        "started_at": rfc3339_or_none(lock.started_at),
+        "lease_expires": rfc3339_or_none(lock.lease_expires),
+        "safety_expires": rfc3339_or_none(lock.safety_expires),
+        "next_start_at": rfc3339_or_none(lock.next_start_at),
+        "released_at": rfc3339_or_none(lock.released_at),
     }
-
-
-def _time(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat().replace("+00:00", "Z")

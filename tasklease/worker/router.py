@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
-from tasklease.worker import constants as c
-from tasklease.worker.errors import ConfigurationError
-from tasklease.worker.identity import Kind
+from tasklease import protocol
+from tasklease.errors import ConfigurationError
+from tasklease.worker.core import constants as c
+from tasklease.worker.core.identity import Kind
 
 if TYPE_CHECKING:
     from tasklease.worker.targets import ProxyTarget
@@ -44,7 +45,11 @@ class HandlerSpec:
     @property
     def path(self) -> str:
         """The URL path Cloud Tasks or Cloud Scheduler must POST to."""
-        prefix = c.TASK_ROUTE_PREFIX if self.kind is Kind.TASK else c.SCHEDULER_ROUTE_PREFIX
+        prefix = (
+            protocol.TASK_ROUTE_PREFIX
+            if self.kind is Kind.TASK
+            else protocol.SCHEDULER_ROUTE_PREFIX
+        )
         return prefix + self.name
 
 

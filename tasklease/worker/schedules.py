@@ -15,9 +15,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from tasklease.worker.identity import parse_rfc3339
-from tasklease.worker.queries import is_manual
-from tasklease.worker.records import RunRecord, RunStatus
+from tasklease.worker.core.identity import parse_rfc3339
+from tasklease.worker.core.queries import is_manual
+from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.stores.base import LeaseStore
 
 # The deploy config `tasklease deploy --init` writes in a project: its [[job]] tables are the

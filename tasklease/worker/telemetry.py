@@ -2,7 +2,7 @@
 
 The API alone is a no-op: with no SDK configured, a delivery costs a few look-ups here and
 builds no attributes (they are set only on a span that records). With an SDK (see
-:mod:`tasklease.worker.otel_setup`, or the application's own) each delivery gets a span named
+:mod:`tasklease.plumbing.otel_setup`, or the application's own) each delivery gets a span named
 ``task <handler>`` or ``job <handler>`` with child spans ``claim``, ``handler`` and ``finish``,
 and these metrics:
 
@@ -45,7 +45,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from tasklease.worker.outcome import Outcome
+from tasklease.worker.core.outcome import Outcome
 
 INSTRUMENTATION = "tasklease.worker"
 CLOUD_TRACE_HEADER = "X-Cloud-Trace-Context"

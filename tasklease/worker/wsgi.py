@@ -11,9 +11,9 @@ import os
 
 import flask
 
-from tasklease.worker import constants as c
+from tasklease import protocol
+from tasklease.errors import ConfigurationError
 from tasklease.worker.app import create_app
-from tasklease.worker.errors import ConfigurationError
 from tasklease.worker.router import Router
 
 
@@ -22,7 +22,8 @@ def load_router(reference: str) -> Router | flask.Flask:
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(
-            f"{c.ENV_ROUTER}={reference!r}: use module:attribute, e.g. tasklease.demo.shop:router"
+            f"{protocol.ENV_ROUTER}={reference!r}: use module:attribute, "
+            "e.g. tasklease.demo.shop:router"
         )
     target = getattr(importlib.import_module(module_name), attribute, None)
     if not isinstance(target, (Router, flask.Flask)):
@@ -32,10 +33,10 @@ def load_router(reference: str) -> Router | flask.Flask:
 
 def app_from_env() -> flask.Flask:
     """Build the app the environment describes."""
-    reference = os.environ.get(c.ENV_ROUTER)
+    reference = os.environ.get(protocol.ENV_ROUTER)
     if not reference:
         raise ConfigurationError(
-            f"set {c.ENV_ROUTER}=module:attribute naming your tasklease.Router"
+            f"set {protocol.ENV_ROUTER}=module:attribute naming your tasklease.Router"
         )
     target = load_router(reference)
     return target if isinstance(target, flask.Flask) else create_app(target)

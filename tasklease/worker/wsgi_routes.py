@@ -16,15 +16,18 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl
 
-from tasklease.worker import constants as c
+from tasklease import protocol
+from tasklease.worker.core.identity import HeaderLookup, Kind
+from tasklease.worker.core.outcome import Outcome
 from tasklease.worker.execution import Delivery, Executor, Reply
-from tasklease.worker.identity import HeaderLookup, Kind
 from tasklease.worker.logs import instance_id, log_execution, request_fields
-from tasklease.worker.outcome import Outcome
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
-_PREFIXES = ((c.TASK_ROUTE_PREFIX, Kind.TASK), (c.SCHEDULER_ROUTE_PREFIX, Kind.SCHEDULER))
+_PREFIXES = (
+    (protocol.TASK_ROUTE_PREFIX, Kind.TASK),
+    (protocol.SCHEDULER_ROUTE_PREFIX, Kind.SCHEDULER),
+)
 _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
 
 
@@ -41,7 +44,7 @@ class DeliveryRoutes:
         executor: Executor,
         fields: Mapping[str, Any] | None = None,
         *,
-        max_body_bytes: int = c.MAX_BODY_BYTES,
+        max_body_bytes: int = protocol.MAX_TASK_BYTES,
     ) -> None:
         self.app = app
         self.executor = executor

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from tasklease.emulator import CloudTasksEmulator
-from tasklease.worker.identity import parse_rfc3339
+from tasklease.worker.core.identity import parse_rfc3339
 from tests.emulator_conformance.conftest import LOCATION, PROJECT, Gcloud
 from tests.emulator_target import Target
 

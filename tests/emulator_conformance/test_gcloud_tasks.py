@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.worker.auth import AuthRequest, OidcAuth
-from tasklease.worker.identity import Kind
+from tasklease.worker.core.identity import Kind
 from tasklease.worker.router import HandlerSpec
 from tests.emulator_conformance.conftest import LOCATION, PROJECT, Gcloud
 from tests.emulator_target import Target

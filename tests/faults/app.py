@@ -15,8 +15,9 @@ from typing import Any
 
 import flask
 
+from tasklease import protocol
 from tasklease.worker import LeaseLost, Router, TaskContext, create_app
-from tasklease.worker import constants as c
+from tasklease.worker.core import constants as c
 from tasklease.worker.execution import utc_now
 from tasklease.worker.stores import LeaseStore, SqliteStore, store_from_url
 from tests.faults.downstream import REFUSED, Downstream
@@ -97,7 +98,7 @@ def skewed_clock() -> Any:
 
 
 def build_store() -> LeaseStore:
-    url = os.environ.get(c.ENV_STORE, c.DEFAULT_STORE_URL)
+    url = os.environ.get(protocol.ENV_STORE, c.DEFAULT_STORE_URL)
     busy = os.environ.get(ENV_BUSY_TIMEOUT)
     if busy and url.startswith("sqlite://"):
         path = url.partition("://")[2]

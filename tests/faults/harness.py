@@ -20,8 +20,8 @@ from typing import Any
 
 import urllib3
 
-from tasklease.worker.records import RunRecord, RunStatus
-from tasklease.worker.serve import GunicornWorker
+from tasklease.plumbing.serve import GunicornWorker
+from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.stores import SqliteStore, store_from_url
 from tests.faults.app import ENV_CLOCK_SKEW, ENV_DOWNSTREAM, ENV_REVISION
 from tests.faults.downstream import Downstream, Execution

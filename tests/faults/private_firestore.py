@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tasklease.worker.serve import free_port
+from tasklease.plumbing.serve import free_port
 
 PROJECT = "tasklease-faults"
 

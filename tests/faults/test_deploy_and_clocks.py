@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tasklease.worker import constants
-from tasklease.worker.records import RunStatus
+from tasklease.worker.core import constants
+from tasklease.worker.core.records import RunStatus
 from tests.faults.downstream import Downstream
 from tests.faults.harness import (
     Backend,

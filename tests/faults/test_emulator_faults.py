@@ -18,7 +18,7 @@ import pytest
 
 from tasklease.emulator import CloudTasksEmulator, DeliveryRecord, Faults
 from tasklease.producer import Producer
-from tasklease.worker.records import RunStatus
+from tasklease.worker.core.records import RunStatus
 from tests.faults.downstream import Downstream
 from tests.faults.harness import Backend, FaultServer, Tally, overlaps, scale, tally
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tasklease.worker.records import RunStatus
+from tasklease.worker.core.records import RunStatus
 from tests.faults.downstream import ALREADY_APPLIED, APPLIED, REFUSED, Downstream, Execution
 from tests.faults.harness import (
     Answer,

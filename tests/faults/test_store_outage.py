@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tasklease.worker.records import RunStatus
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import store_from_url
 from tests.faults.downstream import ALREADY_APPLIED, APPLIED, Downstream
 from tests.faults.harness import (

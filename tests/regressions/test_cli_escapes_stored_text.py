@@ -15,7 +15,7 @@ import pytest
 from tasklease import cli
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
-from tasklease.worker.records import RunStatus
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import SqliteStore
 from tests.helpers import T0, claim_request
 

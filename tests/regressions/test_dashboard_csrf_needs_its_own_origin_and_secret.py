@@ -16,10 +16,10 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Response
 
 from tasklease.cli import _serving_dashboard
+from tasklease.errors import ConfigurationError
+from tasklease.plumbing.serve import free_port
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.dashboard import CSRF_COOKIE, create_dashboard_app
-from tasklease.worker.errors import ConfigurationError
-from tasklease.worker.records import RunStatus
-from tasklease.worker.serve import free_port
 from tasklease.worker.stores import MemoryStore, SqliteStore
 from tests.browser import chromium
 from tests.operations_contract import seed_every_state

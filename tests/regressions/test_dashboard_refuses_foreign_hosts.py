@@ -15,9 +15,9 @@ import pytest
 import requests
 
 from tasklease.cli import _serving_dashboard
+from tasklease.plumbing.serve import free_port
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.dashboard import create_dashboard_app
-from tasklease.worker.records import RunStatus
-from tasklease.worker.serve import free_port
 from tasklease.worker.stores import SqliteStore
 from tests.browser import chromium
 from tests.operations_contract import seed_every_state

@@ -12,9 +12,9 @@ import flask
 import pytest
 from pytest_httpserver import HTTPServer
 
+from tasklease.errors import ConfigurationError
 from tasklease.worker import OidcAuth, Router, TaskContext, create_app
-from tasklease.worker.errors import ConfigurationError
-from tasklease.worker.records import RunStatus
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import claim_request
 from tests.test_security import AUDIENCE, ROOT, SA, Keys

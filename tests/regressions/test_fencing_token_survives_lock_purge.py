@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tasklease.worker import Router, TaskContext, create_app, locking
-from tasklease.worker.constants import MAX_CLOCK_SKEW
-from tasklease.worker.records import LockRequest
+from tasklease.worker import Router, TaskContext, create_app
+from tasklease.worker.core import locking
+from tasklease.worker.core.constants import MAX_CLOCK_SKEW
+from tasklease.worker.core.records import LockRequest
 from tasklease.worker.stores import MemoryStore, SqliteStore
 from tasklease.worker.stores.base import LeaseStore
 from tests.helpers import FakeClock, job_headers

@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 from google.api_core import exceptions as api
 
+from tasklease.errors import StoreUnavailable
 from tasklease.worker import Router, create_app
-from tasklease.worker.errors import StoreUnavailable
-from tasklease.worker.records import Verdict
+from tasklease.worker.core.records import Verdict
 from tasklease.worker.stores import FirestoreStore
 from tests.firestore_support import PROJECT, unique_collection
 from tests.helpers import T0, claim_request, task_headers

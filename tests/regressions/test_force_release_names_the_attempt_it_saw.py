@@ -12,9 +12,9 @@ import pytest
 
 from tasklease import cli
 from tasklease.runs import Exit
-from tasklease.worker.constants import MAX_CLOCK_SKEW
+from tasklease.worker.core.constants import MAX_CLOCK_SKEW
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.dashboard import create_dashboard_app
-from tasklease.worker.records import RunStatus
 from tasklease.worker.stores import SqliteStore
 from tests.helpers import claim_request
 

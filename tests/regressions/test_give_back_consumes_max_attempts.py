@@ -10,7 +10,7 @@ from typing import Any
 
 from tasklease.worker.app import create_app
 from tasklease.worker.context import TaskContext
-from tasklease.worker.records import Claim, ClaimRequest
+from tasklease.worker.core.records import Claim, ClaimRequest
 from tasklease.worker.router import Router
 from tasklease.worker.stores.base import Moment
 from tasklease.worker.stores.memory import MemoryStore

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from tasklease.worker import Router, TaskContext, create_app, execution, locking
-from tasklease.worker.errors import StoreUnavailable
-from tasklease.worker.records import RunStatus
+from tasklease.errors import StoreUnavailable
+from tasklease.worker import Router, TaskContext, create_app, execution
+from tasklease.worker.core import locking
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import MemoryStore, SqliteStore
 from tasklease.worker.stores.base import LeaseStore, Moment
 from tests.helpers import FakeClock, job_headers

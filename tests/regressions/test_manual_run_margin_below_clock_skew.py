@@ -9,11 +9,11 @@ from datetime import timedelta
 
 import pytest
 
-from tasklease.worker import constants as c
+from tasklease.errors import ConfigurationError
 from tasklease.worker.app import create_app
 from tasklease.worker.context import TaskContext
-from tasklease.worker.errors import ConfigurationError
-from tasklease.worker.identity import Kind, parse_identity
+from tasklease.worker.core import constants as c
+from tasklease.worker.core.identity import Kind, parse_identity
 from tasklease.worker.router import Router
 from tasklease.worker.stores.memory import MemoryStore
 from tests.helpers import T0, FakeClock, job_headers

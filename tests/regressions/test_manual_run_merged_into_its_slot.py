@@ -16,8 +16,8 @@ import flask
 
 from tasklease.worker.app import create_app
 from tasklease.worker.context import TaskContext
-from tasklease.worker.identity import Kind, parse_identity
-from tasklease.worker.records import RunStatus
+from tasklease.worker.core.identity import Kind, parse_identity
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.router import Router
 from tasklease.worker.stores.memory import MemoryStore
 from tests.helpers import T0, FakeClock, SwitchableStore, claim_request, job_headers

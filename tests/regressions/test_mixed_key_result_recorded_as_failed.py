@@ -10,7 +10,7 @@ from typing import Any
 
 from tasklease.worker.app import create_app
 from tasklease.worker.context import TaskContext
-from tasklease.worker.records import RunStatus
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.router import Router
 from tasklease.worker.stores.sqlite import SqliteStore
 from tests.helpers import FakeClock, task_headers

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from tasklease.errors import StoreUnavailable
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
-from tasklease.worker.errors import StoreUnavailable
+from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.operations import OperationRefused, Operations, ReplayOutcome
-from tasklease.worker.records import RunRecord, RunStatus
 from tasklease.worker.stores import SqliteStore
 
 

@@ -12,7 +12,7 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
-from tasklease.worker.errors import StoreUnavailable
+from tasklease.errors import StoreUnavailable
 from tasklease.worker.stores.sqlite import SqliteStore
 from tests.helpers import T0, claim_request
 

@@ -10,9 +10,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from tasklease.errors import PermanentFailure
 from tasklease.worker.app import create_app
 from tasklease.worker.context import TaskContext
-from tasklease.worker.errors import PermanentFailure
 from tasklease.worker.router import Router
 from tasklease.worker.stores.sqlite import SqliteStore
 from tests.helpers import FakeClock, task_headers

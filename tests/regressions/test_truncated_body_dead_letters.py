@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from tasklease.worker.serve import GunicornWorker
+from tasklease.plumbing.serve import GunicornWorker
 from tests.helpers import task_headers
 
 

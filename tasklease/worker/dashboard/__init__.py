@@ -14,15 +14,15 @@ from typing import Any
 
 import flask
 
+from tasklease.errors import ConfigurationError, StoreUnavailable
+from tasklease.plumbing.hosts import LOOPBACK_HOSTS, allowed_host_names, host_name
 from tasklease.worker.auth import Authenticator
+from tasklease.worker.core.decisions import OperatorRelease, ReleaseOutcome
+from tasklease.worker.core.queries import RunFilter, is_stuck, parse_duration
+from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.dashboard.csrf import CSRF_COOKIE, CSRF_FIELD, Csrf
 from tasklease.worker.dashboard.operators import OperatorAuth
-from tasklease.worker.decisions import OperatorRelease, ReleaseOutcome
-from tasklease.worker.errors import ConfigurationError, StoreUnavailable
-from tasklease.worker.hosts import LOOPBACK_HOSTS, allowed_host_names, host_name
 from tasklease.worker.operations import OperationRefused, Operations, run_summary
-from tasklease.worker.queries import RunFilter, is_stuck, parse_duration
-from tasklease.worker.records import RunRecord, RunStatus
 from tasklease.worker.router import HandlerSpec
 from tasklease.worker.schedules import Schedule
 from tasklease.worker.stores.base import LeaseStore

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 import flask
 
-from tasklease.worker import constants as c
-from tasklease.worker.errors import ConfigurationError
+from tasklease import protocol
+from tasklease.errors import ConfigurationError
 
 CSRF_COOKIE = "tasklease_csrf"
 CSRF_FIELD = "csrf_token"
@@ -37,10 +37,11 @@ class Csrf:
     form may be refused as stale when another process answers it)."""
 
     def __init__(self, secret: str | None = None) -> None:
-        secret = secret if secret is not None else os.environ.get(c.ENV_DASHBOARD_SECRET)
+        secret = secret if secret is not None else os.environ.get(protocol.ENV_DASHBOARD_SECRET)
         if secret is not None and len(secret) < MIN_SECRET_CHARS:
             raise ConfigurationError(
-                f"{c.ENV_DASHBOARD_SECRET}: use at least {MIN_SECRET_CHARS} random characters "
+                f"{protocol.ENV_DASHBOARD_SECRET}: use at least {MIN_SECRET_CHARS} random "
+                "characters "
                 "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
             )
         self._key = secret.encode() if secret else secrets.token_bytes(32)

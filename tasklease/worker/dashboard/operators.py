@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tasklease.worker import constants as c
+from tasklease import protocol
+from tasklease.errors import ConfigurationError
 from tasklease.worker.auth import (
     Authenticator,
     AuthRequest,
@@ -17,8 +18,7 @@ from tasklease.worker.auth import (
     OidcAuth,
     expected_audiences,
 )
-from tasklease.worker.errors import ConfigurationError
-from tasklease.worker.identity import Kind
+from tasklease.worker.core.identity import Kind
 from tasklease.worker.router import HandlerSpec
 
 _log = logging.getLogger("tasklease.dashboard")
@@ -49,7 +49,8 @@ class OperatorAuth:
         elif not self.operators:
             raise ConfigurationError(
                 "the mounted dashboard needs its operators named: set "
-                f"{c.ENV_DASHBOARD_OPERATORS} (or create_app(..., dashboard_operators=[...])) "
+                f"{protocol.ENV_DASHBOARD_OPERATORS} "
+                "(or create_app(..., dashboard_operators=[...])) "
                 "to the accounts allowed to release and replay runs. The accounts that "
                 "deliver tasks are not let in by default: their tokens travel with every task."
             )
@@ -87,7 +88,8 @@ class OperatorAuth:
             raise ConfigurationError(
                 f"dashboard operator {shared[0]} also delivers tasks: a token captured from a "
                 "delivery would open the dashboard. Name a separate operator account in "
-                f"{c.ENV_DASHBOARD_OPERATORS}, or set {c.ENV_DASHBOARD_AUDIENCE} to an audience "
+                f"{protocol.ENV_DASHBOARD_OPERATORS}, or set "
+                f"{protocol.ENV_DASHBOARD_AUDIENCE} to an audience "
                 "no delivery uses (and mint the operators' tokens for it)."
             )
 

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from tasklease import protocol
+from tasklease.errors import ConfigurationError
 from tasklease.lazy import lazy_exports
-from tasklease.worker import constants as c
-from tasklease.worker.errors import ConfigurationError
+from tasklease.worker.core import constants as c
 from tasklease.worker.stores.base import LeaseStore
 
 if TYPE_CHECKING:
@@ -38,15 +39,15 @@ def check_store_is_shared(store: LeaseStore, environ: Mapping[str, str] | None =
     environ = os.environ if environ is None else environ
     if store.shared_across_instances:
         return
-    service = environ.get(c.ENV_CLOUD_RUN_SERVICE)
-    if not service or environ.get(c.ENV_ALLOW_LOCAL_STORE) == "1":
+    service = environ.get(protocol.ENV_CLOUD_RUN_SERVICE)
+    if not service or environ.get(protocol.ENV_ALLOW_LOCAL_STORE) == "1":
         return
     raise ConfigurationError(
         f"{store!r} keeps runs on this instance only, but this is Cloud Run service "
-        f"{service!r} ({c.ENV_CLOUD_RUN_SERVICE} is set), whose instances share no disk: a "
+        f"{service!r} ({protocol.ENV_CLOUD_RUN_SERVICE} is set), whose instances share no disk: a "
         "duplicate reaching two instances would run twice. Set "
-        f"{c.ENV_STORE}=firestore://?collection=tasklease_runs (pip install "
-        f"'tasklease[firestore]'), or {c.ENV_ALLOW_LOCAL_STORE}=1 to accept the risk."
+        f"{protocol.ENV_STORE}=firestore://?collection=tasklease_runs (pip install "
+        f"'tasklease[firestore]'), or {protocol.ENV_ALLOW_LOCAL_STORE}=1 to accept the risk."
     )
 
 
@@ -58,7 +59,7 @@ def store_from_url(url: str | None = None) -> LeaseStore:
     - ``firestore://?collection=tasklease_runs&database=(default)`` (project from
       ``GOOGLE_CLOUD_PROJECT``; needs ``tasklease[firestore]``)
     """
-    url = url or os.environ.get(c.ENV_STORE) or c.DEFAULT_STORE_URL
+    url = url or os.environ.get(protocol.ENV_STORE) or c.DEFAULT_STORE_URL
     scheme, _, rest = url.partition("://")
     if scheme == "memory":
         from tasklease.worker.stores.memory import MemoryStore  # noqa: PLC0415 - on use only.

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import ClassVar, TypeVar
 
-from tasklease.worker import decisions, locking
-from tasklease.worker.identity import parse_rfc3339
-from tasklease.worker.queries import (
+from tasklease.worker.core import decisions, locking
+from tasklease.worker.core.identity import parse_rfc3339
+from tasklease.worker.core.queries import (
     MAX_PAGE,
     Position,
     RunFilter,
@@ -18,7 +18,7 @@ from tasklease.worker.queries import (
     decode_cursor,
     encode_cursor,
 )
-from tasklease.worker.records import (
+from tasklease.worker.core.records import (
     Claim,
     ClaimRequest,
     LockGrant,
@@ -60,21 +60,21 @@ def resolve(now: Moment) -> datetime:
 
 
 class LeaseStore(ABC):
-    """Keeps one :class:`~tasklease.worker.records.RunRecord` per run and changes it atomically.
+    """Keeps one :class:`~tasklease.worker.core.records.RunRecord` per run, changed atomically.
 
     A backend implements three primitives:
 
     - :meth:`_read_modify_write`: read one record and apply a change to it atomically, so that
       two concurrent changes to one run never both see the same old record. This carries every
       rule: claim, renew, complete, fail and release are all built on it here, with the rules
-      themselves in :mod:`tasklease.worker.decisions`.
+      themselves in :mod:`tasklease.worker.core.decisions`.
     - :meth:`get` and :meth:`list_runs`: plain reads.
     - :meth:`purge_expired`: delete records past ``expire_at`` (and locks that decide nothing
-      any more, :func:`tasklease.worker.locking.lapses_at`).
+      any more, :func:`tasklease.worker.core.locking.lapses_at`).
     - for exclusive jobs and concurrency keys, :meth:`_read_modify_write_lock`, :meth:`get_lock`
-      and :meth:`list_locks`: the same for :class:`~tasklease.worker.records.LockRecord`, kept
+      and :meth:`list_locks`: the same for :class:`~tasklease.worker.core.records.LockRecord`, kept
       apart from the runs (a table, a collection). Acquire, renew and release are built on
-      them here, with the rules in :mod:`tasklease.worker.locking`. A lock change may read the
+      them here, with the rules in :mod:`tasklease.worker.core.locking`. A lock change may read the
       holder's run record: a holder whose own attempt recorded its run's end holds nothing,
       so a release that was lost never blocks the next run. SQLite and memory read it in the
       same transaction; Firestore reads it beside the lock's compare-and-set, which is enough
@@ -83,7 +83,7 @@ class LeaseStore(ABC):
     Lock fencing tokens grow for the life of a key although lapsed locks are deleted (purged,
     or by a TTL policy on ``lapses_at``): a token is at least its grant's time in
     microseconds, and a lock is deleted only ``LOCK_TOKEN_MARGIN`` after the time its token
-    stands for (:func:`tasklease.worker.locking.next_token`). Keeping every key's record, or a
+    stands for (:func:`tasklease.worker.core.locking.next_token`). Keeping every key's record, or a
     store-wide counter, would do it too, but the first grows with every key ever used (one
     per account, say) and the second makes every grant write one document, which Firestore
     sustains at about one write a second.
@@ -96,7 +96,7 @@ class LeaseStore(ABC):
 
     Concurrency: every method may be called from many threads, and a store built from the same
     configuration in several processes must behave as one store. Every method raises
-    :class:`~tasklease.worker.errors.StoreUnavailable` (and nothing else) when the backend
+    :class:`~tasklease.errors.StoreUnavailable` (and nothing else) when the backend
     fails; when it does, nothing was changed or the change is indistinguishable from one that
     was not made.
 

@@ -36,10 +36,17 @@ from google.api_core import exceptions as api
 from google.api_core import retry as retries
 from google.cloud import firestore
 
-from tasklease.worker import decisions, locking
-from tasklease.worker.errors import StoreUnavailable
-from tasklease.worker.queries import Position, RunFilter
-from tasklease.worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus, Verdict
+from tasklease.errors import StoreUnavailable
+from tasklease.worker.core import decisions, locking
+from tasklease.worker.core.queries import Position, RunFilter
+from tasklease.worker.core.records import (
+    Claim,
+    ClaimRequest,
+    LockRecord,
+    RunRecord,
+    RunStatus,
+    Verdict,
+)
 from tasklease.worker.stores import firestore_locks as locks
 from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, Update, resolve
 from tasklease.worker.stores.firestore_locks import utc as _utc

@@ -13,8 +13,8 @@ from typing import Any
 from google.api_core import exceptions as api
 from google.cloud import firestore
 
-from tasklease.worker import locking
-from tasklease.worker.records import LockRecord
+from tasklease.worker.core import locking
+from tasklease.worker.core.records import LockRecord
 
 
 def encode(lock: LockRecord) -> dict[str, Any]:

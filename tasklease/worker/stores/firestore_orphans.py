@@ -19,9 +19,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 
-from tasklease.worker import decisions
-from tasklease.worker.errors import StoreUnavailable
-from tasklease.worker.records import RunRecord
+from tasklease.errors import StoreUnavailable
+from tasklease.worker.core import decisions
+from tasklease.worker.core.records import RunRecord
 
 # Background retries: first delay, then doubling up to the maximum.
 ORPHAN_RETRY_FIRST = 0.5

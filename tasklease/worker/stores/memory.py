@@ -7,9 +7,9 @@ import threading
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
-from tasklease.worker import locking
-from tasklease.worker.queries import Position, RunFilter, before
-from tasklease.worker.records import LockRecord, RunRecord, RunStatus
+from tasklease.worker.core import locking
+from tasklease.worker.core.queries import Position, RunFilter, before
+from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base import Change, LeaseStore, LockChange
 
 _T = TypeVar("_T")

@@ -9,7 +9,7 @@ not: "a transaction committed in WAL mode with synchronous=NORMAL might roll bac
 power loss"). That sync is most of a change's cost, so:
 
 - changes made at once by the threads of one process share a transaction and its sync
-  (:mod:`tasklease.worker.stores.group_commit`);
+  (:mod:`tasklease.plumbing.group_commit`);
 - processes take turns through an ``flock`` on ``<file>.lock`` before taking SQLite's write
   lock: the kernel wakes the next writer the moment the lock is free, where SQLite's own busy
   handler would poll with sleeps of up to 100 ms. Writers that do not take the ``flock``
@@ -30,17 +30,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from tasklease.worker.errors import StoreUnavailable
-from tasklease.worker.queries import Position, RunFilter
-from tasklease.worker.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
-from tasklease.worker.stores import private_files
+from tasklease.errors import StoreUnavailable
+from tasklease.plumbing import private_files
+from tasklease.plumbing.group_commit import GroupCommit, Pending
+from tasklease.plumbing.per_process import PerProcess
+from tasklease.plumbing.writer_lock import WriterLock, WriterLockTimeout
+from tasklease.worker.core.queries import Position, RunFilter
+from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores import sqlite_locks as locks
 from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, resolve
-from tasklease.worker.stores.group_commit import GroupCommit, Pending
-from tasklease.worker.stores.per_process import PerProcess
 from tasklease.worker.stores.sqlite_locks import micros as _micros
 from tasklease.worker.stores.sqlite_locks import moment as _moment
-from tasklease.worker.stores.writer_lock import WriterLock, WriterLockTimeout
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")

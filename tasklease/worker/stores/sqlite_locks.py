@@ -10,8 +10,8 @@ import sqlite3
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tasklease.worker import locking
-from tasklease.worker.records import LockRecord
+from tasklease.worker.core import locking
+from tasklease.worker.core.records import LockRecord
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _COLUMNS = (

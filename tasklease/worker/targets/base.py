@@ -15,8 +15,8 @@ from typing import Any, Generic, TypeVar
 import grpc
 from google.api_core import exceptions as api_exceptions
 
+from tasklease.errors import ConfigurationError, PermanentFailure
 from tasklease.worker.context import TaskContext
-from tasklease.worker.errors import ConfigurationError, PermanentFailure
 
 _Client = TypeVar("_Client")
 

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+from tasklease.errors import ConfigurationError
 from tasklease.worker.context import TaskContext
-from tasklease.worker.errors import ConfigurationError
 from tasklease.worker.targets.base import (
     DEFAULT_MAX_SCAN,
     DEFAULT_TIMEOUT,

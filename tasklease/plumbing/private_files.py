@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tasklease.worker.errors import ConfigurationError
+from tasklease.errors import ConfigurationError
 
 FILE_MODE = 0o600
 DIRECTORY_MODE = 0o700

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from tasklease.worker import decisions
-from tasklease.worker.records import RunRecord, RunStatus
+from tasklease.worker.core import decisions
+from tasklease.worker.core.records import RunRecord, RunStatus
 
 MAX_PAGE = 500
 # The longest duration a filter takes: "now" minus it never leaves datetime's range.

@@ -17,15 +17,17 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TypeVar
 
-from tasklease.worker import constants as c
-from tasklease.worker.errors import InvalidDelivery
+from tasklease import protocol
+from tasklease.errors import InvalidDelivery
+from tasklease.protocol import rfc3339
+from tasklease.worker.core import constants as c
 
 _T = TypeVar("_T")
 
 # Cloud Tasks task IDs: letters, digits, hyphens, underscores (platform-facts.md).
-_TASK_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{c.MAX_TASK_NAME_LENGTH}}}", re.ASCII)
-_QUEUE_NAME = re.compile(rf"[A-Za-z0-9-]{{1,{c.MAX_QUEUE_NAME_LENGTH}}}", re.ASCII)
-_JOB_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{c.MAX_JOB_NAME_LENGTH}}}", re.ASCII)
+_TASK_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{protocol.MAX_TASK_NAME_LENGTH}}}", re.ASCII)
+_QUEUE_NAME = re.compile(rf"[A-Za-z0-9-]{{1,{protocol.MAX_QUEUE_NAME_LENGTH}}}", re.ASCII)
+_JOB_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{protocol.MAX_JOB_NAME_LENGTH}}}", re.ASCII)
 _PROJECT = re.compile(r"[a-z0-9:.-]{1,100}", re.ASCII)
 _LOCATION = re.compile(r"[a-z0-9-]{1,63}", re.ASCII)
 _RETRY_REASON = re.compile(r"[\x20-\x7e]{0,256}", re.ASCII)
@@ -79,7 +81,7 @@ class DeliveryIdentity:
             parts = [self.queue or "", self.task_name or ""]
         else:
             assert self.schedule_time is not None
-            parts = [self.job_name or "", _rfc3339(self.schedule_time)]
+            parts = [self.job_name or "", rfc3339(self.schedule_time, "microseconds")]
             if self.manual:
                 # Its own run, derived from the slot it names, so its retries stay one run
                 # while the slot's own delivery still runs.
@@ -122,7 +124,9 @@ class DeliveryIdentity:
             "queue": self.queue,
             "task_name": self.task_name,
             "job_name": self.job_name,
-            "schedule_time": _rfc3339(self.schedule_time) if self.schedule_time else None,
+            "schedule_time": rfc3339(self.schedule_time, "microseconds")
+            if self.schedule_time
+            else None,
             "trigger": self.trigger if self.kind is Kind.SCHEDULER else None,
         }
         return {name: value for name, value in raw.items() if value is not None}
@@ -134,8 +138,8 @@ def parse_identity(
     header: HeaderLookup,
     query: Mapping[str, str],
     *,
-    project_header: str = c.PROJECT_HEADER,
-    location_header: str = c.LOCATION_HEADER,
+    project_header: str = protocol.PROJECT_HEADER,
+    location_header: str = protocol.LOCATION_HEADER,
     received_at: datetime | None = None,
     manual_run_margin: timedelta = c.DEFAULT_MANUAL_RUN_MARGIN,
 ) -> DeliveryIdentity:
@@ -148,10 +152,10 @@ def parse_identity(
     never arrives before its slot, but a clock running behind may read it as early by that much.
     """
     project = _optional(header, project_header, _matching(_PROJECT)) or _query(
-        query, c.PROJECT_QUERY, _PROJECT
+        query, protocol.PROJECT_QUERY, _PROJECT
     )
     location = _optional(header, location_header, _matching(_LOCATION)) or _query(
-        query, c.LOCATION_QUERY, _LOCATION
+        query, protocol.LOCATION_QUERY, _LOCATION
     )
     if kind is Kind.TASK:
         return DeliveryIdentity(
@@ -200,10 +204,6 @@ def parse_rfc3339(value: str) -> datetime | None:
     except OverflowError:  # Year 9999 with a negative offset is past datetime.max in UTC.
         return None
     return parsed if _EARLIEST <= parsed < _LATEST else None
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _single(header: HeaderLookup, name: str) -> str | None:

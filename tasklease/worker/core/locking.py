@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
-from tasklease.worker import constants as c
-from tasklease.worker.records import LockGrant, LockRecord, LockRequest, RunRecord, RunStatus
+from tasklease.worker.core import constants as c
+from tasklease.worker.core.records import LockGrant, LockRecord, LockRequest, RunRecord, RunStatus
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -19,11 +19,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasklease.worker.stores.per_process import PerProcess
-from tasklease.worker.stores.private_files import open_private
+from tasklease.errors import TaskleaseError
+from tasklease.plumbing.per_process import PerProcess
+from tasklease.plumbing.private_files import open_private
 
 
-class WriterLockTimeout(Exception):
+class WriterLockTimeout(TaskleaseError):
     """Another process held the lock for longer than the wait allowed."""
 
 

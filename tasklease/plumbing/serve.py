@@ -14,7 +14,7 @@ from types import TracebackType
 
 import requests
 
-from tasklease.worker import constants as c
+from tasklease import protocol
 
 
 def free_port() -> int:
@@ -59,15 +59,15 @@ class GunicornWorker:
         ]  # fmt: skip
         self._env = {
             **os.environ,
-            c.ENV_ROUTER: router,
-            c.ENV_STORE: store,
-            c.ENV_AUTH: auth,
+            protocol.ENV_ROUTER: router,
+            protocol.ENV_STORE: store,
+            protocol.ENV_AUTH: auth,
             "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
             **(env or {}),
         }
         if auth == "oidc":
             # The URL this server answers on is the only audience its tokens may carry.
-            self._env.setdefault(c.ENV_AUDIENCE, self.url)
+            self._env.setdefault(protocol.ENV_AUDIENCE, self.url)
         self._log_path = log_path
         self._stream_logs = stream_logs  # Inherit stdout/stderr (``tasklease dev``).
         self._process: subprocess.Popen[bytes] | None = None

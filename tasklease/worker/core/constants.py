@@ -1,4 +1,8 @@
-"""Every header name, environment variable, limit and default of the worker, in one place."""
+"""The worker's own rules: the headers Google sends, leases, retention, clock skew, result sizes.
+
+What producer, worker, stubs, CLI and deploy kit share (tasklease's headers, routes,
+environment variables, task size limits, time format) is :mod:`tasklease.protocol`.
+"""
 
 from __future__ import annotations
 
@@ -18,50 +22,9 @@ TASKS_RETRY_REASON = "X-CloudTasks-TaskRetryReason"
 SCHEDULER_JOB_NAME = "X-CloudScheduler-JobName"
 SCHEDULER_SCHEDULE_TIME = "X-CloudScheduler-ScheduleTime"
 
-# Neither service sends a project or region: the target configures these (headers or query).
-PROJECT_HEADER = "X-Tasklease-Project"
-LOCATION_HEADER = "X-Tasklease-Location"
-PROJECT_QUERY = "project"
-LOCATION_QUERY = "location"
-
-# Response headers of the worker.
-OUTCOME_HEADER = "X-Tasklease-Outcome"
-RUN_ID_HEADER = "X-Tasklease-Run-Id"
-
-# Routes.
-TASK_ROUTE_PREFIX = "/tasks/"
-SCHEDULER_ROUTE_PREFIX = "/jobs/"
-
-# Environment variables.
-ENV_STORE = "TASKLEASE_STORE"
-ENV_AUTH = "TASKLEASE_AUTH"
-ENV_ROUTER = "TASKLEASE_ROUTER"
-ENV_ALLOWED_SERVICE_ACCOUNTS = "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS"
-ENV_AUDIENCE = "TASKLEASE_AUDIENCE"
-ENV_OIDC_CERTS_URL = "TASKLEASE_OIDC_CERTS_URL"
-ENV_OIDC_ISSUERS = "TASKLEASE_OIDC_ISSUERS"
-ENV_ALLOW_LOCAL_STORE = "TASKLEASE_ALLOW_LOCAL_STORE"
-ENV_DASHBOARD = "TASKLEASE_DASHBOARD"  # The operators' dashboard's path in the worker, if any.
-ENV_DASHBOARD_OPERATORS = "TASKLEASE_DASHBOARD_OPERATORS"
-ENV_MAX_TASK_BYTES = "TASKLEASE_MAX_TASK_BYTES"  # The largest body the worker reads.
-ENV_DASHBOARD_AUDIENCE = "TASKLEASE_DASHBOARD_AUDIENCE"  # Operators' tokens' own audience.
-# Signs the dashboard's CSRF tokens (the name of a variable, not a secret).
-ENV_DASHBOARD_SECRET = "TASKLEASE_DASHBOARD_SECRET"  # noqa: S105
-ENV_CLOUD_RUN_SERVICE = "K_SERVICE"  # Set by Cloud Run on every instance (platform-facts.md).
-
 DEFAULT_STORE_URL = "sqlite:///tasklease-runs.db"
 
-# Limits taken from the platform (platform-facts.md).
-# Cloud Tasks' maximum task size: 1 MB (cloud.google.com/tasks/docs/quotas, "Maximum task
-# size"); the v2 CreateTask proto comment still says 100 KB, an older App Engine limit. A
-# worker must accept whatever the queue may deliver: the worker, the producer, the stubs and
-# the emulator all take this one limit (the worker's: TASKLEASE_MAX_TASK_BYTES).
-MAX_TASK_BYTES = 1024 * 1024
-MAX_BODY_BYTES = MAX_TASK_BYTES  # The worker's default limit on a delivery's body.
-LARGE_TASK_BYTES = 100 * 1024  # The proto comment's limit: the producer warns above it.
-MAX_TASK_NAME_LENGTH = 500
-MAX_QUEUE_NAME_LENGTH = 100
-MAX_JOB_NAME_LENGTH = 500
+# Limits taken from the platform (platform-facts.md); task sizes are in tasklease.protocol.
 MAX_HEADER_VALUE_LENGTH = 1024  # No identity header Google sends comes near this.
 
 # Per-handler defaults.

@@ -25,7 +25,7 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 
-from tasklease.worker.errors import ConfigurationError
+from tasklease.errors import ConfigurationError
 
 _log = logging.getLogger("tasklease.telemetry")
 TRACE_EXPORTERS = frozenset({"otlp", "gcp", "console"})

@@ -102,8 +102,9 @@ class LockRecord:
     attempt of one run under the same renewing lease as that run.
 
     The record stays after a release: it remembers the last holder, whose start ``min_gap``
-    counts from, until it lapses (:func:`tasklease.worker.locking.lapses_at`) and a store may
-    delete it. Its fencing token grows past that too (:func:`tasklease.worker.locking.next_token`).
+    counts from, until it lapses (:func:`tasklease.worker.core.locking.lapses_at`) and a store may
+    delete it. Its fencing token grows past that too
+    (:func:`tasklease.worker.core.locking.next_token`).
     """
 
     name: str

@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from tasklease.worker import constants as c
-from tasklease.worker.records import Claim, ClaimRequest, RunRecord, RunStatus, Verdict
+from tasklease.worker.core import constants as c
+from tasklease.worker.core.records import Claim, ClaimRequest, RunRecord, RunStatus, Verdict
 
 
 def is_live(record: RunRecord | None, now: datetime) -> bool:

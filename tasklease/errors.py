@@ -1,0 +1,67 @@
+"""What tasklease raises, under one root, and the two signals a handler raises to the worker.
+
+Everything tasklease raises for a failure is a :class:`TaskleaseError`::
+
+    TaskleaseError
+    ├── ConfigurationError         a setting or option is inconsistent (also a ValueError)
+    ├── InvalidDelivery            a request carries no valid Cloud Tasks / Scheduler identity
+    ├── StoreUnavailable           the lease store failed; nothing was claimed or changed
+    ├── OperationRefused           an operator action does not apply to the run or lock
+    ├── WriterLockTimeout          another process held the SQLite writer lock too long
+    ├── EnqueueError               a task was not (known to be) created (tasklease.producer)
+    │   ├── InvalidTask            refused before any network call (also a ValueError)
+    │   ├── TaskAlreadyExists      the name exists or existed recently
+    │   ├── TransientEnqueueError  worth retrying
+    │   ├── PermanentEnqueueError  retrying cannot help
+    │   └── FanOutIncomplete       some children of a fan-out were not created
+    ├── ApiError                   the local emulator's answer in Google's error shape
+    └── DeployError                the deploy kit cannot go on (tasklease.deploy)
+
+A handler's signals are not failures of tasklease and stand apart, as a task queue's
+control-flow exceptions do: raise :class:`PermanentFailure` to stop the queue's retries with a
+dead letter; :class:`LeaseLost` is what :meth:`TaskContext.check_lease` raises once another
+attempt took the run over.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "InvalidDelivery",
+    "LeaseLost",
+    "PermanentFailure",
+    "StoreUnavailable",
+    "TaskleaseError",
+]
+
+
+class TaskleaseError(Exception):
+    """The root of everything tasklease raises for a failure (the tree is in the module's
+    docstring)."""
+
+
+class ConfigurationError(TaskleaseError, ValueError):
+    """tasklease was configured inconsistently (a bad option, an unknown store URL, ...)."""
+
+
+class InvalidDelivery(TaskleaseError, ValueError):
+    """The request does not carry a valid Cloud Tasks or Cloud Scheduler identity."""
+
+
+class StoreUnavailable(TaskleaseError):
+    """The lease store could not be reached or failed; nothing was claimed or changed."""
+
+
+class PermanentFailure(Exception):
+    """Raise from a handler when retrying cannot help.
+
+    The run is recorded as failed with this message (a dead-letter record to inspect and
+    replay), and the worker answers 200 so that the queue stops retrying.
+    """
+
+
+class LeaseLost(Exception):
+    """The execution no longer holds its claim: another attempt took the run over.
+
+    Raised by :meth:`tasklease.worker.TaskContext.check_lease` so long handlers can stop early.
+    """

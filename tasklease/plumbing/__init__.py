@@ -1,0 +1,11 @@
+"""Process and file plumbing that the worker, its stores and the emulator share, owned by none.
+
+``group_commit`` (changes of many threads in one transaction), ``per_process`` (values made
+once per process, remade after a fork), ``private_files`` (0600 files that refuse what others
+planted), ``writer_lock`` (one SQLite writer across processes), ``otel_setup`` (OpenTelemetry
+SDKs from the environment), ``serve`` (a gunicorn worker on 127.0.0.1 for dev and tests),
+``loopback`` and ``hosts`` (which names are this machine). Nothing here imports
+``tasklease.worker`` or ``tasklease.emulator``: both sides depend on it, never the reverse.
+"""
+
+__all__: list[str] = []

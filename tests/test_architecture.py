@@ -1,0 +1,78 @@
+"""The import rules of the folders: the pure core does no I/O, the emulator (the oracle the
+worker is tested against) imports nothing of the worker, and the shared plumbing belongs to
+neither side. Each is checked in a fresh interpreter, by the modules an import loads."""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import tasklease.emulator
+import tasklease.plumbing
+import tasklease.worker.core
+from tests.checkout import ROOT
+
+# What a pure module must never bring in: I/O, threads, web frameworks, Google's clients.
+IMPURE = (
+    "sqlite3",
+    "socket",
+    "threading",
+    "flask",
+    "werkzeug",
+    "google",
+    "grpc",
+    "requests",
+    "opentelemetry",
+    "tasklease.worker.stores",
+)
+
+
+def submodules(package: object) -> list[str]:
+    path = package.__path__  # type: ignore[attr-defined]
+    prefix = package.__name__ + "."  # type: ignore[attr-defined]
+    return sorted(name for _, name, _ in pkgutil.walk_packages(path, prefix))
+
+
+def loaded_by(module: str) -> set[str]:
+    probe = f"import json, sys, {module}\nprint(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return set(json.loads(result.stdout))
+
+
+def among(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if m in names or m.startswith(tuple(f"{n}." for n in names)))
+
+
+@pytest.mark.parametrize("module", submodules(tasklease.worker.core))
+def test_a_core_module_loads_no_io_threads_or_frameworks(module: str) -> None:
+    assert among(loaded_by(module), IMPURE) == []
+
+
+@pytest.mark.parametrize("module", ["tasklease.protocol", "tasklease.errors"])
+def test_the_shared_contract_loads_nothing_of_either_side(module: str) -> None:
+    modules = loaded_by(module)
+    assert among(modules, IMPURE) == []
+    assert among(modules, ("tasklease.worker", "tasklease.producer", "tasklease.emulator")) == []
+
+
+def test_the_emulator_imports_nothing_of_the_worker() -> None:
+    modules = loaded_by(", ".join(["tasklease.emulator", *submodules(tasklease.emulator)]))
+    assert among(modules, ("tasklease.worker", "tasklease.producer")) == []
+
+
+@pytest.mark.parametrize("module", submodules(tasklease.plumbing))
+def test_the_plumbing_belongs_to_neither_side(module: str) -> None:
+    modules = loaded_by(module)
+    assert among(modules, ("tasklease.worker", "tasklease.emulator", "tasklease.producer")) == []
