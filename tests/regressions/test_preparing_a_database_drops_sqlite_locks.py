@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasklease.worker.stores.private_files import prepare_private_database
+from tasklease.plumbing.private_files import prepare_private_database
 
 CHECKPOINT = (
     "import sqlite3, sys\n"
