@@ -1,4 +1,4 @@
-"""The operators' part of the store contract (issue 17): listing, look-up, release, replay links.
+"""The operators' part of the store contract: listing, look-up, release, replay links.
 
 Every store's test class inherits :class:`OperationsContract` next to ``StoreContract``.
 """

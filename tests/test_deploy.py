@@ -247,7 +247,7 @@ def test_a_failing_gcloud_call_stops_with_its_error(cloud: Cloud, tmp_path: Path
     assert "PERMISSION_DENIED" in result.stderr
 
 
-# The source the worker is built from (issue 13): checked before any gcloud call.
+# The source the worker is built from: checked before any gcloud call.
 
 
 def user_project(tmp_path: Path, dependencies: str = '"tasklease"', **files: str) -> Path:

@@ -1,4 +1,4 @@
-"""Where the emulator follows the real Cloud Tasks in the details (issue 16, items 3, 6, 7),
+"""Where the emulator follows the real Cloud Tasks in the details,
 through the google-cloud-tasks client over both transports."""
 
 from __future__ import annotations

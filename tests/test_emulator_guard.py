@@ -1,4 +1,4 @@
-"""The dev stack cannot be driven from a web page (issue 11, item 4).
+"""The dev stack cannot be driven from a web page.
 
 A page open in the developer's browser can POST ``text/plain`` to 127.0.0.1 without a CORS
 preflight, and DNS rebinding lets it send any request under its own host name. Either way it

@@ -1,7 +1,7 @@
 """Every request gets exactly one tasklease log line and a JSON answer, whatever it carries.
 
 Hostile paths, identities that crash a parser, and failures inside the worker itself must not
-fall through to Flask's HTML pages or leave no trace in the log (issue 11, item 6).
+fall through to Flask's HTML pages or leave no trace in the log.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A run belongs to the principal whose delivery created it (issue 11, item 2).
+"""A run belongs to the principal whose delivery created it.
 
 With several allowed service accounts, one must not read, pre-empt or dead-letter another's
 runs: a delivery for an existing run from another principal gets 403, changes nothing and

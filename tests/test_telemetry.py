@@ -1,4 +1,4 @@
-"""Traces, metrics and log correlation of deliveries (issue 18), with OpenTelemetry's
+"""Traces, metrics and log correlation of deliveries, with OpenTelemetry's
 in-memory span exporter and metric reader standing in for Cloud Trace and Cloud Monitoring."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""gcloud, a client nobody here wrote, against the emulator (issue 16).
+"""gcloud, a client nobody here wrote, against the emulator.
 
 Each test module gets an emulator and a throwaway ``CLOUDSDK_CONFIG`` with credentials off and
 the cloudtasks, cloudscheduler and appengine endpoints pointed at the emulator (gcloud asks App

@@ -201,7 +201,7 @@ def serialize_result(result: Any, limit: int = c.MAX_RESULT_BYTES) -> str | None
     return encoded
 
 
-# --- Operator actions: `tasklease runs release` and `runs replay` (issue 17) ----------------
+# --- Operator actions: `tasklease runs release` and `runs replay` ----------------
 
 
 class ReleaseOutcome(StrEnum):

@@ -363,7 +363,7 @@ class LeaseStore(ABC):
 
         return self._read_modify_write(run_id, change)
 
-    # --- Operations: listing, lookup and operator actions (issue 17) ------------------------
+    # --- Operations: listing, lookup and operator actions ------------------------
     # Backends implement _scan_runs and _find_by_identity; the rest is built on them here.
 
     def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:

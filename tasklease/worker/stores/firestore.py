@@ -320,7 +320,7 @@ class FirestoreStore(LeaseStore):
         with self._guard("list runs"):
             return [_decode(snapshot.id, snapshot.to_dict()) for snapshot in query.stream()]
 
-    # --- Operations: listing, lookup and operator changes (issue 17) ------------------------
+    # --- Operations: listing, lookup and operator changes ------------------------
 
     def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
         """One equality filter at most (status, else handler), with the claimed_at range and

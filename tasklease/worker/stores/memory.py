@@ -89,7 +89,7 @@ class MemoryStore(LeaseStore):
     def __repr__(self) -> str:
         return f"MemoryStore({len(self._records)} records)"
 
-    # --- Operations: listing and lookup (issue 17) ------------------------------------------
+    # --- Operations: listing and lookup ------------------------------------------
 
     def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
         with self._lock:

@@ -254,7 +254,7 @@ class SqliteStore(LeaseStore):
             )
         return [_decode(row) for row in rows]
 
-    # --- Operations: listing and lookup (issue 17) ------------------------------------------
+    # --- Operations: listing and lookup ------------------------------------------
 
     def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
         clauses: list[str] = []
