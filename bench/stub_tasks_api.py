@@ -1,7 +1,11 @@
-"""A minimal Cloud Tasks REST endpoint for CreateTask (benchmark helper, its own process).
+"""A minimal Cloud Tasks REST endpoint for CreateTask and BatchCreateTasks (benchmark helper,
+its own process).
 
-It answers like the real API (the task back on success, 409 ALREADY_EXISTS for a known name)
-and does nothing else, so that a producer benchmark measures the producer.
+It answers like the real API (the task back on success, 409 ALREADY_EXISTS for a known name;
+a done operation for a batch, taken names in its ``failedRequests``) after an optional latency
+per call, and does nothing else, so that a producer benchmark measures the producer.
+
+    python bench/stub_tasks_api.py PORT [LATENCY_MS]
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 _names: set[str] = set()
 LATENCY = 0.0  # Seconds each answer waits, like a round trip to the real API.
 _lock = threading.Lock()
+_TYPES = "type.googleapis.com/google.cloud.tasks.v2."
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -24,6 +30,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         time.sleep(LATENCY)
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        if self.path.split("?", 1)[0].endswith(":batchCreate"):
+            self._answer(200, _batch(body["requests"]))
+            return
         task = body["task"]
         with _lock:
             duplicate = task["name"] in _names
@@ -48,6 +57,29 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         return None
+
+
+def _batch(requests: list[dict[str, Any]]) -> dict[str, Any]:
+    created: list[dict[str, Any]] = []
+    failed: dict[str, dict[str, Any]] = {}
+    with _lock:
+        for index, request in enumerate(requests):
+            task = request["task"]
+            if task["name"] in _names:
+                failed[str(index)] = {"code": 6, "message": "Requested entity already exists"}
+            else:
+                _names.add(task["name"])
+                created.append({"name": task["name"]})
+    return {
+        "name": "projects/bench/locations/us-central1/operations/stub",
+        "done": True,
+        "metadata": {
+            "@type": _TYPES + "BatchCreateTasksMetadata",
+            "state": "PARTIALLY_SUCCEEDED" if failed else "SUCCEEDED",
+            "failedRequests": failed,
+        },
+        "response": {"@type": _TYPES + "BatchCreateTasksResponse", "tasks": created},
+    }
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""A local HTTP endpoint that answers like the Cloud Tasks v2 REST API's CreateTask."""
+"""A local HTTP endpoint that answers like the Cloud Tasks v2 REST API's CreateTask and
+BatchCreateTasks (each request of a batch as its own CreateTask, as the emulator does)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
 CREATE_PATH = re.compile(r"^/v2/projects/[^/]+/locations/[^/]+/queues/[^/]+/tasks$")
+BATCH_PATH = re.compile(r"^/v2/projects/[^/]+/locations/[^/]+/queues/[^/]+/tasks:batchCreate$")
+_TYPES = "type.googleapis.com/google.cloud.tasks.v2."
 
 
 class FakeCloudTasks:
     """Records every create, de-duplicates names, and fails on demand.
 
     ``failures`` holds ``(http_status, grpc_status_name, create_anyway)`` answers to give before
-    behaving normally; ``create_anyway`` stores the task first, like a lost response.
+    behaving normally (a batch takes one for the whole call); ``create_anyway`` stores the
+    task (every task of the batch) first, like a lost response. ``batches`` counts the
+    BatchCreateTasks calls, ``requests`` holds the CreateTask calls.
     """
 
     def __init__(self, server: HTTPServer) -> None:
@@ -27,8 +32,10 @@ class FakeCloudTasks:
         self.tasks: dict[str, dict[str, Any]] = {}
         self.requests: list[dict[str, Any]] = []
         self.failures: deque[tuple[int, str, bool]] = deque()
+        self.batches = 0
         self._lock = threading.Lock()
         server.expect_request(CREATE_PATH, method="POST").respond_with_handler(self._create)
+        server.expect_request(BATCH_PATH, method="POST").respond_with_handler(self._batch)
 
     def fail_next(self, status: int, grpc_status: str, *, create_anyway: bool = False) -> None:
         self.failures.append((status, grpc_status, create_anyway))
@@ -51,6 +58,40 @@ class FakeCloudTasks:
                 return error(400, "INVALID_ARGUMENT", "task name does not match the queue")
             self.tasks[task["name"]] = task
         return Response(json.dumps(task), content_type="application/json")
+
+    def _batch(self, request: Request) -> Response:
+        body = request.get_json()
+        parent = request.path[len("/v2/") : -len("/tasks:batchCreate")]
+        with self._lock:
+            self.batches += 1
+            if self.failures:
+                status, grpc_status, create_anyway = self.failures.popleft()
+                if create_anyway:
+                    for item in body["requests"]:
+                        self.tasks.setdefault(item["task"]["name"], item["task"])
+                return error(status, grpc_status, "injected failure")
+            created: list[dict[str, Any]] = []
+            failed: dict[str, dict[str, Any]] = {}
+            for index, item in enumerate(body["requests"]):
+                task = item["task"]
+                if task["name"] in self.tasks:
+                    failed[str(index)] = {"code": 6, "message": "Requested entity already exists"}
+                elif not task["name"].startswith(parent + "/tasks/"):
+                    failed[str(index)] = {"code": 3, "message": "task name does not match"}
+                else:
+                    self.tasks[task["name"]] = task
+                    created.append(task)
+        operation: dict[str, Any] = {
+            "name": f"{parent.rsplit('/queues/', 1)[0]}/operations/{self.batches}",
+            "done": True,
+            "metadata": {
+                "@type": _TYPES + "BatchCreateTasksMetadata",
+                "state": "PARTIALLY_SUCCEEDED" if failed else "SUCCEEDED",
+                "failedRequests": failed,
+            },
+            "response": {"@type": _TYPES + "BatchCreateTasksResponse", "tasks": created},
+        }
+        return Response(json.dumps(operation), content_type="application/json")
 
 
 def error(status: int, grpc_status: str, message: str) -> Response:

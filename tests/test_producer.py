@@ -216,7 +216,7 @@ def test_enqueue_many_returns_one_result_per_item_in_order(cloud_tasks: FakeClou
 def test_enqueue_many_reports_a_failed_item_and_a_rerun_completes_it(
     cloud_tasks: FakeCloudTasks,
 ) -> None:
-    producer = make_producer(cloud_tasks, retry=RetryPolicy(max_attempts=1))
+    producer = make_producer(cloud_tasks, retry=RetryPolicy(max_attempts=1), batch=False)
     cloud_tasks.fail_next(503, "UNAVAILABLE")
     items = [(f"k{n}", {"n": n}) for n in range(5)]
     first = producer.enqueue_many("report", items, concurrency=1)
@@ -226,6 +226,65 @@ def test_enqueue_many_reports_a_failed_item_and_a_rerun_completes_it(
     assert all(r.ok for r in second)
     assert [r.created for r in second] == [True, False, False, False, False]
     assert len(cloud_tasks.tasks) == 5
+
+
+def test_a_batch_that_kept_failing_fails_its_items_and_a_rerun_completes_them(
+    cloud_tasks: FakeCloudTasks,
+) -> None:
+    producer = make_producer(cloud_tasks, retry=RetryPolicy(max_attempts=1))
+    cloud_tasks.fail_next(503, "UNAVAILABLE")
+    items = [(f"k{n}", {"n": n}) for n in range(5)]
+    first = producer.enqueue_many("report", items)
+    assert not any(r.ok for r in first)
+    assert isinstance(first[0].error, TransientEnqueueError)
+    assert "batch of 5 tasks" in str(first[0].error)
+    second = producer.enqueue_many("report", items)
+    assert [r.created for r in second] == [True] * 5
+    assert (cloud_tasks.batches, cloud_tasks.requests) == (2, [])
+
+
+def test_a_lost_batch_answer_is_retried_and_its_tasks_count_as_created(
+    cloud_tasks: FakeCloudTasks,
+) -> None:
+    producer = make_producer(cloud_tasks)
+    producer.enqueue("report", {"n": 0}, key="k0")
+    cloud_tasks.fail_next(503, "UNAVAILABLE", create_anyway=True)
+    results = producer.enqueue_many("report", [(f"k{n}", {"n": n}) for n in range(4)])
+    # The retried batch finds its own first attempt's tasks: created, as for CreateTask.
+    assert [(r.created, r.attempts) for r in results] == [(True, 2)] * 4
+    assert cloud_tasks.batches == 2 and len(cloud_tasks.tasks) == 4
+
+
+def test_enqueue_many_sends_batches_of_at_most_100_per_queue(cloud_tasks: FakeCloudTasks) -> None:
+    producer = make_producer(cloud_tasks)
+    items = [(f"k{n}", {"n": n}) for n in range(250)]
+    results = producer.enqueue_many("report", items)
+    other = producer.enqueue_many("report", items[:3], queue="other")
+    assert all(r.created for r in results + other)
+    assert cloud_tasks.batches == 4 and cloud_tasks.requests == []
+    assert sum("/queues/other/" in name for name in cloud_tasks.tasks) == 3
+
+
+def test_a_key_given_twice_in_one_call_is_created_once(cloud_tasks: FakeCloudTasks) -> None:
+    producer = make_producer(cloud_tasks)
+    results = producer.enqueue_many("report", [("a", {}), ("b", {}), ("a", {})])
+    assert [r.created for r in results] == [True, True, False]
+    assert len(cloud_tasks.tasks) == 2
+
+
+def test_batch_false_creates_each_task_on_its_own(cloud_tasks: FakeCloudTasks) -> None:
+    producer = make_producer(cloud_tasks, batch=False)
+    assert all(r.created for r in producer.enqueue_many("report", [("a", {}), ("b", {})]))
+    assert (cloud_tasks.batches, len(cloud_tasks.requests)) == (0, 2)
+    env_producer = Producer.from_env(
+        {
+            "TASKLEASE_PROJECT": "p",
+            "TASKLEASE_LOCATION": "l",
+            "TASKLEASE_WORKER_URL": WORKER,
+            "TASKLEASE_BATCH": "0",
+        }
+    )
+    assert not env_producer.batch
 
 
 class Run:

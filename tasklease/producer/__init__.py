@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from tasklease.producer.cloud_tasks import CloudTasksTransport
     from tasklease.producer.errors import (
         EnqueueError,
-        FanOutIncomplete,
         InvalidTask,
         PermanentEnqueueError,
         TaskAlreadyExists,
@@ -22,22 +21,24 @@ if TYPE_CHECKING:
     )
     from tasklease.producer.memory import MemoryTransport
     from tasklease.producer.naming import task_id
-    from tasklease.producer.producer import EnqueueResult, Producer
+    from tasklease.producer.producer import Producer
+    from tasklease.producer.results import EnqueueResult, FanOutIncomplete
     from tasklease.producer.retry import RetryPolicy
-    from tasklease.producer.transport import TaskRequest, TaskTransport
+    from tasklease.producer.transport import BatchOutcome, TaskRequest, TaskTransport
 
 # Each public name and the module that defines it (imported when the name is first read).
 _EXPORTS: dict[str, str] = {
+    "BatchOutcome": "tasklease.producer.transport",
     "CloudTasksTransport": "tasklease.producer.cloud_tasks",
     "EnqueueError": "tasklease.producer.errors",
-    "FanOutIncomplete": "tasklease.producer.errors",
+    "FanOutIncomplete": "tasklease.producer.results",
     "InvalidTask": "tasklease.producer.errors",
     "PermanentEnqueueError": "tasklease.producer.errors",
     "TaskAlreadyExists": "tasklease.producer.errors",
     "TransientEnqueueError": "tasklease.producer.errors",
     "MemoryTransport": "tasklease.producer.memory",
     "task_id": "tasklease.producer.naming",
-    "EnqueueResult": "tasklease.producer.producer",
+    "EnqueueResult": "tasklease.producer.results",
     "Producer": "tasklease.producer.producer",
     "RetryPolicy": "tasklease.producer.retry",
     "TaskRequest": "tasklease.producer.transport",
@@ -45,6 +46,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "BatchOutcome",
     "CloudTasksTransport",
     "EnqueueError",
     "EnqueueResult",

@@ -4,33 +4,17 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import requests
-from google.api_core import exceptions as api
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import tasks_v2
-from google.protobuf import duration_pb2, timestamp_pb2
 
-from tasklease.producer.errors import (
-    PermanentEnqueueError,
-    TaskAlreadyExists,
-    TransientEnqueueError,
-)
-from tasklease.producer.transport import TaskRequest, TaskTransport
-
-# Errors worth retrying (platform-facts.md: UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED,
-# 5xx; ABORTED is a Conflict subclass but must be retried, not taken for a duplicate).
-_TRANSIENT: tuple[type[BaseException], ...] = (
-    api.ServerError,
-    api.TooManyRequests,
-    api.DeadlineExceeded,
-    api.Aborted,
-    api.RetryError,
-    requests.ConnectionError,
-    requests.Timeout,
-)
+from tasklease.producer import cloud_tasks_batch
+from tasklease.producer.cloud_tasks_wire import to_proto, translate
+from tasklease.producer.transport import BatchOutcome, TaskRequest, TaskTransport
 
 
 class CloudTasksTransport(TaskTransport):
@@ -39,8 +23,11 @@ class CloudTasksTransport(TaskTransport):
     ``transport`` is ``"grpc"`` (the default against Google) or ``"rest"``. ``endpoint`` points
     at a local emulator (``http://127.0.0.1:8123``): REST with anonymous credentials, as the
     client library has no emulator variable. The client is created lazily, once per process
-    (gRPC channels must not cross a fork), and shared by all threads.
+    (gRPC channels must not cross a fork), and shared by all threads. :meth:`create_tasks`
+    sends up to 100 tasks with BatchCreateTasks.
     """
+
+    max_batch_size = cloud_tasks_batch.MAX_BATCH
 
     def __init__(
         self,
@@ -62,41 +49,20 @@ class CloudTasksTransport(TaskTransport):
     def create_task(self, task: TaskRequest, timeout: float) -> None:
         try:
             self.client.create_task(
-                request={"parent": task.queue_path, "task": _to_proto(task)},
+                request={"parent": task.queue_path, "task": to_proto(task)},
                 timeout=timeout,
                 retry=None,  # The producer retries, with names that make it safe.
             )
-        except api.AlreadyExists as exc:
-            raise TaskAlreadyExists(str(exc)) from exc
-        except api.Aborted as exc:  # A Conflict subclass, yet worth retrying.
-            raise TransientEnqueueError(f"Aborted: {exc}") from exc
-        except api.Conflict as exc:
-            # REST answers 409 for ALREADY_EXISTS and for ABORTED alike; the status tells.
-            if _rest_status(exc) == "ABORTED":
-                raise TransientEnqueueError(str(exc)) from exc
-            raise TaskAlreadyExists(str(exc)) from exc
-        except _TRANSIENT as exc:
-            raise TransientEnqueueError(f"{type(exc).__name__}: {exc}") from exc
-        except api.NotFound as exc:
-            raise PermanentEnqueueError(_queue_not_found(task, exc)) from exc
-        except api.Forbidden as exc:  # PermissionDenied over gRPC, 403 over REST.
-            raise PermanentEnqueueError(
-                "permission denied: the caller needs roles/cloudtasks.enqueuer on the queue"
-                + (
-                    f" and roles/iam.serviceAccountUser on {task.service_account}"
-                    if task.service_account
-                    else ""
-                )
-                + f" ({exc})"
-            ) from exc
-        except api.GoogleAPICallError as exc:
-            # Cloud Tasks answers a missing queue with FAILED_PRECONDITION, not NOT_FOUND.
-            if (
-                isinstance(exc, api.FailedPrecondition)
-                or _rest_status(exc) == "FAILED_PRECONDITION"
-            ):
-                raise PermanentEnqueueError(_queue_not_found(task, exc)) from exc
-            raise PermanentEnqueueError(f"Cloud Tasks refused the task: {exc}") from exc
+        except Exception as exc:
+            error = translate(exc, task)
+            if error is None:
+                raise
+            raise error from exc
+
+    def create_tasks(
+        self, tasks: Sequence[TaskRequest], request_id: str, timeout: float
+    ) -> BatchOutcome:
+        return cloud_tasks_batch.create_tasks(self.client, tasks, request_id, timeout)
 
     @property
     def client(self) -> Any:
@@ -138,42 +104,3 @@ def _tune_local_session(client: Any, size: int) -> None:
         adapter = requests.adapters.HTTPAdapter(pool_connections=size, pool_maxsize=size)
         session.mount("http://", adapter)
         session.mount("https://", adapter)
-
-
-def _queue_not_found(task: TaskRequest, error: api.GoogleAPICallError) -> str:
-    return (
-        f"queue {task.queue_path} not found: create it (gcloud tasks queues create) "
-        f"or fix the project/location/queue settings ({error})"
-    )
-
-
-def _rest_status(error: api.GoogleAPICallError) -> str | None:
-    response = getattr(error, "response", None)
-    try:
-        status = response.json()["error"]["status"]  # type: ignore[union-attr]
-    except Exception:
-        return None
-    return status if isinstance(status, str) else None
-
-
-def _to_proto(task: TaskRequest) -> tasks_v2.Task:
-    http_request = tasks_v2.HttpRequest(
-        url=task.url,
-        http_method=tasks_v2.HttpMethod.POST,
-        headers=task.headers,
-        body=task.body,
-    )
-    if task.service_account:
-        http_request.oidc_token = tasks_v2.OidcToken(
-            service_account_email=task.service_account, audience=task.audience or ""
-        )
-    proto = tasks_v2.Task(name=task.name, http_request=http_request)
-    if task.schedule_time is not None:
-        stamp = timestamp_pb2.Timestamp()
-        stamp.FromDatetime(task.schedule_time)
-        proto.schedule_time = stamp
-    if task.dispatch_deadline is not None:
-        deadline = duration_pb2.Duration()
-        deadline.FromTimedelta(task.dispatch_deadline)
-        proto.dispatch_deadline = deadline
-    return proto

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasklease.producer.errors import TaskAlreadyExists
-from tasklease.producer.transport import TaskRequest, TaskTransport
+from tasklease.producer.errors import (
+    PermanentEnqueueError,
+    TaskAlreadyExists,
+    TransientEnqueueError,
+)
+from tasklease.producer.transport import BatchOutcome, TaskRequest, TaskTransport
 
 
 @dataclass
@@ -22,7 +26,12 @@ class QueuedTask:
 
 class MemoryTransport(TaskTransport):
     """Keeps created tasks in memory and refuses a name it has seen (Cloud Tasks keeps names
-    of executed and deleted tasks for a while too; here, for the transport's lifetime)."""
+    of executed and deleted tasks for a while too; here, for the transport's lifetime).
+
+    A batch is each task's :meth:`create_task` in turn, so a subclass that overrides only
+    that still fails the tasks it means to."""
+
+    max_batch_size = 100
 
     def __init__(self) -> None:
         self._tasks: dict[str, QueuedTask] = {}
@@ -33,6 +42,25 @@ class MemoryTransport(TaskTransport):
             if task.name in self._tasks:
                 raise TaskAlreadyExists(f"task {task.name} already exists")
             self._tasks[task.name] = QueuedTask(task)
+
+    def create_tasks(
+        self, tasks: Sequence[TaskRequest], request_id: str, timeout: float
+    ) -> BatchOutcome:
+        created: set[str] = set()
+        existed: set[str] = set()
+        failed: dict[str, PermanentEnqueueError] = {}
+        for task in tasks:
+            try:
+                self.create_task(task, timeout)
+            except TaskAlreadyExists:
+                existed.add(task.name)
+            except PermanentEnqueueError as exc:
+                failed[task.name] = exc
+            except TransientEnqueueError:
+                continue  # Uncertain: the producer creates it on its own.
+            else:
+                created.add(task.name)
+        return BatchOutcome(frozenset(created), frozenset(existed), failed)
 
     @property
     def tasks(self) -> list[QueuedTask]:

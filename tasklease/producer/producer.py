@@ -13,15 +13,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from tasklease.producer import tracing
+from tasklease.producer.batching import BatchSender
 from tasklease.producer.cloud_tasks import CloudTasksTransport
 from tasklease.producer.errors import (
     EnqueueError,
-    FanOutIncomplete,
     InvalidTask,
     TaskAlreadyExists,
     TransientEnqueueError,
 )
 from tasklease.producer.naming import random_task_id, task_id
+from tasklease.producer.results import EnqueueResult, FanOutIncomplete
 from tasklease.producer.retry import RetryPolicy
 from tasklease.producer.transport import TaskRequest, TaskTransport
 from tasklease.protocol import (
@@ -61,31 +62,12 @@ class _Options:
     headers: Mapping[str, str] | None = None
 
 
-@dataclass(frozen=True)
-class EnqueueResult:
-    """How one enqueue ended.
-
-    ``created`` is False when Cloud Tasks already had the name: a duplicate enqueue absorbed,
-    not an error. In ``enqueue_many`` results, ``error`` is set for an item that failed (the
-    call can be repeated as a whole: names make that safe).
-    """
-
-    name: str
-    task_id: str
-    key: str | None
-    created: bool
-    attempts: int
-    error: EnqueueError | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
 class Producer:
     """Creates tasks that target ``POST {worker_url}/tasks/{task_name}`` with a JSON body.
 
     One producer per process is enough: it is thread-safe and creates its client lazily.
+    ``enqueue_many`` and ``fan_out`` send up to 100 tasks of a queue per BatchCreateTasks
+    call; ``batch=False`` creates each task with its own CreateTask instead.
     """
 
     def __init__(
@@ -103,6 +85,7 @@ class Producer:
         timeout: float = 10.0,
         dispatch_deadline: timedelta | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        batch: bool = True,
     ) -> None:
         if not project or not location or not queue:
             raise ValueError("project, location and queue are required")
@@ -119,14 +102,15 @@ class Producer:
         self.timeout = timeout
         self.dispatch_deadline = _dispatch_deadline(dispatch_deadline)
         self._sleep = sleep
+        self.batch = batch
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Producer:
         """Configured from ``TASKLEASE_PROJECT`` (or ``GOOGLE_CLOUD_PROJECT``),
         ``TASKLEASE_LOCATION``, ``TASKLEASE_QUEUE``, ``TASKLEASE_WORKER_URL``,
         ``TASKLEASE_SERVICE_ACCOUNT``, ``TASKLEASE_AUDIENCE``, ``TASKLEASE_DISPATCH_DEADLINE``
-        (seconds, the default for every task) and ``TASKLEASE_TASKS_ENDPOINT`` (a local
-        emulator)."""
+        (seconds, the default for every task), ``TASKLEASE_TASKS_ENDPOINT`` (a local
+        emulator) and ``TASKLEASE_BATCH`` (``0`` for single creates)."""
         env = os.environ if environ is None else environ
         missing = [
             name
@@ -154,6 +138,8 @@ class Producer:
         deadline = env.get("TASKLEASE_DISPATCH_DEADLINE")
         if deadline:
             settings["dispatch_deadline"] = timedelta(seconds=float(deadline))
+        if env.get("TASKLEASE_BATCH", "").strip().lower() in ("0", "false", "no", "off"):
+            settings["batch"] = False
         settings.update(overrides)
         return cls(**settings)
 
@@ -196,10 +182,12 @@ class Producer:
         dispatch_deadline: timedelta | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> list[EnqueueResult]:
-        """Create one task per ``(key, payload)`` item, ``concurrency`` at a time.
+        """Create one task per ``(key, payload)`` item, ``concurrency`` calls at a time.
 
-        Returns one result per item, in order; a failed item has ``error`` set and never
-        stops the others. Every item is validated before anything is sent.
+        Items are sent in batches of up to 100 of a queue (single creates with
+        ``Producer(batch=False)`` or a transport without batches). Returns one result per
+        item, in order; a failed item has ``error`` set and never stops the others. Every
+        item is validated before anything is sent.
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -216,19 +204,29 @@ class Producer:
         concurrency: int,
         options: _Options,
     ) -> list[EnqueueResult]:
-        requests = [(key, self._build(task_name, payload, key, options)) for key, payload in items]
+        requests: list[tuple[str | None, TaskRequest]] = [
+            (key, self._build(task_name, payload, key, options)) for key, payload in items
+        ]
         if not requests:
             return []
+        if self.batch and self.transport.max_batch_size > 0:
+            sender = BatchSender(self.transport, self.retry, self.timeout, self._sleep)
+            return sender.create_many(requests, concurrency, self._create_settled)
 
-        def create(item: tuple[str, TaskRequest]) -> EnqueueResult:
-            key, request = item
-            try:
-                return self._create(request, key)
-            except EnqueueError as exc:
-                return EnqueueResult(request.name, request.task_id, key, False, 0, exc)
+        def create(item: tuple[str | None, TaskRequest]) -> EnqueueResult:
+            return self._create_settled(item[1], item[0], 0)
 
         with ThreadPoolExecutor(min(concurrency, len(requests)), "tasklease-enqueue") as pool:
             return list(pool.map(create, requests))
+
+    def _create_settled(
+        self, request: TaskRequest, key: str | None, attempts: int
+    ) -> EnqueueResult:
+        """:meth:`_create`, its error in the result rather than raised."""
+        try:
+            return self._create(request, key, attempts)
+        except EnqueueError as exc:
+            return EnqueueResult(request.name, request.task_id, key, False, attempts, exc)
 
     def fan_out(
         self,
@@ -311,10 +309,12 @@ class Producer:
             )
         return request
 
-    def _create(self, request: TaskRequest, key: str | None) -> EnqueueResult:
-        """One create with retries; an ALREADY_EXISTS after our own retry means created."""
+    def _create(self, request: TaskRequest, key: str | None, attempts: int = 0) -> EnqueueResult:
+        """One create with retries; an ALREADY_EXISTS after our own retry means created.
+
+        ``attempts``: tries already made for this task (in a batch that left it uncertain).
+        """
         delays = self.retry.delays()
-        attempts = 0
         while True:
             attempts += 1
             try:

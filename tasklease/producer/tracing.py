@@ -18,7 +18,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import Span, SpanKind
 
 if TYPE_CHECKING:
-    from tasklease.producer.producer import EnqueueResult
+    from tasklease.producer.results import EnqueueResult
 
 INSTRUMENTATION = "tasklease.producer"
 CLOUD_TRACE_HEADER = "X-Cloud-Trace-Context"

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import ClassVar
+
+from tasklease.producer.errors import PermanentEnqueueError
 
 
 @dataclass(frozen=True)
@@ -27,8 +31,22 @@ class TaskRequest:
         return f"{self.queue_path}/tasks/{self.task_id}"
 
 
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What one batch create said for certain about its tasks, by task name.
+
+    ``created``: created by this batch; ``existed``: the name was taken; ``failed``: refused,
+    retrying cannot help. A task in none of them is uncertain (a transient error, or the
+    answer did not say): the producer creates it on its own.
+    """
+
+    created: frozenset[str] = frozenset()
+    existed: frozenset[str] = frozenset()
+    failed: Mapping[str, PermanentEnqueueError] = field(default_factory=dict)
+
+
 class TaskTransport(ABC):
-    """Creates tasks. Implement :meth:`create_task`.
+    """Creates tasks. Implement :meth:`create_task` (and, for batches, :meth:`create_tasks`).
 
     Called from many threads at once (``enqueue_many``): an implementation must be
     thread-safe. It makes one attempt and reports how it went only through its return or
@@ -40,9 +58,22 @@ class TaskTransport(ABC):
       fix.
     """
 
+    # The most tasks :meth:`create_tasks` takes at once; 0: it is not implemented.
+    max_batch_size: ClassVar[int] = 0
+
     @abstractmethod
     def create_task(self, task: TaskRequest, timeout: float) -> None:
         """Create ``task``, waiting at most ``timeout`` seconds."""
+
+    def create_tasks(
+        self, tasks: Sequence[TaskRequest], request_id: str, timeout: float
+    ) -> BatchOutcome:
+        """Create ``tasks`` (one queue, at most :attr:`max_batch_size`) in one attempt.
+
+        ``request_id`` is the same when the producer retries the same batch. Raises what
+        :meth:`create_task` raises for a fault of the whole batch.
+        """
+        raise NotImplementedError(f"{type(self).__name__} creates tasks one at a time")
 
     def close(self) -> None:  # noqa: B027 - optional hook.
         """Release connections."""
