@@ -62,9 +62,9 @@ def init(config: Path, *, router: str, project: str | None = None) -> int:
 
 
 def template(router: str, project: str | None = None) -> str:
-    from tasklease.deploy import deploy as kit  # noqa: PLC0415
+    from tasklease.deploy.config import DEFAULT_CONFIG  # noqa: PLC0415
 
-    text = kit.DEFAULT_CONFIG.read_text()
+    text = DEFAULT_CONFIG.read_text()
     text = re.sub(r'(?m)^router = "[^"]*"', f'router = "{router}"', text, count=1)
     if project:
         text = re.sub(r'(?m)^project = "[^"]*"', f'project = "{project}"', text, count=1)
