@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
-import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tomllib
@@ -43,6 +41,7 @@ if __name__ == "__main__":
 
 from tasklease.deploy.config import DEFAULT_CONFIG, Config, Job, Queue, load_config  # noqa: E402
 from tasklease.deploy.errors import DeployError  # noqa: E402
+from tasklease.deploy.gcloud import Gcloud, has_binding  # noqa: E402
 from tasklease.deploy.proxies import PROXY_GRANTS, PROXY_LIBRARIES, Proxy  # noqa: E402
 
 APIS = (
@@ -54,41 +53,6 @@ APIS = (
     "firestore.googleapis.com",
 )
 DIGEST_LABEL = "tasklease-digest"
-NOT_FOUND_MARKERS = ("not_found", "not found", "does not exist", "404")
-
-
-class Gcloud:
-    """Runs gcloud: look-ups return parsed JSON (None when absent); changes are printed and
-    run. With ``dry_run``, nothing runs: look-ups find nothing and changes are only printed."""
-
-    def __init__(self, *, dry_run: bool, executable: str = "gcloud") -> None:
-        self.dry_run = dry_run
-        self.executable = executable
-
-    def read(self, *args: str) -> Any:
-        command = [self.executable, *args, "--format=json"]
-        if self.dry_run:
-            print(f"# check: {shlex.join(command)}")
-            return None
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            if any(marker in result.stderr.lower() for marker in NOT_FOUND_MARKERS):
-                return None
-            raise DeployError(f"{shlex.join(command)} failed:\n{result.stderr.strip()}")
-        return json.loads(result.stdout or "null")
-
-    def change(self, *args: str) -> None:
-        command = [self.executable, *args]
-        print(f"{'' if self.dry_run else '+ '}{shlex.join(command)}", flush=True)
-        if self.dry_run:
-            return
-        result = subprocess.run(command, check=False)
-        if result.returncode != 0:
-            raise DeployError(f"{shlex.join(command)} failed with exit code {result.returncode}")
-
-    @staticmethod
-    def unchanged(what: str) -> None:
-        print(f"  = {what}: up to date")
 
 
 class Deployer:
@@ -334,7 +298,7 @@ class Deployer:
     def grant_project_role(self, member: str, role: str) -> None:
         # Firestore access has no narrower resource to grant on than the project.
         policy = self.g.read("projects", "get-iam-policy", self.c.project)
-        if _has_binding(policy, member, role):
+        if has_binding(policy, member, role):
             self.g.unchanged(f"{role} for {member}")
         else:
             self.g.change(
@@ -350,7 +314,7 @@ class Deployer:
         location = f"--location={self.c.region}"
         role = "roles/cloudtasks.enqueuer"
         policy = self.g.read("tasks", "queues", "get-iam-policy", queue.name, location, self.p)
-        if _has_binding(policy, member, role):
+        if has_binding(policy, member, role):
             self.g.unchanged(f"{role} on queue {queue.name} for {member}")
         else:
             self.g.change(
@@ -366,7 +330,7 @@ class Deployer:
 
     def grant_on_account(self, email: str, member: str, role: str) -> None:
         policy = self.g.read("iam", "service-accounts", "get-iam-policy", email, self.p)
-        if _has_binding(policy, member, role):
+        if has_binding(policy, member, role):
             self.g.unchanged(f"{role} on {email} for {member}")
         else:
             self.g.change(
@@ -382,7 +346,7 @@ class Deployer:
     def grant_on_service(self, member: str, role: str) -> None:
         region = f"--region={self.c.region}"
         policy = self.g.read("run", "services", "get-iam-policy", self.c.service, region, self.p)
-        if _has_binding(policy, member, role):
+        if has_binding(policy, member, role):
             self.g.unchanged(f"{role} on service {self.c.service} for {member}")
         else:
             self.g.change(
@@ -421,7 +385,7 @@ class Deployer:
                 if scope != "project":
                     continue
                 policy = self.g.read("projects", "get-iam-policy", job.proxy.project)
-                if _has_binding(policy, member, role) or self.g.dry_run:
+                if has_binding(policy, member, role) or self.g.dry_run:
                     self.g.change(
                         "projects",
                         "remove-iam-policy-binding",
@@ -433,7 +397,7 @@ class Deployer:
 
     def grant_on_target_project(self, project: str, member: str, role: str) -> None:
         policy = self.g.read("projects", "get-iam-policy", project)
-        if _has_binding(policy, member, role):
+        if has_binding(policy, member, role):
             self.g.unchanged(f"{role} on project {project} for {member}")
         else:
             self.g.change(
@@ -448,7 +412,7 @@ class Deployer:
     def grant_on_run_job(self, proxy: Proxy, member: str, role: str) -> None:
         where = (proxy.name, f"--region={proxy.location}", f"--project={proxy.project}")
         policy = self.g.read("run", "jobs", "get-iam-policy", *where)
-        if _has_binding(policy, member, role):
+        if has_binding(policy, member, role):
             self.g.unchanged(f"{role} on job {proxy.name} for {member}")
         else:
             self.g.change(
@@ -477,13 +441,6 @@ def check_proxy_source(source: Path, config: Config) -> list[str]:
         f"{what} does not install {', '.join(missing)}: the proxy jobs' targets import it. "
         "Add it as a plain dependency (the buildpack installs no extras)"
     ]
-
-
-def _has_binding(policy: Any, member: str, role: str) -> bool:
-    return any(
-        binding.get("role") == role and member in binding.get("members", [])
-        for binding in (policy or {}).get("bindings", [])
-    )
 
 
 def _seconds(value: float) -> str:
