@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
 
 # Run as a script from a checkout (deploy/deploy.py), the source defaults to that checkout.
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +42,7 @@ from tasklease.deploy.config import DEFAULT_CONFIG, Config, Job, Queue, load_con
 from tasklease.deploy.errors import DeployError  # noqa: E402
 from tasklease.deploy.gcloud import Gcloud, has_binding  # noqa: E402
 from tasklease.deploy.proxies import PROXY_GRANTS, PROXY_LIBRARIES, Proxy  # noqa: E402
+from tasklease.deploy.settings import JobSettings, QueueSettings  # noqa: E402
 
 APIS = (
     "run.googleapis.com",
@@ -197,19 +197,12 @@ class Deployer:
 
     def queue(self, queue: Queue) -> None:
         location = f"--location={self.c.region}"
-        flags = [
-            f"--max-attempts={queue.max_attempts}",
-            f"--max-retry-duration={_seconds(queue.max_retry_duration)}",
-            f"--min-backoff={_seconds(queue.min_backoff)}",
-            f"--max-backoff={_seconds(queue.max_backoff)}",
-            f"--max-doublings={queue.max_doublings}",
-            f"--max-dispatches-per-second={queue.max_dispatches_per_second:g}",
-            f"--max-concurrent-dispatches={queue.max_concurrent_dispatches}",
-        ]
+        wanted = QueueSettings.wanted(queue)
+        flags = wanted.flags()
         current = self.g.read("tasks", "queues", "describe", queue.name, location, self.p)
         if current is None:
             self.g.change("tasks", "queues", "create", queue.name, location, *flags, self.p)
-        elif _queue_settings(current) != _queue_settings_wanted(queue):
+        elif QueueSettings.described(current) != wanted:
             self.g.change("tasks", "queues", "update", queue.name, location, *flags, self.p)
         else:
             self.g.unchanged(f"queue {queue.name}")
@@ -274,23 +267,12 @@ class Deployer:
 
     def job(self, job: Job, url: str) -> None:
         location = f"--location={self.c.region}"
-        flags = [
-            f"--schedule={job.schedule}",
-            f"--time-zone={job.time_zone}",
-            f"--uri={url}/jobs/{job.name}",
-            "--http-method=POST",
-            f"--oidc-service-account-email={self.c.invoker_email}",
-            f"--oidc-token-audience={url}",
-            f"--attempt-deadline={_seconds(job.attempt_deadline)}",
-            f"--max-retry-attempts={job.retry_count}",
-            f"--min-backoff={_seconds(job.min_backoff)}",
-            f"--max-backoff={_seconds(job.max_backoff)}",
-            f"--max-doublings={job.max_doublings}",
-        ]
+        wanted = JobSettings.wanted(job, url, self.c.invoker_email)
+        flags = wanted.flags()
         current = self.g.read("scheduler", "jobs", "describe", job.name, location, self.p)
         if current is None:
             self.g.change("scheduler", "jobs", "create", "http", job.name, location, *flags, self.p)
-        elif _job_settings(current) != _job_settings_wanted(job, url, self.c.invoker_email):
+        elif JobSettings.described(current) != wanted:
             self.g.change("scheduler", "jobs", "update", "http", job.name, location, *flags, self.p)
         else:
             self.g.unchanged(f"scheduler job {job.name}")
@@ -441,71 +423,6 @@ def check_proxy_source(source: Path, config: Config) -> list[str]:
         f"{what} does not install {', '.join(missing)}: the proxy jobs' targets import it. "
         "Add it as a plain dependency (the buildpack installs no extras)"
     ]
-
-
-def _seconds(value: float) -> str:
-    return f"{value:g}s"
-
-
-def _duration(value: Any) -> float:
-    return float(str(value or "0s").rstrip("s") or 0)
-
-
-def _queue_settings(described: dict[str, Any]) -> tuple[Any, ...]:
-    rate, retry = described.get("rateLimits", {}), described.get("retryConfig", {})
-    return (
-        int(retry.get("maxAttempts", 100)),
-        _duration(retry.get("maxRetryDuration")),
-        _duration(retry.get("minBackoff")),
-        _duration(retry.get("maxBackoff")),
-        int(retry.get("maxDoublings", 16)),
-        float(rate.get("maxDispatchesPerSecond", 500)),
-        int(rate.get("maxConcurrentDispatches", 1000)),
-    )
-
-
-def _queue_settings_wanted(queue: Queue) -> tuple[Any, ...]:
-    return (
-        queue.max_attempts,
-        float(queue.max_retry_duration),
-        float(queue.min_backoff),
-        float(queue.max_backoff),
-        queue.max_doublings,
-        float(queue.max_dispatches_per_second),
-        queue.max_concurrent_dispatches,
-    )
-
-
-def _job_settings(described: dict[str, Any]) -> tuple[Any, ...]:
-    target, retry = described.get("httpTarget", {}), described.get("retryConfig", {})
-    oidc = target.get("oidcToken", {})
-    return (
-        described.get("schedule"),
-        described.get("timeZone"),
-        target.get("uri"),
-        oidc.get("serviceAccountEmail"),
-        oidc.get("audience"),
-        _duration(described.get("attemptDeadline")),
-        int(retry.get("retryCount", 0)),
-        _duration(retry.get("minBackoffDuration")),
-        _duration(retry.get("maxBackoffDuration")),
-        int(retry.get("maxDoublings", 5)),
-    )
-
-
-def _job_settings_wanted(job: Job, url: str, invoker: str) -> tuple[Any, ...]:
-    return (
-        job.schedule,
-        job.time_zone,
-        f"{url}/jobs/{job.name}",
-        invoker,
-        url,
-        float(job.attempt_deadline),
-        job.retry_count,
-        float(job.min_backoff),
-        float(job.max_backoff),
-        job.max_doublings,
-    )
 
 
 def _digest(flags: list[str], source: Path = ROOT) -> str:
