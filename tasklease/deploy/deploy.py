@@ -33,7 +33,7 @@ if __name__ == "__main__":
     if importlib.util.find_spec("tasklease") is None:
         sys.path.insert(0, str(ROOT))
 
-from tasklease.deploy.config import DEFAULT_CONFIG, load_config  # noqa: E402
+from tasklease.deploy.config import DEFAULT_CONFIG, Config, load_config  # noqa: E402
 from tasklease.deploy.errors import DeployError  # noqa: E402
 from tasklease.deploy.gcloud import Gcloud  # noqa: E402
 from tasklease.deploy.plan import Deployer  # noqa: E402
@@ -42,6 +42,37 @@ from tasklease.deploy.source import (  # noqa: E402
     check_source,
     ensure_procfile,
 )
+
+
+def run(
+    config: Config,
+    source: Path,
+    gcloud: Gcloud | str = "gcloud",
+    *,
+    dry_run: bool = False,
+    teardown: bool = False,
+) -> None:
+    """Deploy ``config`` with the worker built from ``source``, or tear it down: the one entry
+    point of ``deploy/deploy.py`` and ``tasklease deploy``. ``gcloud`` is the executable, or
+    an adapter whose ``dry_run`` agrees. A source the worker could not start from is refused
+    (DeployError) before any gcloud call; one without a Procfile gets tasklease's."""
+    if isinstance(gcloud, str):
+        gcloud = Gcloud(dry_run=dry_run, executable=gcloud)
+    elif gcloud.dry_run != dry_run:
+        raise ValueError(f"dry_run={dry_run}, but the gcloud adapter has dry_run={gcloud.dry_run}")
+    source = source.resolve()
+    deployer = Deployer(config, gcloud, source)
+    if teardown:
+        deployer.teardown()
+        return
+    problems = check_source(source, config.router) or check_proxy_source(source, config)
+    if problems:
+        raise DeployError(
+            f"the worker built from {source} could not start:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+    ensure_procfile(source, dry_run=dry_run)
+    deployer.deploy()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,23 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
-        source = args.source.resolve()
-        deployer = Deployer(config, Gcloud(dry_run=args.dry_run, executable=args.gcloud), source)
-        if args.teardown:
-            deployer.teardown()
-        else:
-            problems = check_source(source, config.router) or check_proxy_source(source, config)
-            if problems:
-                raise DeployError(
-                    f"the worker built from {source} could not start:\n"
-                    + "\n".join(f"  - {p}" for p in problems)
-                )
-            ensure_procfile(source, dry_run=args.dry_run)
-            deployer.deploy()
+        run(config, args.source, args.gcloud, dry_run=args.dry_run, teardown=args.teardown)
     except DeployError as exc:
-        print(f"deploy: {exc}", file=sys.stderr)
-        return 2
+        return failed(exc)
     return 0
+
+
+def failed(exc: DeployError) -> int:
+    """Report ``exc`` as both command lines do, and give their exit status."""
+    print(f"deploy: {exc}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
