@@ -51,6 +51,7 @@ def test_run_called_directly_deploys_an_empty_project_in_order(
         "services enable run.googleapis.com",
         "firestore databases create",
         "firestore fields ttls",
+        "firestore fields ttls",
         "firestore indexes composite",
         "firestore indexes composite",
         "iam service-accounts create",

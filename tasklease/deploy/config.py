@@ -90,6 +90,11 @@ class Config:
     jobs: tuple[Job, ...] = field(default_factory=tuple)
 
     @property
+    def lock_collection(self) -> str:
+        """Where the Firestore store keeps locks (FirestoreStore.lock_collection)."""
+        return f"{self.collection}_locks"
+
+    @property
     def worker_email(self) -> str:
         return f"{self.worker_account}@{self.project}.iam.gserviceaccount.com"
 

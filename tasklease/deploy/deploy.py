@@ -4,11 +4,12 @@
     deploy/deploy.py [--config deploy/tasklease.toml] [--dry-run] [--teardown]
 
 Reads one TOML file (see deploy/tasklease.toml) and, with the gcloud CLI: enables the APIs,
-creates the Firestore database with a TTL policy on the runs' expire_at and the indexes the
-run listings need, the two service accounts (the worker's runtime identity, and the
-invoker that Cloud Tasks and Scheduler put in their OIDC tokens), the queues, the worker on
-Cloud Run from source (private: --no-allow-unauthenticated) and the Scheduler jobs, granting
-each identity only what it needs, on the narrowest resource that takes the grant.
+creates the Firestore database with TTL policies on the runs' expire_at and the locks'
+lapses_at and the indexes the run listings need, the two service accounts (the worker's
+runtime identity, and the invoker that Cloud Tasks and Scheduler put in their OIDC tokens),
+the queues, the worker on Cloud Run from source (private: --no-allow-unauthenticated) and the
+Scheduler jobs, granting each identity only what it needs, on the narrowest resource that
+takes the grant.
 
 Every step first looks at what exists and changes only what differs, so a second run changes
 nothing. --dry-run prints every command, in order, and runs none (not even the look-ups: it

@@ -1,5 +1,5 @@
-"""The Firestore database of a deploy: the database, the TTL policy that deletes expired run
-records, and the composite indexes the run listings query."""
+"""The Firestore database of a deploy: the database, the TTL policies that delete expired run
+records and lapsed locks, and the composite indexes the run listings query."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from tasklease.deploy.gcloud import Gcloud
 
 
 def ensure_firestore(config: Config, gcloud: Gcloud) -> None:
-    """Create what is missing of the database, its TTL policy and its indexes."""
+    """Create what is missing of the database, its TTL policies and its indexes."""
     project = f"--project={config.project}"
     database = f"--database={config.database}"
     if gcloud.read("firestore", "databases", "describe", database, project) is None:
@@ -24,6 +24,8 @@ def ensure_firestore(config: Config, gcloud: Gcloud) -> None:
     else:
         gcloud.unchanged(f"Firestore database {config.database}")
     ensure_ttl_policy(gcloud, config.collection, "expire_at", database, project)
+    # A lock decides nothing from its lapses_at on (tasklease.worker.locking.lapses_at).
+    ensure_ttl_policy(gcloud, config.lock_collection, "lapses_at", database, project)
     ensure_listing_indexes(gcloud, config.collection, database, project)
 
 
