@@ -3,6 +3,8 @@ loaded config (no argv), and ``tasklease deploy`` handing it the config it loade
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +134,18 @@ def test_tasklease_deploy_reports_a_deploy_error_as_the_script_does(
     status = cli.main(["deploy", f"--source={source}", f"--config={user_config(tmp_path)}"])
     assert status == 2
     assert capsys.readouterr().err.startswith("deploy: the worker built from")
+
+
+def test_the_kit_imports_nothing_outside_the_standard_library_and_tasklease() -> None:
+    """The script needs only Python and gcloud: no module of the kit loads a third-party one."""
+    probe = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import tasklease.deploy.deploy, tasklease.deploy_cli\n"
+        "loaded = {n.split('.')[0] for n in set(sys.modules) - before}\n"
+        "print(sorted(loaded - set(sys.stdlib_module_names)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "['tasklease']"
