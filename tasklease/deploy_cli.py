@@ -1,4 +1,4 @@
-"""``tasklease deploy``: the deploy kit (``deploy/deploy.py``) for a project of your own.
+"""``tasklease deploy``: the deploy kit (``tasklease.deploy.deploy.run``) for a project of your own.
 
     tasklease deploy --init [--router myapp.tasks:router]   # writes ./tasklease.toml
     tasklease deploy --dry-run                               # prints every command
@@ -44,11 +44,22 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from tasklease.deploy import deploy as kit  # noqa: PLC0415 - only this command needs it.
+    # Imported here: only this command needs the kit.
+    from tasklease.deploy import deploy as kit  # noqa: PLC0415
+    from tasklease.deploy.config import load_config  # noqa: PLC0415
+    from tasklease.deploy.errors import DeployError  # noqa: PLC0415
 
-    argv = [f"--config={config}", f"--source={args.source}", f"--gcloud={args.gcloud}"]
-    argv += ["--dry-run"] * args.dry_run + ["--teardown"] * args.teardown
-    return kit.main(argv)
+    try:
+        kit.run(
+            load_config(config),
+            args.source,
+            args.gcloud,
+            dry_run=args.dry_run,
+            teardown=args.teardown,
+        )
+    except DeployError as exc:
+        return kit.failed(exc)
+    return 0
 
 
 def init(config: Path, *, router: str, project: str | None = None) -> int:
@@ -62,9 +73,9 @@ def init(config: Path, *, router: str, project: str | None = None) -> int:
 
 
 def template(router: str, project: str | None = None) -> str:
-    from tasklease.deploy import deploy as kit  # noqa: PLC0415
+    from tasklease.deploy.config import DEFAULT_CONFIG  # noqa: PLC0415
 
-    text = kit.DEFAULT_CONFIG.read_text()
+    text = DEFAULT_CONFIG.read_text()
     text = re.sub(r'(?m)^router = "[^"]*"', f'router = "{router}"', text, count=1)
     if project:
         text = re.sub(r'(?m)^project = "[^"]*"', f'project = "{project}"', text, count=1)

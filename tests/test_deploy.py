@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tasklease.deploy.config import load_config
+from tasklease.worker.stores.firestore import FirestoreStore
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tasklease" / "deploy" / "deploy.py"
 STUB = ROOT / "tests" / "services" / "stub_gcloud.py"
@@ -79,6 +82,7 @@ def test_first_run_sets_up_everything_in_order(cloud: Cloud) -> None:
     assert heads == [
         "services enable run.googleapis.com cloudbuild.googleapis.com",
         "firestore databases create",
+        "firestore fields ttls update",
         "firestore fields ttls update",
         "firestore indexes composite create",
         "firestore indexes composite create",
@@ -178,7 +182,7 @@ def test_dry_run_prints_every_command_and_calls_nothing(cloud: Cloud) -> None:
     assert result.returncode == 0, result.stderr
     assert cloud.calls() == []
     printed = [line for line in result.stdout.splitlines() if line.startswith("gcloud ")]
-    assert len(printed) == 14  # Two composite indexes: by status and by handler.
+    assert len(printed) == 15  # Two TTL policies (runs, locks), two indexes (status, handler).
     assert printed[0].startswith("gcloud services enable")
     assert printed[-1].startswith("gcloud scheduler jobs create http nightly_reports")
 
@@ -514,3 +518,22 @@ def test_both_listing_indexes_are_created_once(cloud: Cloud) -> None:
     assert all("--field-config=field-path=claimed_at,order=descending" in c for c in creates)
     assert cloud.deploy().returncode == 0
     assert cloud.changes() == []  # The second run finds both and creates neither.
+
+
+def test_the_locks_collection_gets_a_ttl_policy_on_lapses_at_once(cloud: Cloud) -> None:
+    """Firestore deletes lapsed lock documents as it deletes expired runs, so locks do not
+    pile up where nothing calls purge_expired."""
+    cloud.deploy()
+    ttls = [c for c in cloud.changes() if c[:4] == ["firestore", "fields", "ttls", "update"]]
+    assert [(c[4], next(a for a in c if a.startswith("--collection-group="))) for c in ttls] == [
+        ("expire_at", "--collection-group=tasklease_runs"),
+        ("lapses_at", "--collection-group=tasklease_runs_locks"),
+    ]
+    assert all("--enable-ttl" in c and "--database=(default)" in c for c in ttls)
+    assert cloud.deploy().returncode == 0
+    assert cloud.changes() == []  # The second run finds both policies.
+
+
+def test_the_ttl_policy_is_on_the_collection_the_firestore_store_keeps_locks_in() -> None:
+    config = load_config(EXAMPLE)
+    assert FirestoreStore(collection=config.collection).lock_collection == config.lock_collection

@@ -1,0 +1,7 @@
+"""The deploy kit's one error: what its command line reports, exiting 2."""
+
+from __future__ import annotations
+
+
+class DeployError(Exception):
+    """A configuration that cannot work, or a gcloud call that failed."""

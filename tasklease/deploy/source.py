@@ -1,0 +1,210 @@
+"""The source Cloud Run builds the worker from: what would keep that worker from starting,
+found before any gcloud call, its Procfile, and the digest that tells an unchanged deploy."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+from tasklease.deploy.config import Config
+from tasklease.deploy.errors import DeployError
+from tasklease.deploy.proxies import PROXY_LIBRARIES
+
+# What the deployed worker imports that the buildpack must install (platform-facts.md, "Cloud
+# Run deploys from source"): the Procfile's server and the production store. tasklease lists
+# both as plain dependencies, so a source that installs tasklease installs them.
+WORKER_NEEDS = ("gunicorn", "google-cloud-firestore")
+PROCFILE = (
+    "web: gunicorn --bind :$PORT --workers ${WEB_CONCURRENCY:-2} --threads "
+    "${GUNICORN_THREADS:-8} --timeout ${GUNICORN_TIMEOUT:-0} --access-logfile - "
+    "'tasklease.worker.wsgi:app'\n"
+)
+_NOT_SOURCE = {".git", ".venv", "venv", "__pycache__", "node_modules", ".mypy_cache"}
+_REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def check_source(source: Path, router: str) -> list[str]:
+    """What would keep the worker built from ``source`` from starting, found before any gcloud
+    call: the buildpack installs ``requirements.txt`` if present, else the ``[project]``
+    dependencies of ``pyproject.toml``, never extras; gunicorn imports
+    ``tasklease.worker.wsgi``, which imports the router module from the source."""
+    if not source.is_dir():
+        return [f"source {source} is not a directory"]
+    problems = []
+    try:
+        installed, what = _installed_by_buildpack(source)
+    except DeployError as exc:
+        installed, what = set(), ""
+        problems.append(str(exc))
+    if what and "tasklease" not in installed:
+        problems.append(
+            f"{what} does not install tasklease: the worker (tasklease.worker.wsgi) would not "
+            "import. "
+            "Add tasklease to it (not as an extra of your own project: the buildpack installs "
+            "no extras)"
+        )
+    elif what:
+        missing = [name for name in WORKER_NEEDS if name not in installed]
+        if missing:
+            problems.append(
+                f"{what} does not install {', '.join(missing)}: the Procfile's gunicorn and the "
+                "Firestore store need them as plain dependencies (the buildpack installs no "
+                "extras)"
+            )
+    module = router.partition(":")[0]
+    if not _module_in_source(source, module):
+        problems.append(
+            f"router {router}: no module {module} in {source} (looked for "
+            f"{module.replace('.', '/')}.py or a package, also under src/)"
+        )
+    procfile = source / "Procfile"
+    if procfile.exists() and not any(
+        line.startswith("web:") for line in procfile.read_text().splitlines()
+    ):
+        problems.append(f"{procfile} has no web: line, the entrypoint Cloud Run starts")
+    return problems
+
+
+def ensure_procfile(source: Path, *, dry_run: bool) -> None:
+    """Write tasklease's Procfile into ``source`` unless it has one (the buildpack reads it)."""
+    procfile = source / "Procfile"
+    if procfile.exists():
+        return
+    if dry_run:
+        print(f"# would write {procfile}: {PROCFILE.strip()}")
+        return
+    procfile.write_text(PROCFILE)
+    print(f"wrote {procfile}")
+
+
+def check_proxy_source(source: Path, config: Config) -> list[str]:
+    """Each proxy job's client library installed by the buildpack, or its runs would all fail."""
+    kinds = sorted({job.proxy.kind for job in config.jobs if job.proxy is not None})
+    if not kinds:
+        return []
+    try:
+        installed, what = _installed_by_buildpack(source)
+    except DeployError:
+        return []  # check_source reported it.
+    missing = [PROXY_LIBRARIES[kind] for kind in kinds if PROXY_LIBRARIES[kind] not in installed]
+    if not missing:
+        return []
+    return [
+        f"{what} does not install {', '.join(missing)}: the proxy jobs' targets import it. "
+        "Add it as a plain dependency (the buildpack installs no extras)"
+    ]
+
+
+def digest(flags: list[str], source: Path) -> str:
+    """The source tree (git's view of it, else every file) and the deploy settings, hashed."""
+    hasher = hashlib.sha256("\n".join(flags).encode())
+    for name in _source_files(source):
+        path = source / name.decode()
+        if path.is_file():
+            hasher.update(name + b"\0" + path.read_bytes())
+    return hasher.hexdigest()[:16]
+
+
+def _source_files(source: Path) -> list[bytes]:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=source,
+        capture_output=True,
+        check=False,
+    )
+    if listed.returncode == 0:
+        return sorted(filter(None, listed.stdout.split(b"\0")))
+    names = []
+    for directory, subdirectories, files in os.walk(source):
+        subdirectories[:] = sorted(d for d in subdirectories if d not in _NOT_SOURCE)
+        for file in files:
+            names.append(str(Path(directory, file).relative_to(source)).encode())
+    return sorted(names)
+
+
+def _installed_by_buildpack(source: Path) -> tuple[set[str], str]:
+    """The normalised names of what the buildpack installs from ``source``, and from where."""
+    requirements = source / "requirements.txt"
+    if requirements.exists():
+        return _requirements(requirements, source, seen=set()), str(requirements)
+    if (source / "pyproject.toml").exists():
+        return _project(source), f"{source / 'pyproject.toml'} ([project] dependencies)"
+    raise DeployError(
+        f"{source} has neither requirements.txt nor pyproject.toml: the buildpack would install "
+        "nothing, and the worker could not start"
+    )
+
+
+def _project(directory: Path) -> set[str]:
+    """A pyproject project's own name and its [project] dependencies (extras excluded)."""
+    try:
+        project = tomllib.loads((directory / "pyproject.toml").read_text()).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise DeployError(f"cannot read {directory / 'pyproject.toml'}: {exc}") from exc
+    if not project:
+        raise DeployError(
+            f"{directory / 'pyproject.toml'} has no [project] table: the buildpack reads "
+            "dependencies from [project] (or use a requirements.txt)"
+        )
+    names = {_normalise(project.get("name", ""))}
+    for requirement in project.get("dependencies", []):
+        match = _REQUIREMENT_NAME.match(requirement.strip())
+        if match:
+            names |= _installs(match.group())
+    return names
+
+
+def _requirements(path: Path, source: Path, seen: set[Path]) -> set[str]:
+    """Names a requirements file installs: names, ``name @ url``, ``#egg=name``, ``-r`` files
+    and local projects (``.`` or ``-e ./dir``) inside the source."""
+    if path in seen or not path.exists():
+        return set()
+    seen.add(path)
+    names: set[str] = set()
+    for raw in path.read_text().splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        option, _, value = line.partition(" ")
+        if option in ("-r", "--requirement"):
+            names |= _requirements(path.parent / value.strip(), source, seen)
+            continue
+        if option in ("-e", "--editable"):
+            line = value.strip()
+        elif line.startswith("-"):
+            continue  # --index-url, -c, --hash ...: no package named.
+        if "#egg=" in line:
+            names |= _installs(line.split("#egg=", 1)[1].split("&")[0])
+        elif line.startswith((".", "/")):
+            local = (path.parent / line.split("[")[0]).resolve()
+            if local.is_relative_to(source.resolve()) and (local / "pyproject.toml").exists():
+                names |= _project(local)
+        else:
+            match = _REQUIREMENT_NAME.match(line)
+            if match and "://" not in line.split("@")[0]:
+                names |= _installs(match.group())
+    return names
+
+
+def _installs(requirement_name: str) -> set[str]:
+    """A requirement's name, with the worker's packages when it is tasklease (they are its
+    plain dependencies; this repository's own pyproject is checked as a project, not so)."""
+    name = _normalise(requirement_name)
+    return {name, *WORKER_NEEDS} if name == "tasklease" else {name}
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _module_in_source(source: Path, module: str) -> bool:
+    relative = Path(*module.split(".")) if module else Path("-")
+    return any(
+        (root / relative).with_suffix(".py").is_file()
+        or (root / relative / "__init__.py").is_file()
+        for root in (source, source / "src")
+    )
