@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tasklease.errors import TaskleaseError
 
-class DeployError(Exception):
+
+class DeployError(TaskleaseError):
     """A configuration that cannot work, or a gcloud call that failed."""
