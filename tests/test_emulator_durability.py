@@ -126,7 +126,8 @@ def test_kill_leaves_no_write_half_done(tmp_path: Path) -> None:
     code = (
         "import os, sys, threading\n"
         "from pathlib import Path\n"
-        "from tasklease.emulator.db import EmulatorDB, TaskRow\n"
+        "from tasklease.emulator.db import EmulatorDB\n"
+        "from tasklease.emulator.rows import TaskRow\n"
         "db = EmulatorDB(Path(sys.argv[1]) / 'emulator.db')\n"
         f"queue = {QUEUE!r}\n"
         "def work(k):\n"

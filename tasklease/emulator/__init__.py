@@ -7,9 +7,9 @@ with CloudTasksEmulator(faults=Faults(duplicate=0.1)) as emulator:
     emulator.deliveries()                    # what was sent, with status codes
 """
 
-from tasklease.emulator.db import DeliveryRecord
 from tasklease.emulator.faults import Faults
 from tasklease.emulator.policy import RetrySettings
+from tasklease.emulator.rows import DeliveryRecord
 from tasklease.emulator.scheduler import Job, LocalScheduler, load_jobs
 from tasklease.emulator.server import CloudTasksEmulator
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 import base64
 import random
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from tasklease.emulator import locations, model
-from tasklease.emulator.db import EmulatorDB, TaskRow
+from tasklease.emulator.db import EmulatorDB
 from tasklease.emulator.dispatcher import Dispatcher
 from tasklease.emulator.model import ApiError
 from tasklease.emulator.oidc import TokenIssuer
+from tasklease.emulator.rows import TaskRow
 
 CERTS_PATH = "/oauth2/v1/certs"  # The emulator's OIDC keys (served by emulator.rest).
 CERTS_PATH = "/oauth2/v1/certs"  # The emulator's OIDC keys (served by emulator.rest).
@@ -190,6 +192,31 @@ class CloudTasksApi:
         spec, view = model.parse_create_task_request(queue, request, now_us)
         return self._insert_task(queue, spec, view, now_us)
 
+    def create_tasks(
+        self, queue: str, bodies: Sequence[dict[str, Any]]
+    ) -> list[dict[str, Any] | ApiError]:
+        """CreateTask for each of ``bodies`` (CreateTaskRequests) in order, stored in one
+        change: each answer is the created task's view, or the ApiError CreateTask raises."""
+        self.check_queue_for_task(queue)
+        now_us = _now_us()
+        answers: list[dict[str, Any] | ApiError] = []
+        pending: list[tuple[int, TaskRow, str]] = []
+        for index, body in enumerate(bodies):
+            try:
+                spec, view = model.parse_new_task(queue, body, now_us)
+            except ApiError as exc:
+                answers.append(exc)
+                continue
+            answers.append({})
+            pending.append((index, self._new_row(queue, spec, now_us), view))
+        since_us = now_us - int(self.dedup_window * 1_000_000)
+        inserted = self.db.insert_tasks([row for _, row, _ in pending], since_us)
+        for (index, row, view), stored in zip(pending, inserted, strict=True):
+            answers[index] = task_view(row, view) if stored else self._name_taken(row.name)
+        if any(inserted):
+            self.dispatcher.wake()
+        return answers
+
     def check_queue_for_task(self, queue: str) -> None:
         """CreateTask needs its queue: FAILED_PRECONDITION when it is missing, as in Cloud
         Tasks (NOT_FOUND is for the task itself)."""
@@ -202,6 +229,17 @@ class CloudTasksApi:
     def _insert_task(
         self, queue: str, spec: dict[str, Any], view: str, now_us: int
     ) -> tuple[TaskRow, str]:
+        row = self._new_row(queue, spec, now_us)
+        # A name is taken while the task exists and for dedup_window after it ran or went.
+        if not self.db.insert_task(row, now_us - int(self.dedup_window * 1_000_000)):
+            raise self._name_taken(row.name)
+        self.dispatcher.wake()
+        return row, view
+
+    @staticmethod
+    def _new_row(queue: str, spec: dict[str, Any], now_us: int) -> TaskRow:
+        """The row of a new task: a generated name if it has none, its schedule time at
+        least now."""
         if not spec.get("name"):
             # Like Cloud Tasks' own generated IDs: numeric, not sequential.
             spec["name"] = f"{queue}/tasks/{random.getrandbits(63)}"
@@ -210,27 +248,14 @@ class CloudTasksApi:
         schedule_us = max(now_us, sent_us)
         spec["scheduleTime"] = model.rfc3339(schedule_us)
         spec.setdefault("dispatchDeadline", model.duration(model.DEFAULT_DISPATCH_DEADLINE))
-        row = TaskRow(
-            spec["name"],
-            queue,
-            spec,
-            schedule_us,
-            now_us,
-            0,
-            0,
-            None,
-            None,
-            None,
-            None,
-            None,
-            in_flight=False,
-        )
-        # A name is taken while the task exists and for dedup_window after it ran or went.
-        if not self.db.insert_task(row, now_us - int(self.dedup_window * 1_000_000)):
-            exists = self.db.get_task(row.name) is not None
-            raise ApiError(409, TASK_EXISTS if exists else TASK_TOO_RECENT)
-        self.dispatcher.wake()
-        return row, view
+        return TaskRow(
+            spec["name"], queue, spec, schedule_us, now_us, 0, 0,
+            None, None, None, None, None, in_flight=False,
+        )  # fmt: skip
+
+    def _name_taken(self, name: str) -> ApiError:
+        exists = self.db.get_task(name) is not None
+        return ApiError(409, TASK_EXISTS if exists else TASK_TOO_RECENT)
 
     def list_tasks(
         self, queue: str, page_size: int = 0, page_token: str = "", view: str | int = "BASIC"

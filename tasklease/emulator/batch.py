@@ -40,6 +40,7 @@ from tasklease.emulator.grpc_api import unary_method
 from tasklease.emulator.model import ApiError
 
 MAX_BATCH = 100
+_LOCK_STRIPES = 64
 OPERATIONS_SERVICE = "google.longrunning.Operations"
 _TYPES = "type.googleapis.com/google.cloud.tasks.v2."
 ALL_FAILED = (
@@ -61,7 +62,10 @@ class BatchApi:
     def __init__(self, api: CloudTasksApi, db: EmulatorDB) -> None:
         self.api = api
         self.db = db
-        self._lock = threading.Lock()  # One batch at a time: a retry finds the first's answer.
+        # Batches of one request_id one at a time (one of these striped locks per id), so a
+        # retry finds the first one's answer; other batches run side by side, their creates
+        # sharing commits.
+        self._locks = [threading.Lock() for _ in range(_LOCK_STRIPES)]
         with db.transaction() as connection:
             connection.execute(_SCHEMA)
 
@@ -77,20 +81,22 @@ class BatchApi:
                 raise ApiError(400, f"requests[{index}].parent must be the batch's {parent}")
         request_id = str(body.get("requestId") or "")
         key = f"{parent}\n{request_id}" if request_id else None
-        with self._lock:
-            known = self._find("request_key", key) if key is not None else None
-            return known or self._run(parent, requests, key)
+        if key is None:
+            return self._run(parent, requests, None)
+        with self._locks[hash(key) % _LOCK_STRIPES]:
+            return self._find("request_key", key) or self._run(parent, requests, key)
 
     def _run(self, parent: str, requests: list[Any], key: str | None) -> dict[str, Any]:
         self.api.check_queue_for_task(parent)
         start_us = _now_us()
         tasks: list[dict[str, Any]] = []
         failed: dict[str, dict[str, Any]] = {}
-        for index, request in enumerate(requests):
-            try:
-                tasks.append(self.api.create_task(parent, {**request, "parent": parent}))
-            except ApiError as exc:
-                failed[str(index)] = {"code": _rpc_code(exc.status), "message": exc.message}
+        answers = self.api.create_tasks(parent, [{**r, "parent": parent} for r in requests])
+        for index, answer in enumerate(answers):
+            if isinstance(answer, ApiError):
+                failed[str(index)] = {"code": _rpc_code(answer.status), "message": answer.message}
+            else:
+                tasks.append(answer)
         location = parent.rsplit("/queues/", 1)[0]
         operation: dict[str, Any] = {
             "name": f"{location}/operations/{uuid.uuid4().hex}",

@@ -17,15 +17,23 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tasklease.emulator.rows import (
+    INSERT_DELIVERY,
+    INSERT_TASK,
+    RESCHEDULE,
+    TASK_COLUMNS,
+    DeliveryRecord,
+    Finish,
+    TaskRow,
+    decode_task,
+    delivery_values,
+    encode_task,
+)
 from tasklease.plumbing.group_commit import GroupCommit, Pending
 from tasklease.plumbing.private_files import check_private_database, prepare_private_database
-
-if TYPE_CHECKING:
-    from tasklease.emulator.sender import AttemptResult
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
@@ -81,103 +89,6 @@ CREATE TABLE IF NOT EXISTS deliveries (
     duration_ms REAL NOT NULL
 );
 """
-
-
-@dataclass(frozen=True)
-class TaskRow:
-    """A pending task as stored. ``spec`` is the Task as created (protobuf JSON)."""
-
-    name: str
-    queue: str
-    spec: dict[str, Any]
-    schedule_us: int
-    create_us: int
-    dispatch_count: int
-    response_count: int
-    first_attempt: dict[str, Any] | None
-    last_attempt: dict[str, Any] | None
-    first_attempt_us: int | None
-    previous_response: int | None
-    retry_reason: str | None
-    in_flight: bool
-    # Responses other than 5xx: X-CloudTasks-TaskExecutionCount (response_count counts all).
-    execution_count: int = 0
-
-
-@dataclass(frozen=True)
-class DeliveryRecord:
-    """One HTTP request the emulator sent to a target, and how it ended."""
-
-    kind: str  # "task" or "scheduler"
-    queue: str | None
-    name: str
-    url: str
-    attempt: int
-    status: int | None  # None: no answer (deadline, connection error).
-    outcome: str | None  # The worker's X-Tasklease-Outcome, if it sent one.
-    fault: str | None  # "duplicate" or "lost_response" when injected.
-    error: str | None
-    started_us: int
-    duration_ms: float
-
-    @classmethod
-    def of(
-        cls, kind: str, queue: str | None, name: str, url: str, *, attempt: int, sent: AttemptResult
-    ) -> DeliveryRecord:
-        """The record of one request that was sent."""
-        return cls(
-            kind,
-            queue,
-            name,
-            url,
-            attempt,
-            sent.status,
-            sent.outcome,
-            sent.fault,
-            sent.error,
-            sent.started_us,
-            sent.duration_ms,
-        )
-
-
-@dataclass(frozen=True)
-class Finish:
-    """How one dispatch ended, to record: see :meth:`EmulatorDB.finish_attempt`."""
-
-    name: str
-    delete: bool
-    now_us: int
-    schedule_us: int
-    responded: bool
-    attempt: dict[str, Any]
-    previous_response: int | None
-    retry_reason: str | None
-    executed: bool = False
-    deliveries: Sequence[DeliveryRecord] = ()
-
-
-_TASK_COLUMNS = (
-    "name, queue, spec, schedule_us, create_us, dispatch_count, response_count, first_attempt, "
-    "last_attempt, first_attempt_us, previous_response, retry_reason, in_flight, execution_count"
-)
-
-
-_INSERT_TASK = (
-    f"INSERT INTO tasks ({_TASK_COLUMNS}) SELECT {', '.join('?' * 14)} "  # noqa: S608
-    "WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE name = ? AND at_us >= ?)"
-)
-_RESCHEDULE = (
-    "UPDATE tasks SET in_flight = 0, schedule_us = ?, "
-    "dispatch_count = dispatch_count + 1, response_count = response_count + ?, "
-    "execution_count = execution_count + ?, last_attempt = ?, "
-    "first_attempt = COALESCE(first_attempt, ?), "
-    "first_attempt_us = COALESCE(first_attempt_us, ?), previous_response = ?, "
-    "retry_reason = ? WHERE name = ?"
-)
-_INSERT_DELIVERY = (
-    "INSERT INTO deliveries (kind, queue, name, url, attempt, status, outcome, fault, "
-    "error, started_us, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
 
 
 class EmulatorDB:
@@ -289,15 +200,31 @@ class EmulatorDB:
 
         Committed (with whatever else is being written at the moment) before it returns.
         """
-        params = (*_encode(row), row.name, tombstones_since_us)
+        params = (*encode_task(row), row.name, tombstones_since_us)
 
         def insert(connection: sqlite3.Connection) -> bool:
             try:
-                return connection.execute(_INSERT_TASK, params).rowcount == 1
+                return connection.execute(INSERT_TASK, params).rowcount == 1
             except sqlite3.IntegrityError:  # Only this statement is undone, not the batch.
                 return False
 
         return bool(self._writes.run(insert))
+
+    def insert_tasks(self, rows: Sequence[TaskRow], tombstones_since_us: int) -> list[bool]:
+        """:meth:`insert_task` for each of ``rows``, in order, in one change: a batch of
+        creates costs one commit. A name taken earlier in the same batch is taken too."""
+        params = [(*encode_task(row), row.name, tombstones_since_us) for row in rows]
+
+        def insert_all(connection: sqlite3.Connection) -> list[bool]:
+            inserted = []
+            for values in params:
+                try:
+                    inserted.append(connection.execute(INSERT_TASK, values).rowcount == 1)
+                except sqlite3.IntegrityError:
+                    inserted.append(False)
+            return inserted
+
+        return list(self._writes.run(insert_all))
 
     def task_tombstoned_since(self, name: str, since_us: int) -> bool:
         return bool(
@@ -305,16 +232,16 @@ class EmulatorDB:
         )
 
     def get_task(self, name: str) -> TaskRow | None:
-        rows = self._query(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE name = ?", (name,))  # noqa: S608
-        return _decode(rows[0]) if rows else None
+        rows = self._query(f"SELECT {TASK_COLUMNS} FROM tasks WHERE name = ?", (name,))  # noqa: S608
+        return decode_task(rows[0]) if rows else None
 
     def list_tasks(self, queue: str, limit: int, offset: int) -> list[TaskRow]:
         rows = self._query(
-            f"SELECT {_TASK_COLUMNS} FROM tasks WHERE queue = ? "  # noqa: S608
+            f"SELECT {TASK_COLUMNS} FROM tasks WHERE queue = ? "  # noqa: S608
             "ORDER BY schedule_us, name LIMIT ? OFFSET ?",
             (queue, limit, offset),
         )
-        return [_decode(row) for row in rows]
+        return [decode_task(row) for row in rows]
 
     def count_tasks(self, queue: str | None = None) -> int:
         if queue is None:
@@ -328,10 +255,10 @@ class EmulatorDB:
         rows = self._query(
             f"UPDATE tasks SET in_flight = 1 WHERE name IN (SELECT name FROM tasks "  # noqa: S608
             "WHERE queue = ? AND in_flight = 0 AND schedule_us <= ? ORDER BY schedule_us LIMIT ?) "
-            f"RETURNING {_TASK_COLUMNS}",
+            f"RETURNING {TASK_COLUMNS}",
             (queue, now_us, limit),
         )
-        return sorted((_decode(row) for row in rows), key=lambda row: row.schedule_us)
+        return sorted((decode_task(row) for row in rows), key=lambda row: row.schedule_us)
 
     def has_due(self, queue: str, now_us: int) -> bool:
         return bool(
@@ -353,13 +280,13 @@ class EmulatorDB:
         """Mark a task in flight; None if it is gone or already in flight."""
         with self.transaction() as connection:
             row = connection.execute(
-                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE name = ? AND in_flight = 0",  # noqa: S608
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE name = ? AND in_flight = 0",  # noqa: S608
                 (name,),
             ).fetchone()
             if row is None:
                 return None
             connection.execute("UPDATE tasks SET in_flight = 1 WHERE name = ?", (name,))
-            return _decode(row)
+            return decode_task(row)
 
     def finish_attempt(
         self,
@@ -447,7 +374,7 @@ class EmulatorDB:
 
     @staticmethod
     def _insert_delivery(connection: sqlite3.Connection, record: DeliveryRecord) -> None:
-        connection.execute(_INSERT_DELIVERY, _delivery_values(record))
+        connection.execute(INSERT_DELIVERY, delivery_values(record))
 
     def deliveries(self, queue: str | None = None) -> list[DeliveryRecord]:
         sql = (
@@ -464,7 +391,7 @@ class EmulatorDB:
 
 def _finish_change(finish: Finish) -> Callable[[sqlite3.Connection], None]:
     """The SQL of one finished dispatch, its values computed now (outside the batch)."""
-    logged = [_delivery_values(record) for record in finish.deliveries]
+    logged = [delivery_values(record) for record in finish.deliveries]
     name, now_us = finish.name, finish.now_us
     stored = None if finish.delete else json.dumps(finish.attempt)
     update = (
@@ -474,80 +401,10 @@ def _finish_change(finish: Finish) -> Callable[[sqlite3.Connection], None]:
 
     def change(connection: sqlite3.Connection) -> None:
         if logged:
-            connection.executemany(_INSERT_DELIVERY, logged)
+            connection.executemany(INSERT_DELIVERY, logged)
         if finish.delete:
             EmulatorDB._tombstone_where(connection, "name = ?", (name,), now_us)
         else:
-            connection.execute(_RESCHEDULE, update)
+            connection.execute(RESCHEDULE, update)
 
     return change
-
-
-def _delivery_values(record: DeliveryRecord) -> tuple[Any, ...]:
-    return (
-        record.kind,
-        record.queue,
-        record.name,
-        record.url,
-        record.attempt,
-        record.status,
-        record.outcome,
-        record.fault,
-        record.error,
-        record.started_us,
-        record.duration_ms,
-    )
-
-
-def _encode(row: TaskRow) -> tuple[Any, ...]:
-    return (
-        row.name,
-        row.queue,
-        json.dumps(row.spec),
-        row.schedule_us,
-        row.create_us,
-        row.dispatch_count,
-        row.response_count,
-        json.dumps(row.first_attempt) if row.first_attempt else None,
-        json.dumps(row.last_attempt) if row.last_attempt else None,
-        row.first_attempt_us,
-        row.previous_response,
-        row.retry_reason,
-        int(row.in_flight),
-        row.execution_count,
-    )
-
-
-def _decode(row: tuple[Any, ...]) -> TaskRow:
-    (
-        name,
-        queue,
-        spec,
-        schedule_us,
-        create_us,
-        dispatch_count,
-        response_count,
-        first_attempt,
-        last_attempt,
-        first_attempt_us,
-        previous_response,
-        retry_reason,
-        in_flight,
-        execution_count,
-    ) = row
-    return TaskRow(
-        name=name,
-        queue=queue,
-        spec=json.loads(spec),
-        schedule_us=schedule_us,
-        create_us=create_us,
-        dispatch_count=dispatch_count,
-        response_count=response_count,
-        first_attempt=json.loads(first_attempt) if first_attempt else None,
-        last_attempt=json.loads(last_attempt) if last_attempt else None,
-        first_attempt_us=first_attempt_us,
-        previous_response=previous_response,
-        retry_reason=retry_reason,
-        in_flight=bool(in_flight),
-        execution_count=execution_count,
-    )

@@ -19,11 +19,12 @@ from urllib3.util import parse_url
 
 from tasklease.emulator import metrics as emulator_metrics
 from tasklease.emulator import model
-from tasklease.emulator.db import DeliveryRecord, EmulatorDB, Finish, TaskRow
+from tasklease.emulator.db import EmulatorDB
 from tasklease.emulator.exchanges import Exchanges, direct_origin
 from tasklease.emulator.oidc import TokenIssuer
 from tasklease.emulator.policy import TokenBucket, backoff, gives_up
 from tasklease.emulator.redirects import next_hop
+from tasklease.emulator.rows import DeliveryRecord, Finish, TaskRow
 from tasklease.emulator.sender import AttemptResult, Sender
 from tasklease.emulator.task_request import TaskRequest, task_request, unsent
 from tasklease.emulator.workers import Workers

@@ -28,11 +28,12 @@ from typing import Any
 
 from tasklease.emulator import metrics as emulator_metrics
 from tasklease.emulator import schedules
-from tasklease.emulator.db import DeliveryRecord, EmulatorDB
+from tasklease.emulator.db import EmulatorDB
 from tasklease.emulator.headers import SCHEDULER_USER_AGENT, job_headers, set_header
 from tasklease.emulator.oidc import TokenIssuer
 from tasklease.emulator.pending_runs import PendingRun, PendingRuns
 from tasklease.emulator.policy import RetrySettings, backoff, gives_up
+from tasklease.emulator.rows import DeliveryRecord
 from tasklease.emulator.sender import Sender
 
 _log = logging.getLogger("tasklease.scheduler")

@@ -20,12 +20,13 @@ from tasklease.emulator import guard, rest, scheduler_grpc
 from tasklease.emulator import metrics as emulator_metrics
 from tasklease.emulator.api import CERTS_PATH, DEFAULT_QUEUE_REUSE_WINDOW, CloudTasksApi
 from tasklease.emulator.batch import BatchApi, grpc_handlers
-from tasklease.emulator.db import DeliveryRecord, EmulatorDB
+from tasklease.emulator.db import EmulatorDB
 from tasklease.emulator.dispatcher import Dispatcher
 from tasklease.emulator.faults import Faults
 from tasklease.emulator.grpc_api import GrpcServer
 from tasklease.emulator.http_server import HttpServer
 from tasklease.emulator.oidc import TokenIssuer
+from tasklease.emulator.rows import DeliveryRecord
 from tasklease.emulator.scheduler import Job, LocalScheduler
 from tasklease.emulator.scheduler_api import SchedulerApi
 from tasklease.emulator.sender import Sender

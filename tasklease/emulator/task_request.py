@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasklease.emulator import model
-from tasklease.emulator.db import TaskRow
 from tasklease.emulator.headers import TASKS_USER_AGENT, set_header, task_headers
 from tasklease.emulator.oidc import TokenIssuer
 from tasklease.emulator.routing import route
+from tasklease.emulator.rows import TaskRow
 from tasklease.emulator.sender import AttemptResult
 
 

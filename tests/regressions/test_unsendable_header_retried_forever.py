@@ -12,8 +12,8 @@ import time
 import pytest
 
 from tasklease.emulator import CloudTasksEmulator
-from tasklease.emulator.db import TaskRow
 from tasklease.emulator.model import ApiError, rfc3339
+from tasklease.emulator.rows import TaskRow
 
 QUEUE = "projects/p/locations/us-central1/queues/q"
 
