@@ -41,9 +41,9 @@ ENV_MAX_TASK_BYTES = "TASKLEASE_MAX_TASK_BYTES"  # The largest body the worker r
 ENV_DASHBOARD_AUDIENCE = "TASKLEASE_DASHBOARD_AUDIENCE"  # Operators' tokens' own audience.
 # Signs the dashboard's CSRF tokens (the name of a variable, not a secret).
 ENV_DASHBOARD_SECRET = "TASKLEASE_DASHBOARD_SECRET"  # noqa: S105
-ENV_CLOUD_RUN_SERVICE = "K_SERVICE"  # Set by Cloud Run on every instance (platform-facts.md).
+ENV_CLOUD_RUN_SERVICE = "K_SERVICE"  # Set by Cloud Run on every instance (docs/platform-facts.md).
 
-# Task and name limits (platform-facts.md).
+# Task and name limits (docs/platform-facts.md).
 # Cloud Tasks' maximum task size: 1 MB (cloud.google.com/tasks/docs/quotas, "Maximum task
 # size"); the v2 CreateTask proto comment still says 100 KB, an older App Engine limit. A
 # worker must accept whatever the queue may deliver: the worker, the producer and the stubs

@@ -3,7 +3,7 @@ emulator as a local fallback, or a real project when ``TASKLEASE_FIRESTORE_LIVE=
 
 FirestoreStore's safety rests on ``last_update_time`` preconditions and transaction
 isolation; Google's emulator enforces both, ``@firestore-emulator/server`` neither
-(platform-facts.md). So the npm emulator is only a local fallback: the tests marked
+(docs/platform-facts.md). So the npm emulator is only a local fallback: the tests marked
 ``firestore_emulator_gap`` skip on it, and the run says loudly that it used it. In CI
 (``CI=true``) a missing gcloud emulator fails the tests instead.
 ``TASKLEASE_FIRESTORE_EMULATOR=npm`` picks the fallback on purpose.
@@ -49,7 +49,7 @@ class _Session:
 
 session = _Session()
 
-# The npm emulator's documented gaps (platform-facts.md): tests whose property it cannot give.
+# The npm emulator's documented gaps (docs/platform-facts.md): tests whose property it cannot give.
 IGNORES_UPDATE_TIME = pytest.mark.firestore_emulator_gap(
     "@firestore-emulator/server ignores last_update_time preconditions, so a stale attempt's "
     "conditional write is not refused"

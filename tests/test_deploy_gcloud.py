@@ -5,7 +5,7 @@ runs each distinct command of a first deploy, an updating deploy and a teardown 
 installed gcloud, offline: a throwaway CLOUDSDK_CONFIG, credentials disabled and every request
 sent to a proxy on a loopback port that refuses connections. A command the parser rejects
 fails at once (``unrecognized arguments``, ``Invalid value``); one it accepts fails later, on
-the connection (after gcloud's retries, ~30 s: hence all at once). See platform-facts.md,
+the connection (after gcloud's retries, ~30 s: hence all at once). See docs/platform-facts.md,
 "gcloud as a syntax judge".
 """
 

@@ -120,7 +120,7 @@ def test_failures_are_retried_with_the_backoff_formula_then_given_up(
         "4",
     ]
     # 5xx answers are not executions: the count stays 0 while the retry count grows
-    # (platform-facts.md; captured from production in aertje/cloud-tasks-emulator#114).
+    # (docs/platform-facts.md; captured from production in aertje/cloud-tasks-emulator#114).
     assert {h.headers["X-Cloudtasks-Taskexecutioncount"] for h in recorder.hits} == {"0"}
     assert recorder.hits[1].headers["X-Cloudtasks-Taskpreviousresponse"] == "500"
     assert recorder.hits[1].headers["X-Cloudtasks-Taskretryreason"] == ""  # Empty for HTTP.

@@ -125,7 +125,7 @@ def test_a_failing_handler_is_retried_with_cloud_tasks_counts(
     assert [d.outcome for d in summary.deliveries] == ["released", "released", "processed"]
     assert [d.retry_count for d in summary.deliveries] == [0, 1, 2]
     last = shop.contexts[-1]
-    # 5xx answers are retried but not counted as executions (platform-facts.md).
+    # 5xx answers are retried but not counted as executions (docs/platform-facts.md).
     assert (last.retry_count, last.execution_count, last.previous_response) == (2, 0, 500)
     assert last.retry_reason == "HTTP 500"
     assert shop.effects == ["flaky"]

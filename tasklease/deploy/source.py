@@ -14,7 +14,7 @@ from tasklease.deploy.config import Config
 from tasklease.deploy.errors import DeployError
 from tasklease.deploy.proxies import PROXY_LIBRARIES
 
-# What the deployed worker imports that the buildpack must install (platform-facts.md, "Cloud
+# What the deployed worker imports that the buildpack must install (docs/platform-facts.md, "Cloud
 # Run deploys from source"): the Procfile's server and the production store. tasklease lists
 # both as plain dependencies, so a source that installs tasklease installs them.
 WORKER_NEEDS = ("gunicorn", "google-cloud-firestore")

@@ -15,7 +15,8 @@ from tasklease.emulator import http_rules
 from tasklease.emulator.errors import ApiError as ApiError  # noqa: PLC0414 - re-exported
 from tasklease.emulator.policy import RetrySettings
 
-# platform-facts.md: queue IDs letters, digits, hyphens, <= 100; task IDs add underscores, <= 500.
+# docs/platform-facts.md: queue IDs letters, digits, hyphens, <= 100; task IDs add
+# underscores, <= 500.
 QUEUE_NAME = re.compile(
     r"projects/([a-z0-9:.-]{1,100})/locations/([a-z0-9-]{1,63})/queues/([A-Za-z0-9-]{1,100})",
     re.ASCII,
@@ -29,7 +30,7 @@ MAX_SCHEDULE_AHEAD_SECONDS = 30 * 86_400
 DEFAULT_DISPATCH_DEADLINE = 600.0
 MIN_DISPATCH_DEADLINE, MAX_DISPATCH_DEADLINE = 15.0, 1800.0
 
-# Defaults and limits of a queue (platform-facts.md, "queue settings").
+# Defaults and limits of a queue (docs/platform-facts.md, "queue settings").
 DEFAULT_RATE, MAX_RATE = 500.0, 500.0
 DEFAULT_BURST = 100
 DEFAULT_CONCURRENCY, MAX_CONCURRENCY = 1000, 5000

@@ -1,6 +1,6 @@
 """The queue's delivery rules as pure functions: retry backoff, give-up, rate limiting.
 
-Formulas from Cloud Tasks' RetryConfig documentation (platform-facts.md, "queue settings"):
+Formulas from Cloud Tasks' RetryConfig documentation (docs/platform-facts.md, "queue settings"):
 the delay starts at min_backoff, doubles max_doublings times, then grows linearly by
 2^max_doublings * min_backoff per retry, capped at max_backoff. Retries stop only when both
 max_attempts and max_retry_duration are reached (-1 attempts and 0 duration mean unlimited).

@@ -38,7 +38,7 @@ from tasklease.emulator.sender import Sender
 
 _log = logging.getLogger("tasklease.scheduler")
 
-# Cloud Scheduler limits (platform-facts.md): attempt deadline 15 s to 30 min, retries <= 5.
+# Cloud Scheduler limits (docs/platform-facts.md): attempt deadline 15 s to 30 min, retries <= 5.
 MIN_ATTEMPT_DEADLINE, MAX_ATTEMPT_DEADLINE = 15.0, 1800.0
 MAX_RETRY_COUNT = 5
 # Cloud Scheduler's retry defaults: no retries; backoff 5 s to 1 h, 5 doublings.

@@ -40,7 +40,7 @@ JOB_NAME = re.compile(
 _JOB = scheduler_v1.Job.pb()  # The raw protobuf class: validation by Google's own schema.
 # Output-only fields: ignored on create and update.
 _OUTPUT_ONLY = ("state", "status", "userUpdateTime", "scheduleTime", "lastAttemptTime")
-# Cloud Scheduler's defaults (platform-facts.md): attempt deadline 3 min, no retries,
+# Cloud Scheduler's defaults (docs/platform-facts.md): attempt deadline 3 min, no retries,
 # backoff 5 s to 1 h with 5 doublings.
 _DEFAULT_RETRY = {
     "retryCount": 0,

@@ -18,8 +18,8 @@ from tasklease.emulator.redirects import next_hop
 OUTCOME_HEADER = "X-Tasklease-Outcome"  # Recorded when the target is a tasklease worker.
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # Every value read from a target is bounded before it is stored or computed with. A Retry-After
-# delays a retry by at most the 31 days a task may live (platform-facts.md), far inside SQLite's
-# 64-bit integers once in microseconds.
+# delays a retry by at most the 31 days a task may live (docs/platform-facts.md), far inside
+# SQLite's 64-bit integers once in microseconds.
 MAX_RETRY_AFTER_SECONDS = 31 * 86_400.0
 MAX_RECORDED_TEXT = 200
 # An answer's body is read to keep its connection alive, up to this much; a longer one closes it.

@@ -1,5 +1,5 @@
 """The HTTP request one attempt of a task sends: its route (the queue's overrides applied),
-the headers Cloud Tasks sets on every HTTP-target request (platform-facts.md) in place of any
+the headers Cloud Tasks sets on every HTTP-target request (docs/platform-facts.md) in place of any
 the task set itself (:mod:`tasklease.emulator.headers`), its OIDC token and its deadline."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from tasklease.producer.errors import (
 )
 from tasklease.producer.transport import TaskRequest
 
-# Errors worth retrying (platform-facts.md: UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED,
+# Errors worth retrying (docs/platform-facts.md: UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED,
 # 5xx; ABORTED is a Conflict subclass but must be retried, not taken for a duplicate).
 _TRANSIENT: tuple[type[BaseException], ...] = (
     api.ServerError,

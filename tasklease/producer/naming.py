@@ -2,7 +2,7 @@
 
 Task IDs allow letters, digits, ``-`` and ``_``, at most 500 characters; sequential IDs
 (timestamps, counters, shared prefixes) raise latency for the whole queue, so the hash comes
-first (platform-facts.md, "creating tasks").
+first (docs/platform-facts.md, "creating tasks").
 """
 
 from __future__ import annotations

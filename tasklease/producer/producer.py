@@ -35,7 +35,7 @@ from tasklease.protocol import (
 
 _log = logging.getLogger("tasklease.producer")
 
-# Platform limits (platform-facts.md); the task size limits are the protocol's.
+# Platform limits (docs/platform-facts.md); the task size limits are the protocol's.
 MAX_SCHEDULE_AHEAD = timedelta(days=30)
 MIN_DISPATCH_DEADLINE = timedelta(seconds=15)
 MAX_DISPATCH_DEADLINE = timedelta(minutes=30)

@@ -1,7 +1,7 @@
 """Request authentication: who may make the worker run a handler.
 
 ``X-CloudTasks-*`` and ``X-CloudScheduler-*`` headers can be forged by anyone who reaches the
-URL (platform-facts.md, "Authentication"), so the worker trusts a delivery only when it carries
+URL (docs/platform-facts.md, "Authentication"), so the worker trusts a delivery only when it carries
 a Google-signed OIDC ID token for an allowed service account.
 """
 

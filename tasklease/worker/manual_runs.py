@@ -1,7 +1,7 @@
 """Which run a Scheduler delivery near its slot belongs to: the slot's own, or a manual run's.
 
 ``gcloud scheduler jobs run`` sends the next slot's ScheduleTime, and its retries carry the
-same headers as that slot's own delivery (platform-facts.md). A delivery well before its slot
+same headers as that slot's own delivery (docs/platform-facts.md). A delivery well before its slot
 is surely manual (:func:`tasklease.worker.core.identity.parse_identity`); any other may be either,
 and the manual run's record decides (:func:`tasklease.worker.core.decisions.takes_manual_delivery`).
 

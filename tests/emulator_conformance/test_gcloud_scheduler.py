@@ -52,7 +52,7 @@ def test_job_commands_and_a_manual_run(
     assert hit.headers["X-Tenant"] == "acme"
     assert hit.headers["Authorization"].startswith("Bearer ")
     assert hit.body == b'{"n": 1}'
-    # A manual run carries the next scheduled slot and arrives before it (platform-facts.md).
+    # A manual run carries the next scheduled slot and arrives before it (docs/platform-facts.md).
     when = parse_rfc3339(hit.headers["X-Cloudscheduler-Scheduletime"])
     assert when is not None and when.hour == 4 and when > datetime.now(UTC)
     gcloud("scheduler", "jobs", "delete", "nightly", WHERE)

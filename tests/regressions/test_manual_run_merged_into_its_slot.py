@@ -4,8 +4,8 @@ delivery found the store down (review finding: each of these merged the manual r
 slot's run, and one of the two never completed).
 
 Cloud Scheduler sends a manual run's retries with the same headers as the slot's own delivery
-(job name and the slot's ScheduleTime, platform-facts.md): only the store's record of the manual
-run, or this worker's memory of it, tells them apart.
+(job name and the slot's ScheduleTime, docs/platform-facts.md): only the store's record of the
+manual run, or this worker's memory of it, tells them apart.
 """
 
 from __future__ import annotations

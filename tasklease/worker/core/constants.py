@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-# Cloud Tasks HTTP-target headers (platform-facts.md, "what an HTTP target receives").
+# Cloud Tasks HTTP-target headers (docs/platform-facts.md, "what an HTTP target receives").
 # Header lookups are case-insensitive: HTTP/2 front ends (Cloud Run) lower-case them.
 TASKS_QUEUE_NAME = "X-CloudTasks-QueueName"
 TASKS_TASK_NAME = "X-CloudTasks-TaskName"
@@ -24,7 +24,7 @@ SCHEDULER_SCHEDULE_TIME = "X-CloudScheduler-ScheduleTime"
 
 DEFAULT_STORE_URL = "sqlite:///tasklease-runs.db"
 
-# Limits taken from the platform (platform-facts.md); task sizes are in tasklease.protocol.
+# Limits taken from the platform (docs/platform-facts.md); task sizes are in tasklease.protocol.
 MAX_HEADER_VALUE_LENGTH = 1024  # No identity header Google sends comes near this.
 
 # Per-handler defaults.
@@ -39,7 +39,8 @@ MIN_LEASE = timedelta(seconds=1)
 MAX_CLOCK_SKEW = timedelta(seconds=1)
 
 # A scheduler delivery whose schedule time is this far after its arrival is a manual run
-# (`gcloud scheduler jobs run` sends the *next* slot's time, well before it): platform-facts.md.
+# (`gcloud scheduler jobs run` sends the *next* slot's time, well before it):
+# docs/platform-facts.md.
 DEFAULT_MANUAL_RUN_MARGIN = timedelta(seconds=60)
 
 # Stored result and error text are capped so records stay small (Firestore documents: 1 MiB).

@@ -24,7 +24,7 @@ from tasklease.worker.core import constants as c
 
 _T = TypeVar("_T")
 
-# Cloud Tasks task IDs: letters, digits, hyphens, underscores (platform-facts.md).
+# Cloud Tasks task IDs: letters, digits, hyphens, underscores (docs/platform-facts.md).
 _TASK_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{protocol.MAX_TASK_NAME_LENGTH}}}", re.ASCII)
 _QUEUE_NAME = re.compile(rf"[A-Za-z0-9-]{{1,{protocol.MAX_QUEUE_NAME_LENGTH}}}", re.ASCII)
 _JOB_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{protocol.MAX_JOB_NAME_LENGTH}}}", re.ASCII)
@@ -147,7 +147,7 @@ def parse_identity(
 
     A Scheduler delivery whose schedule time is more than ``manual_run_margin`` after
     ``received_at`` is a manual run: Cloud Scheduler sends the *next* slot's time with a manual
-    run (platform-facts.md), and that slot's own delivery must still run. Any other is
+    run (docs/platform-facts.md), and that slot's own delivery must still run. Any other is
     ``maybe_manual``. The margin counts as at least ``MAX_CLOCK_SKEW``: the slot's own delivery
     never arrives before its slot, but a clock running behind may read it as early by that much.
     """

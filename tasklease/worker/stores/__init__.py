@@ -31,7 +31,7 @@ __all__ = [
 def check_store_is_shared(store: LeaseStore, environ: Mapping[str, str] | None = None) -> None:
     """Refuse a store that lives on one instance's disk or memory where instances are many.
 
-    On Cloud Run (``K_SERVICE`` set) instances share no disk (platform-facts.md): with a
+    On Cloud Run (``K_SERVICE`` set) instances share no disk (docs/platform-facts.md): with a
     SQLite or in-memory store, two instances that each receive one duplicate would both run
     it. ``TASKLEASE_ALLOW_LOCAL_STORE=1`` overrides this, e.g. for a service capped at one
     instance that accepts losing its records on every restart.

@@ -1,7 +1,7 @@
 """The production store: one Firestore document per run, in as few round trips as possible.
 
 Google's sample runs two transactions per execution: 6 RPCs for a first execution, 3 for a
-duplicate (platform-facts.md). This store relies on single-document preconditions, which
+duplicate (docs/platform-facts.md). This store relies on single-document preconditions, which
 Firestore evaluates atomically:
 
 - claim: ``create()`` (precondition: the document does not exist). 1 RPC.
