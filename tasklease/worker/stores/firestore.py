@@ -49,7 +49,7 @@ from tasklease.worker.core.records import (
 )
 from tasklease.worker.stores import firestore_locks as locks
 from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, Update, resolve
-from tasklease.worker.stores.firestore_locks import utc as _utc
+from tasklease.worker.stores.firestore_codec import decode_run, encode_run
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 
 _T = TypeVar("_T")
@@ -157,7 +157,7 @@ class FirestoreStore(LeaseStore):
             for _ in range(MAX_ROUNDS):
                 fresh = decisions.claim(None, request, resolve(now))
                 try:
-                    written = ref.create(_encode(fresh.record), **self._call)
+                    written = ref.create(encode_run(fresh.record), **self._call)
                 except api.Aborted:
                     continue  # Contention: a Conflict subclass, but nothing was written.
                 except api.Conflict as exc:  # AlreadyExists, or a conflict with our own
@@ -170,7 +170,7 @@ class FirestoreStore(LeaseStore):
                     return fresh
                 if not snapshot.exists:
                     continue  # Deleted in between (TTL or purge): create again.
-                record = _decode(request.run_id, snapshot.to_dict())
+                record = decode_run(request.run_id, snapshot.to_dict())
                 if decisions.holds(record, request.attempt_id):
                     # Our create landed: the client retried it, or its call failed afterwards.
                     self._remember(record, snapshot.update_time)
@@ -182,7 +182,7 @@ class FirestoreStore(LeaseStore):
                     updated = self._update_if_unchanged(ref, outcome.record, snapshot.update_time)
                 except _UNCERTAIN as exc:
                     snapshot = self._read_back(ref, outcome.record, exc)
-                    landed = _decode(request.run_id, snapshot.to_dict())
+                    landed = decode_run(request.run_id, snapshot.to_dict())
                     self._remember(landed, snapshot.update_time)
                     return Claim(Verdict.CLAIMED, landed, outcome.took_over_from)
                 if updated is not None:
@@ -206,7 +206,7 @@ class FirestoreStore(LeaseStore):
             ) from error
         if not ours_only or (
             snapshot.exists
-            and decisions.holds(_decode(claimed.run_id, snapshot.to_dict()), claimed.attempt_id)
+            and decisions.holds(decode_run(claimed.run_id, snapshot.to_dict()), claimed.attempt_id)
         ):
             return snapshot
         self._orphans.note(claimed)
@@ -234,7 +234,7 @@ class FirestoreStore(LeaseStore):
                     snapshot = ref.get(**self._call)
                     if not snapshot.exists:
                         return None
-                    record = _decode(run_id, snapshot.to_dict())
+                    record = decode_run(run_id, snapshot.to_dict())
                     if decisions.finished_by(record, attempt_id, finished):
                         # An earlier try of this finish landed, though its call failed.
                         self._forget(run_id, attempt_id)
@@ -259,10 +259,10 @@ class FirestoreStore(LeaseStore):
         @firestore.transactional
         def apply(transaction: firestore.Transaction) -> _T:
             snapshot = ref.get(transaction=transaction)
-            current = _decode(run_id, snapshot.to_dict()) if snapshot.exists else None
+            current = decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
             new_record, value = change(current)
             if new_record is not None:
-                transaction.set(ref, _encode(new_record))
+                transaction.set(ref, encode_run(new_record))
             return value
 
         with self._guard("change a run"):
@@ -310,7 +310,7 @@ class FirestoreStore(LeaseStore):
     def get(self, run_id: str) -> RunRecord | None:
         with self._guard("read a run"):
             snapshot = self._document(run_id).get(**self._call)
-        return _decode(run_id, snapshot.to_dict()) if snapshot.exists else None
+        return decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
         query: Any = self.client.collection(self.collection)
@@ -318,7 +318,7 @@ class FirestoreStore(LeaseStore):
             query = query.where(filter=firestore.FieldFilter("status", "==", status.value))
         query = query.order_by("claimed_at", direction=firestore.Query.DESCENDING).limit(limit)
         with self._guard("list runs"):
-            return [_decode(snapshot.id, snapshot.to_dict()) for snapshot in query.stream()]
+            return [decode_run(snapshot.id, snapshot.to_dict()) for snapshot in query.stream()]
 
     # --- Operations: listing, lookup and operator changes ------------------------
 
@@ -345,7 +345,7 @@ class FirestoreStore(LeaseStore):
             query = query.start_after([after[0], after[1]])
         with self._guard("list runs"):
             return [
-                _decode(snapshot.id, snapshot.to_dict())
+                decode_run(snapshot.id, snapshot.to_dict())
                 for snapshot in query.limit(limit).stream(timeout=self._timeout)
             ]
 
@@ -356,7 +356,7 @@ class FirestoreStore(LeaseStore):
         )
         with self._guard("look runs up"):
             return [
-                _decode(snapshot.id, snapshot.to_dict())
+                decode_run(snapshot.id, snapshot.to_dict())
                 for snapshot in query.stream(timeout=self._timeout)
             ]
 
@@ -367,8 +367,8 @@ class FirestoreStore(LeaseStore):
         with self._guard("change a run"):
             value: _T = self._compare_and_set(
                 self._document(run_id),
-                lambda data: _decode(run_id, data),
-                _encode,
+                lambda data: decode_run(run_id, data),
+                encode_run,
                 change,
                 # Changed under us (Aborted is a Conflict too): decide again.
                 retry_on=(api.FailedPrecondition, api.NotFound, api.Conflict),
@@ -443,7 +443,7 @@ class FirestoreStore(LeaseStore):
         """Write ``record`` if the document is still at ``update_time``; None if it moved on."""
         option = self.client.write_option(last_update_time=update_time)
         try:
-            written = ref.update(_encode(record), option=option, **self._call)
+            written = ref.update(encode_run(record), option=option, **self._call)
         except (api.FailedPrecondition, api.NotFound, api.Aborted):
             return None
         result: datetime = written.update_time
@@ -474,50 +474,3 @@ class FirestoreStore(LeaseStore):
         except (api.GoogleAPIError, ValueError, OSError) as exc:
             # ValueError: @transactional gives up after its retries on ABORTED.
             raise StoreUnavailable(f"Firestore store: could not {action}: {exc}") from exc
-
-
-def _encode(record: RunRecord) -> dict[str, Any]:
-    return {
-        "kind": record.kind,
-        "handler": record.handler,
-        "status": record.status.value,
-        "attempt_id": record.attempt_id,
-        "fencing_token": record.fencing_token,
-        "attempts": record.attempts,
-        "lease_expires": record.lease_expires,
-        "expire_at": record.expire_at,
-        "claimed_at": record.claimed_at,
-        "finished_at": record.finished_at,
-        "identity": dict(record.identity),
-        # JSON text: Firestore maps cannot hold every JSON value (no arrays of arrays).
-        "result": record.result_json,
-        "error": record.error,
-        "payload": record.payload,
-        "caller": record.caller,
-        "replay_of": record.replay_of,
-        "replayed_as": record.replayed_as,
-    }
-
-
-def _decode(run_id: str, data: dict[str, Any] | None) -> RunRecord:
-    data = data or {}
-    return RunRecord(
-        run_id=run_id,
-        kind=data["kind"],
-        handler=data["handler"],
-        status=RunStatus(data["status"]),
-        attempt_id=data["attempt_id"],
-        fencing_token=int(data["fencing_token"]),
-        attempts=int(data["attempts"]),
-        lease_expires=_utc(data["lease_expires"]),
-        expire_at=_utc(data["expire_at"]),
-        claimed_at=_utc(data["claimed_at"]),
-        identity=dict(data.get("identity") or {}),
-        finished_at=_utc(data["finished_at"]) if data.get("finished_at") else None,
-        result_json=data.get("result"),
-        error=data.get("error"),
-        payload=data.get("payload"),
-        caller=data.get("caller"),
-        replay_of=data.get("replay_of"),
-        replayed_as=data.get("replayed_as"),
-    )
