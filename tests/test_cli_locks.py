@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tasklease import cli
-from tasklease.runs import Exit
+from tasklease.cli.runs import Exit
 from tasklease.worker.core.records import LockRequest
 from tasklease.worker.stores import SqliteStore
 from tests.helpers import claim_request

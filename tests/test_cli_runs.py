@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from tasklease import cli
-from tasklease import runs as runs_cli
+from tasklease.cli import runs as runs_cli
+from tasklease.cli.runs import Exit
 from tasklease.producer import MemoryTransport, Producer
-from tasklease.runs import Exit
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.stores import SqliteStore
 from tests.operations_contract import seed_every_state

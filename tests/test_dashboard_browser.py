@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasklease.cli import _serving_dashboard
+from tasklease.cli.dashboard import serving_dashboard
 from tasklease.plumbing.serve import free_port
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import SqliteStore
@@ -68,7 +68,7 @@ def dashboard(tmp_path: Path) -> Iterator[tuple[str, SqliteStore]]:
     path = tmp_path / "runs.db"
     store = SqliteStore(path)
     seed(store, datetime.now(UTC))
-    with _serving_dashboard(f"sqlite:///{path}", "127.0.0.1", free_port(), None) as url:
+    with serving_dashboard(f"sqlite:///{path}", "127.0.0.1", free_port(), None) as url:
         yield url, store
     store.close()
 

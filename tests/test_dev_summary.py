@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from tasklease.dev_summary import MinuteSummary
+from tasklease.cli.dev import MinuteSummary
 from tasklease.emulator import metrics as emulator_metrics
 from tasklease.emulator.sender import AttemptResult
 

@@ -20,6 +20,7 @@ import grpc
 import pytest
 
 from tasklease.errors import ConfigurationError
+from tasklease.testing.google_apis import FakeGoogleApis
 from tasklease.worker import Router, TaskContext, create_app, execution
 from tasklease.worker.stores import MemoryStore
 from tasklease.worker.targets import (
@@ -28,7 +29,6 @@ from tasklease.worker.targets import (
     cloud_run_job,
     workflows_execution,
 )
-from tasklease.worker.targets.testing import FakeGoogleApis
 from tests.helpers import FakeClock, SwitchableStore, job_headers
 
 WORKFLOW = "projects/p/locations/us-central1/workflows/export"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -9,9 +12,10 @@ from typing import Any
 import flask
 import pytest
 
-from tasklease.stubs import StubQueue, StubScheduler
+from tasklease.testing.stubs import StubQueue, StubScheduler
 from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
 from tasklease.worker.stores import MemoryStore
+from tests.checkout import ROOT
 
 pytest_plugins = ["pytester"]
 
@@ -214,6 +218,24 @@ def test_the_plugin_loads_job_schedules_from_the_projects_tasklease_toml(
 def test_the_plugin_is_registered_by_its_entry_point(pytestconfig: pytest.Config) -> None:
     plugin = pytestconfig.pluginmanager.get_plugin("tasklease")
     assert plugin is not None and plugin.__name__ == "tasklease.testing"
+
+
+def test_importing_the_plugin_loads_neither_flask_nor_googles_clients() -> None:
+    """pytest imports the plugin in every project that installs tasklease, tests or not."""
+    probe = "import json, sys, tasklease.testing\nprint(json.dumps(sorted(sys.modules)))"
+    shown = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    modules = json.loads(shown.stdout)
+    heavy = ("flask", "werkzeug", "google", "grpc", "requests", "tasklease.worker")
+    assert [m for m in modules if m in heavy or m.startswith(tuple(f"{h}." for h in heavy))] == []
+    assert [m for m in modules if m.startswith("tasklease.testing.")] == []
 
 
 def test_a_drain_that_never_settles_stops_with_a_reason(shop: Shop) -> None:

@@ -26,7 +26,7 @@ from tasklease.demo.ledger import Ledger
 from tasklease.emulator import CloudTasksEmulator, Faults, Job, RetrySettings
 from tasklease.plumbing.serve import GunicornWorker, free_port
 from tasklease.producer import EnqueueResult, Producer
-from tasklease.worker.targets.testing import FakeGoogleApis
+from tasklease.testing.google_apis import FakeGoogleApis
 from tasklease.worker.targets.workflows import carried_key
 
 PROJECT, LOCATION, QUEUE = "demo-project", "us-central1", "default"

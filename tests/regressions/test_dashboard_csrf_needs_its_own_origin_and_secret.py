@@ -15,7 +15,7 @@ from flask.testing import FlaskClient
 from pytest_httpserver import HTTPServer
 from werkzeug import Response
 
-from tasklease.cli import _serving_dashboard
+from tasklease.cli.dashboard import serving_dashboard
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.serve import free_port
 from tasklease.worker.core.records import RunStatus
@@ -108,7 +108,7 @@ def dashboard(tmp_path: Path) -> Iterator[tuple[str, SqliteStore]]:
     path = tmp_path / "runs.db"
     store = SqliteStore(path)
     seed_every_state(store, datetime.now(UTC) - timedelta(hours=1))
-    with _serving_dashboard(f"sqlite:///{path}", "127.0.0.1", free_port(), None) as url:
+    with serving_dashboard(f"sqlite:///{path}", "127.0.0.1", free_port(), None) as url:
         yield url, store
     store.close()
 

@@ -17,7 +17,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from tasklease import cli
-from tasklease.runs import Exit
+from tasklease.cli.runs import Exit
 from tasklease.worker.dashboard import create_dashboard_app
 from tasklease.worker.stores import SqliteStore
 from tests.operations_contract import seed_every_state

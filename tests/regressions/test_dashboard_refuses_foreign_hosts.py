@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from tasklease.cli import _serving_dashboard
+from tasklease.cli.dashboard import serving_dashboard
 from tasklease.plumbing.serve import free_port
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.dashboard import create_dashboard_app
@@ -31,7 +31,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, int, SqliteStore]]:
     store = SqliteStore(path)
     seed_every_state(store, datetime.now(UTC) - timedelta(hours=1))
     port = free_port()
-    with _serving_dashboard(f"sqlite:///{path}", "127.0.0.1", port, None) as url:
+    with serving_dashboard(f"sqlite:///{path}", "127.0.0.1", port, None) as url:
         yield url, port, store
     store.close()
 

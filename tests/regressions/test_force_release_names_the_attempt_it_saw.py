@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasklease import cli
-from tasklease.runs import Exit
+from tasklease.cli.runs import Exit
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.dashboard import create_dashboard_app

@@ -15,7 +15,7 @@ from google.cloud import tasks_v2
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.producer import InvalidTask, Producer
 from tasklease.producer.memory import MemoryTransport
-from tasklease.stubs import StubQueue
+from tasklease.testing.stubs import StubQueue
 from tasklease.worker import ConfigurationError
 from tasklease.worker.app import create_app
 from tasklease.worker.context import TaskContext

@@ -5,7 +5,7 @@ from flask.testing import FlaskClient
 from myapp import mail, tasks
 
 from tasklease import create_app
-from tasklease.stubs import StubQueue
+from tasklease.testing.stubs import StubQueue
 
 
 @pytest.fixture

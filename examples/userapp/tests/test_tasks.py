@@ -6,7 +6,7 @@ from flask.testing import FlaskClient
 from myapp import mail, tasks
 
 from tasklease import create_app
-from tasklease.stubs import StubQueue, StubScheduler
+from tasklease.testing.stubs import StubQueue, StubScheduler
 
 MONDAY_8AM = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)  # A slot of "0 8 * * 1" (tasklease.toml).
 

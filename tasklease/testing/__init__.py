@@ -1,15 +1,22 @@
-"""tasklease's pytest plugin: test your handlers as Cloud Tasks and Cloud Scheduler call them.
+"""tasklease's test helpers, and its pytest plugin: test your handlers as Cloud Tasks and
+Cloud Scheduler call them.
 
 Installed with tasklease (entry point ``pytest11``), so the fixtures are there in any project
 that depends on it:
 
-- ``tasklease_queue``: a :class:`~tasklease.stubs.StubQueue`. Enqueue with its ``producer``,
-  look at ``tasks``, and ``drain(client, duplicate_every=0, lose_response_every=0)`` to deliver
-  every pending task (and those they create) to a Flask test client.
-- ``tasklease_scheduler``: a :class:`~tasklease.stubs.StubScheduler`, with the ``[[job]]``
-  schedules of the project's ``tasklease.toml``; ``fire(client, job, at=..., manual=False)``.
+- ``tasklease_queue``: a :class:`~tasklease.testing.stubs.StubQueue`. Enqueue with its
+  ``producer``, look at ``tasks``, and ``drain(client, duplicate_every=0,
+  lose_response_every=0)`` to deliver every pending task (and those they create) to a Flask
+  test client.
+- ``tasklease_scheduler``: a :class:`~tasklease.testing.stubs.StubScheduler`, with the
+  ``[[job]]`` schedules of the project's ``tasklease.toml``; ``fire(client, job, at=...,
+  manual=False)``.
 
-Importing this module has no side effects and imports neither Flask nor Google's clients: the
+The package's modules: :mod:`.stubs` (the stub queue and scheduler, usable without pytest) and
+:mod:`.google_apis` (``FakeGoogleApis``: Workflows, Cloud Run and Cloud Build on loopback gRPC,
+for the proxy targets).
+
+Importing this package has no side effects and imports neither Flask nor Google's clients: the
 fixtures do, when a test asks for them.
 """
 
@@ -22,7 +29,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from tasklease.stubs import StubQueue, StubScheduler
+    from tasklease.testing.stubs import StubQueue, StubScheduler
 
 CONFIG_INI = "tasklease_config"
 CONFIG_NAME = "tasklease.toml"
@@ -40,7 +47,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def tasklease_queue() -> Iterator[StubQueue]:
     """An in-memory Cloud Tasks queue with a producer, delivering to a Flask test client."""
-    from tasklease.stubs import StubQueue  # noqa: PLC0415 - only tests that use it pay.
+    from tasklease.testing.stubs import StubQueue  # noqa: PLC0415 - only tests that use it pay.
 
     queue = StubQueue()
     yield queue
@@ -50,7 +57,7 @@ def tasklease_queue() -> Iterator[StubQueue]:
 @pytest.fixture
 def tasklease_scheduler(request: pytest.FixtureRequest) -> StubScheduler:
     """Cloud Scheduler deliveries (scheduled and manual runs) to a Flask test client."""
-    from tasklease.stubs import StubScheduler  # noqa: PLC0415
+    from tasklease.testing.stubs import StubScheduler  # noqa: PLC0415
 
     scheduler = StubScheduler()
     configured = str(request.config.getini(CONFIG_INI))

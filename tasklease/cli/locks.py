@@ -2,7 +2,7 @@
 
 Next to ``tasklease runs`` and with its conventions: ``--store`` (default
 ``$TASKLEASE_STORE``), tables for people, ``--json`` for programs, and its exit codes
-(:class:`tasklease.runs.Exit`): 0 done, 1 the store failed, 2 bad usage, 3 no such lock,
+(:class:`tasklease.cli.runs.Exit`): 0 done, 1 the store failed, 2 bad usage, 3 no such lock,
 4 refused (the holder is running: ``--force``).
 """
 
@@ -14,14 +14,16 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from tasklease.cli.common import Subcommands, add_command
+from tasklease.cli.runs import Exit
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.protocol import rfc3339_or_none
-from tasklease.runs import Exit
 from tasklease.worker.core.locking import LockReleaseOutcome, LockState, OperatorLockRelease
 from tasklease.worker.logs import escape_controls
 from tasklease.worker.operations import Operations, lock_summary
 from tasklease.worker.stores import LeaseStore, store_from_url
 
+NAME = "locks"
 _STATES = {
     LockState.HELD: "held",
     LockState.SILENT: "held (silent)",
@@ -30,19 +32,19 @@ _STATES = {
 }
 
 
-def add_parser(commands: Any) -> None:
+def register(commands: Subcommands) -> None:
     """Add ``locks`` and its subcommands to the ``tasklease`` parser."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--store", default=None, help="store URL (default: $TASKLEASE_STORE)")
     common.add_argument("--json", action="store_true", help="print JSON for programs")
-    locks = commands.add_parser(
-        "locks", help="inspect and free the locks of exclusive jobs and concurrency keys"
+    locks = add_command(
+        commands, NAME, "inspect and free the locks of exclusive jobs and concurrency keys"
     )
     actions = locks.add_subparsers(dest="locks_command", required=True)
-    listing = actions.add_parser("list", parents=[common], help="locks, latest start first")
-    listing.add_argument("--limit", type=_positive, default=100)
-    release = actions.add_parser(
-        "release", parents=[common], help="free a lock so the next run takes it"
+    listing = add_command(actions, "list", "locks, latest start first", parents=[common])
+    listing.add_argument("--limit", type=_positive, default=100, help="locks listed at most")
+    release = add_command(
+        actions, "release", "free a lock so the next run takes it", parents=[common]
     )
     release.add_argument("name", metavar="KEY", help="the lock's name, as `locks list` shows it")
     release.add_argument(

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from enum import IntEnum
 from pathlib import Path
 from typing import Any, TextIO
 
+from tasklease.cli.common import Subcommands, add_command
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.producer import EnqueueError, Producer
 from tasklease.protocol import rfc3339_or_none
@@ -37,39 +38,58 @@ class Exit(IntEnum):
     STUCK = 5  # `runs stuck` found stuck runs or overdue jobs.
 
 
+NAME = "runs"
 STATUSES = [status.value for status in RunStatus]
 PRODUCER_FLAGS = ("project", "location", "queue", "worker_url", "service_account")
 
 
-def add_parser(commands: Any) -> None:
+def register(commands: Subcommands) -> None:
     """Add ``runs`` and its subcommands to the ``tasklease`` parser."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--store", default=None, help="store URL (default: $TASKLEASE_STORE)")
     common.add_argument("--json", action="store_true", help="print JSON for programs")
-    runs = commands.add_parser("runs", help="inspect and repair runs in the store")
+    runs = add_command(commands, NAME, "inspect and repair runs in the store")
     actions = runs.add_subparsers(dest="runs_command", required=True)
 
-    listing = actions.add_parser("list", parents=[common], help="runs, newest first")
-    listing.add_argument("--status", choices=STATUSES)
-    listing.add_argument("--handler")
-    listing.add_argument("--kind", choices=["task", "scheduler"])
-    listing.add_argument("--older-than", type=_duration, help="claimed longer ago, e.g. 10m")
-    listing.add_argument("--newer-than", type=_duration, help="claimed more recently, e.g. 1h")
+    listing = add_command(actions, "list", "runs, newest first", parents=[common])
+    listing.add_argument(
+        "--status", choices=STATUSES, help="only runs in this state (default: any)"
+    )
+    listing.add_argument("--handler", help="only runs of this handler (default: any)")
+    listing.add_argument(
+        "--kind", choices=["task", "scheduler"], help="only tasks or Scheduler runs (default: both)"
+    )
+    listing.add_argument(
+        "--older-than", type=_duration, help="claimed longer ago, e.g. 10m (default: any time)"
+    )
+    listing.add_argument(
+        "--newer-than", type=_duration, help="claimed more recently, e.g. 1h (default: any time)"
+    )
     trigger = listing.add_mutually_exclusive_group()
     trigger.add_argument("--manual", action="store_true", help="manual Scheduler runs only")
     trigger.add_argument("--not-manual", action="store_true", help="no manual Scheduler runs")
-    listing.add_argument("--limit", type=_positive, default=50)
-    listing.add_argument("--cursor", help="the cursor a previous page printed")
-
-    show = actions.add_parser("show", parents=[common], help="one run in full")
-    show.add_argument(
-        "run_id", metavar="RUN_ID", nargs="?", help="a run id, or a Cloud Tasks task name"
+    listing.add_argument("--limit", type=_positive, default=50, help="runs on a page")
+    listing.add_argument(
+        "--cursor", help="the cursor a previous page printed (default: the first page)"
     )
-    show.add_argument("--job", help="instead: the newest run of this Scheduler job")
-    show.add_argument("--schedule-time", help="with --job: its run for this slot (RFC 3339)")
 
-    stuck = actions.add_parser(
-        "stuck", parents=[common], help="crashed attempts and jobs that missed their schedule"
+    show = add_command(actions, "show", "one run in full", parents=[common])
+    show.add_argument(
+        "run_id",
+        metavar="RUN_ID",
+        nargs="?",
+        help="a run id, or a Cloud Tasks task name (default: none: give --job)",
+    )
+    show.add_argument(
+        "--job", help="instead: the newest run of this Scheduler job (default: none: give RUN_ID)"
+    )
+    show.add_argument(
+        "--schedule-time",
+        help="with --job: its run for this slot, RFC 3339 (default: its newest run)",
+    )
+
+    stuck = add_command(
+        actions, "stuck", "crashed attempts and jobs that missed their schedule", parents=[common]
     )
     stuck.add_argument(
         "--schedules",
@@ -77,13 +97,22 @@ def add_parser(commands: Any) -> None:
         help="a TOML file of [[job]] tables: the emulator's jobs file or the deploy config "
         "(default: ./tasklease.toml when there is one)",
     )
-    stuck.add_argument("--grace", type=_duration, default=DEFAULT_GRACE)
-    stuck.add_argument("--limit", type=_positive, default=100)
-
-    release = actions.add_parser(
-        "release", parents=[common], help="give a run's claim back so the next delivery runs it"
+    stuck.add_argument(
+        "--grace",
+        type=_duration,
+        default=DEFAULT_GRACE,
+        help="how long after its slot a job's run may still be finishing, e.g. 30m "
+        f"(default: {_ago(DEFAULT_GRACE)})",
     )
-    release.add_argument("run_id", metavar="RUN_ID")
+    stuck.add_argument("--limit", type=_positive, default=100, help="stuck runs listed at most")
+
+    release = add_command(
+        actions,
+        "release",
+        "give a run's claim back so the next delivery runs it",
+        parents=[common],
+    )
+    release.add_argument("run_id", metavar="RUN_ID", help="the run to release")
     release.add_argument(
         "--force", action="store_true", help="even while its lease is live (the holder is fenced)"
     )
@@ -94,14 +123,17 @@ def add_parser(commands: Any) -> None:
         "(default: the attempt holding it when the command starts)",
     )
 
-    replay = actions.add_parser(
-        "replay", parents=[common], help="re-enqueue a failed run's payload, once"
+    replay = add_command(
+        actions, "replay", "re-enqueue a failed run's payload, once", parents=[common]
     )
-    replay.add_argument("run_id", metavar="RUN_ID")
+    replay.add_argument("run_id", metavar="RUN_ID", help="the failed run to replay")
     for flag in PRODUCER_FLAGS:
         option = "--" + flag.replace("_", "-")
         replay.add_argument(option, help=f"default: $TASKLEASE_{flag.upper()}")
-    replay.add_argument("--tasks-endpoint", help="a local emulator (default: Cloud Tasks)")
+    replay.add_argument(
+        "--tasks-endpoint",
+        help="a local emulator (default: $TASKLEASE_TASKS_ENDPOINT, else Cloud Tasks)",
+    )
 
 
 def run(
@@ -400,10 +432,3 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
-
-
-def main(argv: Sequence[str]) -> int:
-    """``tasklease runs ...`` on its own (for tests): ``argv`` after ``runs``."""
-    parser = argparse.ArgumentParser(prog="tasklease")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["runs", *argv]))

@@ -16,18 +16,39 @@ import re
 import sys
 from pathlib import Path
 
+from tasklease.cli.common import Subcommands, add_command
+
+NAME = "deploy"
 CONFIG_NAME = "tasklease.toml"
 DEFAULT_ROUTER = "myapp.tasks:router"
+
+
+def register(commands: Subcommands) -> None:
+    help = "deploy your project's worker to Cloud Run (see --init, --dry-run)"
+    add_arguments(add_command(commands, NAME, help))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source", type=Path, default=Path("."), help="your project's directory (default: .)"
     )
-    parser.add_argument("--config", type=Path, default=None, help=f"default: SOURCE/{CONFIG_NAME}")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"the deploy config (default: SOURCE/{CONFIG_NAME})",
+    )
     parser.add_argument("--init", action="store_true", help="write a commented config and stop")
-    parser.add_argument("--router", default=None, help=f"with --init (default {DEFAULT_ROUTER})")
-    parser.add_argument("--project", default=None, help="with --init: the Google Cloud project")
+    parser.add_argument(
+        "--router",
+        default=None,
+        help=f"with --init: your Router, module:attribute (default: {DEFAULT_ROUTER})",
+    )
+    parser.add_argument(
+        "--project",
+        default=None,
+        help="with --init: the Google Cloud project (default: the template's my-project)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run none")
     parser.add_argument("--teardown", action="store_true", help="delete what deploy created")
     parser.add_argument("--gcloud", default="gcloud", help="the gcloud executable")

@@ -1,0 +1,7 @@
+"""``python -m tasklease.cli``: the ``tasklease`` command."""
+
+import sys
+
+from tasklease.cli import main
+
+sys.exit(main())

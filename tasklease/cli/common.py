@@ -1,0 +1,77 @@
+"""What the subcommands share: the help that states every flag's default, how a subcommand's
+parser is made, and serving in the foreground until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+from typing import Any, TypeAlias
+
+from tasklease.worker.logs import configure_logging
+
+# What ``add_subparsers`` returns, the argument of each subcommand's ``register``.
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+DEFAULT_EMULATOR_PORT = 8123
+DEFAULT_DASHBOARD_PORT = 8090
+DEFAULT_EMULATOR_URL = f"http://127.0.0.1:{DEFAULT_EMULATOR_PORT}"
+
+
+def help_with_default(action: argparse.Action) -> str:
+    """``action``'s help as ``--help`` prints it: its text, then its default unless the text
+    states it. An on/off flag is off by default; a flag whose default is None says in its
+    text what leaving it out means."""
+    text = action.help or ""
+    takes_default = action.option_strings or action.nargs in (argparse.OPTIONAL, "*")
+    if (
+        "default" in text
+        or not takes_default
+        or action.default is argparse.SUPPRESS
+        or action.default is None
+        or isinstance(action, argparse._HelpAction | argparse._VersionAction)
+    ):
+        return text
+    if isinstance(action, argparse._StoreTrueAction):
+        return f"{text} (default: off)"
+    return f"{text} (default: %(default)s)"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, every flag's help ending with its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return help_with_default(action)
+
+
+def add_command(
+    commands: Subcommands, name: str, help: str, **options: Any
+) -> argparse.ArgumentParser:
+    """A (sub)command's parser, its help stating every default."""
+    return commands.add_parser(
+        name, help=help, description=help, formatter_class=HelpFormatter, **options
+    )
+
+
+def log_to_terminal() -> None:
+    """Readable log lines for a command serving in the foreground; gunicorn inherits them."""
+    os.environ.setdefault("TASKLEASE_LOG_FORMAT", "text")
+    configure_logging()
+
+
+def stop_on_sigterm() -> threading.Event:
+    """An event SIGTERM sets, for :func:`wait`."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return stop
+
+
+def wait(stop: threading.Event) -> int:
+    """Block until ``stop`` is set or Ctrl-C; the exit code 0."""
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,176 @@
+"""``tasklease dev``: the emulator, a gunicorn worker for your router and the dashboard, in
+the foreground, with one line a minute on what the emulator delivered to the worker.
+
+That line is seen from the emulator (the one process that sees every attempt, whatever the
+number of gunicorn workers): deliveries, their outcomes (the worker's ``X-Tasklease-Outcome``,
+else the HTTP status) and the p50/p99 of the round trip, handler included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import threading
+from collections import Counter
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from tasklease.cli.common import (
+    DEFAULT_DASHBOARD_PORT,
+    Subcommands,
+    add_command,
+    log_to_terminal,
+    stop_on_sigterm,
+    wait,
+)
+from tasklease.cli.dashboard import serving_dashboard
+from tasklease.cli.emulator import add_emulator_options, serving_emulator
+
+if TYPE_CHECKING:
+    from tasklease.emulator.sender import AttemptResult
+
+NAME = "dev"
+_log = logging.getLogger("tasklease.dev")
+
+
+def register(commands: Subcommands) -> None:
+    dev = add_command(commands, NAME, "emulator + scheduler + a gunicorn worker, foreground")
+    dev.add_argument("router", help="module:attribute of your tasklease.Router")
+    dev.add_argument("--worker-port", type=int, default=8080, help="the worker's port")
+    dev.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
+    dev.add_argument(
+        "--store", default="sqlite:///.tasklease/runs.db", help="the worker's store URL"
+    )
+    dev.add_argument("--project", default="dev-project", help="the queue's project")
+    dev.add_argument("--location", default="us-central1", help="the queue's location")
+    dev.add_argument("--queue", default="default", help="the queue, created if missing")
+    dev.add_argument(
+        "--service-account",
+        default="tasks@dev-project.iam.gserviceaccount.com",
+        help="the account tasks are signed for, and the one the worker accepts",
+    )
+    add_emulator_options(dev)
+    dev.add_argument(
+        "--dashboard-port", type=int, default=DEFAULT_DASHBOARD_PORT, help="the dashboard's port"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from tasklease.plumbing.serve import GunicornWorker  # noqa: PLC0415
+
+    log_to_terminal()
+    stop = stop_on_sigterm()
+    log = logging.getLogger("tasklease.cli")
+    with serving_emulator(args) as emulator:
+        queue = f"projects/{args.project}/locations/{args.location}/queues/{args.queue}"
+        if emulator.db.get_queue(queue) is None:
+            emulator.create_queue(queue)
+        worker_url = f"http://127.0.0.1:{args.worker_port}"
+        env = {
+            "TASKLEASE_PROJECT": args.project,
+            "TASKLEASE_LOCATION": args.location,
+            "TASKLEASE_QUEUE": args.queue,
+            "TASKLEASE_WORKER_URL": worker_url,
+            "TASKLEASE_AUDIENCE": worker_url,
+            "TASKLEASE_SERVICE_ACCOUNT": args.service_account,
+            "TASKLEASE_TASKS_ENDPOINT": emulator.url,
+            "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS": args.service_account,
+            "TASKLEASE_OIDC_CERTS_URL": emulator.certs_url,
+        }
+        with (
+            MinuteSummary(),
+            GunicornWorker(
+                args.router,
+                store=args.store,
+                auth="oidc",
+                workers=args.workers,
+                port=args.worker_port,
+                env=env,
+                log_path=None,
+                stream_logs=True,
+            ),
+            serving_dashboard(args.store, "127.0.0.1", args.dashboard_port, env) as board,
+        ):
+            log.info("worker for %s on %s; queue %s", args.router, worker_url, queue)
+            log.info("dashboard on %s", board)
+            print(
+                f"\nCloud Tasks emulator: REST {emulator.url}, gRPC {emulator.grpc_target}"
+                "\nEnqueue from another shell with:\n"
+                + "".join(
+                    f"  export {name}={value}\n"
+                    for name, value in env.items()
+                    if name.startswith("TASKLEASE_")
+                    and "ALLOWED" not in name
+                    and "CERTS" not in name
+                )
+                + f"\nDashboard (runs, stuck, release, replay): {board}\n",
+                flush=True,
+            )
+            return wait(stop)
+
+
+class MinuteSummary:
+    """Collects attempts from the emulator and logs a summary every ``interval`` seconds."""
+
+    def __init__(self, interval: float = 60.0) -> None:
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._outcomes: Counter[str] = Counter()
+        self._latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tasklease-summary", daemon=True)
+
+    def observe(self, queue: str, result: AttemptResult) -> None:
+        """An emulator listener: count one attempt."""
+        if result.outcome:
+            outcome = result.outcome
+        elif result.status is not None:
+            outcome = f"HTTP {result.status}"
+        else:
+            outcome = "no answer"
+        with self._lock:
+            self._outcomes[outcome] += 1
+            self._latencies.append(result.duration_ms)
+
+    def take_line(self) -> str:
+        """The summary of the attempts since the last line, and start counting afresh."""
+        with self._lock:
+            outcomes, self._outcomes = self._outcomes, Counter()
+            latencies, self._latencies = sorted(self._latencies), []
+        if not latencies:
+            return "last minute: no deliveries"
+        counts = ", ".join(f"{name} {count}" for name, count in outcomes.most_common())
+        return (
+            f"last minute: {len(latencies)} deliver{'y' if len(latencies) == 1 else 'ies'} "
+            f"({counts}); "
+            f"p50 {_percentile(latencies, 50):.1f} ms, p99 {_percentile(latencies, 99):.1f} ms"
+        )
+
+    def __enter__(self) -> MinuteSummary:
+        from tasklease.emulator import metrics as emulator_metrics  # noqa: PLC0415
+
+        emulator_metrics.add_listener(self.observe)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        from tasklease.emulator import metrics as emulator_metrics  # noqa: PLC0415
+
+        emulator_metrics.remove_listener(self.observe)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            _log.info(self.take_line())
+
+
+def _percentile(ordered: list[float], percent: float) -> float:
+    """Nearest-rank percentile of a sorted, non-empty list."""
+    return ordered[max(0, math.ceil(percent / 100 * len(ordered)) - 1)]

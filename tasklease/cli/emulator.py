@@ -1,0 +1,115 @@
+"""``tasklease emulator``: the local Cloud Tasks and Cloud Scheduler, in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tasklease.cli.common import (
+    DEFAULT_EMULATOR_PORT,
+    Subcommands,
+    add_command,
+    log_to_terminal,
+    stop_on_sigterm,
+    wait,
+)
+
+if TYPE_CHECKING:
+    from tasklease.emulator import CloudTasksEmulator
+
+NAME = "emulator"
+
+
+def register(commands: Subcommands) -> None:
+    add_emulator_options(add_command(commands, NAME, "serve the local Cloud Tasks emulator"))
+
+
+def add_emulator_options(parser: argparse.ArgumentParser) -> None:
+    """The emulator's flags, shared with ``tasklease dev``."""
+    parser.add_argument("--host", default="127.0.0.1", help="the address the emulator binds")
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="another Host header name to answer, repeatable (default: only loopback names "
+        "and --host)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_EMULATOR_PORT,
+        help="the REST port (Cloud Tasks and Scheduler)",
+    )
+    parser.add_argument(
+        "--grpc-port", type=int, default=None, help="Cloud Tasks over gRPC (default: --port + 1)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".tasklease/emulator"),
+        help="where queues, tasks and jobs persist",
+    )
+    parser.add_argument(
+        "--dedup-window",
+        type=float,
+        default=3600.0,
+        help="seconds a task name stays taken after the task ran or was deleted",
+    )
+    parser.add_argument(
+        "--duplicate-probability",
+        type=float,
+        default=0.0,
+        help="chance an attempt is sent twice at once",
+    )
+    parser.add_argument(
+        "--lost-response-probability",
+        type=float,
+        default=0.0,
+        help="chance the target's answer is dropped and the task retried",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, help="seed of the faults (default: a new one each run)"
+    )
+    parser.add_argument(
+        "--scheduler-config",
+        type=Path,
+        default=None,
+        help="TOML file of [[job]] tables (default: no Scheduler jobs)",
+    )
+
+
+@contextmanager
+def serving_emulator(args: argparse.Namespace) -> Iterator[CloudTasksEmulator]:
+    """The emulator the flags of :func:`add_emulator_options` describe, while the block runs."""
+    from tasklease.emulator import CloudTasksEmulator, Faults, load_jobs  # noqa: PLC0415
+
+    jobs = load_jobs(args.scheduler_config) if args.scheduler_config else []
+    faults = Faults(args.duplicate_probability, args.lost_response_probability, args.seed)
+    with CloudTasksEmulator(
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.port,
+        grpc_port=args.grpc_port,
+        dedup_window=args.dedup_window,
+        faults=faults,
+        jobs=jobs,
+        allowed_hosts=args.allow_host,
+    ) as emulator:
+        logging.getLogger("tasklease.cli").info(
+            "Cloud Tasks emulator: REST on %s, gRPC on %s (OIDC keys: %s)",
+            emulator.url,
+            emulator.grpc_target,
+            emulator.certs_url,
+        )
+        yield emulator
+
+
+def run(args: argparse.Namespace) -> int:
+    log_to_terminal()
+    stop = stop_on_sigterm()
+    with serving_emulator(args):
+        return wait(stop)
