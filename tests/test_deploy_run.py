@@ -141,7 +141,7 @@ def test_the_kit_imports_nothing_outside_the_standard_library_and_tasklease() ->
     probe = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import tasklease.deploy.deploy, tasklease.deploy_cli\n"
+        "import tasklease.deploy.deploy\n"
         "loaded = {n.split('.')[0] for n in set(sys.modules) - before}\n"
         "print(sorted(loaded - set(sys.stdlib_module_names)))\n"
     )
