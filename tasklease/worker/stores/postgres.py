@@ -33,6 +33,7 @@ that cuts a call the server does not answer at all (frozen, unreachable). Each r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -363,7 +364,9 @@ class PostgresStore(LeaseStore):
 
     def _call(self, action: str, work: Callable[[Connection[Any]], _T]) -> _T:
         """``work`` on a pooled connection, bounded; every failure is StoreUnavailable. A
-        connection found dead (the server restarted since) is replaced once."""
+        connection found dead (the server restarted since) is replaced once, and the pool's
+        idle connections are checked then. A retried ``work`` may find its own write landed:
+        every caller recognises it by the attempt id or the rules."""
         timeout = self.options.call_timeout
         for attempt in range(2):
             process = self._ready_process()
@@ -382,6 +385,9 @@ class PostgresStore(LeaseStore):
                 raise self._unavailable(action, f"no connection: {exc}") from exc
             except psycopg.OperationalError as exc:
                 if attempt == 0 and used is not None and used.broken:
+                    # The server restarted since: the pool's idle connections are dead too.
+                    with contextlib.suppress(psycopg.Error, PoolTimeout):
+                        process.pool.check()
                     continue
                 raise self._unavailable(action, str(exc)) from exc
             except psycopg.Error as exc:
