@@ -1,9 +1,9 @@
 """The servers bench/worker_throughput.py compares, under one gunicorn configuration.
 
 ``bare`` is a plain Flask route doing the handler's work; ``tasklease`` serves the same work
-through the exactly-once protocol, on the store ``BENCH_STORE`` names (``memory`` or
-``sqlite``, the file in ``BENCH_DB``). Authentication is off in both: the comparison is the
-protocol's cost, not a token check's.
+through the exactly-once protocol, on the store ``BENCH_STORE`` names (``memory``; ``sqlite``,
+the file in ``BENCH_DB``; ``postgres``, the store URL in ``BENCH_DB``). Authentication is off
+in both: the comparison is the protocol's cost, not a token check's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import flask
 
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.stores import LeaseStore, MemoryStore, SqliteStore
+from tasklease.worker.stores import LeaseStore, MemoryStore, SqliteStore, store_from_url
 
 
 def work(payload: Any) -> dict[str, Any]:
@@ -41,6 +41,8 @@ def handler(payload: Any, ctx: TaskContext) -> dict[str, Any]:
 def _store() -> LeaseStore:
     if os.environ.get("BENCH_STORE", "memory") == "memory":
         return MemoryStore()
+    if os.environ["BENCH_STORE"] == "postgres":
+        return store_from_url(os.environ["BENCH_DB"])
     return SqliteStore(os.environ["BENCH_DB"])
 
 

@@ -2,13 +2,15 @@
 
 Three servers, one gunicorn configuration (2 workers, 4 threads each): a bare Flask route doing
 a trivial handler's work, and tasklease serving the same work on MemoryStore and on SqliteStore
-(durable: synchronous=FULL). Each is driven by wrk (Debian's package; ``make bench`` installs
-it) with a new task name per request (first executions) and one repeated name marked as a
-retry (duplicates). Servers are measured one after another within each round, so machine
-noise hits them all; quote the ratios of one round. A server is stopped, and has exited,
-before the next starts (a SQLite server checkpoints its WAL while it shuts down).
+(durable: synchronous=FULL), and with ``--stores postgres`` on PostgresStore (a private
+PostgreSQL cluster on the same cores, fsync on, started and stopped by the benchmark). Each is
+driven by wrk (Debian's package; ``make bench`` installs it) with a new task name per request
+(first executions) and one repeated name marked as a retry (duplicates). Servers are measured
+one after another within each round, so machine noise hits them all; quote the ratios of one
+round. A server is stopped, and has exited, before the next starts (a SQLite server checkpoints
+its WAL while it shuts down).
 
-    python -m bench.worker_throughput [--rounds 2] [--seconds 8]
+    python -m bench.worker_throughput [--rounds 2] [--seconds 8] [--stores memory,sqlite]
 
 Without wrk a Python load generator stands in, with a warning: it is slower than the servers
 it drives, so its ratios understate the differences.
@@ -29,10 +31,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.common import BENCH_DIR, ROOT, free_port, wait_for_port
+from bench.postgres_floor import private_postgres
 
 WRK_SCRIPTS = ROOT / "bench" / "wrk"
 HEADERS = {
@@ -195,7 +199,9 @@ def _millis(value: str) -> float:
     return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def measure_round(seconds: int, log: Path) -> dict[str, Load]:
+def measure_round(
+    seconds: int, log: Path, stores: list[str], postgres_url: str | None = None
+) -> dict[str, Load]:
     drive = run_wrk if shutil.which("wrk") else run_python
     results: dict[str, Load] = {}
     server = Server("bare", {}, log)
@@ -203,9 +209,13 @@ def measure_round(seconds: int, log: Path) -> dict[str, Load]:
         results["bare"] = server.measure(drive, "first.lua", seconds)
     finally:
         server.stop()
-    for store in ("memory", "sqlite"):
+    for store in stores:
         with tempfile.TemporaryDirectory() as folder:
-            env = {"BENCH_STORE": store, "BENCH_DB": str(Path(folder) / "runs.db")}
+            where = str(Path(folder) / "runs.db")
+            if store == "postgres":  # A schema of its own per round: the tables start empty.
+                assert postgres_url is not None
+                where = f"{postgres_url}?schema=bench_{uuid.uuid4().hex[:8]}&max_size=4"
+            env = {"BENCH_STORE": store, "BENCH_DB": where}
             server = Server("tasklease", env, log)
             try:
                 results[f"{store} first"] = server.measure(drive, "first.lua", seconds)
@@ -221,7 +231,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--stores", default="memory,sqlite", help="of memory, sqlite, postgres")
     args = parser.parse_args()
+    stores = args.stores.split(",")
     if shutil.which("wrk") is None:
         print(
             "warning: wrk not found (apt-get install wrk, or make bench); using the Python "
@@ -230,21 +242,29 @@ def main() -> None:
         )
     log = BENCH_DIR / "worker_throughput.log"
     print("gunicorn 2 workers x 4 threads; wrk 2 threads, 16 connections; trivial handler")
-    for round_ in range(1, args.rounds + 1):
-        results = measure_round(args.seconds, log)
-        bare = results["bare"]
-        print(f"round {round_}:")
+    with ExitStack() as cleanup:
+        postgres_url = None
+        if "postgres" in stores:
+            postgres_url = cleanup.enter_context(private_postgres()).url()
+        for round_ in range(1, args.rounds + 1):
+            results = measure_round(args.seconds, log, stores, postgres_url)
+            print_round(round_, results)
+
+
+def print_round(round_: int, results: dict[str, Load]) -> None:
+    bare = results["bare"]
+    print(f"round {round_}:")
+    print(
+        f"  {'server':<20}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}"
+        f"{'cpu us/req':>12}  ratio"
+    )
+    for name, result in results.items():
+        note = f"  ({result.failures} non-2xx)" if result.failures else ""
         print(
-            f"  {'server':<20}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}"
-            f"{'cpu us/req':>12}  ratio"
+            f"  {name:<20}{result.rate:>9.0f}{result.p50_ms:>9.2f}{result.p99_ms:>9.2f}"
+            f"{result.p50_ms - bare.p50_ms:>+9.2f}{result.cpu_us:>12.0f}"
+            f"  {result.rate / bare.rate:.2f}{note}"
         )
-        for name, result in results.items():
-            note = f"  ({result.failures} non-2xx)" if result.failures else ""
-            print(
-                f"  {name:<20}{result.rate:>9.0f}{result.p50_ms:>9.2f}{result.p99_ms:>9.2f}"
-                f"{result.p50_ms - bare.p50_ms:>+9.2f}{result.cpu_us:>12.0f}"
-                f"  {result.rate / bare.rate:.2f}{note}"
-            )
 
 
 if __name__ == "__main__":

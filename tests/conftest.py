@@ -9,7 +9,7 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from tasklease.emulator import CloudTasksEmulator
-from tests import firestore_support
+from tests import firestore_support, postgres_support
 from tests.emulator_target import Target
 from tests.fake_cloud_tasks import FakeCloudTasks
 from tests.helpers import FakeClock
@@ -87,6 +87,19 @@ def firestore_host() -> Iterator[str | None]:
                 os.environ.pop("FIRESTORE_EMULATOR_HOST", None)
             else:
                 os.environ["FIRESTORE_EMULATOR_HOST"] = previous
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[postgres_support.Cluster]:
+    """A private PostgreSQL cluster for the session (tests/postgres_support.py)."""
+    with postgres_support.running_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster: postgres_support.Cluster) -> str:
+    """A store URL on the session's cluster, in a schema of this test's own (empty)."""
+    return postgres_cluster.url(schema=postgres_support.fresh_schema())
 
 
 @pytest.fixture(autouse=True)

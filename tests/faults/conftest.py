@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import firestore_support
+from tests import firestore_support, postgres_support
 from tests.faults.harness import FULL, Backend, Tally
 
 REPORT_FILE = os.environ.get("TASKLEASE_FAULTS_REPORT")
@@ -40,10 +40,11 @@ NEEDS_ISOLATION = pytest.mark.firestore_emulator_gap(
 )
 
 
-@pytest.fixture(params=["sqlite", pytest.param("firestore", marks=NEEDS_ISOLATION)])
+@pytest.fixture(params=["sqlite", pytest.param("firestore", marks=NEEDS_ISOLATION), "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    """The store a parametrized scenario runs on: a SQLite file, or a fresh Firestore
-    collection on the session's emulator (FIRESTORE_EMULATOR_HOST is inherited)."""
+    """The store a parametrized scenario runs on: a SQLite file, a fresh Firestore
+    collection on the session's emulator (FIRESTORE_EMULATOR_HOST is inherited), or a fresh
+    schema on the session's private PostgreSQL cluster."""
     return _backend(request, tmp_path)
 
 
@@ -57,6 +58,10 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
                 pytest.mark.skipif(not FULL, reason="on Firestore in the full suite only"),
             ],
         ),
+        pytest.param(
+            "postgres",
+            marks=pytest.mark.skipif(not FULL, reason="on Postgres in the full suite only"),
+        ),
     ]
 )
 def backend_full(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
@@ -67,6 +72,9 @@ def backend_full(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 def _backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "sqlite":
         return Backend("sqlite", f"sqlite:///{tmp_path}/runs.db")
+    if request.param == "postgres":
+        cluster: postgres_support.Cluster = request.getfixturevalue("postgres_cluster")
+        return Backend("postgres", cluster.url(schema=postgres_support.fresh_schema()))
     request.getfixturevalue("firestore_host")
     project = os.environ.get("GOOGLE_CLOUD_PROJECT", firestore_support.PROJECT)
     # For the test's own reads of the records; undone after the test.

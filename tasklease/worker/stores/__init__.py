@@ -16,12 +16,14 @@ from tasklease.worker.stores.base import LeaseStore
 if TYPE_CHECKING:
     from tasklease.worker.stores.firestore import FirestoreStore
     from tasklease.worker.stores.memory import MemoryStore
+    from tasklease.worker.stores.postgres import PostgresStore
     from tasklease.worker.stores.sqlite import SqliteStore
 
 __all__ = [
     "FirestoreStore",
     "LeaseStore",
     "MemoryStore",
+    "PostgresStore",
     "SqliteStore",
     "check_store_is_shared",
     "store_from_url",
@@ -58,6 +60,9 @@ def store_from_url(url: str | None = None) -> LeaseStore:
     - ``memory://``
     - ``firestore://?collection=tasklease_runs&database=(default)`` (project from
       ``GOOGLE_CLOUD_PROJECT``; needs ``tasklease[firestore]``)
+    - ``postgresql://user:password@host:5432/db?schema=tasklease`` (or ``postgres://``;
+      options in :mod:`tasklease.worker.stores.postgres_options`; needs
+      ``tasklease[postgres]``)
     """
     url = url or os.environ.get(protocol.ENV_STORE) or c.DEFAULT_STORE_URL
     scheme, _, rest = url.partition("://")
@@ -81,8 +86,10 @@ def store_from_url(url: str | None = None) -> LeaseStore:
         return _firestore_store().from_options(
             **options, call_timeout=float(timeout) if timeout else None
         )
+    if scheme in ("postgresql", "postgres"):
+        return _postgres_store().from_url(url)
     raise ConfigurationError(
-        f"unknown store URL {url!r}: use sqlite:///path, memory:// or firestore://"
+        f"unknown store URL {url!r}: use sqlite:///path, memory://, firestore:// or postgresql://"
     )
 
 
@@ -96,6 +103,16 @@ def _firestore_store() -> type[FirestoreStore]:
     return FirestoreStore
 
 
+def _postgres_store() -> type[PostgresStore]:
+    try:
+        from tasklease.worker.stores.postgres import PostgresStore  # noqa: PLC0415 - optional extra.
+    except ImportError as exc:
+        raise ConfigurationError(
+            "the Postgres store needs psycopg 3 and psycopg_pool: pip install 'tasklease[postgres]'"
+        ) from exc
+    return PostgresStore
+
+
 # Each store is imported when it is first named, so a worker loads only the one it uses.
 _lazy_getattr, __dir__ = lazy_exports(
     __name__,
@@ -107,7 +124,9 @@ _lazy_getattr, __dir__ = lazy_exports(
 
 
 def __getattr__(name: str) -> Any:
-    # FirestoreStore needs an optional extra: import it on first use, with an install hint.
+    # Firestore and Postgres need optional extras: imported on first use, with an install hint.
     if name == "FirestoreStore":
         return _firestore_store()
+    if name == "PostgresStore":
+        return _postgres_store()
     return _lazy_getattr(name)

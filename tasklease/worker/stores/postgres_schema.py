@@ -1,0 +1,236 @@
+"""The Postgres store's tables, their migrations, its row codec and its SQL statements.
+
+The tables live in one Postgres schema (``tasklease`` unless the URL names another):
+``runs``, ``locks`` and ``schema_version``. The store creates and migrates them on first use,
+under an advisory lock so that the processes of a deploy opening together migrate once.
+
+Rows are encoded from the record dataclasses' own fields (a column per field, the same
+name), so a field added to :class:`RunRecord` needs a column here, not a second mapping.
+Every row has a ``version`` that each write increments: the compare-and-set the store's
+changes are conditional on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from typing import Any, LiteralString
+
+from psycopg import Connection, sql
+from psycopg.types.json import Jsonb
+
+from tasklease.errors import StoreUnavailable
+from tasklease.worker.core import locking
+from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
+
+SCHEMA_VERSION = 1
+DEFAULT_SCHEMA = "tasklease"
+
+# Each entry migrates from the version before it; entry n creates version n + 1.
+_MIGRATIONS: list[list[LiteralString]] = [
+    [
+        """CREATE TABLE IF NOT EXISTS {s}.runs (
+            run_id text PRIMARY KEY,
+            kind text NOT NULL,
+            handler text NOT NULL,
+            status text NOT NULL,
+            attempt_id text NOT NULL,
+            fencing_token bigint NOT NULL,
+            attempts integer NOT NULL,
+            lease_expires timestamptz NOT NULL,
+            expire_at timestamptz NOT NULL,
+            claimed_at timestamptz NOT NULL,
+            identity jsonb NOT NULL,
+            finished_at timestamptz,
+            result_json text,
+            error text,
+            payload text,
+            caller text,
+            replay_of text,
+            replayed_as text,
+            version bigint NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS runs_by_expiry ON {s}.runs (expire_at)",
+        "CREATE INDEX IF NOT EXISTS runs_by_claim ON {s}.runs (claimed_at DESC, run_id DESC)",
+        """CREATE INDEX IF NOT EXISTS runs_by_status
+            ON {s}.runs (status, claimed_at DESC, run_id DESC)""",
+        "CREATE INDEX IF NOT EXISTS runs_by_handler ON {s}.runs (handler, claimed_at DESC)",
+        # Partial: a run has a task name or a job name, never both.
+        """CREATE INDEX IF NOT EXISTS runs_by_task ON {s}.runs ((identity->>'task_name'))
+            WHERE identity->>'task_name' IS NOT NULL""",
+        """CREATE INDEX IF NOT EXISTS runs_by_job ON {s}.runs ((identity->>'job_name'))
+            WHERE identity->>'job_name' IS NOT NULL""",
+        """CREATE TABLE IF NOT EXISTS {s}.locks (
+            name text PRIMARY KEY,
+            holder_run_id text NOT NULL,
+            holder_attempt_id text NOT NULL,
+            fencing_token bigint NOT NULL,
+            started_at timestamptz NOT NULL,
+            lease_expires timestamptz NOT NULL,
+            safety_expires timestamptz NOT NULL,
+            next_start_at timestamptz NOT NULL,
+            released_at timestamptz,
+            lapses_at timestamptz NOT NULL,
+            version bigint NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS locks_by_lapse ON {s}.locks (lapses_at)",
+        "CREATE INDEX IF NOT EXISTS locks_by_start ON {s}.locks (started_at DESC, name DESC)",
+    ],
+]
+
+RUN_COLUMNS = tuple(f.name for f in dataclasses.fields(RunRecord))
+LOCK_COLUMNS = tuple(f.name for f in dataclasses.fields(LockRecord))
+
+
+def migrate(connection: Connection[Any], schema: str) -> None:
+    """Create or migrate ``schema``'s tables to :data:`SCHEMA_VERSION` (idempotent)."""
+    s = sql.Identifier(schema)
+    with connection.transaction():
+        # Serialises the processes opening one schema together (CREATE ... IF NOT EXISTS is
+        # not safe against a concurrent CREATE of the same name).
+        connection.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('tasklease schema ' || %s))", (schema,)
+        )
+        connection.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=s))
+        connection.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {s}.schema_version "
+                "(component text PRIMARY KEY, version integer NOT NULL)"
+            ).format(s=s)
+        )
+        row = connection.execute(
+            sql.SQL("SELECT version FROM {s}.schema_version WHERE component = 'store'").format(s=s)
+        ).fetchone()
+        version = row[0] if row else 0
+        if version > SCHEMA_VERSION:
+            raise StoreUnavailable(
+                f"Postgres schema {schema!r} has version {version}; this tasklease knows "
+                f"{SCHEMA_VERSION}: upgrade tasklease"
+            )
+        for step in _MIGRATIONS[version:]:
+            for statement in step:
+                connection.execute(sql.SQL(statement).format(s=s))
+        connection.execute(
+            sql.SQL(
+                "INSERT INTO {s}.schema_version (component, version) VALUES ('store', %s) "
+                "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version"
+            ).format(s=s),
+            (SCHEMA_VERSION,),
+        )
+
+
+def encode_run(record: RunRecord) -> list[Any]:
+    """The record's column values, in :data:`RUN_COLUMNS` order."""
+    values: list[Any] = [getattr(record, name) for name in RUN_COLUMNS]
+    values[RUN_COLUMNS.index("status")] = record.status.value
+    values[RUN_COLUMNS.index("identity")] = Jsonb(record.identity)
+    return values
+
+
+def decode_run(row: tuple[Any, ...] | list[Any]) -> RunRecord:
+    """The record of a row whose first columns are :data:`RUN_COLUMNS`."""
+    fields = {name: _utc(value) for name, value in zip(RUN_COLUMNS, row, strict=False)}
+    fields["status"] = RunStatus(fields["status"])
+    return RunRecord(**fields)
+
+
+def encode_lock(lock: LockRecord) -> list[Any]:
+    """The lock's column values (:data:`LOCK_COLUMNS`, then ``lapses_at``)."""
+    return [*(getattr(lock, name) for name in LOCK_COLUMNS), locking.lapses_at(lock)]
+
+
+def decode_lock(row: tuple[Any, ...] | list[Any]) -> LockRecord:
+    return LockRecord(**{name: _utc(value) for name, value in zip(LOCK_COLUMNS, row, strict=False)})
+
+
+def _utc(value: Any) -> Any:
+    return value.astimezone(UTC) if isinstance(value, datetime) else value
+
+
+class Statements:
+    """Every statement the store sends, composed once for its schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        s = sql.Identifier(schema)
+        run_cols = sql.SQL(", ").join(map(sql.Identifier, RUN_COLUMNS))
+        run_values = sql.SQL(", ").join(sql.Placeholder() * len(RUN_COLUMNS))
+        run_set = sql.SQL(", ").join(
+            sql.SQL("{c} = {p}").format(c=sql.Identifier(c), p=sql.Placeholder())
+            for c in RUN_COLUMNS[1:]
+        )
+        lock_names = (*LOCK_COLUMNS, "lapses_at")
+        lock_cols = sql.SQL(", ").join(map(sql.Identifier, LOCK_COLUMNS))
+        lock_all = sql.SQL(", ").join(map(sql.Identifier, lock_names))
+        lock_values = sql.SQL(", ").join(sql.Placeholder() * len(lock_names))
+        lock_set = sql.SQL(", ").join(
+            sql.SQL("{c} = {p}").format(c=sql.Identifier(c), p=sql.Placeholder())
+            for c in lock_names[1:]
+        )
+
+        def text(template: LiteralString, **parts: sql.Composable) -> str:
+            # Composed from constant identifiers only; every value stays a parameter.
+            composed = sql.SQL(template).format(s=s, **parts)
+            return composed.as_string(None)
+
+        cols = {"cols": run_cols}
+        self.select_run = text("SELECT {cols}, version FROM {s}.runs WHERE run_id = %s", **cols)
+        # One round trip: a first claim inserts; a duplicate gets the stored row and the
+        # server's time back instead.
+        self.claim = text(
+            "WITH ins AS (INSERT INTO {s}.runs ({cols}, version) VALUES ({values}, 1) "
+            "ON CONFLICT (run_id) DO NOTHING RETURNING {cols}, version) "
+            "SELECT true, {cols}, version, statement_timestamp() FROM ins UNION ALL "
+            "SELECT false, {cols}, version, statement_timestamp() FROM {s}.runs "
+            "WHERE run_id = %s AND NOT EXISTS (SELECT FROM ins)",
+            values=run_values,
+            **cols,
+        )
+        # One row whether or not the run exists: its columns (NULL: absent) and the time.
+        self.read_run = text(
+            "SELECT {cols}, version, statement_timestamp() FROM (VALUES (1)) AS one "
+            "LEFT JOIN {s}.runs ON run_id = %s",
+            **cols,
+        )
+        self.insert_run = text(
+            "INSERT INTO {s}.runs ({cols}, version) VALUES ({values}, 1) "
+            "ON CONFLICT (run_id) DO NOTHING RETURNING version",
+            values=run_values,
+            **cols,
+        )
+        self.update_run = text(
+            "UPDATE {s}.runs SET {set}, version = version + 1 "
+            "WHERE run_id = %s AND version = %s RETURNING version",
+            set=run_set,
+        )
+        self.list_runs = text("SELECT {cols} FROM {s}.runs", **cols)
+        self.purge_runs = text(
+            "DELETE FROM {s}.runs WHERE expire_at <= %s AND run_id IN "
+            "(SELECT run_id FROM {s}.runs WHERE expire_at <= %s ORDER BY expire_at LIMIT %s)"
+        )
+        self.now = "SELECT statement_timestamp()"
+        self.read_lock = text(
+            "SELECT {cols}, version, statement_timestamp() FROM (VALUES (1)) AS one "
+            "LEFT JOIN {s}.locks ON name = %s",
+            cols=lock_cols,
+        )
+        self.insert_lock = text(
+            "INSERT INTO {s}.locks ({cols}, version) VALUES ({values}, 1) "
+            "ON CONFLICT (name) DO NOTHING RETURNING version",
+            cols=lock_all,
+            values=lock_values,
+        )
+        self.update_lock = text(
+            "UPDATE {s}.locks SET {set}, version = version + 1 "
+            "WHERE name = %s AND version = %s RETURNING version",
+            set=lock_set,
+        )
+        self.list_locks = text(
+            "SELECT {cols} FROM {s}.locks ORDER BY started_at DESC, name DESC LIMIT %s",
+            cols=lock_cols,
+        )
+        self.get_lock = text("SELECT {cols} FROM {s}.locks WHERE name = %s", cols=lock_cols)
+        self.purge_locks = text(
+            "DELETE FROM {s}.locks WHERE lapses_at <= %s AND name IN "
+            "(SELECT name FROM {s}.locks WHERE lapses_at <= %s ORDER BY lapses_at LIMIT %s)"
+        )
