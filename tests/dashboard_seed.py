@@ -10,9 +10,10 @@ from tasklease.worker.core.decisions import replay_pending
 from tasklease.worker.stores.base import LeaseStore
 from tests.helpers import claim_request
 
-LONG_TASK = "export-" + "quarterly-ledger-" * 8 + "2026Q3"
+LONG_TASK = "export_" + "quarterly_ledger_" * 8 + "2026Q3"  # No break opportunity.
 LONG_HANDLER = "reconcile_settlements_against_the_acquirer_daily_report_" + "x" * 30
 RETRIED = "send_receipt-order-2001"
+TAKEN_OVER = "sync_inventory-sku-91"
 REPLAYED = "charge_card-order-1044"
 
 
@@ -63,8 +64,10 @@ def seed_hour(store: LeaseStore, now: datetime) -> None:
     request = claim_request(pending.run_id, "r1", handler="charge_card", identity=identity)
     store.claim(request, replay_at + timedelta(seconds=2))
     store.complete(pending.run_id, "r1", '{"charged":true}', replay_at + timedelta(seconds=3))
-    # A crashed attempt, its lease long lapsed; one running now; a long-named one.
+    # A crashed attempt, its lease long lapsed; a long-named run.
     task(store, "sync_inventory", "sku-88", now - timedelta(minutes=40))
-    task(store, "sync_inventory", "sku-91", now - timedelta(seconds=40))
+    # A takeover: the first attempt's worker died, the retry took the run over and runs now.
+    task(store, "sync_inventory", "sku-91", now - timedelta(minutes=8))
+    task(store, "sync_inventory", "sku-91", now - timedelta(seconds=40), "a2-takeover")
     long_run = task(store, LONG_HANDLER, LONG_TASK, now - timedelta(minutes=5))
     store.complete(long_run, "a1", None, now - timedelta(minutes=5) + timedelta(seconds=9))

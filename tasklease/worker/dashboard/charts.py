@@ -111,7 +111,8 @@ def minutes_chart(
 def timeline_chart(line: Timeline, *, title: str, width: int = 640) -> Markup:
     """Each bar of ``line`` on one time axis: claim to finish (or release, or the lease's
     lapse), a live attempt's lease drawn on past now, earlier attempts as a stub."""
-    left, right, row = (116 if width >= 600 else 84), 12, 54
+    compact = width < 600  # A phone's drawing: the role goes into the heading line.
+    left, right, row = (36 if compact else 116), 12, 54
     plot_w = width - left - right
     height = row * len(line.bars) + 28
     parts = [_svg_open(width, height, title, "timeline")]
@@ -123,7 +124,13 @@ def timeline_chart(line: Timeline, *, title: str, width: int = 640) -> Markup:
     for index, item in enumerate(line.bars):
         parts.append(
             _attempt_row(
-                line, item, index * row + 4, left=left, plot_w=plot_w, hatch=f"unknown-{width}"
+                line,
+                item,
+                index * row + 4,
+                left=left,
+                plot_w=plot_w,
+                hatch=f"unknown-{width}",
+                compact=compact,
             )
         )
     axis_y = height - 8
@@ -136,7 +143,14 @@ def timeline_chart(line: Timeline, *, title: str, width: int = 640) -> Markup:
 
 
 def _attempt_row(
-    line: Timeline, item: Bar, y: float, *, left: float, plot_w: float, hatch: str
+    line: Timeline,
+    item: Bar,
+    y: float,
+    *,
+    left: float,
+    plot_w: float,
+    hatch: str,
+    compact: bool,
 ) -> str:
     x0 = left + line.position(item.start) * plot_w
     x1 = left + line.position(item.end) * plot_w
@@ -149,10 +163,11 @@ def _attempt_row(
     )
     if item.role != "this run":
         heading = f"run {item.run_id[:28]} · {heading}"
-    parts = [
-        _text(4, y + 30, item.role, "start", 12, weight="600"),
-        _text(left, y + 12, heading, "start", 12, fill="#5b6670"),
-    ]
+    if compact:
+        heading = f"{item.role} · {heading}"
+    parts = [_text(4 if compact else left, y + 12, heading, "start", 12, fill="#5b6670")]
+    if not compact:
+        parts.append(_text(4, y + 30, item.role, "start", 12, weight="600"))
     if item.earlier:
         parts.append(
             f'<rect class="earlier" x="{left - 30}" y="{y + 18}" width="26" height="18" '

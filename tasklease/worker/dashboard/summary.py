@@ -41,13 +41,13 @@ def read_window(
 
 def read_counted(operations: Operations, filters: RunFilter) -> tuple[list[RunRecord], bool]:
     """Up to :data:`MAX_COUNTED` runs matching ``filters``, and whether there are more."""
-    page = operations.list_runs(filters, MAX_COUNTED)
+    page = operations.list_runs(filters, min(MAX_COUNTED, MAX_PAGE))
     return page.runs, page.cursor is not None
 
 
 def activity(operations: Operations, now: datetime) -> tuple[Activity, dict[str, bool]]:
     """The summary at ``now``, and which of its reads stopped at their limit."""
-    runs, oldest = read_window(operations, now)
+    runs, oldest = read_window(operations, now, MAX_RUNS)
     dead, more_dead = read_counted(operations, RunFilter(status=RunStatus.FAILED))
     stuck, more_stuck = read_counted(operations, RunFilter(stuck_at=now))
     summary = summarize(runs, now, oldest_read=oldest, dead_letters=dead, stuck=stuck)
