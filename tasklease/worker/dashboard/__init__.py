@@ -5,7 +5,8 @@ Operations` as ``tasklease runs``. Standalone: ``tasklease dashboard`` (loopback
 answering loopback ``Host`` names only); inside the worker: ``create_app(...,
 dashboard="/tasklease")``, behind OIDC for the operators named.
 
-Here: the blueprint and its two mounts. The pages are :mod:`.views`, what each request passes
+Here: the blueprint and its two mounts. The pages are :mod:`.views` (the summary's
+:mod:`.summary`, the pictures :mod:`.charts`), what each request passes
 first :mod:`.guard`, the forms' tokens :mod:`.csrf`, the operators' check :mod:`.operators`.
 """
 
@@ -22,6 +23,7 @@ from tasklease.worker.auth import Authenticator
 from tasklease.worker.dashboard.csrf import CSRF_COOKIE, CSRF_FIELD, Csrf
 from tasklease.worker.dashboard.guard import Guard
 from tasklease.worker.dashboard.operators import OperatorAuth
+from tasklease.worker.dashboard.summary import SummaryView
 from tasklease.worker.dashboard.views import Views
 from tasklease.worker.operations import Operations
 from tasklease.worker.router import HandlerSpec
@@ -50,13 +52,15 @@ def dashboard_blueprint(
     if allowed_hosts is None and auth is None:
         allowed_hosts = LOOPBACK_HOSTS
     csrf = Csrf(csrf_secret)
-    views = Views(Operations(store, producer), schedules=schedules, name=name, csrf=csrf)
+    operations = Operations(store, producer)
+    views = Views(operations, schedules=schedules, name=name, csrf=csrf)
     guard = Guard(auth=auth, hosts=allowed_hosts, csrf=csrf, name=name)
     blueprint = flask.Blueprint(name, __name__, template_folder="templates")
     blueprint.before_request(guard.check)
     blueprint.after_request(guard.headers)
     blueprint.add_url_rule("/", "runs", views.runs, methods=["GET"])
     blueprint.add_url_rule("/stuck", "stuck", views.stuck, methods=["GET"])
+    blueprint.add_url_rule("/summary", "summary", SummaryView(operations).summary, methods=["GET"])
     blueprint.add_url_rule("/runs/<run_id>", "run", views.run, methods=["GET"])
     blueprint.add_url_rule("/runs/<run_id>/<action>", "confirm", views.confirm, methods=["GET"])
     blueprint.add_url_rule("/runs/<run_id>/release", "release", views.release, methods=["POST"])

@@ -13,6 +13,7 @@ from tasklease.worker.core.decisions import OperatorRelease, ReleaseOutcome
 from tasklease.worker.core.queries import RunFilter, is_stuck, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.dashboard.csrf import Csrf
+from tasklease.worker.dashboard.timelines import run_timeline
 from tasklease.worker.operations import OperationRefused, Operations, run_summary
 from tasklease.worker.schedules import Schedule
 
@@ -160,6 +161,7 @@ class Views:
             notice=notice,
             releasable=record.status is RunStatus.IN_PROGRESS,
             replayable=record.status is RunStatus.FAILED and record.kind == "task",
+            timeline=run_timeline(self.operations.store, record, now),
         )
 
 

@@ -1,0 +1,96 @@
+"""The summary page: each handler's last hour from the store, in pictures. Its reads are
+bounded; the rule is :mod:`tasklease.worker.core.activity`, the drawing :mod:`.charts`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import flask
+
+from tasklease.worker.core.activity import WINDOW, Activity, summarize, window_start
+from tasklease.worker.core.queries import MAX_PAGE, RunFilter
+from tasklease.worker.core.records import RunRecord, RunStatus
+from tasklease.worker.dashboard import charts
+from tasklease.worker.dashboard.views import render
+from tasklease.worker.operations import Operations
+
+# At most this many runs of the last hour are read for one page view (four store pages).
+MAX_RUNS = 2000
+# And at most this many dead letters and stuck runs, of any age, to count per handler.
+MAX_COUNTED = 500
+
+
+def read_window(
+    operations: Operations, now: datetime, limit: int = MAX_RUNS
+) -> tuple[list[RunRecord], datetime | None]:
+    """The runs claimed in the window, newest first, up to ``limit``; and, when the limit
+    cut the read short, the claim time of the oldest run read (else None)."""
+    filters = RunFilter(newer_than=window_start(now))
+    runs: list[RunRecord] = []
+    cursor = None
+    for _ in range(-(-limit // MAX_PAGE) + 1):
+        page = operations.list_runs(filters, min(MAX_PAGE, limit - len(runs)), cursor)
+        runs.extend(page.runs)
+        cursor = page.cursor
+        if cursor is None:
+            return runs, None
+        if len(runs) >= limit:
+            break
+    return runs, (runs[-1].claimed_at if runs else now)
+
+
+def read_counted(operations: Operations, filters: RunFilter) -> tuple[list[RunRecord], bool]:
+    """Up to :data:`MAX_COUNTED` runs matching ``filters``, and whether there are more."""
+    page = operations.list_runs(filters, min(MAX_COUNTED, MAX_PAGE))
+    return page.runs, page.cursor is not None
+
+
+def activity(operations: Operations, now: datetime) -> tuple[Activity, dict[str, bool]]:
+    """The summary at ``now``, and which of its reads stopped at their limit."""
+    runs, oldest = read_window(operations, now, MAX_RUNS)
+    dead, more_dead = read_counted(operations, RunFilter(status=RunStatus.FAILED))
+    stuck, more_stuck = read_counted(operations, RunFilter(stuck_at=now))
+    summary = summarize(runs, now, oldest_read=oldest, dead_letters=dead, stuck=stuck)
+    return summary, {"runs": oldest is not None, "dead": more_dead, "stuck": more_stuck}
+
+
+class SummaryView:
+    """The ``/summary`` page over one :class:`Operations`."""
+
+    def __init__(self, operations: Operations) -> None:
+        self.operations = operations
+
+    def summary(self) -> flask.Response:
+        now = self.operations.clock()
+        summary, cut = activity(self.operations, now)
+        handler = flask.request.args.get("handler") or None
+        shown = [h for h in summary.handlers if handler is None or h.handler == handler]
+        total = summary.total
+        title = "All handlers: runs per minute, last hour"
+        cards = [
+            {
+                "activity": h,
+                "chart": charts.minutes_chart(
+                    h, summary, title=f"{h.handler}: runs per minute, last hour", height=130
+                ),  # A card is about as wide on a phone as on a desktop: one drawing.
+                "p50": charts.seconds_text(h.p50),
+                "p99": charts.seconds_text(h.p99),
+            }
+            for h in shown
+        ]
+        return render(
+            "summary.html",
+            summary=summary,
+            total=total,
+            total_chart=charts.responsive(
+                charts.minutes_chart(total, summary, title=title, width=1080, height=220),
+                charts.minutes_chart(total, summary, title=title, width=360, height=150),
+            ),
+            cards=cards,
+            legend=charts.legend(),
+            handler=handler,
+            cut=cut,
+            limits={"runs": MAX_RUNS, "counted": MAX_COUNTED},
+            window_minutes=int(WINDOW.total_seconds() // 60),
+            stuck_count=total.stuck,
+        )
