@@ -49,7 +49,7 @@ lint: $(STAMP)
 
 # The documentation site, warnings as errors (a broken link or reference fails), into site/.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 test: lint docs $(NODE_STAMP)
 	$(BIN)/pytest
