@@ -9,20 +9,36 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # Java 17+; required when CI=true). The npm emulator is only the local fallback when it is missing.
 NODE_STAMP := node_modules/.installed-$(shell cksum package-lock.json | cut -d' ' -f1)
 
-.PHONY: demo test lint faults bench clean
+.PHONY: demo test lint docs faults bench clean
 
+# `set -o pipefail` in a recipe: a failed pip is a failed step, whatever its output went through.
+SHELL := /bin/bash
+# pip's output as one line, rewritten in place on a terminal: packages so far and the latest;
+# then a one-line summary. Its warnings are kept in $(VENV)/pip.log, shown if pip fails.
+PIP_PROGRESS := awk -v tty=$$([ -t 1 ] && echo 1) \
+	'/^(Collecting|Obtaining) /{n++; if (tty) {printf "\r    %d packages: %-50.50s", n, $$2; fflush()}} \
+	/^Successfully installed/{installed=NF-2} \
+	END{printf "%s    %d packages checked, %d installed%-40s\n", tty ? "\r" : "", n, installed, ""}'
+
+# The install says what it does, step by step, and pip's work shows as one line counting the
+# packages it collects (its messages are shown only if it fails): a first run takes a minute.
 $(STAMP): pyproject.toml
-	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "tasklease needs Python 3.11 or newer")'
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	rm -f $(VENV)/.installed-* && touch $@
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "tasklease needs Python 3.11 or newer")'
+	@echo "==> creating the virtual environment $(VENV)"
+	@$(PYTHON) -m venv $(VENV)
+	@echo "==> upgrading pip"
+	@$(BIN)/python -m pip install --quiet --upgrade pip 2>$(VENV)/pip.log || { cat $(VENV)/pip.log; exit 1; }
+	@echo "==> installing tasklease and its development tools into $(VENV)"
+	@set -o pipefail; $(BIN)/python -m pip install --progress-bar off -e '.[dev]' 2>$(VENV)/pip.log \
+		| $(PIP_PROGRESS) || { cat $(VENV)/pip.log; exit 1; }
+	@rm -f $(VENV)/.installed-* && touch $@
 
 $(NODE_STAMP): package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	rm -f node_modules/.installed-* && touch $@
 
 demo: $(STAMP)
+	@echo "==> running the demo"
 	$(BIN)/tasklease demo
 
 lint: $(STAMP)
@@ -31,7 +47,11 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	cd examples/userapp && MYPYPATH=../.. ../../$(BIN)/mypy --strict --explicit-package-bases myapp tests
 
-test: lint $(NODE_STAMP)
+# The documentation site, warnings as errors (a broken link or reference fails), into site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+test: lint docs $(NODE_STAMP)
 	$(BIN)/pytest
 
 # The fault suite at full scale (tests/faults; `make test` runs it reduced), printing each
@@ -45,4 +65,4 @@ bench: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache .tasklease
+	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache .tasklease site
