@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,13 +20,17 @@ from tasklease.worker.context import TaskContext
 from tasklease.worker.core import constants as c
 from tasklease.worker.core import decisions, locking
 from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
-from tasklease.worker.core.outcome import Outcome
+from tasklease.worker.core.outcome import Outcome, Rejection, lease_retry_after, lock_retry_after
 from tasklease.worker.core.records import ClaimRequest, LockGrant, LockRequest, RunRecord, Verdict
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.logs import instance_id, log_execution, note_error
 from tasklease.worker.manual_runs import ManualRuns
+from tasklease.worker.reply import Reply
 from tasklease.worker.router import HandlerSpec, Router
 from tasklease.worker.stores.base import LeaseStore
+
+# Reply lives in its own module; it is exported here too, where the adapters import it from.
+__all__ = ["Clock", "Delivery", "Executor", "Reply", "decode_payload", "utc_now"]
 
 Clock = Callable[[], datetime]
 _log = logging.getLogger("tasklease.execution")
@@ -60,53 +63,6 @@ class Delivery:
     method: str = "POST"
     refusal: str | None = None  # Set when the request is malformed below HTTP (its framing).
     body_limit: int = protocol.MAX_TASK_BYTES
-
-
-@dataclass
-class Reply:
-    """The answer to one delivery."""
-
-    status: int
-    outcome: Outcome
-    message: str
-    run_id: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-    retry_after: int | None = None
-    # The run's result as stored: JSON text spliced into the body as it is, so the first
-    # answer and every duplicate's carry the same bytes.
-    result_json: str | None = None
-
-    def body(self) -> dict[str, Any]:
-        """The answer as a mapping (the result decoded), for programs and tests."""
-        body = {
-            "outcome": self.outcome.value,
-            "message": self.message,
-            "run_id": self.run_id,
-            **self.details,
-        }
-        if self.result_json is not None:
-            body["result"] = json.loads(self.result_json)
-        return body
-
-    def body_bytes(self) -> bytes:
-        """The JSON answer: the envelope, then the stored result's own bytes."""
-        envelope = json.dumps(
-            {"outcome": self.outcome.value, "message": self.message, "run_id": self.run_id}
-            | self.details,
-            separators=(",", ":"),
-            default=str,
-        )
-        if self.result_json is None:
-            return envelope.encode()
-        return f'{envelope[:-1]},"result":{self.result_json}}}'.encode()
-
-    def headers(self) -> dict[str, str]:
-        headers = {protocol.OUTCOME_HEADER: self.outcome.value}
-        if self.run_id:
-            headers[protocol.RUN_ID_HEADER] = self.run_id
-        if self.retry_after is not None:
-            headers["Retry-After"] = str(self.retry_after)
-        return headers
 
 
 class Executor:
@@ -160,30 +116,26 @@ class Executor:
 
     def _execute(self, delivery: Delivery, log: dict[str, Any]) -> Reply:
         if delivery.method != "POST":
-            return Reply(
-                405,
-                Outcome.REJECTED,
+            return Reply.rejected(
+                Rejection.NOT_POST,
                 f"method {delivery.method} not allowed: use POST",
-                details={"allow": "POST"},
+                {"allow": "POST"},
             )
         spec = self.router.handler(delivery.kind, delivery.handler)
         if spec is None:
-            # 404 is retried: a retry may reach a newer deploy that has the handler.
-            return Reply(404, Outcome.REJECTED, f"no {delivery.kind.value} handler of that name")
+            return Reply.rejected(
+                Rejection.NO_HANDLER, f"no {delivery.kind.value} handler of that name"
+            )
         if delivery.body is None:
-            return Reply(413, Outcome.REJECTED, f"body over {delivery.body_limit} bytes")
+            return Reply.rejected(Rejection.TOO_LARGE, f"body over {delivery.body_limit} bytes")
         if delivery.refusal is not None:
-            # 400 is retried by both services: the retry brings the whole request.
-            return Reply(400, Outcome.REJECTED, delivery.refusal)
+            return Reply.rejected(Rejection.MALFORMED, delivery.refusal)
         auth = self.authenticator.authenticate(
             AuthRequest(delivery.authorization, delivery.url), spec
         )
         log.update(auth.log_fields())
         if not auth.allowed:
-            retry_after = c.STORE_UNAVAILABLE_RETRY_AFTER if auth.status == 503 else None
-            return Reply(
-                auth.status, _AUTH_OUTCOMES[auth.status], auth.reason, retry_after=retry_after
-            )
+            return Reply.of(_AUTH_OUTCOMES[auth.status], auth.reason)
         telemetry.authenticated()  # Only now may the caller's traceparent name the trace.
         try:
             identity = parse_identity(
@@ -197,7 +149,7 @@ class Executor:
                 manual_run_margin=spec.manual_run_margin,
             )
         except InvalidDelivery as exc:
-            return Reply(400, Outcome.REJECTED, str(exc))
+            return Reply.rejected(Rejection.MALFORMED, str(exc))
         try:
             identity = self.manual_runs.resolve(identity, auth.principal)
         except StoreUnavailable as exc:
@@ -271,15 +223,14 @@ class Executor:
         run_id = record.run_id
         if verdict is Verdict.FORBIDDEN:
             # Say nothing of the run: not its status, result, attempts or owner.
-            return Reply(403, Outcome.FORBIDDEN, "this run belongs to another caller", run_id)
+            return Reply.of(Outcome.FORBIDDEN, "this run belongs to another caller", run_id)
         log.update(
             attempt_id=record.attempt_id,
             attempt=record.attempts,
             fencing_token=record.fencing_token,
         )
         if verdict is Verdict.COMPLETED:
-            return Reply(
-                200,
+            return Reply.of(
                 Outcome.DUPLICATE,
                 "already completed",
                 run_id,
@@ -287,8 +238,7 @@ class Executor:
                 result_json=record.result_json,
             )
         if verdict is Verdict.FAILED:
-            return Reply(
-                200,
+            return Reply.of(
                 Outcome.DUPLICATE,
                 "already failed permanently",
                 run_id,
@@ -297,20 +247,17 @@ class Executor:
         if verdict is Verdict.SKIPPED:
             details = record.result or {}
             log.update(held_by=details.get("held_by"), lock=details.get("lock"))
-            return Reply(
-                200,
+            return Reply.of(
                 Outcome.SKIPPED_OVERLAP,
                 f"skipped before: run {details.get('held_by')} held the job",
                 run_id,
                 {"status": record.status.value, "held_by": details.get("held_by")},
             )
-        remaining = (record.lease_expires + c.MAX_CLOCK_SKEW - self.clock()).total_seconds()
-        return Reply(
-            409,
+        return Reply.of(
             Outcome.IN_PROGRESS,
             "another attempt holds the lease",
             run_id,
-            retry_after=max(1, int(remaining + 0.999)),
+            retry_after=lease_retry_after(record.lease_expires, self.clock()),
         )
 
     def _run(self, spec: HandlerSpec, ctx: TaskContext, body: bytes) -> Reply:
@@ -347,7 +294,7 @@ class Executor:
             return self._fail(ctx, f"PermanentFailure: {exc}", body)
         except LeaseLost as exc:
             self._give_back(ctx, f"LeaseLost: {exc}")
-            return Reply(409, Outcome.LOST_CLAIM, str(exc), ctx.run_id)
+            return Reply.of(Outcome.LOST_CLAIM, str(exc), ctx.run_id)
         except Exception as exc:
             note_error(exc)  # Its stack trace goes into the request's one log line.
             error = f"{type(exc).__name__}: {exc}"
@@ -356,8 +303,7 @@ class Executor:
                 lambda: self.store.release(
                     ctx.run_id, ctx.attempt_id, error, self.clock, keep_for=spec.retention
                 ),
-                Reply(
-                    500,
+                Reply.of(
                     Outcome.RELEASED,
                     f"handler raised {type(exc).__name__}; released for a retry",
                     ctx.run_id,
@@ -375,7 +321,7 @@ class Executor:
             lambda: self.store.complete(
                 ctx.run_id, ctx.attempt_id, result_json, self.clock, keep_for=spec.retention
             ),
-            Reply(200, Outcome.PROCESSED, "processed", ctx.run_id, result_json=result_json),
+            Reply.of(Outcome.PROCESSED, "processed", ctx.run_id, result_json=result_json),
         )
 
     def _lock_request(
@@ -438,8 +384,7 @@ class Executor:
             return self._finish(
                 ctx,
                 lambda: self.store.skip(ctx.run_id, ctx.attempt_id, holder, name, self.clock),
-                Reply(
-                    200,
+                Reply.of(
                     Outcome.SKIPPED_OVERLAP,
                     f"skipped: run {holder} holds the job",
                     ctx.run_id,
@@ -447,9 +392,7 @@ class Executor:
                 ),
             )
         assert grant.free_at is not None
-        wait = (grant.free_at - self.clock()).total_seconds()
-        if not grant.lock.released:  # A live holder may end at any moment.
-            wait = min(wait, c.LOCK_BUSY_RETRY_AFTER_MAX)
+        retry_after = lock_retry_after(grant.free_at, self.clock(), released=grant.lock.released)
         outcome = Outcome.KEY_BUSY if spec.kind is Kind.TASK else Outcome.IN_PROGRESS
         what = "its concurrency key" if spec.kind is Kind.TASK else "the job"
         return self._finish(
@@ -457,13 +400,12 @@ class Executor:
             lambda: self.store.yield_claim(
                 ctx.run_id, ctx.attempt_id, f"{outcome.value}: {name} held by {holder}", self.clock
             ),
-            Reply(
-                409,
+            Reply.of(
                 outcome,
                 f"run {holder} holds {what}; retry later",
                 ctx.run_id,
                 {"held_by": holder},
-                retry_after=max(1, math.ceil(wait)),
+                retry_after=retry_after,
             ),
         )
 
@@ -520,7 +462,7 @@ class Executor:
                 payload,
                 keep_for=self._retention(ctx),
             ),
-            Reply(200, Outcome.FAILED, error, ctx.run_id, {"status": "failed"}),
+            Reply.of(Outcome.FAILED, error, ctx.run_id, {"status": "failed"}),
         )
 
     def _finish(self, ctx: TaskContext, write: Callable[[], bool], reply: Reply) -> Reply:
@@ -534,8 +476,7 @@ class Executor:
         lock = ctx.lock
         if not self._release_lock(ctx):
             self._give_back(ctx, f"the lock {lock} was taken over by another run while it ran")
-            return Reply(
-                409,
+            return Reply.of(
                 Outcome.LOST_CLAIM,
                 f"the lock {lock} was taken over by another run; "
                 f"this attempt's {reply.outcome.value} outcome was not recorded",
@@ -558,8 +499,7 @@ class Executor:
         if not held:
             # Another attempt took over after this one's lease expired: it owns the record now,
             # and a retry will see its outcome. Never overwrite it.
-            return Reply(
-                409,
+            return Reply.of(
                 Outcome.LOST_CLAIM,
                 "the lease was taken over by another attempt; "
                 f"this attempt's {reply.outcome.value} outcome was not recorded",
@@ -571,7 +511,7 @@ class Executor:
 def _store_unavailable(
     message: str, run_id: str | None, outcome: Outcome = Outcome.UNAVAILABLE
 ) -> Reply:
-    return Reply(503, outcome, message, run_id, retry_after=c.STORE_UNAVAILABLE_RETRY_AFTER)
+    return Reply.of(outcome, message, run_id)
 
 
 def decode_payload(body: bytes) -> Any:
