@@ -17,11 +17,11 @@ from tasklease.errors import InvalidDelivery, LeaseLost, PermanentFailure, Store
 from tasklease.worker import lease, telemetry
 from tasklease.worker.auth import Authenticator, AuthRequest
 from tasklease.worker.context import TaskContext
-from tasklease.worker.core import constants as c
-from tasklease.worker.core import decisions, locking
+from tasklease.worker.core import decisions
 from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
-from tasklease.worker.core.outcome import Outcome, Rejection, lease_retry_after, lock_retry_after
-from tasklease.worker.core.records import ClaimRequest, LockGrant, LockRequest, RunRecord, Verdict
+from tasklease.worker.core.outcome import Outcome, Rejection, lease_retry_after
+from tasklease.worker.core.records import ClaimRequest, RunRecord, Verdict
+from tasklease.worker.execution_locks import ExecutionLocks
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.logs import instance_id, log_execution, note_error
 from tasklease.worker.manual_runs import ManualRuns
@@ -86,6 +86,7 @@ class Executor:
         self.location_header = location_header
         self.lease_keeper = LeaseKeeper(store, clock)
         self.manual_runs = ManualRuns(store, clock)
+        self.locks = ExecutionLocks(store, clock)
 
     def execute(self, delivery: Delivery) -> Reply:
         """Handle one delivery and write its one structured log line."""
@@ -271,13 +272,17 @@ class Executor:
                 payload = decode_payload(body)
             except ValueError as exc:
                 return self._fail(ctx, f"payload is not valid JSON: {exc}", body)
-        lock = self._lock_request(spec, ctx, payload)
+        lock = self.locks.request_for(spec, ctx, payload)
         if isinstance(lock, str):
             return self._fail(ctx, lock, body)
         if lock is not None:
-            refused = self._take_lock(spec, ctx, lock)
-            if refused is not None:
-                return refused
+            try:
+                overlap = self.locks.take(spec, ctx, lock)
+            except StoreUnavailable as exc:
+                self._give_back(ctx, f"could not take the lock {lock.name}: {exc}", count=False)
+                return _store_unavailable(f"lease store unavailable: {exc}", ctx.run_id)
+            if overlap is not None:
+                return self._finish(ctx, overlap.write, overlap.reply)
         try:
             with (
                 self.lease_keeper.kept(ctx, spec.lease, keep_for=spec.retention),
@@ -324,111 +329,6 @@ class Executor:
             Reply.of(Outcome.PROCESSED, "processed", ctx.run_id, result_json=result_json),
         )
 
-    def _lock_request(
-        self, spec: HandlerSpec, ctx: TaskContext, payload: Any
-    ) -> LockRequest | str | None:
-        """The lock this execution must hold first (None: none); a str says why the payload
-        has no concurrency key (a permanent failure: no retry will give it one)."""
-        if spec.exclusive:
-            name = locking.job_lock_name(spec.name, ctx.project, ctx.location)
-        elif spec.concurrency_key is not None:
-            try:
-                key = spec.concurrency_key(payload)
-            except Exception as exc:
-                return f"concurrency_key raised {type(exc).__name__}: {exc}"
-            if key is None or not isinstance(key, (str, int)) or isinstance(key, bool):
-                return f"concurrency_key gave {key!r}: a str or int is needed"
-            if len(str(key)) > c.MAX_CONCURRENCY_KEY_LENGTH:
-                return f"concurrency_key is over {c.MAX_CONCURRENCY_KEY_LENGTH} characters"
-            name = locking.key_lock_name(spec.name, ctx.project, ctx.location, str(key))
-        else:
-            return None
-        return LockRequest(
-            name=name,
-            run_id=ctx.run_id,
-            attempt_id=ctx.attempt_id,
-            lease=spec.lease,
-            max_runtime=spec.max_runtime,
-            min_gap=spec.min_gap,
-        )
-
-    def _take_lock(self, spec: HandlerSpec, ctx: TaskContext, request: LockRequest) -> Reply | None:
-        """Acquire ``request``'s lock for the claimed ``ctx``; None when held, else the reply.
-
-        Taken after the run's claim, so a crash between the two leaves a claim whose lease
-        lapses, never a lock without a claim; a lock whose holder crashed lapses by its own
-        lease and safety expiry.
-        """
-        asked_at, asked = self.clock(), time.monotonic()
-        # Set first: if the store fails, giving the claim back also releases a lock whose
-        # write may have landed unseen (fenced by attempt id, so harmless if it did not).
-        ctx.lock = request.name
-        try:
-            grant = self.store.acquire_lock(request, self.clock)
-        except StoreUnavailable as exc:
-            self._give_back(ctx, f"could not take the lock {request.name}: {exc}", count=False)
-            return _store_unavailable(f"lease store unavailable: {exc}", ctx.run_id)
-        if not grant.acquired:
-            ctx.lock = None
-            return self._overlap(spec, ctx, request.name, grant)
-        ctx.lock_fencing_token = grant.lock.fencing_token
-        deadline = local_deadline(grant.lock.lease_expires, asked_at, asked, spec.lease)
-        ctx.confirm_lease(ctx.lease_expires, min(ctx.lease_deadline, deadline))
-        return None
-
-    def _overlap(self, spec: HandlerSpec, ctx: TaskContext, name: str, grant: LockGrant) -> Reply:
-        """The answer to an execution whose lock another run holds: skipped (recorded), or
-        given back unused for the queue to retry."""
-        holder = grant.lock.holder_run_id
-        if spec.kind is Kind.SCHEDULER and spec.on_overlap == "skip":
-            return self._finish(
-                ctx,
-                lambda: self.store.skip(ctx.run_id, ctx.attempt_id, holder, name, self.clock),
-                Reply.of(
-                    Outcome.SKIPPED_OVERLAP,
-                    f"skipped: run {holder} holds the job",
-                    ctx.run_id,
-                    {"status": "skipped", "held_by": holder},
-                ),
-            )
-        assert grant.free_at is not None
-        retry_after = lock_retry_after(grant.free_at, self.clock(), released=grant.lock.released)
-        outcome = Outcome.KEY_BUSY if spec.kind is Kind.TASK else Outcome.IN_PROGRESS
-        what = "its concurrency key" if spec.kind is Kind.TASK else "the job"
-        return self._finish(
-            ctx,
-            lambda: self.store.yield_claim(
-                ctx.run_id, ctx.attempt_id, f"{outcome.value}: {name} held by {holder}", self.clock
-            ),
-            Reply.of(
-                outcome,
-                f"run {holder} holds {what}; retry later",
-                ctx.run_id,
-                {"held_by": holder},
-                retry_after=retry_after,
-            ),
-        )
-
-    def _release_lock(self, ctx: TaskContext) -> bool:
-        """Release the lock ``ctx`` holds, fenced by its attempt id. False: another run took
-        it (this attempt's lease lapsed meanwhile). Retried on store errors like a finish;
-        if the store stays down, the lock lapses by itself."""
-        name = ctx.lock
-        if name is None:
-            return True
-        for pause in (*FINISH_RETRY_PAUSES, None):
-            try:
-                held = self.store.release_lock(name, ctx.attempt_id, self.clock)
-            except StoreUnavailable:
-                if pause is None:
-                    _log.warning("run %s: could not release lock %s", ctx.run_id, name)
-                    return True
-                time.sleep(pause)
-            else:
-                ctx.lock = None
-                return held
-        return True  # Unreachable: the loop returns.
-
     def _retention(self, ctx: TaskContext) -> timedelta | None:
         """The retention of the handler ``ctx`` runs, to keep its record that long after a
         finish (a run can outlive the retention counted from its claim)."""
@@ -440,7 +340,7 @@ class Executor:
         lease that runs out does the same, later). ``count=False``: the handler never ran,
         the attempt does not count. Its lock, if any, is released first."""
         try:
-            self._release_lock(ctx)
+            self.locks.release(ctx, FINISH_RETRY_PAUSES)
             if not count:
                 self.store.yield_claim(ctx.run_id, ctx.attempt_id, error, self.clock)
                 return
@@ -474,7 +374,7 @@ class Executor:
         refused like that of a run taken over.
         """
         lock = ctx.lock
-        if not self._release_lock(ctx):
+        if not self.locks.release(ctx, FINISH_RETRY_PAUSES):
             self._give_back(ctx, f"the lock {lock} was taken over by another run while it ran")
             return Reply.of(
                 Outcome.LOST_CLAIM,
