@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from tasklease.errors import ConfigurationError
-from tasklease.worker import Router, TaskContext, create_app, execution
+from tasklease.worker import Router, TaskContext, create_app, store_retries
 from tasklease.worker.stores import MemoryStore
 from tasklease.worker.targets import (
     ProxyTarget,
@@ -189,7 +189,7 @@ def test_a_crash_after_the_call_is_adopted_by_the_retry_not_started_again(
     clock: FakeClock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(execution, "FINISH_RETRY_PAUSES", (0.0,))
+    monkeypatch.setattr(store_retries, "FINISH_RETRY_PAUSES", (0.0,))
     store.down_after_claim = True  # The API call is made; recording it fails: a crash.
     assert outcome(proxy.deliver()) == (503, "unrecorded")
     assert case.started(apis) == 1
@@ -255,7 +255,7 @@ def test_a_failing_look_up_on_a_retry_starts_nothing(
     clock: FakeClock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(execution, "FINISH_RETRY_PAUSES", (0.0,))
+    monkeypatch.setattr(store_retries, "FINISH_RETRY_PAUSES", (0.0,))
     store.down_after_claim = True
     proxy.deliver()
     store.down = store.down_after_claim = False

@@ -34,7 +34,7 @@ from tasklease.worker import (
     Router,
     TaskContext,
     create_app,
-    execution,
+    store_retries,
     telemetry,
 )
 from tasklease.worker.lease import LeaseKeeper
@@ -152,7 +152,7 @@ def test_one_trace_spans_enqueue_delivery_and_fan_out_children(otel: Telemetry) 
 def test_outcome_counters_match_a_scripted_run_of_every_outcome(
     otel: Telemetry, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(execution, "FINISH_RETRY_PAUSES", (0.0,))
+    monkeypatch.setattr(store_retries, "FINISH_RETRY_PAUSES", (0.0,))
     store = SwitchableStore(MemoryStore())
     router = Router()
     nested: list[int] = []

@@ -27,6 +27,7 @@ from tasklease.worker.logs import instance_id, log_execution, note_error
 from tasklease.worker.manual_runs import ManualRuns
 from tasklease.worker.reply import Reply
 from tasklease.worker.router import HandlerSpec, Router
+from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.base import LeaseStore
 
 # Reply lives in its own module; it is exported here too, where the adapters import it from.
@@ -34,10 +35,6 @@ __all__ = ["Clock", "Delivery", "Executor", "Reply", "decode_payload", "utc_now"
 
 Clock = Callable[[], datetime]
 _log = logging.getLogger("tasklease.execution")
-
-# A finish (complete/fail/release) the store refuses is retried after these pauses: the handler
-# already ran, so recording how it ended is worth a short wait.
-FINISH_RETRY_PAUSES = (0.05, 0.2, 0.5)
 
 # Verdicts a read alone may act on: a finished run stays finished until its record expires.
 _SETTLED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.FORBIDDEN, Verdict.SKIPPED})
@@ -340,7 +337,7 @@ class Executor:
         lease that runs out does the same, later). ``count=False``: the handler never ran,
         the attempt does not count. Its lock, if any, is released first."""
         try:
-            self.locks.release(ctx, FINISH_RETRY_PAUSES)
+            self.locks.release(ctx)
             if not count:
                 self.store.yield_claim(ctx.run_id, ctx.attempt_id, error, self.clock)
                 return
@@ -374,7 +371,7 @@ class Executor:
         refused like that of a run taken over.
         """
         lock = ctx.lock
-        if not self.locks.release(ctx, FINISH_RETRY_PAUSES):
+        if not self.locks.release(ctx):
             self._give_back(ctx, f"the lock {lock} was taken over by another run while it ran")
             return Reply.of(
                 Outcome.LOST_CLAIM,
@@ -382,20 +379,20 @@ class Executor:
                 f"this attempt's {reply.outcome.value} outcome was not recorded",
                 ctx.run_id,
             )
-        for pause in (*FINISH_RETRY_PAUSES, None):
-            try:
-                with telemetry.step("finish"):
-                    held = write()
-                break
-            except StoreUnavailable as exc:
-                if pause is None:
-                    # The record stays in progress until its lease expires; then a retry runs.
-                    return _store_unavailable(
-                        f"could not record the outcome ({reply.outcome.value}): {exc}",
-                        ctx.run_id,
-                        Outcome.UNRECORDED,
-                    )
-                time.sleep(pause)
+
+        def write_once() -> bool:
+            with telemetry.step("finish"):
+                return write()
+
+        try:
+            held = retry_while_unavailable(write_once)
+        except StoreUnavailable as exc:
+            # The record stays in progress until its lease expires; then a retry runs.
+            return _store_unavailable(
+                f"could not record the outcome ({reply.outcome.value}): {exc}",
+                ctx.run_id,
+                Outcome.UNRECORDED,
+            )
         if not held:
             # Another attempt took over after this one's lease expired: it owns the record now,
             # and a retry will see its outcome. Never overwrite it.

@@ -25,6 +25,7 @@ from tasklease.worker.core.records import LockGrant, LockRequest
 from tasklease.worker.lease import local_deadline
 from tasklease.worker.reply import Reply
 from tasklease.worker.router import HandlerSpec
+from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.base import LeaseStore
 
 _log = logging.getLogger("tasklease.execution")
@@ -119,22 +120,19 @@ class ExecutionLocks:
             ),
         )
 
-    def release(self, ctx: TaskContext, pauses: tuple[float, ...]) -> bool:
+    def release(self, ctx: TaskContext) -> bool:
         """Release the lock ``ctx`` holds, fenced by its attempt id. False: another run took
         it (this attempt's lease lapsed meanwhile). Retried on store errors like a finish;
         if the store stays down, the lock lapses by itself."""
         name = ctx.lock
         if name is None:
             return True
-        for pause in (*pauses, None):
-            try:
-                held = self.store.release_lock(name, ctx.attempt_id, self.clock)
-            except StoreUnavailable:
-                if pause is None:
-                    _log.warning("run %s: could not release lock %s", ctx.run_id, name)
-                    return True
-                time.sleep(pause)
-            else:
-                ctx.lock = None
-                return held
-        return True  # Unreachable: the loop returns.
+        try:
+            held = retry_while_unavailable(
+                lambda: self.store.release_lock(name, ctx.attempt_id, self.clock)
+            )
+        except StoreUnavailable:
+            _log.warning("run %s: could not release lock %s", ctx.run_id, name)
+            return True
+        ctx.lock = None
+        return held
