@@ -37,6 +37,7 @@ from tasklease.worker import (
     store_retries,
     telemetry,
 )
+from tasklease.worker.attempt import Attempt
 from tasklease.worker.lease import LeaseKeeper
 from tasklease.worker.logs import CloudLoggingFormatter
 from tasklease.worker.stores import MemoryStore
@@ -379,15 +380,7 @@ def test_lease_renewals_and_a_lost_lease_are_counted(otel: Telemetry) -> None:
     store = MemoryStore()
     lease = timedelta(seconds=1.5)
     record = store.claim(claim_request("run-1", lease=lease), datetime.now(UTC)).record
-    ctx = TaskContext(
-        kind="task",
-        handler="h",
-        run_id="run-1",
-        attempt_id="attempt-1",
-        fencing_token=1,
-        attempt=1,
-        lease_expires=record.lease_expires,
-    )
+    ctx = Attempt("task", "h", "run-1", "attempt-1", record.lease_expires)
     ctx.confirm_lease(record.lease_expires, time.monotonic() + lease.total_seconds())
     keeper = LeaseKeeper(store, lambda: datetime.now(UTC))
 

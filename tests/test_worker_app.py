@@ -267,7 +267,8 @@ def test_handler_that_checks_its_lease_after_a_takeover_stops_with_409(
 
     def careful(payload: Any, ctx: TaskContext) -> None:
         store.claim(claim_request(ctx.run_id, "newer-attempt"), clock() + timedelta(minutes=2))
-        ctx.mark_lease_lost()  # What the lease keeper does when a renewal finds the takeover.
+        # What the lease keeper does to the attempt when a renewal finds the takeover.
+        ctx._live.mark_lease_lost()
         ctx.check_lease()
         side_effects.append("should not happen")
 

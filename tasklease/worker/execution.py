@@ -15,6 +15,7 @@ from typing import Any
 from tasklease import protocol
 from tasklease.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
 from tasklease.worker import lease, telemetry
+from tasklease.worker.attempt import Attempt
 from tasklease.worker.auth import Authenticator, AuthRequest
 from tasklease.worker.context import TaskContext
 from tasklease.worker.core import decisions
@@ -205,16 +206,19 @@ class Executor:
         )
         if claim.took_over_from:
             log["took_over_from"] = claim.took_over_from
-        ctx = _context(spec, identity, record, body)
-        ctx.confirm_lease(
+        live = Attempt(
+            identity.kind.value, spec.name, record.run_id, record.attempt_id, record.lease_expires
+        )
+        ctx = _context(spec, identity, record, body, live)
+        live.confirm_lease(
             record.lease_expires, local_deadline(record.lease_expires, asked_at, asked, spec.lease)
         )
-        if ctx.lease_seconds_left < spec.lease.total_seconds() / RENEWALS_PER_LEASE:
+        if live.lease_seconds_left < spec.lease.total_seconds() / RENEWALS_PER_LEASE:
             # The lease would run out before its first renewal (a clock read long before the
             # store wrote it): running the handler now could overlap a takeover.
-            self._give_back(ctx, "the claim took too long; lease store overloaded", count=False)
+            self._give_back(live, "the claim took too long; lease store overloaded", count=False)
             return _store_unavailable("the lease store took too long to grant the claim", run_id)
-        return self._run(spec, ctx, body)
+        return self._run(spec, ctx, live, body)
 
     def _settled(self, verdict: Verdict, record: RunRecord, log: dict[str, Any]) -> Reply:
         """The answer to a delivery that may not run the handler, given the stored record."""
@@ -258,31 +262,31 @@ class Executor:
             retry_after=lease_retry_after(record.lease_expires, self.clock()),
         )
 
-    def _run(self, spec: HandlerSpec, ctx: TaskContext, body: bytes) -> Reply:
+    def _run(self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, body: bytes) -> Reply:
         if spec.max_attempts is not None and ctx.attempt > spec.max_attempts:
             # Only reached through a claim: every earlier attempt's lease had run out.
             error = f"gave up after {spec.max_attempts} attempts (max_attempts)"
-            return self._fail(ctx, error, body)
+            return self._fail(live, error, body)
         payload: Any = None
         if spec.kind is Kind.TASK:
             try:
                 payload = decode_payload(body)
             except ValueError as exc:
-                return self._fail(ctx, f"payload is not valid JSON: {exc}", body)
+                return self._fail(live, f"payload is not valid JSON: {exc}", body)
         lock = self.locks.request_for(spec, ctx, payload)
         if isinstance(lock, str):
-            return self._fail(ctx, lock, body)
+            return self._fail(live, lock, body)
         if lock is not None:
             try:
-                overlap = self.locks.take(spec, ctx, lock)
+                overlap = self.locks.take(spec, live, lock)
             except StoreUnavailable as exc:
-                self._give_back(ctx, f"could not take the lock {lock.name}: {exc}", count=False)
-                return _store_unavailable(f"lease store unavailable: {exc}", ctx.run_id)
+                self._give_back(live, f"could not take the lock {lock.name}: {exc}", count=False)
+                return _store_unavailable(f"lease store unavailable: {exc}", live.run_id)
             if overlap is not None:
-                return self._finish(ctx, overlap.write, overlap.reply)
+                return self._finish(live, overlap.write, overlap.reply)
         try:
             with (
-                self.lease_keeper.kept(ctx, spec.lease, keep_for=spec.retention),
+                self.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),
                 telemetry.step("handler"),
             ):
                 if spec.kind is Kind.TASK:
@@ -290,25 +294,25 @@ class Executor:
                 else:
                     result = spec.function(ctx)
         except lease.KeeperNotStarted as exc:  # Raised before the handler ran: not an attempt.
-            self._give_back(ctx, str(exc), count=False)
-            return _store_unavailable(str(exc), ctx.run_id)
+            self._give_back(live, str(exc), count=False)
+            return _store_unavailable(str(exc), live.run_id)
         except PermanentFailure as exc:
-            return self._fail(ctx, f"PermanentFailure: {exc}", body)
+            return self._fail(live, f"PermanentFailure: {exc}", body)
         except LeaseLost as exc:
-            self._give_back(ctx, f"LeaseLost: {exc}")
-            return Reply.of(Outcome.LOST_CLAIM, str(exc), ctx.run_id)
+            self._give_back(live, f"LeaseLost: {exc}")
+            return Reply.of(Outcome.LOST_CLAIM, str(exc), live.run_id)
         except Exception as exc:
             note_error(exc)  # Its stack trace goes into the request's one log line.
             error = f"{type(exc).__name__}: {exc}"
             return self._finish(
-                ctx,
+                live,
                 lambda: self.store.release(
-                    ctx.run_id, ctx.attempt_id, error, self.clock, keep_for=spec.retention
+                    live.run_id, live.attempt_id, error, self.clock, keep_for=spec.retention
                 ),
                 Reply.of(
                     Outcome.RELEASED,
                     f"handler raised {type(exc).__name__}; released for a retry",
-                    ctx.run_id,
+                    live.run_id,
                 ),
             )
         try:
@@ -317,52 +321,52 @@ class Executor:
         except ValueError as exc:
             # The handler's effects happened: a retry must not repeat them. A dead letter
             # with the reason, not a 500 on every delivery.
-            return self._fail(ctx, str(exc), body)
+            return self._fail(live, str(exc), body)
         return self._finish(
-            ctx,
+            live,
             lambda: self.store.complete(
-                ctx.run_id, ctx.attempt_id, result_json, self.clock, keep_for=spec.retention
+                live.run_id, live.attempt_id, result_json, self.clock, keep_for=spec.retention
             ),
-            Reply.of(Outcome.PROCESSED, "processed", ctx.run_id, result_json=result_json),
+            Reply.of(Outcome.PROCESSED, "processed", live.run_id, result_json=result_json),
         )
 
-    def _retention(self, ctx: TaskContext) -> timedelta | None:
-        """The retention of the handler ``ctx`` runs, to keep its record that long after a
+    def _retention(self, live: Attempt) -> timedelta | None:
+        """The retention of the handler the attempt runs, to keep its record that long after a
         finish (a run can outlive the retention counted from its claim)."""
-        spec = self.router.handler(Kind(ctx.kind), ctx.handler)
+        spec = self.router.handler(Kind(live.kind), live.handler)
         return spec.retention if spec is not None else None
 
-    def _give_back(self, ctx: TaskContext, error: str, *, count: bool = True) -> None:
+    def _give_back(self, live: Attempt, error: str, *, count: bool = True) -> None:
         """Release a claim this attempt will not use, if it still holds it (best effort: a
         lease that runs out does the same, later). ``count=False``: the handler never ran,
         the attempt does not count. Its lock, if any, is released first."""
         try:
-            self.locks.release(ctx)
+            self.locks.release(live)
             if not count:
-                self.store.yield_claim(ctx.run_id, ctx.attempt_id, error, self.clock)
+                self.store.yield_claim(live.run_id, live.attempt_id, error, self.clock)
                 return
             self.store.release(
-                ctx.run_id, ctx.attempt_id, error, self.clock, keep_for=self._retention(ctx)
+                live.run_id, live.attempt_id, error, self.clock, keep_for=self._retention(live)
             )
         except StoreUnavailable:
-            _log.warning("run %s: could not release attempt %s", ctx.run_id, ctx.attempt_id)
+            _log.warning("run %s: could not release attempt %s", live.run_id, live.attempt_id)
 
-    def _fail(self, ctx: TaskContext, error: str, body: bytes) -> Reply:
+    def _fail(self, live: Attempt, error: str, body: bytes) -> Reply:
         payload = body.decode("utf-8", errors="backslashreplace")
         return self._finish(
-            ctx,
+            live,
             lambda: self.store.fail(
-                ctx.run_id,
-                ctx.attempt_id,
+                live.run_id,
+                live.attempt_id,
                 error,
                 self.clock,
                 payload,
-                keep_for=self._retention(ctx),
+                keep_for=self._retention(live),
             ),
-            Reply.of(Outcome.FAILED, error, ctx.run_id, {"status": "failed"}),
+            Reply.of(Outcome.FAILED, error, live.run_id, {"status": "failed"}),
         )
 
-    def _finish(self, ctx: TaskContext, write: Callable[[], bool], reply: Reply) -> Reply:
+    def _finish(self, live: Attempt, write: Callable[[], bool], reply: Reply) -> Reply:
         """Record how the execution ended, only while this attempt still holds the claim.
 
         A retried write that finds its own earlier try landed counts as done (the store
@@ -370,14 +374,14 @@ class Executor:
         if another run took it, this attempt's lease lapsed while it ran, and its outcome is
         refused like that of a run taken over.
         """
-        lock = ctx.lock
-        if not self.locks.release(ctx):
-            self._give_back(ctx, f"the lock {lock} was taken over by another run while it ran")
+        lock = live.lock
+        if not self.locks.release(live):
+            self._give_back(live, f"the lock {lock} was taken over by another run while it ran")
             return Reply.of(
                 Outcome.LOST_CLAIM,
                 f"the lock {lock} was taken over by another run; "
                 f"this attempt's {reply.outcome.value} outcome was not recorded",
-                ctx.run_id,
+                live.run_id,
             )
 
         def write_once() -> bool:
@@ -390,7 +394,7 @@ class Executor:
             # The record stays in progress until its lease expires; then a retry runs.
             return _store_unavailable(
                 f"could not record the outcome ({reply.outcome.value}): {exc}",
-                ctx.run_id,
+                live.run_id,
                 Outcome.UNRECORDED,
             )
         if not held:
@@ -400,7 +404,7 @@ class Executor:
                 Outcome.LOST_CLAIM,
                 "the lease was taken over by another attempt; "
                 f"this attempt's {reply.outcome.value} outcome was not recorded",
-                ctx.run_id,
+                live.run_id,
             )
         return reply
 
@@ -426,7 +430,7 @@ def decode_payload(body: bytes) -> Any:
 
 
 def _context(
-    spec: HandlerSpec, identity: DeliveryIdentity, record: RunRecord, body: bytes
+    spec: HandlerSpec, identity: DeliveryIdentity, record: RunRecord, body: bytes, live: Attempt
 ) -> TaskContext:
     return TaskContext(
         kind=identity.kind.value,
@@ -448,6 +452,7 @@ def _context(
         schedule_time=identity.schedule_time,
         project=identity.project,
         location=identity.location,
+        live=live,
     )
 
 

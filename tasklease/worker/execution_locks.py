@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from tasklease.errors import StoreUnavailable
+from tasklease.worker.attempt import Attempt
 from tasklease.worker.context import TaskContext
 from tasklease.worker.core import constants as c
 from tasklease.worker.core import locking
@@ -75,31 +76,31 @@ class ExecutionLocks:
             min_gap=spec.min_gap,
         )
 
-    def take(self, spec: HandlerSpec, ctx: TaskContext, request: LockRequest) -> Overlap | None:
-        """Acquire ``request``'s lock for the claimed ``ctx``: None once held, else how the
-        overlap ends. Raises :class:`StoreUnavailable` with ``ctx.lock`` set, so that giving
+    def take(self, spec: HandlerSpec, live: Attempt, request: LockRequest) -> Overlap | None:
+        """Acquire ``request``'s lock for the claimed ``live``: None once held, else how the
+        overlap ends. Raises :class:`StoreUnavailable` with ``live.lock`` set, so that giving
         the claim back also releases a lock whose write may have landed unseen (fenced by
         attempt id, so harmless if it did not)."""
         asked_at, asked = self.clock(), time.monotonic()
-        ctx.lock = request.name
+        live.lock = request.name
         grant = self.store.acquire_lock(request, self.clock)
         if not grant.acquired:
-            ctx.lock = None
-            return self._overlap(spec, ctx, request.name, grant)
-        ctx.lock_fencing_token = grant.lock.fencing_token
+            live.lock = None
+            return self._overlap(spec, live, request.name, grant)
+        live.lock_fencing_token = grant.lock.fencing_token
         deadline = local_deadline(grant.lock.lease_expires, asked_at, asked, spec.lease)
-        ctx.confirm_lease(ctx.lease_expires, min(ctx.lease_deadline, deadline))
+        live.confirm_lease(live.lease_expires, min(live.lease_deadline, deadline))
         return None
 
-    def _overlap(self, spec: HandlerSpec, ctx: TaskContext, name: str, grant: LockGrant) -> Overlap:
+    def _overlap(self, spec: HandlerSpec, live: Attempt, name: str, grant: LockGrant) -> Overlap:
         holder = grant.lock.holder_run_id
         if spec.kind is Kind.SCHEDULER and spec.on_overlap == "skip":
             return Overlap(
-                lambda: self.store.skip(ctx.run_id, ctx.attempt_id, holder, name, self.clock),
+                lambda: self.store.skip(live.run_id, live.attempt_id, holder, name, self.clock),
                 Reply.of(
                     Outcome.SKIPPED_OVERLAP,
                     f"skipped: run {holder} holds the job",
-                    ctx.run_id,
+                    live.run_id,
                     {"status": "skipped", "held_by": holder},
                 ),
             )
@@ -109,30 +110,33 @@ class ExecutionLocks:
         what = "its concurrency key" if spec.kind is Kind.TASK else "the job"
         return Overlap(
             lambda: self.store.yield_claim(
-                ctx.run_id, ctx.attempt_id, f"{outcome.value}: {name} held by {holder}", self.clock
+                live.run_id,
+                live.attempt_id,
+                f"{outcome.value}: {name} held by {holder}",
+                self.clock,
             ),
             Reply.of(
                 outcome,
                 f"run {holder} holds {what}; retry later",
-                ctx.run_id,
+                live.run_id,
                 {"held_by": holder},
                 retry_after=retry_after,
             ),
         )
 
-    def release(self, ctx: TaskContext) -> bool:
-        """Release the lock ``ctx`` holds, fenced by its attempt id. False: another run took
+    def release(self, live: Attempt) -> bool:
+        """Release the lock ``live`` holds, fenced by its attempt id. False: another run took
         it (this attempt's lease lapsed meanwhile). Retried on store errors like a finish;
         if the store stays down, the lock lapses by itself."""
-        name = ctx.lock
+        name = live.lock
         if name is None:
             return True
         try:
             held = retry_while_unavailable(
-                lambda: self.store.release_lock(name, ctx.attempt_id, self.clock)
+                lambda: self.store.release_lock(name, live.attempt_id, self.clock)
             )
         except StoreUnavailable:
-            _log.warning("run %s: could not release lock %s", ctx.run_id, name)
+            _log.warning("run %s: could not release lock %s", live.run_id, name)
             return True
-        ctx.lock = None
+        live.lock = None
         return held
