@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from tasklease.worker.attempt import Attempt
+from tasklease.worker.core.identity import DeliveryIdentity
+from tasklease.worker.core.records import RunRecord
 
 
 @dataclass(frozen=True, eq=False, init=False)
@@ -74,10 +76,28 @@ class TaskContext:
             live = Attempt(
                 kind, handler, run_id, attempt_id, lease_expires, lock, lock_fencing_token
             )
-        given = locals()
-        # Frozen: set once here, as a frozen dataclass's own __init__ would.
-        self.__dict__.update({name: given[name] for name in _FIXED})
-        self.__dict__["_live"] = live
+        # Frozen: set once here, past the frozen __setattr__.
+        self.__dict__.update(
+            kind=kind,
+            handler=handler,
+            run_id=run_id,
+            attempt_id=attempt_id,
+            fencing_token=fencing_token,
+            attempt=attempt,
+            body=body,
+            queue=queue,
+            task_name=task_name,
+            retry_count=retry_count,
+            execution_count=execution_count,
+            eta=eta,
+            previous_response=previous_response,
+            retry_reason=retry_reason,
+            job_name=job_name,
+            schedule_time=schedule_time,
+            project=project,
+            location=location,
+            _live=live,
+        )
 
     @property
     def lease_expires(self) -> datetime:
@@ -117,4 +137,29 @@ class TaskContext:
         self._live.check_lease()
 
 
-_FIXED = tuple(f.name for f in fields(TaskContext) if f.name != "_live")
+def view_of(
+    live: Attempt, identity: DeliveryIdentity, record: RunRecord, body: bytes
+) -> TaskContext:
+    """The handler's view of the attempt ``live``, claimed for ``identity`` as ``record``."""
+    return TaskContext(
+        kind=live.kind,
+        handler=live.handler,
+        run_id=record.run_id,
+        attempt_id=record.attempt_id,
+        fencing_token=record.fencing_token,
+        attempt=record.attempts,
+        lease_expires=record.lease_expires,
+        body=body,
+        queue=identity.queue,
+        task_name=identity.task_name,
+        retry_count=identity.retry_count,
+        execution_count=identity.execution_count,
+        eta=identity.eta,
+        previous_response=identity.previous_response,
+        retry_reason=identity.retry_reason,
+        job_name=identity.job_name,
+        schedule_time=identity.schedule_time,
+        project=identity.project,
+        location=identity.location,
+        live=live,
+    )

@@ -17,16 +17,16 @@ from tasklease.errors import InvalidDelivery, LeaseLost, PermanentFailure, Store
 from tasklease.worker import lease, telemetry
 from tasklease.worker.attempt import Attempt
 from tasklease.worker.auth import Authenticator, AuthRequest
-from tasklease.worker.context import TaskContext
+from tasklease.worker.context import TaskContext, view_of
 from tasklease.worker.core import decisions
 from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
-from tasklease.worker.core.outcome import Outcome, Rejection, lease_retry_after
+from tasklease.worker.core.outcome import Outcome, Rejection
 from tasklease.worker.core.records import ClaimRequest, RunRecord, Verdict
 from tasklease.worker.execution_locks import ExecutionLocks
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.logs import instance_id, log_execution, note_error
 from tasklease.worker.manual_runs import ManualRuns
-from tasklease.worker.reply import Reply
+from tasklease.worker.reply import Reply, settled
 from tasklease.worker.router import HandlerSpec, Router
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.base import LeaseStore
@@ -209,7 +209,7 @@ class Executor:
         live = Attempt(
             identity.kind.value, spec.name, record.run_id, record.attempt_id, record.lease_expires
         )
-        ctx = _context(spec, identity, record, body, live)
+        ctx = view_of(live, identity, record, body)
         live.confirm_lease(
             record.lease_expires, local_deadline(record.lease_expires, asked_at, asked, spec.lease)
         )
@@ -222,45 +222,16 @@ class Executor:
 
     def _settled(self, verdict: Verdict, record: RunRecord, log: dict[str, Any]) -> Reply:
         """The answer to a delivery that may not run the handler, given the stored record."""
-        run_id = record.run_id
-        if verdict is Verdict.FORBIDDEN:
-            # Say nothing of the run: not its status, result, attempts or owner.
-            return Reply.of(Outcome.FORBIDDEN, "this run belongs to another caller", run_id)
-        log.update(
-            attempt_id=record.attempt_id,
-            attempt=record.attempts,
-            fencing_token=record.fencing_token,
-        )
-        if verdict is Verdict.COMPLETED:
-            return Reply.of(
-                Outcome.DUPLICATE,
-                "already completed",
-                run_id,
-                {"status": record.status.value},
-                result_json=record.result_json,
-            )
-        if verdict is Verdict.FAILED:
-            return Reply.of(
-                Outcome.DUPLICATE,
-                "already failed permanently",
-                run_id,
-                {"status": record.status.value, "error": record.error},
+        if verdict is not Verdict.FORBIDDEN:  # Another caller learns nothing of the run.
+            log.update(
+                attempt_id=record.attempt_id,
+                attempt=record.attempts,
+                fencing_token=record.fencing_token,
             )
         if verdict is Verdict.SKIPPED:
             details = record.result or {}
             log.update(held_by=details.get("held_by"), lock=details.get("lock"))
-            return Reply.of(
-                Outcome.SKIPPED_OVERLAP,
-                f"skipped before: run {details.get('held_by')} held the job",
-                run_id,
-                {"status": record.status.value, "held_by": details.get("held_by")},
-            )
-        return Reply.of(
-            Outcome.IN_PROGRESS,
-            "another attempt holds the lease",
-            run_id,
-            retry_after=lease_retry_after(record.lease_expires, self.clock()),
-        )
+        return settled(verdict, record, self.clock)
 
     def _run(self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, body: bytes) -> Reply:
         if spec.max_attempts is not None and ctx.attempt > spec.max_attempts:
@@ -427,33 +398,6 @@ def decode_payload(body: bytes) -> Any:
         raise ValueError(f"not UTF-8 ({exc.reason})") from None
     except json.JSONDecodeError as exc:
         raise ValueError(str(exc)) from None
-
-
-def _context(
-    spec: HandlerSpec, identity: DeliveryIdentity, record: RunRecord, body: bytes, live: Attempt
-) -> TaskContext:
-    return TaskContext(
-        kind=identity.kind.value,
-        handler=spec.name,
-        run_id=record.run_id,
-        attempt_id=record.attempt_id,
-        fencing_token=record.fencing_token,
-        attempt=record.attempts,
-        lease_expires=record.lease_expires,
-        body=body,
-        queue=identity.queue,
-        task_name=identity.task_name,
-        retry_count=identity.retry_count,
-        execution_count=identity.execution_count,
-        eta=identity.eta,
-        previous_response=identity.previous_response,
-        retry_reason=identity.retry_reason,
-        job_name=identity.job_name,
-        schedule_time=identity.schedule_time,
-        project=identity.project,
-        location=identity.location,
-        live=live,
-    )
 
 
 def _identity_fields(identity: DeliveryIdentity) -> dict[str, Any]:

@@ -7,11 +7,20 @@ come from :mod:`tasklease.worker.core.outcome`'s table, never from a literal bes
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from tasklease import protocol
-from tasklease.worker.core.outcome import STATUS, Outcome, Rejection, default_retry_after
+from tasklease.worker.core.outcome import (
+    STATUS,
+    Outcome,
+    Rejection,
+    default_retry_after,
+    lease_retry_after,
+)
+from tasklease.worker.core.records import RunRecord, Verdict
 
 
 @dataclass
@@ -91,3 +100,41 @@ class Reply:
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)
         return headers
+
+
+def settled(verdict: Verdict, record: RunRecord, clock: Callable[[], datetime]) -> Reply:
+    """The answer to a delivery the stored ``record`` does not let run (``verdict`` is not
+    CLAIMED): finished, skipped, held by another attempt, or another caller's."""
+    run_id = record.run_id
+    if verdict is Verdict.FORBIDDEN:
+        # Say nothing of the run: not its status, result, attempts or owner.
+        return Reply.of(Outcome.FORBIDDEN, "this run belongs to another caller", run_id)
+    if verdict is Verdict.COMPLETED:
+        return Reply.of(
+            Outcome.DUPLICATE,
+            "already completed",
+            run_id,
+            {"status": record.status.value},
+            result_json=record.result_json,
+        )
+    if verdict is Verdict.FAILED:
+        return Reply.of(
+            Outcome.DUPLICATE,
+            "already failed permanently",
+            run_id,
+            {"status": record.status.value, "error": record.error},
+        )
+    if verdict is Verdict.SKIPPED:
+        held_by = (record.result or {}).get("held_by")
+        return Reply.of(
+            Outcome.SKIPPED_OVERLAP,
+            f"skipped before: run {held_by} held the job",
+            run_id,
+            {"status": record.status.value, "held_by": held_by},
+        )
+    return Reply.of(
+        Outcome.IN_PROGRESS,
+        "another attempt holds the lease",
+        run_id,
+        retry_after=lease_retry_after(record.lease_expires, clock()),
+    )
