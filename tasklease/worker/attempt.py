@@ -9,7 +9,6 @@ renewal it confirms, a loss it finds); a handler reads it only through its
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,7 +16,7 @@ from datetime import datetime
 from tasklease.errors import LeaseLost
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Attempt:
     """One attempt of a run, from its claim to its finish."""
 
@@ -30,7 +29,9 @@ class Attempt:
     # and released with the run; its fencing token grows with every holder of the lock.
     lock: str | None = None
     lock_fencing_token: int | None = None
-    _lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    # Set once, by the keeper's thread or a lease check, and never cleared; nothing waits on
+    # it, so a plain attribute does (one store, atomic).
+    _lost: bool = field(default=False, repr=False)
     # time.monotonic() at which the lease this attempt last confirmed runs out, counted from
     # before the store call that confirmed it, so never later than the lease the store holds.
     _deadline: float = field(default=math.inf, repr=False)
@@ -40,10 +41,10 @@ class Attempt:
         """True once a renewal found the run taken over, or once the lease this attempt last
         confirmed has run out by the local monotonic clock, whatever the store would say: an
         instance cut off from its store must stop before another may take the run over."""
-        if self._lost.is_set():
+        if self._lost:
             return True
         if time.monotonic() >= self._deadline:
-            self._lost.set()  # Lost for good: a later renewal cannot undo a possible takeover.
+            self._lost = True  # Lost for good: a later renewal cannot undo a possible takeover.
             return True
         return False
 
@@ -66,7 +67,7 @@ class Attempt:
 
     def mark_lease_lost(self) -> None:
         """Called by the lease keeper when a renewal finds the claim gone."""
-        self._lost.set()
+        self._lost = True
 
     def check_lease(self) -> None:
         """Raise :class:`LeaseLost` if the lease is lost."""
