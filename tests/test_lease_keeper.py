@@ -14,6 +14,7 @@ import pytest
 
 from tasklease.errors import LeaseLost
 from tasklease.worker import Router, TaskContext, create_app
+from tasklease.worker.attempt import Attempt
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.lease import LeaseKeeper
 from tasklease.worker.stores import MemoryStore
@@ -28,19 +29,12 @@ def now() -> datetime:
 
 def context_for(
     store: Any, attempt: str = "attempt-1", run_id: str = "run-1", lease: timedelta = LEASE
-) -> TaskContext:
+) -> Attempt:
+    """A claimed attempt, as the executor hands it to the lease keeper."""
     asked = time.monotonic()
     request = claim_request(run_id, attempt_id=attempt, lease=lease)
     record = store.claim(request, now()).record
-    ctx = TaskContext(
-        kind="task",
-        handler="h",
-        run_id=record.run_id,
-        attempt_id=attempt,
-        fencing_token=1,
-        attempt=1,
-        lease_expires=record.lease_expires,
-    )
+    ctx = Attempt("task", "h", record.run_id, attempt, record.lease_expires)
     ctx.confirm_lease(record.lease_expires, asked + lease.total_seconds())
     return ctx
 
@@ -233,12 +227,23 @@ def test_a_renewal_stuck_on_one_run_does_not_delay_another_runs_renewal() -> Non
 def test_a_finished_execution_leaves_the_keeper_at_once() -> None:
     store = MemoryStore()
     keeper = LeaseKeeper(store, now)
-    ctx = context_for(store)
-    ctx.body = b"x" * 100_000
-    gone = weakref.ref(ctx)
-    with keeper.kept(ctx, LEASE):
+    live = context_for(store)
+    ctx = TaskContext(
+        "task",
+        "h",
+        live.run_id,
+        live.attempt_id,
+        1,
+        1,
+        live.lease_expires,
+        b"x" * 100_000,
+        live=live,
+    )
+    gone = weakref.ref(ctx), weakref.ref(live)
+    with keeper.kept(live, LEASE):
         assert keeper.kept_count == 1
     assert keeper.kept_count == 0
-    del ctx
+    del ctx, live
     gc.collect()
-    assert gone() is None, "the keeper still holds the finished execution and its body"
+    assert gone[0]() is None, "the finished execution and its body are still held"
+    assert gone[1]() is None, "the keeper still holds the finished attempt"

@@ -21,7 +21,7 @@ import pytest
 
 from tasklease.errors import ConfigurationError
 from tasklease.testing.google_apis import FakeGoogleApis
-from tasklease.worker import Router, TaskContext, create_app, execution
+from tasklease.worker import Router, TaskContext, create_app, store_retries
 from tasklease.worker.stores import MemoryStore
 from tasklease.worker.targets import (
     ProxyTarget,
@@ -189,7 +189,7 @@ def test_a_crash_after_the_call_is_adopted_by_the_retry_not_started_again(
     clock: FakeClock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(execution, "FINISH_RETRY_PAUSES", (0.0,))
+    monkeypatch.setattr(store_retries, "FINISH_RETRY_PAUSES", (0.0,))
     store.down_after_claim = True  # The API call is made; recording it fails: a crash.
     assert outcome(proxy.deliver()) == (503, "unrecorded")
     assert case.started(apis) == 1
@@ -255,7 +255,7 @@ def test_a_failing_look_up_on_a_retry_starts_nothing(
     clock: FakeClock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(execution, "FINISH_RETRY_PAUSES", (0.0,))
+    monkeypatch.setattr(store_retries, "FINISH_RETRY_PAUSES", (0.0,))
     store.down_after_claim = True
     proxy.deliver()
     store.down = store.down_after_claim = False
@@ -267,11 +267,11 @@ def test_a_failing_look_up_on_a_retry_starts_nothing(
     assert case.started(apis) == 1
 
 
-def ctx_for(attempt: int = 1) -> TaskContext:
+def ctx_for(attempt: int = 1, run_id: str | None = None) -> TaskContext:
     return TaskContext(
         kind="scheduler",
         handler="export",
-        run_id=uuid.uuid4().hex * 2,
+        run_id=run_id or uuid.uuid4().hex * 2,
         attempt_id="a",
         fencing_token=attempt,
         attempt=attempt,
@@ -305,8 +305,7 @@ def test_workflows_look_up_reads_the_full_view_and_filters_on_the_label(
     first, other = ctx_for(), ctx_for()
     target(other)
     name = target(first)["name"]
-    retry = ctx_for(attempt=2)
-    retry.run_id = first.run_id
+    retry = ctx_for(attempt=2, run_id=first.run_id)
     assert target(retry) == {
         "target": "workflows",
         "resource": WORKFLOW,
@@ -325,8 +324,7 @@ def test_workflows_look_up_scans_the_newest_executions_if_the_label_filter_is_re
     first = ctx_for()
     name = target(first)["name"]
     target(ctx_for())
-    retry = ctx_for(attempt=2)
-    retry.run_id = first.run_id
+    retry = ctx_for(attempt=2, run_id=first.run_id)
     assert target(retry)["name"] == name
     assert apis.workflows.calls["ListExecutions"] == 2  # Refused with the filter, then without.
 
@@ -386,8 +384,7 @@ def test_cloud_build_look_up_ignores_builds_of_other_runs_and_triggers(
     ctx = ctx_for()
     other(ctx)  # Same key, another trigger.
     target(ctx_for())
-    retry = ctx_for(attempt=2)
-    retry.run_id = ctx.run_id
+    retry = ctx_for(attempt=2, run_id=ctx.run_id)
     assert target(retry)["adopted"] is False
     assert apis.build is not None and len(apis.build.builds) == 3
 

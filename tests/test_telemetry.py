@@ -34,9 +34,10 @@ from tasklease.worker import (
     Router,
     TaskContext,
     create_app,
-    execution,
+    store_retries,
     telemetry,
 )
+from tasklease.worker.attempt import Attempt
 from tasklease.worker.lease import LeaseKeeper
 from tasklease.worker.logs import CloudLoggingFormatter
 from tasklease.worker.stores import MemoryStore
@@ -152,7 +153,7 @@ def test_one_trace_spans_enqueue_delivery_and_fan_out_children(otel: Telemetry) 
 def test_outcome_counters_match_a_scripted_run_of_every_outcome(
     otel: Telemetry, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(execution, "FINISH_RETRY_PAUSES", (0.0,))
+    monkeypatch.setattr(store_retries, "FINISH_RETRY_PAUSES", (0.0,))
     store = SwitchableStore(MemoryStore())
     router = Router()
     nested: list[int] = []
@@ -379,15 +380,7 @@ def test_lease_renewals_and_a_lost_lease_are_counted(otel: Telemetry) -> None:
     store = MemoryStore()
     lease = timedelta(seconds=1.5)
     record = store.claim(claim_request("run-1", lease=lease), datetime.now(UTC)).record
-    ctx = TaskContext(
-        kind="task",
-        handler="h",
-        run_id="run-1",
-        attempt_id="attempt-1",
-        fencing_token=1,
-        attempt=1,
-        lease_expires=record.lease_expires,
-    )
+    ctx = Attempt("task", "h", "run-1", "attempt-1", record.lease_expires)
     ctx.confirm_lease(record.lease_expires, time.monotonic() + lease.total_seconds())
     keeper = LeaseKeeper(store, lambda: datetime.now(UTC))
 

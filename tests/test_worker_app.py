@@ -14,7 +14,7 @@ import flask
 import pytest
 
 from tasklease.errors import ConfigurationError
-from tasklease.worker import PermanentFailure, Router, TaskContext, create_app, execution
+from tasklease.worker import PermanentFailure, Router, TaskContext, create_app, store_retries
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind, parse_identity
 from tasklease.worker.core.records import RunStatus
@@ -267,7 +267,8 @@ def test_handler_that_checks_its_lease_after_a_takeover_stops_with_409(
 
     def careful(payload: Any, ctx: TaskContext) -> None:
         store.claim(claim_request(ctx.run_id, "newer-attempt"), clock() + timedelta(minutes=2))
-        ctx.mark_lease_lost()  # What the lease keeper does when a renewal finds the takeover.
+        # What the lease keeper does to the attempt when a renewal finds the takeover.
+        ctx._live.mark_lease_lost()
         ctx.check_lease()
         side_effects.append("should not happen")
 
@@ -350,7 +351,7 @@ def test_sqlite_file_unreachable_is_503(shop: Shop, tmp_path: Any) -> None:
 def test_store_down_when_finishing_answers_503_after_retrying(
     app: flask.Flask, shop: Shop, store: SwitchableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(execution, "FINISH_RETRY_PAUSES", (0.0, 0.0))
+    monkeypatch.setattr(store_retries, "FINISH_RETRY_PAUSES", (0.0, 0.0))
     store.down_after_claim = True
     response = deliver(app)
     assert (response.status_code, response.headers["X-Tasklease-Outcome"]) == (503, "unrecorded")

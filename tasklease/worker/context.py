@@ -1,25 +1,26 @@
-"""What a handler learns about the execution it runs in."""
+"""What a handler learns about the execution it runs in: a read-only view of its attempt."""
 
 from __future__ import annotations
 
-import math
-import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tasklease.errors import LeaseLost
+from tasklease.worker.attempt import Attempt
+from tasklease.worker.core.identity import DeliveryIdentity
+from tasklease.worker.core.records import RunRecord
 
 
-@dataclass
+@dataclass(frozen=True, eq=False, init=False)
 class TaskContext:
     """One execution of a task or scheduled run, as the handler sees it.
 
     ``fencing_token`` grows with every new claim of the same run: pass it to downstream
     writes so they can reject a stale attempt whose lease was taken over. ``idempotency_key``
     is the same for every attempt of the run, shaped as a UUID because Google Cloud APIs'
-    ``request_id`` fields require one.
+    ``request_id`` fields require one. ``lease_expires``, ``lock`` and ``lock_fencing_token``
+    and the lease checks read the attempt's live state, which only the executor and the lease
+    keeper change.
     """
 
     kind: str
@@ -28,27 +29,91 @@ class TaskContext:
     attempt_id: str
     fencing_token: int
     attempt: int  # Claims of this run so far, this one included: our own count.
-    lease_expires: datetime
-    body: bytes = b""
-    queue: str | None = None
-    task_name: str | None = None
-    retry_count: int | None = None
-    execution_count: int | None = None
-    eta: datetime | None = None
-    previous_response: int | None = None
-    retry_reason: str | None = None
-    job_name: str | None = None
-    schedule_time: datetime | None = None
-    project: str | None = None
-    location: str | None = None
-    # The lock this execution holds (an exclusive job's, or its concurrency key's), renewed
-    # and released with the run; its fencing token grows with every holder of the lock.
-    lock: str | None = None
-    lock_fencing_token: int | None = None
-    _lost: threading.Event = field(default_factory=threading.Event, repr=False)
-    # time.monotonic() at which the lease this attempt last confirmed runs out, counted from
-    # before the store call that confirmed it, so never later than the lease the store holds.
-    _deadline: float = field(default=math.inf, repr=False)
+    body: bytes
+    queue: str | None
+    task_name: str | None
+    retry_count: int | None
+    execution_count: int | None
+    eta: datetime | None
+    previous_response: int | None
+    retry_reason: str | None
+    job_name: str | None
+    schedule_time: datetime | None
+    project: str | None
+    location: str | None
+    _live: Attempt = field(repr=False)
+
+    def __init__(  # noqa: PLR0917 - the arguments (and order) it always took.
+        self,
+        kind: str,
+        handler: str,
+        run_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        attempt: int,
+        lease_expires: datetime,
+        body: bytes = b"",
+        queue: str | None = None,
+        task_name: str | None = None,
+        retry_count: int | None = None,
+        execution_count: int | None = None,
+        eta: datetime | None = None,
+        previous_response: int | None = None,
+        retry_reason: str | None = None,
+        job_name: str | None = None,
+        schedule_time: datetime | None = None,
+        project: str | None = None,
+        location: str | None = None,
+        lock: str | None = None,
+        lock_fencing_token: int | None = None,
+        *,
+        live: Attempt | None = None,
+    ) -> None:
+        """``live``: the executor's attempt, which this view reads (the lease and lock given
+        are then its own). Without it, as in a handler's unit test, the view reads an attempt
+        of its own, started with the lease and lock given."""
+        if live is None:
+            live = Attempt(
+                kind, handler, run_id, attempt_id, lease_expires, lock, lock_fencing_token
+            )
+        # Frozen: set once here, past the frozen __setattr__.
+        self.__dict__.update(
+            kind=kind,
+            handler=handler,
+            run_id=run_id,
+            attempt_id=attempt_id,
+            fencing_token=fencing_token,
+            attempt=attempt,
+            body=body,
+            queue=queue,
+            task_name=task_name,
+            retry_count=retry_count,
+            execution_count=execution_count,
+            eta=eta,
+            previous_response=previous_response,
+            retry_reason=retry_reason,
+            job_name=job_name,
+            schedule_time=schedule_time,
+            project=project,
+            location=location,
+            _live=live,
+        )
+
+    @property
+    def lease_expires(self) -> datetime:
+        """When the lease this attempt last confirmed expires (the store's clock)."""
+        return self._live.lease_expires
+
+    @property
+    def lock(self) -> str | None:
+        """The lock this execution holds (an exclusive job's, or its concurrency key's),
+        renewed and released with the run."""
+        return self._live.lock
+
+    @property
+    def lock_fencing_token(self) -> int | None:
+        """The held lock's fencing token: it grows with every holder of the lock."""
+        return self._live.lock_fencing_token
 
     @property
     def idempotency_key(self) -> str:
@@ -60,38 +125,41 @@ class TaskContext:
         """True once a renewal found the run taken over, or once the lease this attempt last
         confirmed has run out by the local monotonic clock, whatever the store would say: an
         instance cut off from its store must stop before another may take the run over."""
-        if self._lost.is_set():
-            return True
-        if time.monotonic() >= self._deadline:
-            self._lost.set()  # Lost for good: a later renewal cannot undo a possible takeover.
-            return True
-        return False
+        return self._live.lease_lost
 
     @property
     def lease_seconds_left(self) -> float:
         """Seconds until the confirmed lease runs out by the local clock (0 once lost)."""
-        if self.lease_lost:
-            return 0.0
-        return max(0.0, self._deadline - time.monotonic())
-
-    @property
-    def lease_deadline(self) -> float:
-        """The ``time.monotonic()`` at which the confirmed lease runs out (inf: unconfirmed)."""
-        return self._deadline
-
-    def confirm_lease(self, lease_expires: datetime, deadline: float) -> None:
-        """Record a claim or renewal the store confirmed; ``deadline`` is in monotonic time."""
-        self.lease_expires = lease_expires
-        self._deadline = deadline
+        return self._live.lease_seconds_left
 
     def check_lease(self) -> None:
         """Raise :class:`LeaseLost` if the lease is lost; call it between steps."""
-        if self.lease_lost:
-            raise LeaseLost(
-                f"run {self.run_id}: attempt {self.attempt_id} lost its lease (taken over, or "
-                "not renewed in time) and must stop"
-            )
+        self._live.check_lease()
 
-    def mark_lease_lost(self) -> None:
-        """Called by the lease keeper when a renewal finds the claim gone."""
-        self._lost.set()
+
+def view_of(
+    live: Attempt, identity: DeliveryIdentity, record: RunRecord, body: bytes
+) -> TaskContext:
+    """The handler's view of the attempt ``live``, claimed for ``identity`` as ``record``."""
+    return TaskContext(
+        kind=live.kind,
+        handler=live.handler,
+        run_id=record.run_id,
+        attempt_id=record.attempt_id,
+        fencing_token=record.fencing_token,
+        attempt=record.attempts,
+        lease_expires=record.lease_expires,
+        body=body,
+        queue=identity.queue,
+        task_name=identity.task_name,
+        retry_count=identity.retry_count,
+        execution_count=identity.execution_count,
+        eta=identity.eta,
+        previous_response=identity.previous_response,
+        retry_reason=identity.retry_reason,
+        job_name=identity.job_name,
+        schedule_time=identity.schedule_time,
+        project=identity.project,
+        location=identity.location,
+        live=live,
+    )

@@ -5,36 +5,37 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tasklease import protocol
 from tasklease.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
 from tasklease.worker import lease, telemetry
+from tasklease.worker.attempt import Attempt
 from tasklease.worker.auth import Authenticator, AuthRequest
-from tasklease.worker.context import TaskContext
-from tasklease.worker.core import constants as c
-from tasklease.worker.core import decisions, locking
+from tasklease.worker.context import TaskContext, view_of
+from tasklease.worker.core import decisions
 from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
-from tasklease.worker.core.outcome import Outcome
-from tasklease.worker.core.records import ClaimRequest, LockGrant, LockRequest, RunRecord, Verdict
+from tasklease.worker.core.outcome import Outcome, Rejection
+from tasklease.worker.core.records import ClaimRequest, RunRecord, Verdict
+from tasklease.worker.execution_locks import ExecutionLocks
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.logs import instance_id, log_execution, note_error
 from tasklease.worker.manual_runs import ManualRuns
+from tasklease.worker.reply import Reply, settled
 from tasklease.worker.router import HandlerSpec, Router
+from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.base import LeaseStore
+
+# Reply lives in its own module; it is exported here too, where the adapters import it from.
+__all__ = ["Clock", "Delivery", "Executor", "Reply", "decode_payload", "utc_now"]
 
 Clock = Callable[[], datetime]
 _log = logging.getLogger("tasklease.execution")
-
-# A finish (complete/fail/release) the store refuses is retried after these pauses: the handler
-# already ran, so recording how it ended is worth a short wait.
-FINISH_RETRY_PAUSES = (0.05, 0.2, 0.5)
 
 # Verdicts a read alone may act on: a finished run stays finished until its record expires.
 _SETTLED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.FORBIDDEN, Verdict.SKIPPED})
@@ -62,53 +63,6 @@ class Delivery:
     body_limit: int = protocol.MAX_TASK_BYTES
 
 
-@dataclass
-class Reply:
-    """The answer to one delivery."""
-
-    status: int
-    outcome: Outcome
-    message: str
-    run_id: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-    retry_after: int | None = None
-    # The run's result as stored: JSON text spliced into the body as it is, so the first
-    # answer and every duplicate's carry the same bytes.
-    result_json: str | None = None
-
-    def body(self) -> dict[str, Any]:
-        """The answer as a mapping (the result decoded), for programs and tests."""
-        body = {
-            "outcome": self.outcome.value,
-            "message": self.message,
-            "run_id": self.run_id,
-            **self.details,
-        }
-        if self.result_json is not None:
-            body["result"] = json.loads(self.result_json)
-        return body
-
-    def body_bytes(self) -> bytes:
-        """The JSON answer: the envelope, then the stored result's own bytes."""
-        envelope = json.dumps(
-            {"outcome": self.outcome.value, "message": self.message, "run_id": self.run_id}
-            | self.details,
-            separators=(",", ":"),
-            default=str,
-        )
-        if self.result_json is None:
-            return envelope.encode()
-        return f'{envelope[:-1]},"result":{self.result_json}}}'.encode()
-
-    def headers(self) -> dict[str, str]:
-        headers = {protocol.OUTCOME_HEADER: self.outcome.value}
-        if self.run_id:
-            headers[protocol.RUN_ID_HEADER] = self.run_id
-        if self.retry_after is not None:
-            headers["Retry-After"] = str(self.retry_after)
-        return headers
-
-
 class Executor:
     """Runs each delivery's handler at most once per claim, and at least once per run."""
 
@@ -130,6 +84,7 @@ class Executor:
         self.location_header = location_header
         self.lease_keeper = LeaseKeeper(store, clock)
         self.manual_runs = ManualRuns(store, clock)
+        self.locks = ExecutionLocks(store, clock)
 
     def execute(self, delivery: Delivery) -> Reply:
         """Handle one delivery and write its one structured log line."""
@@ -160,30 +115,26 @@ class Executor:
 
     def _execute(self, delivery: Delivery, log: dict[str, Any]) -> Reply:
         if delivery.method != "POST":
-            return Reply(
-                405,
-                Outcome.REJECTED,
+            return Reply.rejected(
+                Rejection.NOT_POST,
                 f"method {delivery.method} not allowed: use POST",
-                details={"allow": "POST"},
+                {"allow": "POST"},
             )
         spec = self.router.handler(delivery.kind, delivery.handler)
         if spec is None:
-            # 404 is retried: a retry may reach a newer deploy that has the handler.
-            return Reply(404, Outcome.REJECTED, f"no {delivery.kind.value} handler of that name")
+            return Reply.rejected(
+                Rejection.NO_HANDLER, f"no {delivery.kind.value} handler of that name"
+            )
         if delivery.body is None:
-            return Reply(413, Outcome.REJECTED, f"body over {delivery.body_limit} bytes")
+            return Reply.rejected(Rejection.TOO_LARGE, f"body over {delivery.body_limit} bytes")
         if delivery.refusal is not None:
-            # 400 is retried by both services: the retry brings the whole request.
-            return Reply(400, Outcome.REJECTED, delivery.refusal)
+            return Reply.rejected(Rejection.MALFORMED, delivery.refusal)
         auth = self.authenticator.authenticate(
             AuthRequest(delivery.authorization, delivery.url), spec
         )
         log.update(auth.log_fields())
         if not auth.allowed:
-            retry_after = c.STORE_UNAVAILABLE_RETRY_AFTER if auth.status == 503 else None
-            return Reply(
-                auth.status, _AUTH_OUTCOMES[auth.status], auth.reason, retry_after=retry_after
-            )
+            return Reply.of(_AUTH_OUTCOMES[auth.status], auth.reason)
         telemetry.authenticated()  # Only now may the caller's traceparent name the trace.
         try:
             identity = parse_identity(
@@ -197,7 +148,7 @@ class Executor:
                 manual_run_margin=spec.manual_run_margin,
             )
         except InvalidDelivery as exc:
-            return Reply(400, Outcome.REJECTED, str(exc))
+            return Reply.rejected(Rejection.MALFORMED, str(exc))
         try:
             identity = self.manual_runs.resolve(identity, auth.principal)
         except StoreUnavailable as exc:
@@ -255,85 +206,58 @@ class Executor:
         )
         if claim.took_over_from:
             log["took_over_from"] = claim.took_over_from
-        ctx = _context(spec, identity, record, body)
-        ctx.confirm_lease(
+        live = Attempt(
+            identity.kind.value, spec.name, record.run_id, record.attempt_id, record.lease_expires
+        )
+        ctx = view_of(live, identity, record, body)
+        live.confirm_lease(
             record.lease_expires, local_deadline(record.lease_expires, asked_at, asked, spec.lease)
         )
-        if ctx.lease_seconds_left < spec.lease.total_seconds() / RENEWALS_PER_LEASE:
+        if live.lease_seconds_left < spec.lease.total_seconds() / RENEWALS_PER_LEASE:
             # The lease would run out before its first renewal (a clock read long before the
             # store wrote it): running the handler now could overlap a takeover.
-            self._give_back(ctx, "the claim took too long; lease store overloaded", count=False)
+            self._give_back(live, "the claim took too long; lease store overloaded", count=False)
             return _store_unavailable("the lease store took too long to grant the claim", run_id)
-        return self._run(spec, ctx, body)
+        return self._run(spec, ctx, live, body)
 
     def _settled(self, verdict: Verdict, record: RunRecord, log: dict[str, Any]) -> Reply:
         """The answer to a delivery that may not run the handler, given the stored record."""
-        run_id = record.run_id
-        if verdict is Verdict.FORBIDDEN:
-            # Say nothing of the run: not its status, result, attempts or owner.
-            return Reply(403, Outcome.FORBIDDEN, "this run belongs to another caller", run_id)
-        log.update(
-            attempt_id=record.attempt_id,
-            attempt=record.attempts,
-            fencing_token=record.fencing_token,
-        )
-        if verdict is Verdict.COMPLETED:
-            return Reply(
-                200,
-                Outcome.DUPLICATE,
-                "already completed",
-                run_id,
-                {"status": record.status.value},
-                result_json=record.result_json,
-            )
-        if verdict is Verdict.FAILED:
-            return Reply(
-                200,
-                Outcome.DUPLICATE,
-                "already failed permanently",
-                run_id,
-                {"status": record.status.value, "error": record.error},
+        if verdict is not Verdict.FORBIDDEN:  # Another caller learns nothing of the run.
+            log.update(
+                attempt_id=record.attempt_id,
+                attempt=record.attempts,
+                fencing_token=record.fencing_token,
             )
         if verdict is Verdict.SKIPPED:
             details = record.result or {}
             log.update(held_by=details.get("held_by"), lock=details.get("lock"))
-            return Reply(
-                200,
-                Outcome.SKIPPED_OVERLAP,
-                f"skipped before: run {details.get('held_by')} held the job",
-                run_id,
-                {"status": record.status.value, "held_by": details.get("held_by")},
-            )
-        remaining = (record.lease_expires + c.MAX_CLOCK_SKEW - self.clock()).total_seconds()
-        return Reply(
-            409,
-            Outcome.IN_PROGRESS,
-            "another attempt holds the lease",
-            run_id,
-            retry_after=max(1, int(remaining + 0.999)),
-        )
+        return settled(verdict, record, self.clock)
 
-    def _run(self, spec: HandlerSpec, ctx: TaskContext, body: bytes) -> Reply:
+    def _run(self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, body: bytes) -> Reply:
         if spec.max_attempts is not None and ctx.attempt > spec.max_attempts:
             # Only reached through a claim: every earlier attempt's lease had run out.
             error = f"gave up after {spec.max_attempts} attempts (max_attempts)"
-            return self._fail(ctx, error, body)
+            return self._fail(live, error, body)
         payload: Any = None
         if spec.kind is Kind.TASK:
             try:
                 payload = decode_payload(body)
             except ValueError as exc:
-                return self._fail(ctx, f"payload is not valid JSON: {exc}", body)
-        lock = self._lock_request(spec, ctx, payload)
+                return self._fail(live, f"payload is not valid JSON: {exc}", body)
+        lock = self.locks.request_for(spec, ctx, payload)
         if isinstance(lock, str):
-            return self._fail(ctx, lock, body)
+            return self._fail(live, lock, body)
         if lock is not None:
-            refused = self._take_lock(spec, ctx, lock)
-            if refused is not None:
-                return refused
+            try:
+                overlap = self.locks.take(spec, live, lock)
+            except StoreUnavailable as exc:
+                self._give_back(live, f"could not take the lock {lock.name}: {exc}", count=False)
+                return _store_unavailable(f"lease store unavailable: {exc}", live.run_id)
+            if overlap is not None:
+                return self._finish(live, overlap.write, overlap.reply)
         try:
             with (
-                self.lease_keeper.kept(ctx, spec.lease, keep_for=spec.retention),
+                self.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),
                 telemetry.step("handler"),
             ):
                 if spec.kind is Kind.TASK:
@@ -341,26 +265,25 @@ class Executor:
                 else:
                     result = spec.function(ctx)
         except lease.KeeperNotStarted as exc:  # Raised before the handler ran: not an attempt.
-            self._give_back(ctx, str(exc), count=False)
-            return _store_unavailable(str(exc), ctx.run_id)
+            self._give_back(live, str(exc), count=False)
+            return _store_unavailable(str(exc), live.run_id)
         except PermanentFailure as exc:
-            return self._fail(ctx, f"PermanentFailure: {exc}", body)
+            return self._fail(live, f"PermanentFailure: {exc}", body)
         except LeaseLost as exc:
-            self._give_back(ctx, f"LeaseLost: {exc}")
-            return Reply(409, Outcome.LOST_CLAIM, str(exc), ctx.run_id)
+            self._give_back(live, f"LeaseLost: {exc}")
+            return Reply.of(Outcome.LOST_CLAIM, str(exc), live.run_id)
         except Exception as exc:
             note_error(exc)  # Its stack trace goes into the request's one log line.
             error = f"{type(exc).__name__}: {exc}"
             return self._finish(
-                ctx,
+                live,
                 lambda: self.store.release(
-                    ctx.run_id, ctx.attempt_id, error, self.clock, keep_for=spec.retention
+                    live.run_id, live.attempt_id, error, self.clock, keep_for=spec.retention
                 ),
-                Reply(
-                    500,
+                Reply.of(
                     Outcome.RELEASED,
                     f"handler raised {type(exc).__name__}; released for a retry",
-                    ctx.run_id,
+                    live.run_id,
                 ),
             )
         try:
@@ -369,161 +292,52 @@ class Executor:
         except ValueError as exc:
             # The handler's effects happened: a retry must not repeat them. A dead letter
             # with the reason, not a 500 on every delivery.
-            return self._fail(ctx, str(exc), body)
+            return self._fail(live, str(exc), body)
         return self._finish(
-            ctx,
+            live,
             lambda: self.store.complete(
-                ctx.run_id, ctx.attempt_id, result_json, self.clock, keep_for=spec.retention
+                live.run_id, live.attempt_id, result_json, self.clock, keep_for=spec.retention
             ),
-            Reply(200, Outcome.PROCESSED, "processed", ctx.run_id, result_json=result_json),
+            Reply.of(Outcome.PROCESSED, "processed", live.run_id, result_json=result_json),
         )
 
-    def _lock_request(
-        self, spec: HandlerSpec, ctx: TaskContext, payload: Any
-    ) -> LockRequest | str | None:
-        """The lock this execution must hold first (None: none); a str says why the payload
-        has no concurrency key (a permanent failure: no retry will give it one)."""
-        if spec.exclusive:
-            name = locking.job_lock_name(spec.name, ctx.project, ctx.location)
-        elif spec.concurrency_key is not None:
-            try:
-                key = spec.concurrency_key(payload)
-            except Exception as exc:
-                return f"concurrency_key raised {type(exc).__name__}: {exc}"
-            if key is None or not isinstance(key, (str, int)) or isinstance(key, bool):
-                return f"concurrency_key gave {key!r}: a str or int is needed"
-            if len(str(key)) > c.MAX_CONCURRENCY_KEY_LENGTH:
-                return f"concurrency_key is over {c.MAX_CONCURRENCY_KEY_LENGTH} characters"
-            name = locking.key_lock_name(spec.name, ctx.project, ctx.location, str(key))
-        else:
-            return None
-        return LockRequest(
-            name=name,
-            run_id=ctx.run_id,
-            attempt_id=ctx.attempt_id,
-            lease=spec.lease,
-            max_runtime=spec.max_runtime,
-            min_gap=spec.min_gap,
-        )
-
-    def _take_lock(self, spec: HandlerSpec, ctx: TaskContext, request: LockRequest) -> Reply | None:
-        """Acquire ``request``'s lock for the claimed ``ctx``; None when held, else the reply.
-
-        Taken after the run's claim, so a crash between the two leaves a claim whose lease
-        lapses, never a lock without a claim; a lock whose holder crashed lapses by its own
-        lease and safety expiry.
-        """
-        asked_at, asked = self.clock(), time.monotonic()
-        # Set first: if the store fails, giving the claim back also releases a lock whose
-        # write may have landed unseen (fenced by attempt id, so harmless if it did not).
-        ctx.lock = request.name
-        try:
-            grant = self.store.acquire_lock(request, self.clock)
-        except StoreUnavailable as exc:
-            self._give_back(ctx, f"could not take the lock {request.name}: {exc}", count=False)
-            return _store_unavailable(f"lease store unavailable: {exc}", ctx.run_id)
-        if not grant.acquired:
-            ctx.lock = None
-            return self._overlap(spec, ctx, request.name, grant)
-        ctx.lock_fencing_token = grant.lock.fencing_token
-        deadline = local_deadline(grant.lock.lease_expires, asked_at, asked, spec.lease)
-        ctx.confirm_lease(ctx.lease_expires, min(ctx.lease_deadline, deadline))
-        return None
-
-    def _overlap(self, spec: HandlerSpec, ctx: TaskContext, name: str, grant: LockGrant) -> Reply:
-        """The answer to an execution whose lock another run holds: skipped (recorded), or
-        given back unused for the queue to retry."""
-        holder = grant.lock.holder_run_id
-        if spec.kind is Kind.SCHEDULER and spec.on_overlap == "skip":
-            return self._finish(
-                ctx,
-                lambda: self.store.skip(ctx.run_id, ctx.attempt_id, holder, name, self.clock),
-                Reply(
-                    200,
-                    Outcome.SKIPPED_OVERLAP,
-                    f"skipped: run {holder} holds the job",
-                    ctx.run_id,
-                    {"status": "skipped", "held_by": holder},
-                ),
-            )
-        assert grant.free_at is not None
-        wait = (grant.free_at - self.clock()).total_seconds()
-        if not grant.lock.released:  # A live holder may end at any moment.
-            wait = min(wait, c.LOCK_BUSY_RETRY_AFTER_MAX)
-        outcome = Outcome.KEY_BUSY if spec.kind is Kind.TASK else Outcome.IN_PROGRESS
-        what = "its concurrency key" if spec.kind is Kind.TASK else "the job"
-        return self._finish(
-            ctx,
-            lambda: self.store.yield_claim(
-                ctx.run_id, ctx.attempt_id, f"{outcome.value}: {name} held by {holder}", self.clock
-            ),
-            Reply(
-                409,
-                outcome,
-                f"run {holder} holds {what}; retry later",
-                ctx.run_id,
-                {"held_by": holder},
-                retry_after=max(1, math.ceil(wait)),
-            ),
-        )
-
-    def _release_lock(self, ctx: TaskContext) -> bool:
-        """Release the lock ``ctx`` holds, fenced by its attempt id. False: another run took
-        it (this attempt's lease lapsed meanwhile). Retried on store errors like a finish;
-        if the store stays down, the lock lapses by itself."""
-        name = ctx.lock
-        if name is None:
-            return True
-        for pause in (*FINISH_RETRY_PAUSES, None):
-            try:
-                held = self.store.release_lock(name, ctx.attempt_id, self.clock)
-            except StoreUnavailable:
-                if pause is None:
-                    _log.warning("run %s: could not release lock %s", ctx.run_id, name)
-                    return True
-                time.sleep(pause)
-            else:
-                ctx.lock = None
-                return held
-        return True  # Unreachable: the loop returns.
-
-    def _retention(self, ctx: TaskContext) -> timedelta | None:
-        """The retention of the handler ``ctx`` runs, to keep its record that long after a
+    def _retention(self, live: Attempt) -> timedelta | None:
+        """The retention of the handler the attempt runs, to keep its record that long after a
         finish (a run can outlive the retention counted from its claim)."""
-        spec = self.router.handler(Kind(ctx.kind), ctx.handler)
+        spec = self.router.handler(Kind(live.kind), live.handler)
         return spec.retention if spec is not None else None
 
-    def _give_back(self, ctx: TaskContext, error: str, *, count: bool = True) -> None:
+    def _give_back(self, live: Attempt, error: str, *, count: bool = True) -> None:
         """Release a claim this attempt will not use, if it still holds it (best effort: a
         lease that runs out does the same, later). ``count=False``: the handler never ran,
         the attempt does not count. Its lock, if any, is released first."""
         try:
-            self._release_lock(ctx)
+            self.locks.release(live)
             if not count:
-                self.store.yield_claim(ctx.run_id, ctx.attempt_id, error, self.clock)
+                self.store.yield_claim(live.run_id, live.attempt_id, error, self.clock)
                 return
             self.store.release(
-                ctx.run_id, ctx.attempt_id, error, self.clock, keep_for=self._retention(ctx)
+                live.run_id, live.attempt_id, error, self.clock, keep_for=self._retention(live)
             )
         except StoreUnavailable:
-            _log.warning("run %s: could not release attempt %s", ctx.run_id, ctx.attempt_id)
+            _log.warning("run %s: could not release attempt %s", live.run_id, live.attempt_id)
 
-    def _fail(self, ctx: TaskContext, error: str, body: bytes) -> Reply:
+    def _fail(self, live: Attempt, error: str, body: bytes) -> Reply:
         payload = body.decode("utf-8", errors="backslashreplace")
         return self._finish(
-            ctx,
+            live,
             lambda: self.store.fail(
-                ctx.run_id,
-                ctx.attempt_id,
+                live.run_id,
+                live.attempt_id,
                 error,
                 self.clock,
                 payload,
-                keep_for=self._retention(ctx),
+                keep_for=self._retention(live),
             ),
-            Reply(200, Outcome.FAILED, error, ctx.run_id, {"status": "failed"}),
+            Reply.of(Outcome.FAILED, error, live.run_id, {"status": "failed"}),
         )
 
-    def _finish(self, ctx: TaskContext, write: Callable[[], bool], reply: Reply) -> Reply:
+    def _finish(self, live: Attempt, write: Callable[[], bool], reply: Reply) -> Reply:
         """Record how the execution ended, only while this attempt still holds the claim.
 
         A retried write that finds its own earlier try landed counts as done (the store
@@ -531,39 +345,37 @@ class Executor:
         if another run took it, this attempt's lease lapsed while it ran, and its outcome is
         refused like that of a run taken over.
         """
-        lock = ctx.lock
-        if not self._release_lock(ctx):
-            self._give_back(ctx, f"the lock {lock} was taken over by another run while it ran")
-            return Reply(
-                409,
+        lock = live.lock
+        if not self.locks.release(live):
+            self._give_back(live, f"the lock {lock} was taken over by another run while it ran")
+            return Reply.of(
                 Outcome.LOST_CLAIM,
                 f"the lock {lock} was taken over by another run; "
                 f"this attempt's {reply.outcome.value} outcome was not recorded",
-                ctx.run_id,
+                live.run_id,
             )
-        for pause in (*FINISH_RETRY_PAUSES, None):
-            try:
-                with telemetry.step("finish"):
-                    held = write()
-                break
-            except StoreUnavailable as exc:
-                if pause is None:
-                    # The record stays in progress until its lease expires; then a retry runs.
-                    return _store_unavailable(
-                        f"could not record the outcome ({reply.outcome.value}): {exc}",
-                        ctx.run_id,
-                        Outcome.UNRECORDED,
-                    )
-                time.sleep(pause)
+
+        def write_once() -> bool:
+            with telemetry.step("finish"):
+                return write()
+
+        try:
+            held = retry_while_unavailable(write_once)
+        except StoreUnavailable as exc:
+            # The record stays in progress until its lease expires; then a retry runs.
+            return _store_unavailable(
+                f"could not record the outcome ({reply.outcome.value}): {exc}",
+                live.run_id,
+                Outcome.UNRECORDED,
+            )
         if not held:
             # Another attempt took over after this one's lease expired: it owns the record now,
             # and a retry will see its outcome. Never overwrite it.
-            return Reply(
-                409,
+            return Reply.of(
                 Outcome.LOST_CLAIM,
                 "the lease was taken over by another attempt; "
                 f"this attempt's {reply.outcome.value} outcome was not recorded",
-                ctx.run_id,
+                live.run_id,
             )
         return reply
 
@@ -571,7 +383,7 @@ class Executor:
 def _store_unavailable(
     message: str, run_id: str | None, outcome: Outcome = Outcome.UNAVAILABLE
 ) -> Reply:
-    return Reply(503, outcome, message, run_id, retry_after=c.STORE_UNAVAILABLE_RETRY_AFTER)
+    return Reply.of(outcome, message, run_id)
 
 
 def decode_payload(body: bytes) -> Any:
@@ -586,32 +398,6 @@ def decode_payload(body: bytes) -> Any:
         raise ValueError(f"not UTF-8 ({exc.reason})") from None
     except json.JSONDecodeError as exc:
         raise ValueError(str(exc)) from None
-
-
-def _context(
-    spec: HandlerSpec, identity: DeliveryIdentity, record: RunRecord, body: bytes
-) -> TaskContext:
-    return TaskContext(
-        kind=identity.kind.value,
-        handler=spec.name,
-        run_id=record.run_id,
-        attempt_id=record.attempt_id,
-        fencing_token=record.fencing_token,
-        attempt=record.attempts,
-        lease_expires=record.lease_expires,
-        body=body,
-        queue=identity.queue,
-        task_name=identity.task_name,
-        retry_count=identity.retry_count,
-        execution_count=identity.execution_count,
-        eta=identity.eta,
-        previous_response=identity.previous_response,
-        retry_reason=identity.retry_reason,
-        job_name=identity.job_name,
-        schedule_time=identity.schedule_time,
-        project=identity.project,
-        location=identity.location,
-    )
 
 
 def _identity_fields(identity: DeliveryIdentity) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from werkzeug.exceptions import HTTPException
 
 from tasklease import protocol
 from tasklease.worker.core.outcome import Outcome
-from tasklease.worker.execution import Reply
 from tasklease.worker.logs import instance_id, log_execution
+from tasklease.worker.reply import Reply
 
 
 def is_tasklease_path(path: str) -> bool:
@@ -37,7 +37,7 @@ def reply_for_http_error(error: HTTPException) -> Reply:
 
 def reply_for_crash() -> Reply:
     """The answer when the executor raised: no internals go to the caller, the log has them."""
-    return Reply(500, Outcome.ERROR, "internal error; see the worker's log")
+    return Reply.of(Outcome.ERROR, "internal error; see the worker's log")
 
 
 def log_reply(reply: Reply, started: float, error: BaseException | None = None) -> None:

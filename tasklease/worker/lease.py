@@ -6,7 +6,7 @@ renewal stuck on the store for one run never delays another run's. A run has at 
 renewal in flight: the next is scheduled when the last one ends.
 An attempt whose renewals fail is not kept alive by hope: its context counts the lease as
 lost once the lease it last confirmed runs out by the local monotonic clock
-(:attr:`TaskContext.lease_lost`).
+(:attr:`TaskContext.lease_lost`, which reads its :class:`Attempt`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 from tasklease.errors import StoreUnavailable
 from tasklease.worker import telemetry
-from tasklease.worker.context import TaskContext
+from tasklease.worker.attempt import Attempt
 from tasklease.worker.stores.base import LeaseStore
 
 _log = logging.getLogger("tasklease.lease")
@@ -45,7 +45,7 @@ class KeeperNotStarted(Exception):
 
 @dataclass
 class _Entry:
-    ctx: TaskContext
+    live: Attempt
     lease: timedelta
     keep_for: timedelta | None = None
 
@@ -53,7 +53,7 @@ class _Entry:
 class LeaseKeeper:
     """Renews each registered execution's lease about every ``lease / 3``.
 
-    A renewal that finds the claim gone (another attempt took the run over) marks the context
+    A renewal that finds the claim gone (another attempt took the run over) marks the attempt
     lost and stops; one the store cannot answer is retried sooner, until the lease confirmed
     last runs out locally. Threads start on first use and again after a fork.
     """
@@ -77,21 +77,21 @@ class LeaseKeeper:
 
     @contextmanager
     def kept(
-        self, ctx: TaskContext, lease: timedelta, *, keep_for: timedelta | None = None
+        self, live: Attempt, lease: timedelta, *, keep_for: timedelta | None = None
     ) -> Iterator[None]:
-        """Renew ``ctx``'s lease for as long as the ``with`` block runs; each renewal keeps
+        """Renew ``live``'s lease for as long as the ``with`` block runs; each renewal keeps
         the record at least ``keep_for`` (the handler's retention) past the new lease.
         Raises :class:`KeeperNotStarted` on entry if the keeper's thread cannot start."""
         self._start_if_needed()
         sequence = next(self._sequence)
-        # Counted from when the claim the context holds was confirmed (before its store call).
-        deadline = ctx.lease_deadline
+        # Counted from when the claim the attempt holds was confirmed (before its store call).
+        deadline = live.lease_deadline
         if math.isfinite(deadline):
             due = deadline - lease.total_seconds() + _interval(lease)
         else:
             due = time.monotonic() + _interval(lease)
         with self._condition:
-            self._entries[sequence] = _Entry(ctx, lease, keep_for)
+            self._entries[sequence] = _Entry(live, lease, keep_for)
             self._schedule(due, sequence)
         try:
             yield
@@ -147,11 +147,11 @@ class LeaseKeeper:
                 threading.Thread(
                     target=self._renew_and_reschedule,
                     args=(sequence, entry),
-                    name=f"tasklease-renew-{entry.ctx.run_id[:12]}",
+                    name=f"tasklease-renew-{entry.live.run_id[:12]}",
                     daemon=True,
                 ).start()
             except Exception:  # e.g. "can't start new thread": this loop must live on.
-                _log.exception("could not start the renewal of run %s; retrying", entry.ctx.run_id)
+                _log.exception("could not start the renewal of run %s; retrying", entry.live.run_id)
                 with self._condition:
                     if sequence in self._entries:
                         self._schedule(time.monotonic() + MIN_RETRY_PAUSE, sequence)
@@ -185,59 +185,59 @@ class LeaseKeeper:
 
     def _renew(self, sequence: int, entry: _Entry) -> float | None:
         """Renew once; return seconds until the next renewal, or None to stop."""
-        ctx = entry.ctx
-        if ctx.lease_lost:
+        live = entry.live
+        if live.lease_lost:
             return None
         asked_at, asked = self._clock(), time.monotonic()
         try:
             lease_expires = self._store.renew(
-                ctx.run_id, ctx.attempt_id, entry.lease, self._clock, keep_for=entry.keep_for
+                live.run_id, live.attempt_id, entry.lease, self._clock, keep_for=entry.keep_for
             )
             # The lock (exclusive job, concurrency key) shares the run's lease: losing either
             # is losing the lease. Renewed second, it never expires before the run's.
-            lock = ctx.lock
+            lock = live.lock
             if (
                 lease_expires is not None
                 and lock is not None
-                and self._store.renew_lock(lock, ctx.attempt_id, entry.lease, self._clock) is None
+                and self._store.renew_lock(lock, live.attempt_id, entry.lease, self._clock) is None
             ):
                 lease_expires = None
         except Exception as exc:
             # StoreUnavailable is expected; anything else is a bug in a store, but the
             # execution must still stop in time, so both are retried until the deadline.
-            telemetry.lease_renewed(ctx.handler, renewed=False)
+            telemetry.lease_renewed(live.handler, renewed=False)
             level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
-            left = ctx.lease_seconds_left
+            left = live.lease_seconds_left
             _log.log(
                 level,
                 "lease renewal of run %s failed (%s); %.1f s of confirmed lease left",
-                ctx.run_id,
+                live.run_id,
                 exc,
                 left,
             )
             if left <= 0:
                 _log.warning(
                     "run %s: attempt %s could not renew its lease in time and must stop",
-                    ctx.run_id,
-                    ctx.attempt_id,
+                    live.run_id,
+                    live.attempt_id,
                 )
-                telemetry.lease_lost(ctx.handler)
+                telemetry.lease_lost(live.handler)
                 return None
             return min(max(_interval(entry.lease) / 4, MIN_RETRY_PAUSE), left)
         if lease_expires is None:
             with self._condition:
                 finished = sequence not in self._entries
             if not finished:  # Else its own finish ended the claim meanwhile: not a loss.
-                ctx.mark_lease_lost()
-                telemetry.lease_lost(ctx.handler)
+                live.mark_lease_lost()
+                telemetry.lease_lost(live.handler)
                 _log.warning(
                     "run %s: attempt %s lost its claim or its lock; another attempt took it over",
-                    ctx.run_id,
-                    ctx.attempt_id,
+                    live.run_id,
+                    live.attempt_id,
                 )
             return None
-        telemetry.lease_renewed(ctx.handler, renewed=True)
-        ctx.confirm_lease(
+        telemetry.lease_renewed(live.handler, renewed=True)
+        live.confirm_lease(
             lease_expires, local_deadline(lease_expires, asked_at, asked, entry.lease)
         )
         return _interval(entry.lease)

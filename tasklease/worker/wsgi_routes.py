@@ -19,8 +19,9 @@ from urllib.parse import parse_qsl
 from tasklease import protocol
 from tasklease.worker.core.identity import HeaderLookup, Kind
 from tasklease.worker.core.outcome import Outcome
-from tasklease.worker.execution import Delivery, Executor, Reply
+from tasklease.worker.execution import Delivery, Executor
 from tasklease.worker.logs import instance_id, log_execution, request_fields
+from tasklease.worker.reply import Reply
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -77,7 +78,7 @@ def _crashed(
     kind: Kind, name: str, environ: Mapping[str, Any], started: float, error: Exception
 ) -> Reply:
     """The answer, and the one log line, of a delivery the executor raised on."""
-    reply = Reply(500, Outcome.ERROR, "internal error; see the worker's log")
+    reply = Reply.of(Outcome.ERROR, "internal error; see the worker's log")
     fields = {
         "handler": name[:100],  # Caller-chosen: cap what it puts in the log.
         "kind": kind.value,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tasklease.worker import lease as lease_module
-from tasklease.worker.context import TaskContext
+from tasklease.worker.attempt import Attempt
 from tasklease.worker.lease import LeaseKeeper
 from tasklease.worker.stores.memory import MemoryStore
 from tests.helpers import claim_request
@@ -57,15 +57,7 @@ def test_one_renewal_thread_that_cannot_start_does_not_stop_every_later_renewal(
     store = CountingStore()
     asked = time.monotonic()
     record = store.claim(claim_request(lease=LEASE), datetime.now(UTC)).record
-    ctx = TaskContext(
-        kind="task",
-        handler="h",
-        run_id=record.run_id,
-        attempt_id=record.attempt_id,
-        fencing_token=record.fencing_token,
-        attempt=1,
-        lease_expires=record.lease_expires,
-    )
+    ctx = Attempt("task", "h", record.run_id, record.attempt_id, record.lease_expires)
     ctx.confirm_lease(record.lease_expires, asked + LEASE.total_seconds())
     keeper = LeaseKeeper(store, lambda: datetime.now(UTC))
     with keeper.kept(ctx, LEASE):

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker import Router, TaskContext, create_app, execution
+from tasklease.worker import Router, TaskContext, create_app, store_retries
 from tasklease.worker.core import locking
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import MemoryStore, SqliteStore
@@ -53,7 +53,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore
 def test_runs_after_a_completed_run_whose_lock_release_failed_still_run(
     store: LeaseStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(execution, "FINISH_RETRY_PAUSES", (0.001,))
+    monkeypatch.setattr(store_retries, "FINISH_RETRY_PAUSES", (0.001,))
     router = Router()
     ran: list[str] = []
 
