@@ -76,3 +76,13 @@ def test_the_emulator_imports_nothing_of_the_worker() -> None:
 def test_the_plumbing_belongs_to_neither_side(module: str) -> None:
     modules = loaded_by(module)
     assert among(modules, ("tasklease.worker", "tasklease.emulator", "tasklease.producer")) == []
+
+
+def test_no_module_is_longer_than_500_lines() -> None:
+    """Modules split by concept stay small enough to read in one sitting."""
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for path in sorted((ROOT / "tasklease").rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > 500
+    }
+    assert long == {}
