@@ -3,6 +3,7 @@ finish. Framework-neutral: :mod:`tasklease.worker.app` adapts it to Flask."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
@@ -22,6 +23,7 @@ from tasklease.worker.core import decisions
 from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
 from tasklease.worker.core.outcome import Outcome, Rejection
 from tasklease.worker.core.records import ClaimRequest, RunRecord, Verdict
+from tasklease.worker.event_loop import HANDLER_LOOP, LoopNotStarted
 from tasklease.worker.execution_locks import ExecutionLocks
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.logs import instance_id, log_execution, note_error
@@ -264,7 +266,9 @@ class Executor:
                     result = spec.function(payload, ctx)
                 else:
                     result = spec.function(ctx)
-        except lease.KeeperNotStarted as exc:  # Raised before the handler ran: not an attempt.
+                if inspect.isawaitable(result):  # An async def handler, or one returning one.
+                    result = HANDLER_LOOP.run(result)
+        except (lease.KeeperNotStarted, LoopNotStarted) as exc:  # The handler never ran.
             self._give_back(live, str(exc), count=False)
             return _store_unavailable(str(exc), live.run_id)
         except PermanentFailure as exc:
