@@ -51,6 +51,12 @@ class RunContext(Protocol):
     def run_id(self) -> str: ...
 
 
+class TaskRoutes(Protocol):
+    """What a producer given ``router=`` needs of it: a ``tasklease.worker.Router`` fits."""
+
+    def has_task(self, name: str) -> bool: ...
+
+
 @dataclass(frozen=True)
 class _Options:
     """The per-call options of enqueue and enqueue_many."""
@@ -68,6 +74,11 @@ class Producer:
     One producer per process is enough: it is thread-safe and creates its client lazily.
     ``enqueue_many`` and ``fan_out`` send up to 100 tasks of a queue per BatchCreateTasks
     call; ``batch=False`` creates each task with its own CreateTask instead.
+
+    With ``router=`` (the worker's :class:`~tasklease.worker.Router`), a task name no task
+    handler of that router has is refused with :class:`InvalidTask` before any network call:
+    a misspelt name fails here rather than as a 404 on every delivery. Without it, names are
+    not checked (a task for another service's worker).
     """
 
     def __init__(
@@ -86,6 +97,7 @@ class Producer:
         dispatch_deadline: timedelta | None = None,
         sleep: Callable[[float], None] = time.sleep,
         batch: bool = True,
+        router: TaskRoutes | None = None,
     ) -> None:
         if not project or not location or not queue:
             raise ValueError("project, location and queue are required")
@@ -103,6 +115,7 @@ class Producer:
         self.dispatch_deadline = _dispatch_deadline(dispatch_deadline)
         self._sleep = sleep
         self.batch = batch
+        self.router = router
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Producer:
@@ -265,6 +278,11 @@ class Producer:
             ch.isascii() and (ch.isalnum() or ch in "-_") for ch in task_name
         ):
             raise InvalidTask(f"task_name {task_name!r}: use letters, digits, '-' or '_'")
+        if self.router is not None and not self.router.has_task(task_name):
+            raise InvalidTask(
+                f"task_name {task_name!r}: the producer's router has no task handler of that "
+                "name (a typo? enqueue by reference, handler.enqueue(...), cannot misspell it)"
+            )
         if key is not None and (not isinstance(key, str) or not key):
             raise InvalidTask("key must be a non-empty string (or None for a random name)")
         try:

@@ -3,6 +3,7 @@
 They back the pytest fixtures of :mod:`tasklease.testing`, and work without pytest too:
 
     queue = StubQueue()                  # queue.producer enqueues into it
+    queue.bind(router)                   # and so does send_receipt.enqueue(...), until close()
     summary = queue.drain(app.test_client(), duplicate_every=3)
     StubScheduler().fire(client, "nightly", at=datetime(2026, 1, 1, 3, tzinfo=UTC))
 
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
@@ -28,8 +29,12 @@ from croniter import croniter
 from tasklease import protocol
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.producer.memory import QueuedTask
+from tasklease.producer.producer import TaskRoutes
 from tasklease.producer.transport import TaskRequest
 from tasklease.worker.core import constants as c
+
+if TYPE_CHECKING:
+    from tasklease.worker.router import Router
 
 PROJECT, LOCATION, QUEUE = "test-project", "us-central1", "default"
 WORKER_URL = "http://worker.test"
@@ -123,7 +128,8 @@ class _TaskState:
 class StubQueue:
     """An in-memory Cloud Tasks queue: ``producer`` creates named tasks in it (a name seen
     before is refused, as Cloud Tasks does within its de-duplication window) and
-    :meth:`drain` delivers them."""
+    :meth:`drain` delivers them. With ``router=`` (or after :meth:`bind`), the producer
+    refuses task names the router has no handler for."""
 
     def __init__(
         self,
@@ -133,13 +139,29 @@ class StubQueue:
         queue: str = QUEUE,
         worker_url: str = WORKER_URL,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        router: TaskRoutes | None = None,
     ) -> None:
         self.transport = MemoryTransport()
         self.producer = Producer(
-            project, location, queue, worker_url, transport=self.transport, sleep=_no_sleep
+            project,
+            location,
+            queue,
+            worker_url,
+            transport=self.transport,
+            sleep=_no_sleep,
+            router=router,
         )
         self.max_attempts = max_attempts
         self._state: dict[str, _TaskState] = {}
+        self._bound: list[tuple[Router, Producer | None]] = []
+
+    def bind(self, router: Router) -> StubQueue:
+        """Send ``router``'s enqueues by reference (``send_receipt.enqueue(...)``, from tests
+        and from handlers the drain runs) into this queue until :meth:`close`, and refuse task
+        names the router has no handler for."""
+        self.producer.router = router
+        self._bound.append((router, router.use_producer(self.producer)))
+        return self
 
     @property
     def tasks(self) -> list[CreatedTask]:
@@ -193,6 +215,10 @@ class StubQueue:
         return summary
 
     def close(self) -> None:
+        """Give each bound router back the producer it had, and close this one."""
+        while self._bound:
+            router, previous = self._bound.pop()
+            router.use_producer(previous)
         self.producer.close()
 
     def _due(self) -> list[QueuedTask]:

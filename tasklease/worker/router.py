@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind
+from tasklease.worker.handles import (
+    JobDecorator,
+    JobHandler,
+    TaskDecorator,
+    TaskHandler,
+    check_signature,
+    unwrapped,
+)
 
 if TYPE_CHECKING:
+    from tasklease.producer.producer import Producer
     from tasklease.worker.targets import ProxyTarget
 
-_F = TypeVar("_F", bound=Callable[..., Any])
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,100}", re.ASCII)
 
 OnOverlap = Literal["skip", "retry"]
@@ -41,6 +50,7 @@ class HandlerSpec:
     min_gap: timedelta = timedelta(0)
     on_overlap: OnOverlap = "skip"
     concurrency_key: ConcurrencyKey | None = None
+    queue: str | None = None  # Where enqueue by reference sends it, unless the call says.
 
     @property
     def path(self) -> str:
@@ -94,17 +104,27 @@ class Router:
       the run that held the job; ``"retry"`` answers 409 with Retry-After, so Cloud Scheduler
       retries it within the job's retry config (its retry_count defaults to 0: set it).
 
-    Option of task handlers:
+    Options of task handlers:
 
     - ``concurrency_key=lambda payload: payload["account_id"]``: at most one task per key
       runs at a time, across instances. A task whose key is busy is answered 409 (outcome
       ``key_busy``) with Retry-After, without consuming an attempt; Cloud Tasks retries it.
+    - ``queue``: the queue ``handler.enqueue(...)`` creates its tasks in, unless the call
+      names one (default: the producer's).
+
+    Handlers may be ``async def``: the worker awaits them (see :mod:`.event_loop`). Each
+    decorator returns a handle (:class:`~tasklease.worker.handles.TaskHandler`,
+    :class:`~tasklease.worker.handles.JobHandler`) that calls the function as written and
+    carries its route: ``send_receipt.enqueue(payload, key=...)`` goes through the producer
+    given to :meth:`use_producer`, by default ``Producer.from_env(router=router)``.
     """
 
     def __init__(self, *, manual_run_margin: timedelta = c.DEFAULT_MANUAL_RUN_MARGIN) -> None:
         _check_margin("router", manual_run_margin)
         self.manual_run_margin = manual_run_margin
         self._handlers: dict[tuple[Kind, str], HandlerSpec] = {}
+        self._producer: Producer | None = None
+        self._producer_lock = threading.Lock()
 
     def task(
         self,
@@ -116,9 +136,10 @@ class Router:
         allowed_service_accounts: Iterable[str] | None = None,
         audience: str | None = None,
         concurrency_key: ConcurrencyKey | None = None,
-    ) -> Callable[[_F], _F]:
+        queue: str | None = None,
+    ) -> TaskDecorator:
         """Register ``handler(payload, ctx)`` at ``POST /tasks/<name>`` (default: its name)."""
-        return self._decorator(
+        register = self._decorator(
             Kind.TASK,
             name,
             lease=lease,
@@ -127,7 +148,13 @@ class Router:
             allowed_service_accounts=allowed_service_accounts,
             audience=audience,
             concurrency_key=concurrency_key,
+            queue=queue,
         )
+
+        def task_handle(function: Callable[..., Any], /) -> TaskHandler[Any, Any]:
+            return TaskHandler(self, register(function))
+
+        return task_handle
 
     def scheduled(
         self,
@@ -143,9 +170,9 @@ class Router:
         max_runtime: timedelta | None = None,
         min_gap: timedelta = timedelta(0),
         on_overlap: OnOverlap = "skip",
-    ) -> Callable[[_F], _F]:
+    ) -> JobDecorator:
         """Register ``handler(ctx)`` at ``POST /jobs/<name>``, for a Cloud Scheduler job."""
-        return self._decorator(
+        register = self._decorator(
             Kind.SCHEDULER,
             name,
             lease=lease,
@@ -161,6 +188,11 @@ class Router:
             min_gap=min_gap,
             on_overlap=on_overlap,
         )
+
+        def job_handle(function: Callable[..., Any], /) -> JobHandler[Any]:
+            return JobHandler(self, register(function))
+
+        return job_handle
 
     def proxy_job(
         self,
@@ -196,7 +228,36 @@ class Router:
         """The handler registered for ``kind`` under ``name``, if any."""
         return self._handlers.get((kind, name))
 
-    def __iter__(self) -> Any:
+    def has_task(self, name: str) -> bool:
+        """Whether a task handler is registered under ``name`` (what a producer given this
+        router checks every task name against)."""
+        return (Kind.TASK, name) in self._handlers
+
+    def use_producer(self, producer: Producer | None) -> Producer | None:
+        """Enqueue by reference through ``producer`` from now on (None: the default again).
+        Returns the producer used until now, to restore it (None: the default)."""
+        with self._producer_lock:
+            previous, self._producer = self._producer, producer
+        return previous
+
+    def producer(self) -> Producer:
+        """The producer enqueue by reference goes through: the one given to
+        :meth:`use_producer`, else ``Producer.from_env(router=self)``, made on first use."""
+        with self._producer_lock:
+            if self._producer is None:
+                from tasklease.producer.producer import Producer  # noqa: PLC0415 - on use only.
+
+                try:
+                    self._producer = Producer.from_env(router=self)
+                except ValueError as exc:
+                    raise ConfigurationError(
+                        f"enqueue by reference needs a producer: {exc}, or give the router one "
+                        "with router.use_producer(producer) (in tests: "
+                        "tasklease_queue.bind(router))"
+                    ) from exc
+            return self._producer
+
+    def __iter__(self) -> Iterator[HandlerSpec]:
         return iter(self._handlers.values())
 
     def __len__(self) -> int:
@@ -209,11 +270,14 @@ class Router:
         *,
         allowed_service_accounts: Iterable[str] | None,
         **options: Any,
-    ) -> Callable[[_F], _F]:
-        def register(function: _F) -> _F:
+    ) -> Callable[[Callable[..., Any]], HandlerSpec]:
+        def register(function: Callable[..., Any]) -> HandlerSpec:
+            function = unwrapped(function)
+            handler_name = name or str(getattr(function, "__name__", ""))
+            check_signature(kind, handler_name, function)
             spec = HandlerSpec(
                 kind=kind,
-                name=name or function.__name__,
+                name=handler_name,
                 function=function,
                 allowed_service_accounts=(
                     tuple(allowed_service_accounts)
@@ -223,7 +287,7 @@ class Router:
                 **options,
             )
             self._add(spec)
-            return function
+            return spec
 
         return register
 
@@ -240,6 +304,8 @@ class Router:
         if spec.max_attempts is not None and spec.max_attempts < 1:
             raise ConfigurationError(f"{spec.name}: max_attempts must be at least 1")
         _check_exclusion(spec)
+        if spec.queue is not None and not _NAME.fullmatch(spec.queue):
+            raise ConfigurationError(f"{spec.name}: queue {spec.queue!r} is not a queue ID")
         if (spec.kind, spec.name) in self._handlers:
             raise ConfigurationError(f"{spec.kind.value} handler {spec.name!r} is registered twice")
         self._handlers[(spec.kind, spec.name)] = spec
