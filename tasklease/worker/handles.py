@@ -170,7 +170,7 @@ def check_signature(kind: Kind, name: str, function: Callable[..., Any]) -> None
     try:
         signature.bind(*[None] * _ARITY[kind])
     except TypeError as exc:
-        described = getattr(function, "__qualname__", type(function).__name__)
+        described = getattr(function, "__name__", type(function).__name__)
         raise ConfigurationError(
             f"{name}: a {kind.value} handler is called as handler{expected}, but "
             f"{described}{signature} cannot take that ({exc})"
