@@ -64,6 +64,17 @@ def tasklease_app(store: Any) -> flask.Flask:
     return create_app(router, store=store, auth="none")
 
 
+def async_app(store: Any) -> flask.Flask:
+    """The same, with an ``async def`` handler: the hand-off to the handler loop and back."""
+    router = Router()
+
+    @router.task("noop")
+    async def noop(payload: Any, ctx: TaskContext) -> None:
+        return None
+
+    return create_app(router, store=store, auth="none")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--deliveries", type=int, default=3000)
@@ -78,11 +89,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         bare = rate(bare_app(), n, str)
         rows = [("bare Flask handler", bare, bare)]
-        for label, store in [
-            ("tasklease, MemoryStore", MemoryStore()),
-            ("tasklease, SqliteStore", SqliteStore(Path(tmp) / "runs.db")),
+        for label, make, store in [
+            ("tasklease, MemoryStore", tasklease_app, MemoryStore()),
+            ("async def, MemoryStore", async_app, MemoryStore()),
+            ("tasklease, SqliteStore", tasklease_app, SqliteStore(Path(tmp) / "runs.db")),
         ]:
-            app = tasklease_app(store)
+            app = make(store)
             first = rate(app, n, lambda i: f"task-{i}")
             duplicate = rate(app, n, lambda i: "task-0")
             rows.append((label, first, duplicate))

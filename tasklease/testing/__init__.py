@@ -5,7 +5,8 @@ Installed with tasklease (entry point ``pytest11``), so the fixtures are there i
 that depends on it:
 
 - ``tasklease_queue``: a :class:`~tasklease.testing.stubs.StubQueue`. Enqueue with its
-  ``producer``, look at ``tasks``, and ``drain(client, duplicate_every=0,
+  ``producer`` (or by reference, ``handler.enqueue(...)``, after ``bind(router)``), look at
+  ``tasks``, and ``drain(client, duplicate_every=0,
   lose_response_every=0)`` to deliver every pending task (and those they create) to a Flask
   test client.
 - ``tasklease_scheduler``: a :class:`~tasklease.testing.stubs.StubScheduler`, with the

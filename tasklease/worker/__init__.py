@@ -5,9 +5,10 @@ Register handlers on a :class:`Router`, serve them with :func:`create_app`::
     router = Router()
 
     @router.task("send_receipt")
-    def send_receipt(payload, ctx: TaskContext): ...
+    async def send_receipt(payload, ctx: TaskContext): ...  # sync or async def
 
     app = create_app(router, store=SqliteStore("runs.db"), auth="none")
+    send_receipt.enqueue({"order_id": 42}, key="order-42")  # through router.producer()
 """
 
 from __future__ import annotations
