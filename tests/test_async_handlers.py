@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -15,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import flask
+import pytest
 import requests
 
 from tasklease.errors import LeaseLost, PermanentFailure
 from tasklease.plumbing.serve import GunicornWorker
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.event_loop import HANDLER_LOOP
+from tasklease.worker.event_loop import HANDLER_LOOP, LoopNotStarted
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import FakeClock, SwitchableStore, claim_request, job_headers, task_headers
 
@@ -291,6 +294,45 @@ def test_lease_lost_raised_by_an_async_handler_is_lost_claim() -> None:
 
     response = post(app_for(router, store))
     assert (response.status_code, response.headers["X-Tasklease-Outcome"]) == (409, "lost_claim")
+
+
+def test_a_loop_that_cannot_start_gives_the_claim_back_uncounted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    router, store = Router(), MemoryStore()
+    ran: list[int] = []
+
+    @router.task("h")
+    async def h(payload: Any, ctx: TaskContext) -> None:
+        ran.append(ctx.attempt)
+
+    def cannot_start() -> Any:
+        raise LoopNotStarted("the handler event loop could not start: no threads left")
+
+    app = app_for(router, store)
+    monkeypatch.setattr(HANDLER_LOOP, "_started", cannot_start)
+    refused = post(app)
+    monkeypatch.undo()
+    retried = post(app, retry="1")
+    assert (refused.status_code, refused.headers["X-Tasklease-Outcome"]) == (503, "unavailable")
+    assert retried.headers["X-Tasklease-Outcome"] == "processed"
+    assert ran == [1]  # The refused delivery's attempt was not counted.
+
+
+def test_a_forked_child_runs_handlers_on_a_loop_of_its_own() -> None:
+    """gunicorn forks workers from a master that may have used the loop (--preload)."""
+
+    async def pid() -> int:
+        return os.getpid()
+
+    assert HANDLER_LOOP.run(pid()) == os.getpid()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports by its exit code only.
+        signal.alarm(20)  # Never hang the suite on a child that lost its loop.
+        ok = HANDLER_LOOP.run(pid()) == os.getpid() and HANDLER_LOOP.thread is not None
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_async_handlers_under_gunicorn_run_each_task_once(tmp_path: Path) -> None:
