@@ -16,6 +16,7 @@ from collections import Counter
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from tasklease import protocol
 from tasklease.cli.common import (
     DEFAULT_DASHBOARD_PORT,
     Subcommands,
@@ -26,6 +27,7 @@ from tasklease.cli.common import (
 )
 from tasklease.cli.dashboard import serving_dashboard
 from tasklease.cli.emulator import add_emulator_options, serving_emulator
+from tasklease.cli.store_choice import write_dev_store
 
 if TYPE_CHECKING:
     from tasklease.emulator.sender import AttemptResult
@@ -62,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     log_to_terminal()
     stop = stop_on_sigterm()
     log = logging.getLogger("tasklease.cli")
+    store_url = write_dev_store(args.store)
     with serving_emulator(args) as emulator:
         queue = f"projects/{args.project}/locations/{args.location}/queues/{args.queue}"
         if emulator.db.get_queue(queue) is None:
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             MinuteSummary(),
             GunicornWorker(
                 args.router,
-                store=args.store,
+                store=store_url,
                 auth="oidc",
                 workers=args.workers,
                 port=args.worker_port,
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                 log_path=None,
                 stream_logs=True,
             ),
-            serving_dashboard(args.store, "127.0.0.1", args.dashboard_port, env) as board,
+            serving_dashboard(store_url, "127.0.0.1", args.dashboard_port, env) as board,
         ):
             log.info("worker for %s on %s; queue %s", args.router, worker_url, queue)
             log.info("dashboard on %s", board)
@@ -104,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                     and "ALLOWED" not in name
                     and "CERTS" not in name
                 )
+                + f"  export {protocol.ENV_STORE}={store_url}  # for tasklease runs / locks\n"
                 + f"\nDashboard (runs, stuck, release, replay): {board}\n",
                 flush=True,
             )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tasklease.cli.common import Subcommands, add_command
+from tasklease.cli.store_choice import STORE_HELP, open_existing_store
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.producer import EnqueueError, Producer
 from tasklease.protocol import rfc3339_or_none
@@ -46,7 +47,11 @@ PRODUCER_FLAGS = ("project", "location", "queue", "worker_url", "service_account
 def register(commands: Subcommands) -> None:
     """Add ``runs`` and its subcommands to the ``tasklease`` parser."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", default=None, help="store URL (default: $TASKLEASE_STORE)")
+    common.add_argument(
+        "--store",
+        default=None,
+        help=STORE_HELP,
+    )
     common.add_argument("--json", action="store_true", help="print JSON for programs")
     runs = add_command(commands, NAME, "inspect and repair runs in the store")
     actions = runs.add_subparsers(dest="runs_command", required=True)
@@ -145,7 +150,7 @@ def run(
     """Carry out one ``tasklease runs`` command; return the exit code."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
-        store = make_store(args.store)
+        store = open_existing_store(args.store, make_store, err)
     except (ConfigurationError, StoreUnavailable) as exc:
         return _error(args, err, out, Exit.FAILED, str(exc))
     operations = Operations(store, lambda: _producer(args))
