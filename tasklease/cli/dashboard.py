@@ -16,6 +16,7 @@ from tasklease.cli.common import (
     stop_on_sigterm,
     wait,
 )
+from tasklease.cli.ports import Port, first_clash
 from tasklease.cli.store_choice import STORE_HELP, existing_store_url
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.loopback import is_loopback_url
@@ -57,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
             "mount it in the worker behind OIDC (create_app(..., dashboard='/tasklease')).",
             file=sys.stderr,
         )
+    clash = first_clash([Port(args.host, args.port, "the dashboard", "--port")])
+    if clash:
+        print(f"tasklease dashboard: {clash}", file=sys.stderr)
+        return 1
     try:
         store_url = existing_store_url(args.store, sys.stderr)
     except ConfigurationError as exc:

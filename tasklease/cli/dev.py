@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 import threading
 from collections import Counter
 from types import TracebackType
@@ -27,6 +28,7 @@ from tasklease.cli.common import (
 )
 from tasklease.cli.dashboard import serving_dashboard
 from tasklease.cli.emulator import add_emulator_options, serving_emulator
+from tasklease.cli.ports import Port, first_clash
 from tasklease.cli.store_choice import write_dev_store
 
 if TYPE_CHECKING:
@@ -62,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
     from tasklease.plumbing.serve import GunicornWorker  # noqa: PLC0415
 
     log_to_terminal()
+    clash = first_clash(dev_ports(args))
+    if clash:
+        print(f"tasklease dev: {clash}", file=sys.stderr)
+        return 1
     stop = stop_on_sigterm()
     log = logging.getLogger("tasklease.cli")
     store_url = write_dev_store(args.store)
@@ -112,6 +118,17 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
             return wait(stop)
+
+
+def dev_ports(args: argparse.Namespace) -> list[Port]:
+    """Every port ``tasklease dev`` listens on, with the flag that moves it."""
+    grpc = args.grpc_port if args.grpc_port is not None else (args.port + 1 if args.port else 0)
+    return [
+        Port(args.host, args.port, "the emulator's REST API", "--port"),
+        Port("127.0.0.1", grpc, "the emulator's gRPC API", "--grpc-port"),
+        Port("127.0.0.1", args.worker_port, "the worker", "--worker-port"),
+        Port("127.0.0.1", args.dashboard_port, "the dashboard", "--dashboard-port"),
+    ]
 
 
 class MinuteSummary:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +18,7 @@ from tasklease.cli.common import (
     stop_on_sigterm,
     wait,
 )
+from tasklease.cli.ports import Port, first_clash
 
 if TYPE_CHECKING:
     from tasklease.emulator import CloudTasksEmulator
@@ -109,6 +111,16 @@ def serving_emulator(args: argparse.Namespace) -> Iterator[CloudTasksEmulator]:
 
 
 def run(args: argparse.Namespace) -> int:
+    grpc = args.grpc_port if args.grpc_port is not None else (args.port + 1 if args.port else 0)
+    clash = first_clash(
+        [
+            Port(args.host, args.port, "the emulator's REST API", "--port"),
+            Port("127.0.0.1", grpc, "the emulator's gRPC API", "--grpc-port"),
+        ]
+    )
+    if clash:
+        print(f"tasklease emulator: {clash}", file=sys.stderr)
+        return 1
     log_to_terminal()
     stop = stop_on_sigterm()
     with serving_emulator(args):
