@@ -54,7 +54,7 @@ def test_wsgi_builds_the_app_for_the_router_in_the_environment(
     ("reference", "message"),
     [
         ("tests.apps", "module:attribute"),
-        ("tests.apps:missing", "not a tasklease.Router"),
+        ("tests.apps:missing", "module tests.apps found, but it has no attribute 'missing'"),
         (":router", "module:attribute"),
     ],
 )

@@ -27,9 +27,11 @@ from tasklease.cli.common import (
     wait,
 )
 from tasklease.cli.dashboard import serving_dashboard
+from tasklease.cli.dev_router import check_router, router_reference
 from tasklease.cli.emulator import add_emulator_options, serving_emulator
 from tasklease.cli.ports import Port, first_clash
 from tasklease.cli.store_choice import write_dev_store
+from tasklease.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from tasklease.emulator.sender import AttemptResult
@@ -40,7 +42,12 @@ _log = logging.getLogger("tasklease.dev")
 
 def register(commands: Subcommands) -> None:
     dev = add_command(commands, NAME, "emulator + scheduler + a gunicorn worker, foreground")
-    dev.add_argument("router", help="module:attribute of your tasklease.Router")
+    dev.add_argument(
+        "router",
+        nargs="?",
+        help="module:attribute of your tasklease.Router "
+        "(default: [worker] router in ./tasklease.toml)",
+    )
     dev.add_argument("--worker-port", type=int, default=8080, help="the worker's port")
     dev.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
     dev.add_argument(
@@ -67,6 +74,12 @@ def run(args: argparse.Namespace) -> int:
     clash = first_clash(dev_ports(args))
     if clash:
         print(f"tasklease dev: {clash}", file=sys.stderr)
+        return 1
+    try:
+        args.router = router_reference(args.router)
+        check_router(args.router)
+    except ConfigurationError as exc:
+        print(f"tasklease dev: {exc}", file=sys.stderr)
         return 1
     stop = stop_on_sigterm()
     log = logging.getLogger("tasklease.cli")
