@@ -59,7 +59,8 @@ def register(commands: Subcommands) -> None:
     dev.add_argument(
         "--service-account",
         default="tasks@dev-project.iam.gserviceaccount.com",
-        help="the account tasks are signed for, and the one the worker accepts",
+        help="the account tasks, and Scheduler jobs naming none, are signed for; the one the "
+        "worker accepts",
     )
     add_emulator_options(dev)
     dev.add_argument(
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     stop = stop_on_sigterm()
     log = logging.getLogger("tasklease.cli")
     store_url = write_dev_store(args.store)
-    with serving_emulator(args) as emulator:
+    with serving_emulator(args, default_service_account=args.service_account) as emulator:
         queue = f"projects/{args.project}/locations/{args.location}/queues/{args.queue}"
         if emulator.db.get_queue(queue) is None:
             emulator.create_queue(queue)

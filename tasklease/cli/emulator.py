@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,11 +86,20 @@ def add_emulator_options(parser: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def serving_emulator(args: argparse.Namespace) -> Iterator[CloudTasksEmulator]:
-    """The emulator the flags of :func:`add_emulator_options` describe, while the block runs."""
+def serving_emulator(
+    args: argparse.Namespace, default_service_account: str | None = None
+) -> Iterator[CloudTasksEmulator]:
+    """The emulator the flags of :func:`add_emulator_options` describe, while the block runs.
+    Jobs whose table names no ``service_account`` are signed as ``default_service_account``
+    (``tasklease dev``'s invoker, the account its worker accepts), when given."""
     from tasklease.emulator import CloudTasksEmulator, Faults, load_jobs  # noqa: PLC0415
 
     jobs = load_jobs(args.scheduler_config) if args.scheduler_config else []
+    if default_service_account:
+        jobs = [
+            job if job.service_account else replace(job, service_account=default_service_account)
+            for job in jobs
+        ]
     faults = Faults(args.duplicate_probability, args.lost_response_probability, args.seed)
     with CloudTasksEmulator(
         data_dir=args.data_dir,
