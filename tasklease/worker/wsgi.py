@@ -82,4 +82,5 @@ def _boot_error(error: ConfigurationError) -> Exception:
         return error
     from gunicorn.errors import AppImportError  # noqa: PLC0415 - only under gunicorn.
 
-    return AppImportError(f"tasklease: {error}")
+    boot_error: Exception = AppImportError(f"tasklease: {error}")
+    return boot_error
