@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -45,8 +47,21 @@ def start_dev(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # Its own process group, as a shell's foreground job.
     )
     return process, marker
+
+
+def ctrl_c(process: subprocess.Popen[str]) -> None:
+    """What Ctrl-C in a terminal does: SIGINT to every process of the foreground group."""
+    os.killpg(process.pid, signal.SIGINT)
+
+
+def kill_all(marker: str) -> None:
+    """SIGKILL whatever still carries ``marker``: a test's cleanup after a failure."""
+    for pid in processes_with(marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def read_until(process: subprocess.Popen[str], wanted: str, timeout: float = 60) -> str:

@@ -4,7 +4,6 @@ signed for the worker, the store the read commands find, the handler's own log l
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,7 +12,15 @@ from typing import Any
 
 import pytest
 
-from tests.dev_stack import TASKLEASE, dev_flags, read_until, start_dev, wait_gone
+from tests.dev_stack import (
+    TASKLEASE,
+    ctrl_c,
+    dev_flags,
+    kill_all,
+    read_until,
+    start_dev,
+    wait_gone,
+)
 
 SHOP = """
 import logging
@@ -78,9 +85,24 @@ class Dev:
             time.sleep(0.2)
         raise AssertionError(f"no {status} run of {handler}: {self.runs()}")
 
+    def enqueue(self, handler: str, payload: dict[str, Any]) -> None:
+        from tasklease.producer import Producer  # noqa: PLC0415
+
+        worker = f"http://127.0.0.1:{self.flag('--worker-port')}"
+        producer = Producer.from_env(
+            {},
+            project="dev-project",
+            location="us-central1",
+            queue="default",
+            worker_url=worker,
+            service_account="tasks@dev-project.iam.gserviceaccount.com",
+            tasks_endpoint=self.emulator,
+        )
+        producer.enqueue(handler, payload)
+
     def interrupt(self) -> str:
         """Ctrl-C; what it printed from then on."""
-        self.process.send_signal(signal.SIGINT)
+        ctrl_c(self.process)
         rest, _ = self.process.communicate(timeout=60)
         return rest
 
@@ -108,10 +130,12 @@ def dev(project: Path) -> Iterator[Dev]:
     try:
         yield stack
     finally:
-        if stack.process.poll() is None:
-            stack.process.kill()
-            stack.process.communicate(timeout=30)
-        assert wait_gone(stack.marker) == []
+        try:
+            if stack.process.poll() is None:
+                stack.interrupt()
+            assert wait_gone(stack.marker) == []
+        finally:
+            kill_all(stack.marker)
 
 
 def test_a_job_naming_no_service_account_is_signed_for_the_dev_worker(dev: Dev) -> None:
@@ -121,3 +145,21 @@ def test_a_job_naming_no_service_account_is_signed_for_the_dev_worker(dev: Dev) 
     assert run["kind"] == "scheduler"
     dev.interrupt()
     assert wait_gone(dev.marker) == []
+
+
+def test_runs_unknown_lists_deliveries_refused_for_a_misspelled_handler(dev: Dev) -> None:
+    dev.enqueue("slwo", {"n": 1})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        listed = dev.tasklease("runs", "unknown", "--json")
+        if listed.returncode == 0 and json.loads(listed.stdout)["unknown"]:
+            break
+        time.sleep(0.2)
+    (row,) = json.loads(listed.stdout)["unknown"]
+    assert row["path"] == "/tasks/slwo" and row["refused"] >= 1
+    table = dev.tasklease("runs", "unknown").stdout.splitlines()
+    assert table[0].split() == ["PATH", "REFUSED", "LAST"]
+    assert table[1].startswith("/tasks/slwo")
+    output = read_until(dev.process, "known_handlers=")
+    (warning,) = [line for line in output.splitlines() if "known_handlers=" in line]
+    assert "WARNING" in warning and "task slwo" in warning and "slow" in warning

@@ -16,6 +16,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, TextIO
 
+from tasklease.cli import refused
 from tasklease.cli.common import Subcommands, add_command
 from tasklease.cli.store_choice import STORE_HELP, open_existing_store
 from tasklease.errors import ConfigurationError, StoreUnavailable
@@ -139,6 +140,7 @@ def register(commands: Subcommands) -> None:
         "--tasks-endpoint",
         help="a local emulator (default: $TASKLEASE_TASKS_ENDPOINT, else Cloud Tasks)",
     )
+    refused.register(actions)
 
 
 def run(
@@ -149,6 +151,8 @@ def run(
 ) -> int:
     """Carry out one ``tasklease runs`` command; return the exit code."""
     out, err = out or sys.stdout, err or sys.stderr
+    if args.runs_command == "unknown":  # The emulator's log, not the store.
+        return refused.run(args, out, err)
     try:
         store = open_existing_store(args.store, make_store, err)
     except (ConfigurationError, StoreUnavailable) as exc:

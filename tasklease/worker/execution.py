@@ -24,6 +24,7 @@ from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind,
 from tasklease.worker.core.outcome import Outcome
 from tasklease.worker.core.records import ClaimRequest, LockGrant, LockRequest, RunRecord, Verdict
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
+from tasklease.worker.log_levels import execution_level, known_handlers
 from tasklease.worker.logs import instance_id, log_execution, note_error
 from tasklease.worker.manual_runs import ManualRuns
 from tasklease.worker.router import HandlerSpec, Router
@@ -152,9 +153,9 @@ class Executor:
                 instance=instance_id(),
             )
             traced.finished(reply.status, reply.outcome, log, seconds)
-        level = logging.ERROR if reply.status >= 500 else logging.INFO
-        if reply.outcome in (Outcome.UNAUTHENTICATED, Outcome.FORBIDDEN, Outcome.LOST_CLAIM):
-            level = logging.WARNING
+        if spec is None and reply.status == 404:
+            log["known_handlers"] = known_handlers(self.router, delivery.kind)
+        level = execution_level(reply.status, reply.outcome)
         log_execution(f"{delivery.kind.value} {handler}: {reply.message}", log, level)
         return reply
 

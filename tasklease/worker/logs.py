@@ -96,6 +96,7 @@ class ReadableFormatter(logging.Formatter):
         "run_id",
         "duration_ms",
         "auth_error",  # Why a request was refused a 401: its answer does not say.
+        "known_handlers",  # A 404's: the names the worker does serve.
     )
 
     def format(self, record: logging.LogRecord) -> str:
