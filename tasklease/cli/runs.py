@@ -27,6 +27,7 @@ from tasklease.worker.core.queries import RunFilter, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.logs import escape_controls
 from tasklease.worker.operations import OperationRefused, Operations, StuckReport, run_summary
+from tasklease.worker.run_ids import AmbiguousRunId
 from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, default_schedules, load_schedules
 from tasklease.worker.stores import LeaseStore, store_from_url
 
@@ -84,7 +85,8 @@ def register(commands: Subcommands) -> None:
         "run_id",
         metavar="RUN_ID",
         nargs="?",
-        help="a run id, or a Cloud Tasks task name (default: none: give --job)",
+        help="a run id (or its first 8+ characters), or a Cloud Tasks task name "
+        "(default: none: give --job)",
     )
     show.add_argument(
         "--job", help="instead: the newest run of this Scheduler job (default: none: give RUN_ID)"
@@ -118,7 +120,9 @@ def register(commands: Subcommands) -> None:
         "give a run's claim back so the next delivery runs it",
         parents=[common],
     )
-    release.add_argument("run_id", metavar="RUN_ID", help="the run to release")
+    release.add_argument(
+        "run_id", metavar="RUN_ID", help="the run to release (its id or first 8+ characters)"
+    )
     release.add_argument(
         "--force", action="store_true", help="even while its lease is live (the holder is fenced)"
     )
@@ -132,7 +136,9 @@ def register(commands: Subcommands) -> None:
     replay = add_command(
         actions, "replay", "re-enqueue a failed run's payload, once", parents=[common]
     )
-    replay.add_argument("run_id", metavar="RUN_ID", help="the failed run to replay")
+    replay.add_argument(
+        "run_id", metavar="RUN_ID", help="the failed run to replay (its id or first 8+ characters)"
+    )
     for flag in PRODUCER_FLAGS:
         option = "--" + flag.replace("_", "-")
         replay.add_argument(option, help=f"default: $TASKLEASE_{flag.upper()}")
@@ -159,8 +165,12 @@ def run(
         return _error(args, err, out, Exit.FAILED, str(exc))
     operations = Operations(store, lambda: _producer(args))
     try:
+        if getattr(args, "run_id", None):  # A unique prefix names its run everywhere.
+            args.run_id = operations.resolve(args.run_id)
         command = _COMMANDS[args.runs_command]
         return command(operations, args, out, err)
+    except AmbiguousRunId as exc:
+        return _error(args, err, out, Exit.USAGE, str(exc))
     except OperationRefused as exc:
         return _error(args, err, out, Exit.REFUSED, str(exc))
     except (StoreUnavailable, ConfigurationError) as exc:

@@ -22,6 +22,7 @@ from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.queries import RunFilter, RunPage, is_stuck
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.execution import utc_now
+from tasklease.worker.run_ids import resolve_run_id
 from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, Schedule, overdue_jobs
 from tasklease.worker.stores.base import LeaseStore
 
@@ -149,9 +150,16 @@ class Operations:
     ) -> RunPage:
         return self.store.query_runs(filters, limit, cursor)
 
+    def resolve(self, reference: str) -> str:
+        """The whole id of the run ``reference`` (an id or a unique prefix of at least 8
+        characters) names; :class:`tasklease.worker.run_ids.AmbiguousRunId` for a prefix
+        several ids start with."""
+        return resolve_run_id(self.store, reference)
+
     def show(self, reference: str) -> RunRecord | None:
-        """The run with this id, else the newest run of the task with this name."""
-        record = self.store.get(reference)
+        """The run with this id (or unique id prefix), else the newest run of the task with
+        this name."""
+        record = self.store.get(self.resolve(reference))
         if record is None:
             found = self.store.find_runs(task_name=reference)
             record = found[0] if found else None

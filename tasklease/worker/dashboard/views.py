@@ -14,6 +14,7 @@ from tasklease.worker.core.queries import RunFilter, is_stuck, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.dashboard.csrf import Csrf
 from tasklease.worker.operations import OperationRefused, Operations, run_summary
+from tasklease.worker.run_ids import AmbiguousRunId
 from tasklease.worker.schedules import Schedule
 
 _log = logging.getLogger("tasklease.dashboard")
@@ -82,11 +83,14 @@ class Views:
         )
 
     def run(self, run_id: str) -> flask.Response:
-        return self.detail(run_id)
+        return self._canonical(run_id, "run") or self.detail(run_id)
 
     def confirm(self, run_id: str, action: str) -> flask.Response:
         if action not in ("release", "replay"):
             flask.abort(404)
+        moved = self._canonical(run_id, "confirm", action=action)
+        if moved is not None:
+            return moved
         record = self.operations.store.get(run_id)
         if record is None:
             return render("missing.html", 404, run_id=run_id)
@@ -144,6 +148,18 @@ class Views:
             result.outcome.value,
         )
         return self.detail(run_id, result.summary)
+
+    def _canonical(self, run_id: str, endpoint: str, **values: Any) -> flask.Response | None:
+        """A redirect to the page under the whole id a run id prefix names, a 400 page
+        listing the runs an ambiguous one names, else None: ``run_id`` is whole."""
+        try:
+            whole = self.operations.resolve(run_id)
+        except AmbiguousRunId as exc:
+            return render("missing.html", 400, run_id=run_id, notice=str(exc))
+        if whole == run_id:
+            return None
+        where = flask.url_for(f".{endpoint}", run_id=whole, **values)
+        return flask.Response("", 303, headers={"Location": where})
 
     def unavailable(self, error: StoreUnavailable) -> flask.Response:
         return render("denied.html", 503, reason=f"The store is unavailable: {error}")
