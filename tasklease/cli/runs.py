@@ -27,6 +27,7 @@ from tasklease.worker.core.queries import RunFilter, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.logs import escape_controls
 from tasklease.worker.operations import OperationRefused, Operations, StuckReport, run_summary
+from tasklease.worker.redaction import redacted_bodies
 from tasklease.worker.run_ids import AmbiguousRunId
 from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, default_schedules, load_schedules
 from tasklease.worker.stores import LeaseStore, store_from_url
@@ -96,6 +97,13 @@ def register(commands: Subcommands) -> None:
         help="with --job: its run for this slot, RFC 3339 (default: its newest run)",
     )
 
+    show.add_argument(
+        "--payload",
+        action="store_true",
+        help="also print the payload and result, secrets masked ($TASKLEASE_REDACT_KEYS, "
+        "$TASKLEASE_REDACTOR: see the README)",
+    )
+
     stuck = add_command(
         actions, "stuck", "crashed attempts and jobs that missed their schedule", parents=[common]
     )
@@ -138,6 +146,13 @@ def register(commands: Subcommands) -> None:
     )
     replay.add_argument(
         "run_id", metavar="RUN_ID", help="the failed run to replay (its id or first 8+ characters)"
+    )
+    replay.add_argument(
+        "--payload",
+        type=Path,
+        metavar="FILE",
+        help="send this JSON file as the payload instead of the failed one, a corrected "
+        "input (default: the failed run's own payload)",
     )
     for flag in PRODUCER_FLAGS:
         option = "--" + flag.replace("_", "-")
@@ -217,8 +232,9 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
         return _error(args, err, out, Exit.NOT_FOUND, f"no run {wanted}")
     now = operations.clock()
     summary = run_summary(record, now)
+    bodies = redacted_bodies(record.payload, record.result_json) if args.payload else {}
     if args.json:
-        _print_json(out, summary)
+        _print_json(out, {**summary, **bodies})
         return Exit.OK
     for name, value in summary.items():
         if name == "identity":
@@ -226,6 +242,11 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
                 print(_safe(f"{'identity.' + key:<18} {item}"), file=out)
         elif value is not None:
             print(_safe(f"{name:<18} {_describe(name, value, record, now)}"), file=out)
+    for name in ("payload", "result"):
+        if name in bodies:
+            text = "(none)" if bodies[name] is None else json.dumps(bodies[name], indent=2)
+            lines = [_safe(line) for line in text.splitlines()]
+            print(f"{name + ':':<18} " + "\n    ".join(lines), file=out)
     return Exit.OK
 
 
@@ -309,7 +330,13 @@ def _release(operations: Operations, args: argparse.Namespace, out: TextIO, err:
 def _replay(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if operations.store.get(args.run_id) is None:
         return _error(args, err, out, Exit.NOT_FOUND, f"no run {args.run_id}")
-    result = operations.replay(args.run_id)
+    corrected = None
+    if args.payload is not None:
+        try:
+            corrected = json.dumps(json.loads(args.payload.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            return _error(args, err, out, Exit.USAGE, f"--payload {args.payload}: {exc}")
+    result = operations.replay(args.run_id, corrected)
     if args.json:
         _print_json(
             out,
@@ -321,10 +348,12 @@ def _replay(operations: Operations, args: argparse.Namespace, out: TextIO, err: 
                 "outcome": result.outcome.value,
                 "replayed_run_id": result.replayed_run_id,
                 "replay_status": result.replay_status,
+                "corrected_payload": corrected is not None,
             },
         )
     else:
-        print(_safe(f"run {result.run_id}: {result.summary}"), file=out)
+        corrected_note = " (with the corrected payload)" if corrected is not None else ""
+        print(_safe(f"run {result.run_id}: {result.summary}{corrected_note}"), file=out)
     return Exit.OK
 
 

@@ -3,6 +3,7 @@ replay forms, each answered with a server-rendered template."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -14,6 +15,7 @@ from tasklease.worker.core.queries import RunFilter, is_stuck, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.dashboard.csrf import Csrf
 from tasklease.worker.operations import OperationRefused, Operations, run_summary
+from tasklease.worker.redaction import redacted_bodies
 from tasklease.worker.run_ids import AmbiguousRunId
 from tasklease.worker.schedules import Schedule
 
@@ -174,6 +176,10 @@ class Views:
             status,
             run=_row(record, now),
             notice=notice,
+            bodies={
+                name: None if value is None else json.dumps(value, indent=2, sort_keys=True)
+                for name, value in redacted_bodies(record.payload, record.result_json).items()
+            },
             releasable=record.status is RunStatus.IN_PROGRESS,
             replayable=record.status is RunStatus.FAILED and record.kind == "task",
         )
