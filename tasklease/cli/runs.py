@@ -26,7 +26,13 @@ from tasklease.worker.core.decisions import ReleaseOutcome
 from tasklease.worker.core.queries import RunFilter, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.logs import escape_controls
-from tasklease.worker.operations import OperationRefused, Operations, StuckReport, run_summary
+from tasklease.worker.operations import (
+    OperationRefused,
+    Operations,
+    ProducerNotConfigured,
+    StuckReport,
+    run_summary,
+)
 from tasklease.worker.redaction import redacted_bodies
 from tasklease.worker.run_ids import AmbiguousRunId
 from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, default_schedules, load_schedules
@@ -186,6 +192,8 @@ def run(
         return command(operations, args, out, err)
     except AmbiguousRunId as exc:
         return _error(args, err, out, Exit.USAGE, str(exc))
+    except ProducerNotConfigured as exc:  # Exit 1, as for a producer that fails.
+        return _error(args, err, out, Exit.FAILED, str(exc))
     except OperationRefused as exc:
         return _error(args, err, out, Exit.REFUSED, str(exc))
     except (StoreUnavailable, ConfigurationError) as exc:

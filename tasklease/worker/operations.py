@@ -40,6 +40,11 @@ class OperationRefused(TaskleaseError):
     """The operation does not apply to this run; the message says why."""
 
 
+class ProducerNotConfigured(OperationRefused):
+    """A replay needs a producer, and the environment configures none (the message says
+    what is missing): a failure of the setup, not a refusal of the run."""
+
+
 @dataclass(frozen=True)
 class StuckReport:
     """In-progress runs whose lease expired, and scheduled jobs that missed their slot."""
@@ -141,7 +146,7 @@ class Operations:
             try:
                 self._producer = self._producer()
             except ValueError as exc:
-                raise OperationRefused(
+                raise ProducerNotConfigured(
                     f"cannot replay: the producer is not configured: {exc}"
                 ) from exc
         return self._producer
