@@ -28,6 +28,7 @@ from tasklease.cli.common import (
 )
 from tasklease.cli.dashboard import serving_dashboard
 from tasklease.cli.dev_router import check_router, router_reference
+from tasklease.cli.dev_stop import interrupted_message, running
 from tasklease.cli.emulator import add_emulator_options, serving_emulator
 from tasklease.cli.ports import Port, first_clash
 from tasklease.cli.store_choice import write_dev_store
@@ -61,6 +62,11 @@ def register(commands: Subcommands) -> None:
         default="tasks@dev-project.iam.gserviceaccount.com",
         help="the account tasks, and Scheduler jobs naming none, are signed for; the one the "
         "worker accepts",
+    )
+    dev.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart the worker when your code changes (gunicorn --reload)",
     )
     add_emulator_options(dev)
     dev.add_argument(
@@ -112,7 +118,13 @@ def run(args: argparse.Namespace) -> int:
                 env=env,
                 log_path=None,
                 stream_logs=True,
-            ),
+                extra_args=[
+                    "--config",
+                    "python:tasklease.plumbing.gunicorn_text_logs",
+                    *(["--reload"] if args.reload else []),
+                ],
+                own_session=True,
+            ) as worker,
             serving_dashboard(store_url, "127.0.0.1", args.dashboard_port, env) as board,
         ):
             log.info("worker for %s on %s; queue %s", args.router, worker_url, queue)
@@ -131,7 +143,12 @@ def run(args: argparse.Namespace) -> int:
                 + f"\nDashboard (runs, stuck, release, replay): {board}\n",
                 flush=True,
             )
-            return wait(stop)
+            code = wait(stop)
+            executing, now = running(store_url)
+            if executing:
+                print(interrupted_message(executing, now), file=sys.stderr, flush=True)
+                worker.kill()  # Their leases lapse either way: no graceful wait, no alarm.
+            return code
 
 
 def dev_ports(args: argparse.Namespace) -> list[Port]:

@@ -25,7 +25,7 @@ from tasklease.worker.core.outcome import Outcome
 from tasklease.worker.core.records import ClaimRequest, LockGrant, LockRequest, RunRecord, Verdict
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.log_levels import execution_level, known_handlers
-from tasklease.worker.logs import instance_id, log_execution, note_error
+from tasklease.worker.logs import instance_id, log_execution, note_error, run_log_fields
 from tasklease.worker.manual_runs import ManualRuns
 from tasklease.worker.router import HandlerSpec, Router
 from tasklease.worker.stores.base import LeaseStore
@@ -336,6 +336,7 @@ class Executor:
             with (
                 self.lease_keeper.kept(ctx, spec.lease, keep_for=spec.retention),
                 telemetry.step("handler"),
+                run_log_fields(ctx.run_id, spec.name),
             ):
                 if spec.kind is Kind.TASK:
                     result = spec.function(payload, ctx)
