@@ -67,7 +67,7 @@ def test_gunicorn_boot_reports_the_typo_in_one_line_without_a_traceback(shop: Pa
         cwd=shop,
         env={
             **os.environ,
-            "PYTHONPATH": str(shop),
+            "PYTHONPATH": os.pathsep.join([str(shop), os.environ.get("PYTHONPATH", "")]),
             "TASKLEASE_ROUTER": "myshop.tasks:routr",
             "TASKLEASE_STORE": "memory://",
             "TASKLEASE_AUTH": "none",
