@@ -70,9 +70,12 @@ def log_to_terminal() -> None:
 
 
 def stop_on_sigterm() -> threading.Event:
-    """An event SIGTERM sets, for :func:`wait`."""
+    """An event SIGTERM and Ctrl-C (SIGINT) set, for :func:`wait`: a Ctrl-C at any moment,
+    even between two statements of the start-up, stops the command the same orderly way
+    rather than as a KeyboardInterrupt raised wherever it lands."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     return stop
 
 
