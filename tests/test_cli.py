@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -105,3 +106,25 @@ def test_a_reader_that_goes_away_ends_runs_show_without_a_traceback(tmp_path: Pa
         os.close(write)
     assert shown.stderr == ""
     assert shown.returncode == 128 + signal.SIGPIPE  # As a command SIGPIPE ended.
+
+
+def test_no_help_text_carries_restructuredtext_markup() -> None:
+    marked = []
+    for path, parser in parsers(cli.build_parser()):
+        texts = [parser.description or "", parser.epilog or ""]
+        texts += [action.help or "" for action in parser._actions]
+        marked += [f"{path}: {text!r}" for text in texts if re.search(r"``|:\w+:`", text)]
+    assert marked == []
+
+
+def test_replay_without_a_producer_environment_exits_1_as_documented(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("PROJECT", "LOCATION", "QUEUE", "WORKER_URL", "SERVICE_ACCOUNT"):
+        monkeypatch.delenv(f"TASKLEASE_{name}", raising=False)
+    store = SqliteStore(tmp_path / "runs.db")
+    seed_every_state(store, datetime.now(UTC) - timedelta(hours=1))
+    store.close()
+    code = cli.main(["runs", "replay", "failed", "--store", f"sqlite:///{tmp_path}/runs.db"])
+    assert code == 1
+    assert "the producer is not configured" in capsys.readouterr().err

@@ -34,7 +34,21 @@ def test_scheduler_run_triggers_a_job_through_the_emulator(
         assert emulator.scheduler.join(timeout=10)
         assert main(["scheduler", "run", "missing", "--emulator", emulator.url]) == 1
     assert len(recorder.hits) == 1
-    assert "no scheduler job 'missing'" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert (
+        captured.out == "job nightly triggered: the emulator delivers its run to the worker now\n"
+    )
+    assert captured.err == (
+        "tasklease scheduler: no job 'missing' in the emulator; the jobs are: nightly\n"
+    )
+
+
+def test_scheduler_run_without_an_emulator_says_what_to_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"
+    assert main(["scheduler", "run", "nightly", "--emulator", nobody]) == 1
+    assert f"no emulator answers on {nobody}: start tasklease dev" in capsys.readouterr().err
 
 
 def test_wsgi_builds_the_app_for_the_router_in_the_environment(
@@ -54,7 +68,7 @@ def test_wsgi_builds_the_app_for_the_router_in_the_environment(
     ("reference", "message"),
     [
         ("tests.apps", "module:attribute"),
-        ("tests.apps:missing", "not a tasklease.Router"),
+        ("tests.apps:missing", "module tests.apps found, but it has no attribute 'missing'"),
         (":router", "module:attribute"),
     ],
 )

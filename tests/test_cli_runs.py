@@ -207,7 +207,7 @@ def test_replay_enqueues_once_and_reports_json(
     assert code == Exit.OK
     assert set(first) == {
         "run_id", "replay_run_id", "task_name", "created", "outcome", "replayed_run_id",
-        "replay_status",
+        "replay_status", "corrected_payload",
     }  # fmt: skip
     assert (first["created"], first["outcome"], first["replayed_run_id"]) == (
         True,

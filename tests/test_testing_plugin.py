@@ -249,3 +249,18 @@ def test_a_drain_that_never_settles_stops_with_a_reason(shop: Shop) -> None:
     queue.producer.enqueue("chain", {}, key="start")
     with pytest.raises(RuntimeError, match="did not settle after 50 attempts"):
         queue.drain(shop.client(), limit=50)
+
+
+def test_executions_counts_every_execution_failed_and_retried_ones_included(
+    shop: Shop, client: flask.testing.FlaskClient, tasklease_queue: StubQueue
+) -> None:
+    shop.failures_left = 2  # Two executions raise, the third completes.
+    tasklease_queue.producer.enqueue("flaky", {}, key="f")
+    tasklease_queue.producer.enqueue("poison", {}, key="p")
+    tasklease_queue.producer.enqueue("greet", {"who": "ann"}, key="a")
+    summary = tasklease_queue.drain(client, duplicate_every=1)  # Every attempt sent twice.
+    assert summary.executions("flaky") == 3
+    assert summary.executions("poison") == 1  # A PermanentFailure: a dead letter, once.
+    assert summary.executions("greet") == 1  # Its duplicates ran nothing.
+    assert summary.executions() == 5
+    assert summary.outcomes["processed"] == 2

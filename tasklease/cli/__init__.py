@@ -1,4 +1,4 @@
-"""The ``tasklease`` command line: the demo, the local emulator and dev stack, deploys, runs."""
+"""The tasklease command line: the demo, the local emulator and dev stack, deploys, runs."""
 
 from __future__ import annotations
 

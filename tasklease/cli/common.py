@@ -4,12 +4,14 @@ parser is made, and serving in the foreground until Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
+import sys
 import threading
 from typing import Any, TypeAlias
 
-from tasklease.worker.logs import configure_logging
+from tasklease.worker.logs import ReadableFormatter, configure_logging
 
 # What ``add_subparsers`` returns, the argument of each subcommand's ``register``.
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -55,15 +57,25 @@ def add_command(
 
 
 def log_to_terminal() -> None:
-    """Readable log lines for a command serving in the foreground; gunicorn inherits them."""
+    """Readable log lines for a command serving in the foreground, every logger's (the
+    dashboard's werkzeug too) in tasklease's one text format; gunicorn inherits the choice."""
     os.environ.setdefault("TASKLEASE_LOG_FORMAT", "text")
+    root = logging.getLogger()
+    if os.environ["TASKLEASE_LOG_FORMAT"].lower() == "text" and not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(ReadableFormatter())
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
     configure_logging()
 
 
 def stop_on_sigterm() -> threading.Event:
-    """An event SIGTERM sets, for :func:`wait`."""
+    """An event SIGTERM and Ctrl-C (SIGINT) set, for :func:`wait`: a Ctrl-C at any moment,
+    even between two statements of the start-up, stops the command the same orderly way
+    rather than as a KeyboardInterrupt raised wherever it lands."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     return stop
 
 

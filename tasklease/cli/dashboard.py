@@ -16,6 +16,9 @@ from tasklease.cli.common import (
     stop_on_sigterm,
     wait,
 )
+from tasklease.cli.ports import Port, first_clash
+from tasklease.cli.store_choice import STORE_HELP, existing_store_url
+from tasklease.errors import ConfigurationError
 from tasklease.plumbing.loopback import is_loopback_url
 from tasklease.worker.logs import configure_logging
 
@@ -24,7 +27,11 @@ NAME = "dashboard"
 
 def register(commands: Subcommands) -> None:
     board = add_command(commands, NAME, "serve the operators' web page over the store")
-    board.add_argument("--store", default=None, help="store URL (default: $TASKLEASE_STORE)")
+    board.add_argument(
+        "--store",
+        default=None,
+        help=STORE_HELP,
+    )
     board.add_argument("--host", default="127.0.0.1", help="the address it binds")
     board.add_argument(
         "--port", type=int, default=DEFAULT_DASHBOARD_PORT, help="the port it listens on"
@@ -51,12 +58,21 @@ def run(args: argparse.Namespace) -> int:
             "mount it in the worker behind OIDC (create_app(..., dashboard='/tasklease')).",
             file=sys.stderr,
         )
+    clash = first_clash([Port(args.host, args.port, "the dashboard", "--port")])
+    if clash:
+        print(f"tasklease dashboard: {clash}", file=sys.stderr)
+        return 1
+    try:
+        store_url = existing_store_url(args.store, sys.stderr)
+    except ConfigurationError as exc:
+        print(f"tasklease dashboard: {exc}", file=sys.stderr)
+        return 1
     stop = stop_on_sigterm()
     serving = serving_dashboard(
-        args.store, args.host, args.port, None, args.schedules, allowed_hosts=args.allow_host
+        store_url, args.host, args.port, None, args.schedules, allowed_hosts=args.allow_host
     )
     with serving as url:
-        print(f"tasklease dashboard on {url} (store: {args.store or 'TASKLEASE_STORE'})")
+        print(f"tasklease dashboard on {url} (store: {store_url})")
         return wait(stop)
 
 

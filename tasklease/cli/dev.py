@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 import threading
 from collections import Counter
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from tasklease import protocol
 from tasklease.cli.common import (
     DEFAULT_DASHBOARD_PORT,
     Subcommands,
@@ -25,7 +27,12 @@ from tasklease.cli.common import (
     wait,
 )
 from tasklease.cli.dashboard import serving_dashboard
+from tasklease.cli.dev_router import check_router, router_reference
+from tasklease.cli.dev_stop import interrupted_message, running
 from tasklease.cli.emulator import add_emulator_options, serving_emulator
+from tasklease.cli.ports import Port, first_clash
+from tasklease.cli.store_choice import write_dev_store
+from tasklease.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from tasklease.emulator.sender import AttemptResult
@@ -36,7 +43,12 @@ _log = logging.getLogger("tasklease.dev")
 
 def register(commands: Subcommands) -> None:
     dev = add_command(commands, NAME, "emulator + scheduler + a gunicorn worker, foreground")
-    dev.add_argument("router", help="module:attribute of your tasklease.Router")
+    dev.add_argument(
+        "router",
+        nargs="?",
+        help="module:attribute of your tasklease.Router "
+        "(default: [worker] router in ./tasklease.toml)",
+    )
     dev.add_argument("--worker-port", type=int, default=8080, help="the worker's port")
     dev.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
     dev.add_argument(
@@ -48,7 +60,13 @@ def register(commands: Subcommands) -> None:
     dev.add_argument(
         "--service-account",
         default="tasks@dev-project.iam.gserviceaccount.com",
-        help="the account tasks are signed for, and the one the worker accepts",
+        help="the account tasks, and Scheduler jobs naming none, are signed for; the one the "
+        "worker accepts",
+    )
+    dev.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart the worker when your code changes (gunicorn --reload)",
     )
     add_emulator_options(dev)
     dev.add_argument(
@@ -60,9 +78,20 @@ def run(args: argparse.Namespace) -> int:
     from tasklease.plumbing.serve import GunicornWorker  # noqa: PLC0415
 
     log_to_terminal()
+    clash = first_clash(dev_ports(args))
+    if clash:
+        print(f"tasklease dev: {clash}", file=sys.stderr)
+        return 1
+    try:
+        args.router = router_reference(args.router)
+        check_router(args.router)
+    except ConfigurationError as exc:
+        print(f"tasklease dev: {exc}", file=sys.stderr)
+        return 1
     stop = stop_on_sigterm()
     log = logging.getLogger("tasklease.cli")
-    with serving_emulator(args) as emulator:
+    store_url = write_dev_store(args.store)
+    with serving_emulator(args, default_service_account=args.service_account) as emulator:
         queue = f"projects/{args.project}/locations/{args.location}/queues/{args.queue}"
         if emulator.db.get_queue(queue) is None:
             emulator.create_queue(queue)
@@ -82,15 +111,21 @@ def run(args: argparse.Namespace) -> int:
             MinuteSummary(),
             GunicornWorker(
                 args.router,
-                store=args.store,
+                store=store_url,
                 auth="oidc",
                 workers=args.workers,
                 port=args.worker_port,
                 env=env,
                 log_path=None,
                 stream_logs=True,
-            ),
-            serving_dashboard(args.store, "127.0.0.1", args.dashboard_port, env) as board,
+                extra_args=[
+                    "--config",
+                    "python:tasklease.plumbing.gunicorn_text_logs",
+                    *(["--reload"] if args.reload else []),
+                ],
+                own_session=True,
+            ) as worker,
+            serving_dashboard(store_url, "127.0.0.1", args.dashboard_port, env) as board,
         ):
             log.info("worker for %s on %s; queue %s", args.router, worker_url, queue)
             log.info("dashboard on %s", board)
@@ -104,10 +139,27 @@ def run(args: argparse.Namespace) -> int:
                     and "ALLOWED" not in name
                     and "CERTS" not in name
                 )
+                + f"  export {protocol.ENV_STORE}={store_url}  # for tasklease runs / locks\n"
                 + f"\nDashboard (runs, stuck, release, replay): {board}\n",
                 flush=True,
             )
-            return wait(stop)
+            code = wait(stop)
+            executing, now = running(store_url)
+            if executing:
+                print(interrupted_message(executing, now), file=sys.stderr, flush=True)
+                worker.kill()  # Their leases lapse either way: no graceful wait, no alarm.
+            return code
+
+
+def dev_ports(args: argparse.Namespace) -> list[Port]:
+    """Every port ``tasklease dev`` listens on, with the flag that moves it."""
+    grpc = args.grpc_port if args.grpc_port is not None else (args.port + 1 if args.port else 0)
+    return [
+        Port(args.host, args.port, "the emulator's REST API", "--port"),
+        Port("127.0.0.1", grpc, "the emulator's gRPC API", "--grpc-port"),
+        Port("127.0.0.1", args.worker_port, "the worker", "--worker-port"),
+        Port("127.0.0.1", args.dashboard_port, "the dashboard", "--dashboard-port"),
+    ]
 
 
 class MinuteSummary:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +19,7 @@ from tasklease.cli.common import (
     stop_on_sigterm,
     wait,
 )
+from tasklease.cli.ports import Port, first_clash
 
 if TYPE_CHECKING:
     from tasklease.emulator import CloudTasksEmulator
@@ -83,11 +86,20 @@ def add_emulator_options(parser: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def serving_emulator(args: argparse.Namespace) -> Iterator[CloudTasksEmulator]:
-    """The emulator the flags of :func:`add_emulator_options` describe, while the block runs."""
+def serving_emulator(
+    args: argparse.Namespace, default_service_account: str | None = None
+) -> Iterator[CloudTasksEmulator]:
+    """The emulator the flags of :func:`add_emulator_options` describe, while the block runs.
+    Jobs whose table names no ``service_account`` are signed as ``default_service_account``
+    (``tasklease dev``'s invoker, the account its worker accepts), when given."""
     from tasklease.emulator import CloudTasksEmulator, Faults, load_jobs  # noqa: PLC0415
 
     jobs = load_jobs(args.scheduler_config) if args.scheduler_config else []
+    if default_service_account:
+        jobs = [
+            job if job.service_account else replace(job, service_account=default_service_account)
+            for job in jobs
+        ]
     faults = Faults(args.duplicate_probability, args.lost_response_probability, args.seed)
     with CloudTasksEmulator(
         data_dir=args.data_dir,
@@ -109,6 +121,16 @@ def serving_emulator(args: argparse.Namespace) -> Iterator[CloudTasksEmulator]:
 
 
 def run(args: argparse.Namespace) -> int:
+    grpc = args.grpc_port if args.grpc_port is not None else (args.port + 1 if args.port else 0)
+    clash = first_clash(
+        [
+            Port(args.host, args.port, "the emulator's REST API", "--port"),
+            Port("127.0.0.1", grpc, "the emulator's gRPC API", "--grpc-port"),
+        ]
+    )
+    if clash:
+        print(f"tasklease emulator: {clash}", file=sys.stderr)
+        return 1
     log_to_terminal()
     stop = stop_on_sigterm()
     with serving_emulator(args):

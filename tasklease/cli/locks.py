@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from tasklease.cli.common import Subcommands, add_command
 from tasklease.cli.runs import Exit
+from tasklease.cli.store_choice import STORE_HELP, open_existing_store
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.protocol import rfc3339_or_none
 from tasklease.worker.core.locking import LockReleaseOutcome, LockState, OperatorLockRelease
@@ -35,7 +36,11 @@ _STATES = {
 def register(commands: Subcommands) -> None:
     """Add ``locks`` and its subcommands to the ``tasklease`` parser."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", default=None, help="store URL (default: $TASKLEASE_STORE)")
+    common.add_argument(
+        "--store",
+        default=None,
+        help=STORE_HELP,
+    )
     common.add_argument("--json", action="store_true", help="print JSON for programs")
     locks = add_command(
         commands, NAME, "inspect and free the locks of exclusive jobs and concurrency keys"
@@ -63,7 +68,7 @@ def run(
     """Carry out one ``tasklease locks`` command; return the exit code."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
-        store = make_store(args.store)
+        store = open_existing_store(args.store, make_store, err)
     except (ConfigurationError, StoreUnavailable) as exc:
         return _error(args, err, out, Exit.FAILED, str(exc))
     operations = Operations(store)

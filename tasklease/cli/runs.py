@@ -16,7 +16,9 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, TextIO
 
+from tasklease.cli import refused
 from tasklease.cli.common import Subcommands, add_command
+from tasklease.cli.store_choice import STORE_HELP, open_existing_store
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.producer import EnqueueError, Producer
 from tasklease.protocol import rfc3339_or_none
@@ -24,7 +26,15 @@ from tasklease.worker.core.decisions import ReleaseOutcome
 from tasklease.worker.core.queries import RunFilter, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.logs import escape_controls
-from tasklease.worker.operations import OperationRefused, Operations, StuckReport, run_summary
+from tasklease.worker.operations import (
+    OperationRefused,
+    Operations,
+    ProducerNotConfigured,
+    StuckReport,
+    run_summary,
+)
+from tasklease.worker.redaction import redacted_bodies
+from tasklease.worker.run_ids import AmbiguousRunId
 from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, default_schedules, load_schedules
 from tasklease.worker.stores import LeaseStore, store_from_url
 
@@ -46,7 +56,11 @@ PRODUCER_FLAGS = ("project", "location", "queue", "worker_url", "service_account
 def register(commands: Subcommands) -> None:
     """Add ``runs`` and its subcommands to the ``tasklease`` parser."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", default=None, help="store URL (default: $TASKLEASE_STORE)")
+    common.add_argument(
+        "--store",
+        default=None,
+        help=STORE_HELP,
+    )
     common.add_argument("--json", action="store_true", help="print JSON for programs")
     runs = add_command(commands, NAME, "inspect and repair runs in the store")
     actions = runs.add_subparsers(dest="runs_command", required=True)
@@ -78,7 +92,8 @@ def register(commands: Subcommands) -> None:
         "run_id",
         metavar="RUN_ID",
         nargs="?",
-        help="a run id, or a Cloud Tasks task name (default: none: give --job)",
+        help="a run id (or its first 8+ characters), or a Cloud Tasks task name "
+        "(default: none: give --job)",
     )
     show.add_argument(
         "--job", help="instead: the newest run of this Scheduler job (default: none: give RUN_ID)"
@@ -86,6 +101,13 @@ def register(commands: Subcommands) -> None:
     show.add_argument(
         "--schedule-time",
         help="with --job: its run for this slot, RFC 3339 (default: its newest run)",
+    )
+
+    show.add_argument(
+        "--payload",
+        action="store_true",
+        help="also print the payload and result, secrets masked ($TASKLEASE_REDACT_KEYS, "
+        "$TASKLEASE_REDACTOR: see the README)",
     )
 
     stuck = add_command(
@@ -112,7 +134,9 @@ def register(commands: Subcommands) -> None:
         "give a run's claim back so the next delivery runs it",
         parents=[common],
     )
-    release.add_argument("run_id", metavar="RUN_ID", help="the run to release")
+    release.add_argument(
+        "run_id", metavar="RUN_ID", help="the run to release (its id or first 8+ characters)"
+    )
     release.add_argument(
         "--force", action="store_true", help="even while its lease is live (the holder is fenced)"
     )
@@ -126,7 +150,16 @@ def register(commands: Subcommands) -> None:
     replay = add_command(
         actions, "replay", "re-enqueue a failed run's payload, once", parents=[common]
     )
-    replay.add_argument("run_id", metavar="RUN_ID", help="the failed run to replay")
+    replay.add_argument(
+        "run_id", metavar="RUN_ID", help="the failed run to replay (its id or first 8+ characters)"
+    )
+    replay.add_argument(
+        "--payload",
+        type=Path,
+        metavar="FILE",
+        help="send this JSON file as the payload instead of the failed one, a corrected "
+        "input (default: the failed run's own payload)",
+    )
     for flag in PRODUCER_FLAGS:
         option = "--" + flag.replace("_", "-")
         replay.add_argument(option, help=f"default: $TASKLEASE_{flag.upper()}")
@@ -134,6 +167,7 @@ def register(commands: Subcommands) -> None:
         "--tasks-endpoint",
         help="a local emulator (default: $TASKLEASE_TASKS_ENDPOINT, else Cloud Tasks)",
     )
+    refused.register(actions)
 
 
 def run(
@@ -144,14 +178,22 @@ def run(
 ) -> int:
     """Carry out one ``tasklease runs`` command; return the exit code."""
     out, err = out or sys.stdout, err or sys.stderr
+    if args.runs_command == "unknown":  # The emulator's log, not the store.
+        return refused.run(args, out, err)
     try:
-        store = make_store(args.store)
+        store = open_existing_store(args.store, make_store, err)
     except (ConfigurationError, StoreUnavailable) as exc:
         return _error(args, err, out, Exit.FAILED, str(exc))
     operations = Operations(store, lambda: _producer(args))
     try:
+        if getattr(args, "run_id", None):  # A unique prefix names its run everywhere.
+            args.run_id = operations.resolve(args.run_id)
         command = _COMMANDS[args.runs_command]
         return command(operations, args, out, err)
+    except AmbiguousRunId as exc:
+        return _error(args, err, out, Exit.USAGE, str(exc))
+    except ProducerNotConfigured as exc:  # Exit 1, as for a producer that fails.
+        return _error(args, err, out, Exit.FAILED, str(exc))
     except OperationRefused as exc:
         return _error(args, err, out, Exit.REFUSED, str(exc))
     except (StoreUnavailable, ConfigurationError) as exc:
@@ -198,8 +240,9 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
         return _error(args, err, out, Exit.NOT_FOUND, f"no run {wanted}")
     now = operations.clock()
     summary = run_summary(record, now)
+    bodies = redacted_bodies(record.payload, record.result_json) if args.payload else {}
     if args.json:
-        _print_json(out, summary)
+        _print_json(out, {**summary, **bodies})
         return Exit.OK
     for name, value in summary.items():
         if name == "identity":
@@ -207,6 +250,11 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
                 print(_safe(f"{'identity.' + key:<18} {item}"), file=out)
         elif value is not None:
             print(_safe(f"{name:<18} {_describe(name, value, record, now)}"), file=out)
+    for name in ("payload", "result"):
+        if name in bodies:
+            text = "(none)" if bodies[name] is None else json.dumps(bodies[name], indent=2)
+            lines = [_safe(line) for line in text.splitlines()]
+            print(f"{name + ':':<18} " + "\n    ".join(lines), file=out)
     return Exit.OK
 
 
@@ -290,7 +338,13 @@ def _release(operations: Operations, args: argparse.Namespace, out: TextIO, err:
 def _replay(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if operations.store.get(args.run_id) is None:
         return _error(args, err, out, Exit.NOT_FOUND, f"no run {args.run_id}")
-    result = operations.replay(args.run_id)
+    corrected = None
+    if args.payload is not None:
+        try:
+            corrected = json.dumps(json.loads(args.payload.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            return _error(args, err, out, Exit.USAGE, f"--payload {args.payload}: {exc}")
+    result = operations.replay(args.run_id, corrected)
     if args.json:
         _print_json(
             out,
@@ -302,10 +356,12 @@ def _replay(operations: Operations, args: argparse.Namespace, out: TextIO, err: 
                 "outcome": result.outcome.value,
                 "replayed_run_id": result.replayed_run_id,
                 "replay_status": result.replay_status,
+                "corrected_payload": corrected is not None,
             },
         )
     else:
-        print(_safe(f"run {result.run_id}: {result.summary}"), file=out)
+        corrected_note = " (with the corrected payload)" if corrected is not None else ""
+        print(_safe(f"run {result.run_id}: {result.summary}{corrected_note}"), file=out)
     return Exit.OK
 
 

@@ -165,10 +165,10 @@ class CloudTasksEmulator:
             time.sleep(0.02)
         raise TimeoutError(f"{self.db.count_tasks(queue)} tasks still queued after {timeout} s")
 
-    def _run_job(self, name: str) -> tuple[dict[str, str], int]:
+    def _run_job(self, name: str) -> tuple[dict[str, str | list[str]], int]:
         """``tasklease scheduler run JOB``: like ``gcloud scheduler jobs run``."""
         if name not in self.scheduler.jobs:
-            return {"error": f"no scheduler job {name!r}"}, 404
+            return {"error": f"no scheduler job {name!r}", "jobs": sorted(self.scheduler.jobs)}, 404
         self.scheduler.run_job(name)
         return {"job": name, "status": "triggered"}, 200
 

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -45,6 +45,8 @@ class GunicornWorker:
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
         stream_logs: bool = False,
+        extra_args: Sequence[str] = (),
+        own_session: bool = False,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -55,8 +57,11 @@ class GunicornWorker:
             "--threads", str(threads),
             "--timeout", "0",
             "--graceful-timeout", "5",
+            *extra_args,
             "tasklease.worker.wsgi:app",
         ]  # fmt: skip
+        # A session of its own: a terminal's Ctrl-C reaches the caller alone, which stops it.
+        self._own_session = own_session
         self._env = {
             **os.environ,
             protocol.ENV_ROUTER: router,
@@ -76,7 +81,11 @@ class GunicornWorker:
         if self._log_path:
             with open(self._log_path, "ab") as log:  # The child keeps its own descriptor.
                 self._process = subprocess.Popen(
-                    self._command, env=self._env, stdout=log, stderr=subprocess.STDOUT
+                    self._command,
+                    env=self._env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=self._own_session,
                 )
         else:
             quiet = None if self._stream_logs else subprocess.DEVNULL
@@ -85,6 +94,7 @@ class GunicornWorker:
                 env=self._env,
                 stdout=quiet,
                 stderr=None if self._stream_logs else subprocess.STDOUT,
+                start_new_session=self._own_session,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -108,6 +118,17 @@ class GunicornWorker:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the server and, in a session of its own, its workers with it: nothing
+        is left to report their deaths (gunicorn's "Perhaps out of memory?")."""
+        if self._process is None or self._process.poll() is not None:
+            return
+        if self._own_session:
+            os.killpg(self._process.pid, signal.SIGKILL)
+        else:
+            self._process.kill()
+        self._process.wait()
 
     def __enter__(self) -> GunicornWorker:
         return self.start()

@@ -97,6 +97,11 @@ class CreatedTask:
     given_up: bool = False  # Out of attempts without a 2xx.
 
 
+# Outcomes of a delivery that executed its run: completed, failed for good (a dead letter),
+# released after the handler raised, its lease lost while running, or ran but unrecorded.
+EXECUTED = frozenset({"processed", "failed", "released", "lost_claim", "unrecorded"})
+
+
 @dataclass
 class DrainSummary:
     """Every delivery of one :meth:`StubQueue.drain`, in order."""
@@ -110,10 +115,11 @@ class DrainSummary:
         return Counter(d.outcome or f"HTTP {d.status}" for d in self.deliveries)
 
     def executions(self, handler: str | None = None) -> int:
-        """How often a handler (any, if None) ran to completion: ``processed`` deliveries."""
-        return sum(
-            d.outcome == "processed" and handler in (None, d.handler) for d in self.deliveries
-        )
+        """How many deliveries executed a run of ``handler`` (any, if None), however the
+        execution ended: :data:`EXECUTED` outcomes. A duplicate, a delivery refused or
+        answered ``in_progress`` ran nothing and is not counted; ``outcomes["processed"]``
+        counts the completed ones alone."""
+        return sum(d.outcome in EXECUTED and handler in (None, d.handler) for d in self.deliveries)
 
 
 @dataclass

@@ -26,7 +26,8 @@ from tasklease.worker.core.records import ClaimRequest, RunRecord, Verdict
 from tasklease.worker.event_loop import HANDLER_LOOP, LoopNotStarted
 from tasklease.worker.execution_locks import ExecutionLocks
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
-from tasklease.worker.logs import instance_id, log_execution, note_error
+from tasklease.worker.log_levels import execution_level, known_handlers
+from tasklease.worker.logs import instance_id, log_execution, note_error, run_log_fields
 from tasklease.worker.manual_runs import ManualRuns
 from tasklease.worker.reply import Reply, settled
 from tasklease.worker.router import HandlerSpec, Router
@@ -109,9 +110,9 @@ class Executor:
                 instance=instance_id(),
             )
             traced.finished(reply.status, reply.outcome, log, seconds)
-        level = logging.ERROR if reply.status >= 500 else logging.INFO
-        if reply.outcome in (Outcome.UNAUTHENTICATED, Outcome.FORBIDDEN, Outcome.LOST_CLAIM):
-            level = logging.WARNING
+        if spec is None and reply.status == 404:
+            log["known_handlers"] = known_handlers(self.router, delivery.kind)
+        level = execution_level(reply.status, reply.outcome)
         log_execution(f"{delivery.kind.value} {handler}: {reply.message}", log, level)
         return reply
 
@@ -261,6 +262,7 @@ class Executor:
             with (
                 self.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),
                 telemetry.step("handler"),
+                run_log_fields(ctx.run_id, spec.name),
             ):
                 if spec.kind is Kind.TASK:
                     result = spec.function(payload, ctx)

@@ -30,6 +30,8 @@ _REQUEST_FIELDS: ContextVar[Mapping[str, Any] | None] = ContextVar(
 _PENDING_ERROR: ContextVar[BaseException | None] = ContextVar(
     "tasklease_pending_error", default=None
 )
+# The run and handler a handler's own log lines belong to, while it runs (run_log_fields).
+_RUN_FIELDS: ContextVar[Mapping[str, Any] | None] = ContextVar("tasklease_run_fields", default=None)
 # C0 and C1 control characters and DEL: in a terminal they forge lines or change colours.
 _CONTROL = {n: f"\\x{n:02x}" for n in (*range(0x20), *range(0x7F, 0xA0))}
 _CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
@@ -96,13 +98,17 @@ class ReadableFormatter(logging.Formatter):
         "run_id",
         "duration_ms",
         "auth_error",  # Why a request was refused a 401: its answer does not say.
+        "known_handlers",  # A 404's: the names the worker does serve.
     )
 
     def format(self, record: logging.LogRecord) -> str:
         fields = getattr(record, FIELDS_ATTRIBUTE, None) or {}
+        # An execution line names its handler in its message; any other line in a run (the
+        # handler's own logging) names it here.
+        names = self.FIELDS if record.name == EXECUTION_LOGGER else ("handler", *self.FIELDS)
         details = " ".join(
             f"{name}={str(fields[name])[:12] if name == 'run_id' else fields[name]}"
-            for name in self.FIELDS
+            for name in names
             if fields.get(name) is not None
         )
         moment = datetime.fromtimestamp(record.created).strftime("%H:%M:%S")
@@ -112,6 +118,28 @@ class ReadableFormatter(logging.Formatter):
             return line
         trace = self.formatException(record.exc_info).splitlines()
         return "\n".join([line, *(escape_controls(part) for part in trace)])
+
+
+class RunFieldsFilter(logging.Filter):
+    """Gives a record logged while a handler runs (the handler's own ``logging`` lines)
+    the run id and handler as fields, for :class:`ReadableFormatter`; for a handler of a
+    logging configuration, e.g. ``tasklease dev``'s gunicorn."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        run = _RUN_FIELDS.get()
+        if run and not getattr(record, FIELDS_ATTRIBUTE, None):
+            setattr(record, FIELDS_ATTRIBUTE, dict(run))
+        return True
+
+
+@contextmanager
+def run_log_fields(run_id: str, handler: str) -> Iterator[None]:
+    """Mark the log lines written inside this block (a handler's) as ``run_id``'s."""
+    token = _RUN_FIELDS.set({"run_id": run_id, "handler": handler})
+    try:
+        yield
+    finally:
+        _RUN_FIELDS.reset(token)
 
 
 def escape_controls(text: str) -> str:

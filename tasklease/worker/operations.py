@@ -7,6 +7,7 @@ and a command do the same thing. The rules are in :mod:`tasklease.worker.core.de
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.queries import RunFilter, RunPage, is_stuck
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.execution import utc_now
+from tasklease.worker.run_ids import resolve_run_id
 from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, Schedule, overdue_jobs
 from tasklease.worker.stores.base import LeaseStore
 
@@ -36,6 +38,11 @@ _log.addHandler(logging.NullHandler())  # A library's logger: the application co
 
 class OperationRefused(TaskleaseError):
     """The operation does not apply to this run; the message says why."""
+
+
+class ProducerNotConfigured(OperationRefused):
+    """A replay needs a producer, and the environment configures none (the message says
+    what is missing): a failure of the setup, not a refusal of the run."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +146,7 @@ class Operations:
             try:
                 self._producer = self._producer()
             except ValueError as exc:
-                raise OperationRefused(
+                raise ProducerNotConfigured(
                     f"cannot replay: the producer is not configured: {exc}"
                 ) from exc
         return self._producer
@@ -149,9 +156,16 @@ class Operations:
     ) -> RunPage:
         return self.store.query_runs(filters, limit, cursor)
 
+    def resolve(self, reference: str) -> str:
+        """The whole id of the run ``reference`` (an id or a unique prefix of at least 8
+        characters) names; :class:`tasklease.worker.run_ids.AmbiguousRunId` for a prefix
+        several ids start with."""
+        return resolve_run_id(self.store, reference)
+
     def show(self, reference: str) -> RunRecord | None:
-        """The run with this id, else the newest run of the task with this name."""
-        record = self.store.get(reference)
+        """The run with this id (or unique id prefix), else the newest run of the task with
+        this name."""
+        record = self.store.get(self.resolve(reference))
         if record is None:
             found = self.store.find_runs(task_name=reference)
             record = found[0] if found else None
@@ -215,7 +229,7 @@ class Operations:
             )
         return decision
 
-    def replay(self, run_id: str) -> ReplayResult:
+    def replay(self, run_id: str, corrected_payload: str | None = None) -> ReplayResult:
         """Re-enqueue a failed run's payload as a new task keyed by the run it re-runs.
 
         A run already replayed is followed along its ``replayed_as`` links to its latest
@@ -226,6 +240,10 @@ class Operations:
         it: a replay that stopped half way is finished by the next request for it, which
         finds the same latest run and so the same key (Cloud Tasks' name de-duplication and
         the run id keep it one task and one run).
+
+        ``corrected_payload`` (JSON text) is sent instead of the failed run's own: the replay
+        gets a key (a task and run) of its own per payload, and its record says
+        ``identity.replay_payload = corrected``.
         """
         now = self.clock()
         record = self.store.get(run_id)
@@ -252,7 +270,7 @@ class Operations:
         refusal = decisions.replay_refusal(latest, now)
         if refusal is not None:
             raise OperationRefused(f"run {run_id}'s latest replay {latest.run_id}: {refusal}")
-        return self._send(run_id, latest, now)
+        return self._send(run_id, latest, now, corrected_payload)
 
     def _latest_replay(self, record: RunRecord, now: datetime) -> RunRecord:
         """``record``'s newest replay on record (``record`` itself if it has none)."""
@@ -266,12 +284,16 @@ class Operations:
             record = replay
         return record
 
-    def _send(self, run_id: str, failed: RunRecord, now: datetime) -> ReplayResult:
+    def _send(
+        self, run_id: str, failed: RunRecord, now: datetime, corrected: str | None = None
+    ) -> ReplayResult:
         assert failed.payload is not None
         producer = self.producer()
         from tasklease.producer import task_id  # noqa: PLC0415
 
         key = replay_key(failed.run_id)
+        if corrected is not None:
+            key += "/corrected-" + hashlib.sha256(corrected.encode()).hexdigest()[:16]
         queue = failed.identity.get("queue") or producer.queue
         identity = DeliveryIdentity(
             Kind.TASK,
@@ -281,10 +303,14 @@ class Operations:
             queue=queue,
             task_name=task_id(failed.handler, key),
         )
+        fields = identity.fields()
+        if corrected is not None:
+            fields[decisions.REPLAY_PAYLOAD_FIELD] = "corrected"
         stored = self.store.add_replay(
-            decisions.replay_pending(failed, identity.run_id, identity.fields(), now)
+            decisions.replay_pending(failed, identity.run_id, fields, now)
         )
-        result = producer.enqueue(failed.handler, json.loads(failed.payload), key, queue=queue)
+        payload = json.loads(failed.payload if corrected is None else corrected)
+        result = producer.enqueue(failed.handler, payload, key, queue=queue)
         self.store.mark_replayed(failed.run_id, identity.run_id)
         outcome = ReplayOutcome.ENQUEUED if result.created else ReplayOutcome.ALREADY_ENQUEUED
         return ReplayResult(

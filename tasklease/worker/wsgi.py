@@ -6,8 +6,10 @@ Flask app); the store and authentication come from ``TASKLEASE_STORE`` and ``TAS
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
+import sys
 
 import flask
 
@@ -25,9 +27,27 @@ def load_router(reference: str) -> Router | flask.Flask:
             f"{protocol.ENV_ROUTER}={reference!r}: use module:attribute, "
             "e.g. tasklease.demo.shop:router"
         )
-    target = getattr(importlib.import_module(module_name), attribute, None)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise  # The module exists; something it imports does not.
+        raise ConfigurationError(
+            f"{reference}: no module named {exc.name!r} (is your project installed? "
+            "pip install -e . in its directory)"
+        ) from None
+    if not hasattr(module, attribute):
+        names = [name for name in vars(module) if not name.startswith("_")]
+        close = difflib.get_close_matches(attribute, names, n=1)
+        hint = f": did you mean {close[0]!r}?" if close else ""
+        raise ConfigurationError(
+            f"{reference}: module {module_name} found, but it has no attribute {attribute!r}{hint}"
+        )
+    target = getattr(module, attribute)
     if not isinstance(target, (Router, flask.Flask)):
-        raise ConfigurationError(f"{reference} is not a tasklease.Router (or a Flask app)")
+        raise ConfigurationError(
+            f"{reference} is a {type(target).__name__}, not a tasklease.Router (or a Flask app)"
+        )
     return target
 
 
@@ -45,7 +65,22 @@ def app_from_env() -> flask.Flask:
 def __getattr__(name: str) -> flask.Flask:
     # Built on first access (gunicorn's), not at import: importing the module stays harmless.
     if name == "app":
-        built = app_from_env()
+        try:
+            built = app_from_env()
+        except ConfigurationError as exc:
+            raise _boot_error(exc) from None
         globals()["app"] = built
         return built
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _boot_error(error: ConfigurationError) -> Exception:
+    """``error`` as gunicorn's worker boot reports it, when gunicorn is loading the app: an
+    AppImportError is printed as one line and stops the arbiter (gunicorn/arbiter.py
+    spawn_worker), where any other error is logged as tracebacks, once per worker."""
+    if "gunicorn.arbiter" not in sys.modules:
+        return error
+    from gunicorn.errors import AppImportError  # noqa: PLC0415 - only under gunicorn.
+
+    boot_error: Exception = AppImportError(f"tasklease: {error}")
+    return boot_error

@@ -15,6 +15,9 @@ from typing import Any
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.records import Claim, ClaimRequest, RunRecord, RunStatus, Verdict
 
+# The identity field marking a replay sent with a payload the operator corrected.
+REPLAY_PAYLOAD_FIELD = "replay_payload"
+
 
 def is_live(record: RunRecord | None, now: datetime) -> bool:
     """A record past ``expire_at`` counts as absent, as it will once Firestore's TTL runs."""
@@ -75,12 +78,19 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
         lease_expires=lease_expires,
         expire_at=max(now + request.retention, lease_expires + c.MAX_CLOCK_SKEW),
         claimed_at=now,
-        identity=dict(request.identity),
+        identity=_carried(record, request.identity),
         caller=request.caller,
         # An operator's replay is written before its first delivery (replay_pending).
         replay_of=record.replay_of if record is not None else None,
     )
     return Claim(Verdict.CLAIMED, claimed, took_over_from=previous_holder)
+
+
+def _carried(record: RunRecord | None, identity: dict[str, str]) -> dict[str, str]:
+    """The claim's identity, with the operator's mark of a replay sent with a corrected
+    payload kept from the record written before its first delivery."""
+    mark = record.identity.get(REPLAY_PAYLOAD_FIELD) if record is not None else None
+    return {**identity, REPLAY_PAYLOAD_FIELD: mark} if mark else dict(identity)
 
 
 def takes_manual_delivery(record: RunRecord | None, now: datetime, caller: str | None) -> bool:

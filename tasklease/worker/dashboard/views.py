@@ -3,6 +3,7 @@ replay forms, each answered with a server-rendered template."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -15,6 +16,8 @@ from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.dashboard.csrf import Csrf
 from tasklease.worker.dashboard.timelines import run_timeline
 from tasklease.worker.operations import OperationRefused, Operations, run_summary
+from tasklease.worker.redaction import redacted_bodies
+from tasklease.worker.run_ids import AmbiguousRunId
 from tasklease.worker.schedules import Schedule
 
 _log = logging.getLogger("tasklease.dashboard")
@@ -83,11 +86,14 @@ class Views:
         )
 
     def run(self, run_id: str) -> flask.Response:
-        return self.detail(run_id)
+        return self._canonical(run_id, "run") or self.detail(run_id)
 
     def confirm(self, run_id: str, action: str) -> flask.Response:
         if action not in ("release", "replay"):
             flask.abort(404)
+        moved = self._canonical(run_id, "confirm", action=action)
+        if moved is not None:
+            return moved
         record = self.operations.store.get(run_id)
         if record is None:
             return render("missing.html", 404, run_id=run_id)
@@ -146,6 +152,18 @@ class Views:
         )
         return self.detail(run_id, result.summary)
 
+    def _canonical(self, run_id: str, endpoint: str, **values: Any) -> flask.Response | None:
+        """A redirect to the page under the whole id a run id prefix names, a 400 page
+        listing the runs an ambiguous one names, else None: ``run_id`` is whole."""
+        try:
+            whole = self.operations.resolve(run_id)
+        except AmbiguousRunId as exc:
+            return render("missing.html", 400, run_id=run_id, notice=str(exc))
+        if whole == run_id:
+            return None
+        where = flask.url_for(f".{endpoint}", run_id=whole, **values)
+        return flask.Response("", 303, headers={"Location": where})
+
     def unavailable(self, error: StoreUnavailable) -> flask.Response:
         return render("denied.html", 503, reason=f"The store is unavailable: {error}")
 
@@ -159,6 +177,10 @@ class Views:
             status,
             run=_row(record, now),
             notice=notice,
+            bodies={
+                name: None if value is None else json.dumps(value, indent=2, sort_keys=True)
+                for name, value in redacted_bodies(record.payload, record.result_json).items()
+            },
             releasable=record.status is RunStatus.IN_PROGRESS,
             replayable=record.status is RunStatus.FAILED and record.kind == "task",
             timeline=run_timeline(self.operations.store, record, now),
