@@ -9,6 +9,7 @@ from typing import Any
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base import LeaseStore, Moment
+from tasklease.worker.stores.lock_store import LockStore, lock_store
 
 T0 = datetime(2026, 10, 16, 12, 0, 0, tzinfo=UTC)
 
@@ -75,7 +76,7 @@ def claim_request(
     return ClaimRequest(**fields)
 
 
-class SwitchableStore(LeaseStore):
+class SwitchableStore(LockStore):
     """Wraps a store; while ``down`` is set, every call raises StoreUnavailable."""
 
     def __init__(self, inner: LeaseStore) -> None:
@@ -103,10 +104,13 @@ class SwitchableStore(LeaseStore):
 
     def _read_modify_write_lock(self, name: str, change: Any) -> Any:
         self._check()
-        return self.inner._read_modify_write_lock(name, change)
+        return lock_store(self.inner)._read_modify_write_lock(name, change)
 
     def get_lock(self, name: str) -> LockRecord | None:
-        return self.inner.get_lock(name)
+        return lock_store(self.inner).get_lock(name)
+
+    def list_locks(self, limit: int = 100) -> list[LockRecord]:
+        return lock_store(self.inner).list_locks(limit)
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
         return self.inner.list_runs(status, limit)

@@ -148,8 +148,8 @@ def run(
         store = make_store(args.store)
     except (ConfigurationError, StoreUnavailable) as exc:
         return _error(args, err, out, Exit.FAILED, str(exc))
-    operations = Operations(store, lambda: _producer(args))
     try:
+        operations = Operations(store, lambda: _producer(args))
         command = _COMMANDS[args.runs_command]
         return command(operations, args, out, err)
     except OperationRefused as exc:

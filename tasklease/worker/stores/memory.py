@@ -10,7 +10,9 @@ from typing import Any, ClassVar, TypeVar
 from tasklease.worker.core import locking
 from tasklease.worker.core.queries import Position, RunFilter, before
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
-from tasklease.worker.stores.base import Change, LeaseStore, LockChange
+from tasklease.worker.stores.base import Change, LockChange
+from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.operator_queries import OperatorQueries
 
 _T = TypeVar("_T")
 _FIELDS = tuple(field.name for field in dataclasses.fields(RunRecord))
@@ -20,7 +22,7 @@ _STATUS = _FIELDS.index("status")
 Packed = tuple[Any, ...]
 
 
-class MemoryStore(LeaseStore):
+class MemoryStore(LockStore, OperatorQueries):
     """Records in a dict behind one lock. Shared by the threads of one process only.
 
     Records are kept as flat tuples of immutable values, which Python's cycle collector stops

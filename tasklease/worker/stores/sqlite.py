@@ -38,7 +38,9 @@ from tasklease.plumbing.writer_lock import WriterLock, WriterLockTimeout
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores import sqlite_locks as locks
-from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, resolve
+from tasklease.worker.stores.base import Change, LockChange, Moment, resolve
+from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.sqlite_locks import micros as _micros
 from tasklease.worker.stores.sqlite_locks import moment as _moment
 
@@ -122,7 +124,7 @@ _STATE_AT = [_COLUMNS.split(", ").index(column) for column in _STATE]
 _IDENTITY_AT = [_COLUMNS.split(", ").index(column) for column in _FIXED]
 
 
-class SqliteStore(LeaseStore):
+class SqliteStore(LockStore, OperatorQueries):
     """Run records in a SQLite file at ``path`` (created 0600, with any missing folder 0700,
     on first use: records hold payloads and errors).
 
