@@ -1,18 +1,21 @@
 """A store written outside tasklease, implementing only the primitives runs need.
 
-``create_app`` refuses, at start, the handlers and features such a store cannot serve (a lock
-found missing after the claim would be a 500 on every delivery), and serves the rest.
+It proves itself with the shipped contract suite, as a user's store would. ``create_app``
+refuses, at start, the handlers and features such a store cannot serve (a lock found missing
+after the claim would be a 500 on every delivery), and serves the rest.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from datetime import datetime
 from typing import ClassVar, TypeVar
 
 import pytest
 
 from tasklease.errors import ConfigurationError
+from tasklease.testing.store_contract import StoreContract
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.stores.base import Change, LeaseStore
@@ -55,6 +58,16 @@ class DictStore(LeaseStore):
 
     def __repr__(self) -> str:
         return "DictStore()"
+
+
+class TestDictStore(StoreContract):
+    """The whole run contract holds for a store of the required primitives only."""
+
+    @pytest.fixture
+    def store(self) -> Iterator[DictStore]:
+        store = DictStore()
+        yield store
+        store.close()
 
 
 def test_an_exclusive_job_on_a_store_without_locks_is_refused_at_start() -> None:
