@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from tasklease.errors import StoreUnavailable
+from tasklease.testing.contract_support import T0, claim_request
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base import LeaseStore, Moment
-
-T0 = datetime(2026, 10, 16, 12, 0, 0, tzinfo=UTC)
+from tasklease.worker.stores.lock_store import LockStore, lock_store
 
 
 class FakeClock:
@@ -59,23 +59,7 @@ def job_headers(
     }
 
 
-def claim_request(
-    run_id: str = "run-1", attempt_id: str = "attempt-1", **changes: Any
-) -> ClaimRequest:
-    fields: dict[str, Any] = {
-        "run_id": run_id,
-        "kind": "task",
-        "handler": "h",
-        "attempt_id": attempt_id,
-        "lease": timedelta(minutes=5),
-        "retention": timedelta(days=7),
-        "identity": {"queue": "default", "task_name": "t"},
-    }
-    fields.update(changes)
-    return ClaimRequest(**fields)
-
-
-class SwitchableStore(LeaseStore):
+class SwitchableStore(LockStore):
     """Wraps a store; while ``down`` is set, every call raises StoreUnavailable."""
 
     def __init__(self, inner: LeaseStore) -> None:
@@ -103,10 +87,13 @@ class SwitchableStore(LeaseStore):
 
     def _read_modify_write_lock(self, name: str, change: Any) -> Any:
         self._check()
-        return self.inner._read_modify_write_lock(name, change)
+        return lock_store(self.inner)._read_modify_write_lock(name, change)
 
     def get_lock(self, name: str) -> LockRecord | None:
-        return self.inner.get_lock(name)
+        return lock_store(self.inner).get_lock(name)
+
+    def list_locks(self, limit: int = 100) -> list[LockRecord]:
+        return lock_store(self.inner).list_locks(limit)
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
         return self.inner.list_runs(status, limit)
@@ -114,3 +101,6 @@ class SwitchableStore(LeaseStore):
     def purge_expired(self, now: datetime) -> int:
         self._check()
         return self.inner.purge_expired(now)
+
+
+__all__ = ["T0", "FakeClock", "SwitchableStore", "claim_request", "job_headers", "task_headers"]

@@ -18,8 +18,8 @@ import pytest
 
 from tasklease import cli
 from tasklease.cli.common import help_with_default
+from tasklease.testing.operations_contract import seed_every_state
 from tasklease.worker.stores import SqliteStore
-from tests.operations_contract import seed_every_state
 
 BIN = Path(sys.executable).parent
 

@@ -13,9 +13,9 @@ from tasklease import cli
 from tasklease.cli import runs as runs_cli
 from tasklease.cli.runs import Exit
 from tasklease.producer import MemoryTransport, Producer
+from tasklease.testing.operations_contract import seed_every_state
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.stores import SqliteStore
-from tests.operations_contract import seed_every_state
 
 SUMMARY_KEYS = {
     "run_id", "kind", "handler", "status", "stuck", "attempts", "fencing_token", "attempt_id",

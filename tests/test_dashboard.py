@@ -14,12 +14,12 @@ from pytest_httpserver import HTTPServer
 
 from tasklease.errors import ConfigurationError
 from tasklease.producer import MemoryTransport, Producer
+from tasklease.testing.operations_contract import seed_every_state
 from tasklease.worker import OidcAuth, Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.dashboard import CSRF_COOKIE, create_dashboard_app
 from tasklease.worker.schedules import Schedule
 from tasklease.worker.stores import MemoryStore
-from tests.operations_contract import seed_every_state
 from tests.test_security import ROOT, SA, Keys
 
 OPERATOR = "ops@p.iam.gserviceaccount.com"

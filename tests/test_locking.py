@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from tasklease.testing.contract_support import HOUR, LEASE, lock_request
 from tasklease.worker.core import decisions, locking
 from tasklease.worker.core.constants import LOCK_TOKEN_MARGIN, MAX_CLOCK_SKEW
 from tasklease.worker.core.records import RunStatus, Verdict
 from tests.helpers import T0, claim_request
-from tests.store_contract import HOUR, LEASE, lock_request
 
 
 def test_a_live_holder_is_busy_until_the_later_of_its_lease_and_its_safety_expiry() -> None:

@@ -14,20 +14,19 @@ from google.api_core import exceptions as api
 from google.cloud.firestore_v1.document import DocumentReference
 
 from tasklease.errors import StoreUnavailable
+from tasklease.testing.contract_support import EXPIRED, LEASE, lock_request
+from tasklease.testing.store_contract import (
+    CrossProcessContract,
+    LockContract,
+    OperationsContract,
+    StoreContract,
+)
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.locking import token_floor
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import FirestoreStore, store_from_url
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.helpers import T0, FakeClock, claim_request, job_headers, task_headers
-from tests.operations_contract import OperationsContract
-from tests.store_contract import (
-    EXPIRED,
-    LEASE,
-    CrossProcessContract,
-    StoreContract,
-    lock_request,
-)
 
 _open: list[FirestoreStore] = []
 
@@ -47,7 +46,7 @@ def _close_stores() -> Iterator[None]:
         _open.pop().close()
 
 
-class TestFirestoreStore(StoreContract, OperationsContract, CrossProcessContract):
+class TestFirestoreStore(StoreContract, LockContract, OperationsContract, CrossProcessContract):
     @pytest.fixture
     def store(self, firestore_host: str | None) -> FirestoreStore:
         return new_store()

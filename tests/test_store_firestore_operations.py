@@ -7,12 +7,12 @@ from datetime import timedelta
 
 import pytest
 
+from tasklease.testing.contract_support import LEASE
 from tasklease.worker.core.decisions import ReleaseOutcome
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import FirestoreStore
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, unique_collection
 from tests.helpers import T0, claim_request
-from tests.store_contract import LEASE
 
 
 @pytest.fixture

@@ -4,13 +4,12 @@ import gc
 
 import pytest
 
+from tasklease.testing.store_contract import LockContract, OperationsContract, StoreContract
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import T0, claim_request
-from tests.operations_contract import OperationsContract
-from tests.store_contract import StoreContract
 
 
-class TestMemoryStore(StoreContract, OperationsContract):
+class TestMemoryStore(StoreContract, LockContract, OperationsContract):
     @pytest.fixture
     def store(self) -> MemoryStore:
         return MemoryStore()

@@ -14,6 +14,13 @@ import psycopg
 import pytest
 
 from tasklease.errors import ConfigurationError, StoreUnavailable
+from tasklease.testing.contract_support import EXPIRED
+from tasklease.testing.store_contract import (
+    CrossProcessContract,
+    LockContract,
+    OperationsContract,
+    StoreContract,
+)
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import Verdict
 from tasklease.worker.stores import store_from_url
@@ -22,13 +29,11 @@ from tasklease.worker.stores.postgres_options import Options
 from tasklease.worker.stores.postgres_schema import SCHEMA_VERSION, Statements
 from tests import postgres_support
 from tests.helpers import T0, claim_request, task_headers
-from tests.operations_contract import OperationsContract
-from tests.store_contract import EXPIRED, CrossProcessContract, StoreContract
 
 pytestmark = pytest.mark.service
 
 
-class TestPostgresStore(StoreContract, OperationsContract, CrossProcessContract):
+class TestPostgresStore(StoreContract, LockContract, OperationsContract, CrossProcessContract):
     @pytest.fixture
     def store(self, postgres_url: str) -> Iterator[PostgresStore]:
         # The contract passes its own clocks: they are honoured (server_clock off).

@@ -8,14 +8,19 @@ from pathlib import Path
 import pytest
 
 from tasklease.errors import ConfigurationError, StoreUnavailable
+from tasklease.testing.contract_support import lock_request
+from tasklease.testing.store_contract import (
+    CrossProcessContract,
+    LockContract,
+    OperationsContract,
+    StoreContract,
+)
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import SqliteStore, store_from_url
 from tests.helpers import T0, claim_request
-from tests.operations_contract import OperationsContract
-from tests.store_contract import CrossProcessContract, StoreContract, lock_request
 
 
-class TestSqliteStore(StoreContract, OperationsContract, CrossProcessContract):
+class TestSqliteStore(StoreContract, LockContract, OperationsContract, CrossProcessContract):
     @pytest.fixture
     def store(self, tmp_path: Path) -> Iterator[SqliteStore]:
         store = SqliteStore(tmp_path / "runs.db")

@@ -71,14 +71,12 @@ def run(
         store = open_existing_store(args.store, make_store, err)
     except (ConfigurationError, StoreUnavailable) as exc:
         return _error(args, err, out, Exit.FAILED, str(exc))
-    operations = Operations(store)
     try:
+        operations = Operations(store)
         if args.locks_command == "list":
             return _list(operations, args, out)
         return _release(operations, args, out, err)
     except (StoreUnavailable, ConfigurationError) as exc:
-        return _error(args, err, out, Exit.FAILED, str(exc))
-    except NotImplementedError as exc:  # A store that keeps no locks.
         return _error(args, err, out, Exit.FAILED, str(exc))
     finally:
         store.close()

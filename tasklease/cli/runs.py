@@ -184,8 +184,8 @@ def run(
         store = open_existing_store(args.store, make_store, err)
     except (ConfigurationError, StoreUnavailable) as exc:
         return _error(args, err, out, Exit.FAILED, str(exc))
-    operations = Operations(store, lambda: _producer(args))
     try:
+        operations = Operations(store, lambda: _producer(args))
         if getattr(args, "run_id", None):  # A unique prefix names its run everywhere.
             args.run_id = operations.resolve(args.run_id)
         command = _COMMANDS[args.runs_command]

@@ -13,9 +13,10 @@ that depends on it:
   ``[[job]]`` schedules of the project's ``tasklease.toml``; ``fire(client, job, at=...,
   manual=False)``.
 
-The package's modules: :mod:`.stubs` (the stub queue and scheduler, usable without pytest) and
+The package's modules: :mod:`.stubs` (the stub queue and scheduler, usable without pytest),
 :mod:`.google_apis` (``FakeGoogleApis``: Workflows, Cloud Run and Cloud Build on loopback gRPC,
-for the proxy targets).
+for the proxy targets) and :mod:`.store_contract` (the suites a store of your own inherits to
+prove itself: ``class TestMyStore(StoreContract): ...`` with a ``store`` fixture).
 
 Importing this package has no side effects and imports neither Flask nor Google's clients: the
 fixtures do, when a test asks for them.
@@ -31,6 +32,14 @@ import pytest
 
 if TYPE_CHECKING:
     from tasklease.testing.stubs import StubQueue, StubScheduler
+
+# pytest rewrites the asserts of plugin modules only: the contract suites' failures should
+# say what differed in a user's store too.
+pytest.register_assert_rewrite(
+    "tasklease.testing.store_contract",
+    "tasklease.testing.lock_contract",
+    "tasklease.testing.operations_contract",
+)
 
 CONFIG_INI = "tasklease_config"
 CONFIG_NAME = "tasklease.toml"

@@ -20,6 +20,8 @@ from tasklease.worker.execution import Clock, Executor, Reply, utc_now
 from tasklease.worker.logs import configure_logging, request_fields
 from tasklease.worker.router import Router
 from tasklease.worker.stores import LeaseStore, check_store_is_shared, store_from_url
+from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.operator_queries import operator_queries
 from tasklease.worker.wsgi_routes import DeliveryRoutes
 
 _log = logging.getLogger("tasklease.app")
@@ -68,6 +70,10 @@ def create_app(
     if not isinstance(store, LeaseStore):
         store = store_from_url(store)
     check_store_is_shared(store)
+    dashboard = (
+        dashboard if dashboard is not None else os.environ.get(protocol.ENV_DASHBOARD) or None
+    )
+    check_store_capabilities(router, store, dashboard)
     authenticator = authenticator_for(auth, audience)
     if isinstance(authenticator, OidcAuth):
         authenticator.check_configuration(router)
@@ -107,9 +113,6 @@ def create_app(
         app.wsgi_app, executor, fields, max_body_bytes=_max_task_bytes(max_task_bytes)
     )
     app.add_url_rule("/healthz", "tasklease_health", lambda: {"status": "ok"}, methods=["GET"])
-    dashboard = (
-        dashboard if dashboard is not None else os.environ.get(protocol.ENV_DASHBOARD) or None
-    )
     if dashboard:
         from tasklease.worker.dashboard import mount  # noqa: PLC0415 - only when asked for.
 
@@ -142,6 +145,22 @@ def create_app(
         },
     )
     return app
+
+
+def check_store_capabilities(router: Router, store: LeaseStore, dashboard: str | None) -> None:
+    """Refuse, at start, what ``store`` cannot serve: a handler that takes a lock
+    (``exclusive``, ``concurrency_key``) on a store that keeps none, or the dashboard on a
+    store without operator queries. Found after a claim, either would be a 500 per delivery."""
+    if not isinstance(store, LockStore):
+        for spec in router:
+            if spec.exclusive or spec.concurrency_key is not None:
+                needs = "is exclusive" if spec.exclusive else "has a concurrency_key"
+                raise ConfigurationError(
+                    f"handler {spec.path} {needs}, which needs a store that keeps locks, but "
+                    f"{store!r} does not implement LockStore"
+                )
+    if dashboard:
+        operator_queries(store, f"the dashboard at {dashboard!r}")
 
 
 def _max_task_bytes(configured: int | None) -> int:

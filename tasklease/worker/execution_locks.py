@@ -28,6 +28,7 @@ from tasklease.worker.reply import Reply
 from tasklease.worker.router import HandlerSpec
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.lock_store import lock_store
 
 _log = logging.getLogger("tasklease.execution")
 
@@ -83,7 +84,7 @@ class ExecutionLocks:
         attempt id, so harmless if it did not)."""
         asked_at, asked = self.clock(), time.monotonic()
         live.lock = request.name
-        grant = self.store.acquire_lock(request, self.clock)
+        grant = lock_store(self.store).acquire_lock(request, self.clock)
         if not grant.acquired:
             live.lock = None
             return self._overlap(spec, live, request.name, grant)
@@ -133,7 +134,7 @@ class ExecutionLocks:
             return True
         try:
             held = retry_while_unavailable(
-                lambda: self.store.release_lock(name, live.attempt_id, self.clock)
+                lambda: lock_store(self.store).release_lock(name, live.attempt_id, self.clock)
             )
         except StoreUnavailable:
             _log.warning("run %s: could not release lock %s", live.run_id, name)

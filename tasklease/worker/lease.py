@@ -27,6 +27,7 @@ from tasklease.errors import StoreUnavailable
 from tasklease.worker import telemetry
 from tasklease.worker.attempt import Attempt
 from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.lock_store import lock_store
 
 _log = logging.getLogger("tasklease.lease")
 
@@ -199,7 +200,10 @@ class LeaseKeeper:
             if (
                 lease_expires is not None
                 and lock is not None
-                and self._store.renew_lock(lock, live.attempt_id, entry.lease, self._clock) is None
+                and lock_store(self._store).renew_lock(
+                    lock, live.attempt_id, entry.lease, self._clock
+                )
+                is None
             ):
                 lease_expires = None
         except Exception as exc:

@@ -26,6 +26,8 @@ from tasklease.worker.execution import utc_now
 from tasklease.worker.run_ids import resolve_run_id
 from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, Schedule, overdue_jobs
 from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.lock_store import lock_store
+from tasklease.worker.stores.operator_queries import operator_queries
 
 if TYPE_CHECKING:
     from tasklease.producer import Producer
@@ -123,8 +125,10 @@ def replay_key(run_id: str) -> str:
 
 
 class Operations:
-    """Operator actions on ``store``. ``producer`` (or a factory, called on first replay)
-    re-enqueues replays; ``clock`` gives the time."""
+    """Operator actions on ``store`` (which must implement
+    :class:`~tasklease.worker.stores.operator_queries.OperatorQueries`, and
+    :class:`~tasklease.worker.stores.lock_store.LockStore` for the lock actions). ``producer``
+    (or a factory, called on first replay) re-enqueues replays; ``clock`` gives the time."""
 
     def __init__(
         self,
@@ -133,7 +137,7 @@ class Operations:
         *,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
-        self.store = store
+        self.store = operator_queries(store, "operator actions")
         self._producer = producer
         self.clock = clock
 
@@ -200,7 +204,7 @@ class Operations:
     def locks(self, limit: int = 100) -> list[LockView]:
         """The stored locks, latest start first, each with its state now."""
         now = self.clock()
-        return [self.lock_view(lock, now) for lock in self.store.list_locks(limit)]
+        return [self.lock_view(lock, now) for lock in lock_store(self.store).list_locks(limit)]
 
     def lock_view(self, lock: LockRecord, now: datetime) -> LockView:
         """``lock`` at ``now``, its holder's run read (a released lock has none)."""
@@ -215,7 +219,7 @@ class Operations:
     def release_lock(self, name: str, force: bool = False) -> locking.OperatorLockRelease:
         """Free the lock ``name`` for the next run; refused while its holder's lease is live
         unless ``force`` (the holder then loses its lease). Logged as an operator action."""
-        decision = self.store.operator_release_lock(name, self.clock, force=force)
+        decision = lock_store(self.store).operator_release_lock(name, self.clock, force=force)
         if decision.outcome is locking.LockReleaseOutcome.RELEASED and decision.lock:
             _log.log(
                 logging.WARNING if decision.forced else logging.INFO,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tasklease.errors import TaskleaseError
 from tasklease.worker.core.queries import RunFilter
-from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.operator_queries import OperatorQueries
 
 MIN_PREFIX = 8
 MAX_SCAN = 20_000
@@ -26,7 +26,7 @@ class AmbiguousRunId(TaskleaseError):
         self.matches = matches
 
 
-def resolve_run_id(store: LeaseStore, reference: str, max_scan: int = MAX_SCAN) -> str:
+def resolve_run_id(store: OperatorQueries, reference: str, max_scan: int = MAX_SCAN) -> str:
     """The id of the one run ``reference`` names: itself when a run has that id, else the
     one id it is a prefix of; ``reference`` unchanged when none (callers say "no run");
     AmbiguousRunId when several start with it."""

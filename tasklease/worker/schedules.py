@@ -18,7 +18,7 @@ from croniter import croniter
 from tasklease.worker.core.identity import parse_rfc3339
 from tasklease.worker.core.queries import is_manual
 from tasklease.worker.core.records import RunRecord, RunStatus
-from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.operator_queries import OperatorQueries
 
 # The deploy config `tasklease deploy --init` writes in a project: its [[job]] tables are the
 # schedules `runs stuck` and the dashboard check when given none.
@@ -85,7 +85,7 @@ def load_schedules(path: str | Path) -> list[Schedule]:
 
 
 def overdue_jobs(
-    store: LeaseStore,
+    store: OperatorQueries,
     schedules: list[Schedule],
     now: datetime,
     grace: timedelta = DEFAULT_GRACE,

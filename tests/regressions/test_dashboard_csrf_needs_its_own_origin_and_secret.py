@@ -18,11 +18,11 @@ from werkzeug import Response
 from tasklease.cli.dashboard import serving_dashboard
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.serve import free_port
+from tasklease.testing.operations_contract import seed_every_state
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.dashboard import CSRF_COOKIE, create_dashboard_app
 from tasklease.worker.stores import MemoryStore, SqliteStore
 from tests.browser import chromium
-from tests.operations_contract import seed_every_state
 
 PLANTED = "A" * 43  # Any 43 characters: what the old check took for a token.
 OWN = "http://localhost"  # The test client's own origin.

@@ -18,9 +18,9 @@ from flask.testing import FlaskClient
 
 from tasklease import cli
 from tasklease.cli.runs import Exit
+from tasklease.testing.operations_contract import seed_every_state
 from tasklease.worker.dashboard import create_dashboard_app
 from tasklease.worker.stores import SqliteStore
-from tests.operations_contract import seed_every_state
 
 
 def cursor(moment: str) -> str:

@@ -16,11 +16,11 @@ import requests
 
 from tasklease.cli.dashboard import serving_dashboard
 from tasklease.plumbing.serve import free_port
+from tasklease.testing.operations_contract import seed_every_state
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.dashboard import create_dashboard_app
 from tasklease.worker.stores import SqliteStore
 from tests.browser import chromium
-from tests.operations_contract import seed_every_state
 
 REBOUND = "rebound.test"  # The attacker's name, answering 127.0.0.1 once the page has loaded.
 

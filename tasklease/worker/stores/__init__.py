@@ -1,4 +1,5 @@
-"""Lease stores: the contract and its backends, and the store URL that picks one."""
+"""Lease stores: the contract (runs, and the lock and operator-query capabilities), its
+backends, and the store URL that picks one."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from tasklease.errors import ConfigurationError
 from tasklease.lazy import lazy_exports
 from tasklease.worker.core import constants as c
 from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.operator_queries import OperatorQueries
 
 if TYPE_CHECKING:
     from tasklease.worker.stores.firestore import FirestoreStore
@@ -22,7 +25,9 @@ if TYPE_CHECKING:
 __all__ = [
     "FirestoreStore",
     "LeaseStore",
+    "LockStore",
     "MemoryStore",
+    "OperatorQueries",
     "PostgresStore",
     "SqliteStore",
     "check_store_is_shared",

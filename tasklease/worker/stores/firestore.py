@@ -48,9 +48,11 @@ from tasklease.worker.core.records import (
     Verdict,
 )
 from tasklease.worker.stores import firestore_locks as locks
-from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, Update, resolve
+from tasklease.worker.stores.base import Change, LockChange, Moment, Update, resolve
 from tasklease.worker.stores.firestore_codec import decode_run, encode_run
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
+from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.operator_queries import OperatorQueries
 
 _T = TypeVar("_T")
 
@@ -77,7 +79,7 @@ _UNCERTAIN = (
 log = logging.getLogger("tasklease.store.firestore")
 
 
-class FirestoreStore(LeaseStore):
+class FirestoreStore(LockStore, OperatorQueries):
     """Run records in ``collection`` (document id: the hashed run id, so writes spread out).
 
     ``expire_at`` is a Firestore timestamp for a TTL policy on the collection (the deploy

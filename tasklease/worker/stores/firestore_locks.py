@@ -15,37 +15,16 @@ from google.cloud import firestore
 
 from tasklease.worker.core import locking
 from tasklease.worker.core.records import LockRecord
+from tasklease.worker.stores.codec import Conversion, RecordCodec
 
 
 def encode(lock: LockRecord) -> dict[str, Any]:
-    return {
-        "name": lock.name,
-        "holder_run_id": lock.holder_run_id,
-        "holder_attempt_id": lock.holder_attempt_id,
-        "fencing_token": lock.fencing_token,
-        "started_at": lock.started_at,
-        "lease_expires": lock.lease_expires,
-        "safety_expires": lock.safety_expires,
-        "next_start_at": lock.next_start_at,
-        "released_at": lock.released_at,
-        # From then on the document decides nothing: a TTL policy may delete it.
-        "lapses_at": locking.lapses_at(lock),
-    }
+    # From lapses_at on, the document decides nothing: a TTL policy may delete it.
+    return {**_CODEC.encode_map(lock), "lapses_at": locking.lapses_at(lock)}
 
 
 def decode(name: str, data: dict[str, Any] | None) -> LockRecord:
-    data = data or {}
-    return LockRecord(
-        name=data.get("name", name),
-        holder_run_id=data["holder_run_id"],
-        holder_attempt_id=data["holder_attempt_id"],
-        fencing_token=int(data["fencing_token"]),
-        started_at=utc(data["started_at"]),
-        lease_expires=utc(data["lease_expires"]),
-        safety_expires=utc(data["safety_expires"]),
-        next_start_at=utc(data["next_start_at"]),
-        released_at=utc(data["released_at"]) if data.get("released_at") else None,
-    )
+    return _CODEC.decode_map(data or {}, name=name)
 
 
 def listed(collection: Any, limit: int, timeout: float) -> list[LockRecord]:
@@ -81,3 +60,6 @@ def utc(moment: datetime) -> datetime:
         moment.microsecond,
         tzinfo=UTC,
     )
+
+
+_CODEC = RecordCodec(LockRecord, time=Conversion(decode=utc))

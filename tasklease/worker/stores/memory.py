@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
@@ -10,17 +9,20 @@ from typing import Any, ClassVar, TypeVar
 from tasklease.worker.core import locking
 from tasklease.worker.core.queries import Position, RunFilter, before
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
-from tasklease.worker.stores.base import Change, LeaseStore, LockChange
+from tasklease.worker.stores.base import Change, LockChange
+from tasklease.worker.stores.codec import Conversion, RecordCodec
+from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.operator_queries import OperatorQueries
 
 _T = TypeVar("_T")
-_FIELDS = tuple(field.name for field in dataclasses.fields(RunRecord))
-_IDENTITY = _FIELDS.index("identity")
-_STATUS = _FIELDS.index("status")
+# Identity as a sorted tuple of pairs, status as its value: enum members, dicts and
+# dataclasses are tracked objects; strings and tuples of them are not (see MemoryStore).
+_CODEC = RecordCodec(RunRecord, mapping=Conversion(lambda m: tuple(sorted(m.items())), dict))
 
 Packed = tuple[Any, ...]
 
 
-class MemoryStore(LeaseStore):
+class MemoryStore(LockStore, OperatorQueries):
     """Records in a dict behind one lock. Shared by the threads of one process only.
 
     Records are kept as flat tuples of immutable values, which Python's cycle collector stops
@@ -104,14 +106,8 @@ class MemoryStore(LeaseStore):
 
 
 def _pack(record: RunRecord) -> Packed:
-    values = [getattr(record, name) for name in _FIELDS]
-    values[_IDENTITY] = tuple(sorted(record.identity.items()))
-    values[_STATUS] = record.status.value  # Enum members are tracked objects; strings are not.
-    return tuple(values)
+    return tuple(_CODEC.encode(record))
 
 
 def _unpack(packed: Packed) -> RunRecord:
-    values = dict(zip(_FIELDS, packed, strict=True))
-    values["identity"] = dict(values["identity"])
-    values["status"] = RunStatus(values["status"])
-    return RunRecord(**values)
+    return _CODEC.decode(packed)

@@ -63,8 +63,10 @@ from tasklease.worker.core.records import (
     Verdict,
 )
 from tasklease.worker.stores import postgres_locks as locks
-from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, Update, resolve
+from tasklease.worker.stores.base import Change, LockChange, Moment, Update, resolve
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
+from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.postgres_options import Options
 from tasklease.worker.stores.postgres_schema import (
     RUN_COLUMNS,
@@ -97,7 +99,7 @@ class _Process:
     writes: OrderedDict[tuple[str, str], tuple[int, RunRecord]] = field(default_factory=OrderedDict)
 
 
-class PostgresStore(LeaseStore):
+class PostgresStore(LockStore, OperatorQueries):
     """Run records and locks in a PostgreSQL schema (created and migrated on first use).
 
     ``conninfo`` is a libpq URL or key/value string (``host=/cloudsql/PROJECT:REGION:INSTANCE``

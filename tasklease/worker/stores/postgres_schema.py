@@ -4,15 +4,15 @@ The tables live in one Postgres schema (``tasklease`` unless the URL names anoth
 ``runs``, ``locks`` and ``schema_version``. The store creates and migrates them on first use,
 under an advisory lock so that the processes of a deploy opening together migrate once.
 
-Rows are encoded from the record dataclasses' own fields (a column per field, the same
-name), so a field added to :class:`RunRecord` needs a column here, not a second mapping.
+Rows are encoded from the record dataclasses' own fields by :mod:`.codec` (a column per
+field, the same name), so a field added to :class:`RunRecord` needs a column here, not a
+second mapping.
 Every row has a ``version`` that each write increments: the compare-and-set the store's
 changes are conditional on.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime
 from typing import Any, LiteralString
 
@@ -21,7 +21,8 @@ from psycopg.types.json import Jsonb
 
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core import locking
-from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
+from tasklease.worker.core.records import LockRecord, RunRecord
+from tasklease.worker.stores.codec import Conversion, RecordCodec
 
 SCHEMA_VERSION = 1
 DEFAULT_SCHEMA = "tasklease"
@@ -78,8 +79,16 @@ _MIGRATIONS: list[list[LiteralString]] = [
     ],
 ]
 
-RUN_COLUMNS = tuple(f.name for f in dataclasses.fields(RunRecord))
-LOCK_COLUMNS = tuple(f.name for f in dataclasses.fields(LockRecord))
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+_TIME = Conversion(decode=_utc)
+_RUNS = RecordCodec(RunRecord, time=_TIME, mapping=Conversion(encode=Jsonb))
+_LOCKS = RecordCodec(LockRecord, time=_TIME)
+RUN_COLUMNS = _RUNS.names
+LOCK_COLUMNS = _LOCKS.names
 
 
 def migrate(connection: Connection[Any], schema: str) -> None:
@@ -121,30 +130,21 @@ def migrate(connection: Connection[Any], schema: str) -> None:
 
 def encode_run(record: RunRecord) -> list[Any]:
     """The record's column values, in :data:`RUN_COLUMNS` order."""
-    values: list[Any] = [getattr(record, name) for name in RUN_COLUMNS]
-    values[RUN_COLUMNS.index("status")] = record.status.value
-    values[RUN_COLUMNS.index("identity")] = Jsonb(record.identity)
-    return values
+    return _RUNS.encode(record)
 
 
 def decode_run(row: tuple[Any, ...] | list[Any]) -> RunRecord:
     """The record of a row whose first columns are :data:`RUN_COLUMNS`."""
-    fields = {name: _utc(value) for name, value in zip(RUN_COLUMNS, row, strict=False)}
-    fields["status"] = RunStatus(fields["status"])
-    return RunRecord(**fields)
+    return _RUNS.decode(row)
 
 
 def encode_lock(lock: LockRecord) -> list[Any]:
     """The lock's column values (:data:`LOCK_COLUMNS`, then ``lapses_at``)."""
-    return [*(getattr(lock, name) for name in LOCK_COLUMNS), locking.lapses_at(lock)]
+    return [*_LOCKS.encode(lock), locking.lapses_at(lock)]
 
 
 def decode_lock(row: tuple[Any, ...] | list[Any]) -> LockRecord:
-    return LockRecord(**{name: _utc(value) for name, value in zip(LOCK_COLUMNS, row, strict=False)})
-
-
-def _utc(value: Any) -> Any:
-    return value.astimezone(UTC) if isinstance(value, datetime) else value
+    return _LOCKS.decode(row)
 
 
 class Statements:

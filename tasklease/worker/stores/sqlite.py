@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -38,9 +38,11 @@ from tasklease.plumbing.writer_lock import WriterLock, WriterLockTimeout
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores import sqlite_locks as locks
-from tasklease.worker.stores.base import Change, LeaseStore, LockChange, Moment, resolve
+from tasklease.worker.stores.base import Change, LockChange, Moment, resolve
+from tasklease.worker.stores.codec import Conversion, RecordCodec
+from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.sqlite_locks import micros as _micros
-from tasklease.worker.stores.sqlite_locks import moment as _moment
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")
@@ -98,12 +100,16 @@ DROP INDEX IF EXISTS runs_by_job_name;
 # this works alongside other migrations. An older tasklease ignores (and, rewriting a run,
 # clears) them: they are only operators' replay links.
 _ADDED_COLUMNS = {"replay_of": "TEXT", "replayed_as": "TEXT"}
-_COLUMNS = (
-    "run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires_us, "
-    "expire_at_us, claimed_at_us, finished_at_us, identity, result, error, payload, caller, "
-    "replay_of, replayed_as"
+# Times as integer microseconds in ``<field>_us`` columns, the identity as JSON text, the
+# result under "result" (version 1 stored a missing result as the JSON text "null").
+_CODEC = RecordCodec(
+    RunRecord,
+    time=locks.MICROS,
+    mapping=Conversion(lambda identity: json.dumps(identity, sort_keys=True), json.loads),
+    renames={**locks.renamed_times(RunRecord), "result_json": "result"},
+    overrides={"result_json": Conversion(decode=lambda text: None if text == "null" else text)},
 )
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_COLUMNS = ", ".join(_CODEC.names)
 # Only these constant column lists are interpolated into SQL; every value is a parameter.
 _SELECT = f"SELECT {_COLUMNS} FROM runs"  # noqa: S608
 _SELECT_ONE = f"{_SELECT} WHERE run_id = ?"
@@ -122,7 +128,7 @@ _STATE_AT = [_COLUMNS.split(", ").index(column) for column in _STATE]
 _IDENTITY_AT = [_COLUMNS.split(", ").index(column) for column in _FIXED]
 
 
-class SqliteStore(LeaseStore):
+class SqliteStore(LockStore, OperatorQueries):
     """Run records in a SQLite file at ``path`` (created 0600, with any missing folder 0700,
     on first use: records hold payloads and errors).
 
@@ -436,50 +442,8 @@ def _write(
 
 
 def _encode(record: RunRecord) -> tuple[Any, ...]:
-    return (
-        record.run_id,
-        record.kind,
-        record.handler,
-        record.status.value,
-        record.attempt_id,
-        record.fencing_token,
-        record.attempts,
-        _micros(record.lease_expires),
-        _micros(record.expire_at),
-        _micros(record.claimed_at),
-        None if record.finished_at is None else _micros(record.finished_at),
-        json.dumps(record.identity, sort_keys=True),
-        record.result_json,
-        record.error,
-        record.payload,
-        record.caller,
-        record.replay_of,
-        record.replayed_as,
-    )
+    return tuple(_CODEC.encode(record))
 
 
 def _decode(row: tuple[Any, ...]) -> RunRecord:
-    (run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires,
-     expire_at, claimed_at, finished_at, identity, result, error, payload,
-     caller, replay_of, replayed_as) = row  # fmt: skip
-    return RunRecord(
-        run_id=run_id,
-        kind=kind,
-        handler=handler,
-        status=RunStatus(status),
-        attempt_id=attempt_id,
-        fencing_token=fencing_token,
-        attempts=attempts,
-        lease_expires=_EPOCH + timedelta(microseconds=lease_expires),
-        expire_at=_EPOCH + timedelta(microseconds=expire_at),
-        claimed_at=_EPOCH + timedelta(microseconds=claimed_at),
-        finished_at=_moment(finished_at),
-        identity=json.loads(identity),
-        # Version 1 stored a missing result as the JSON text "null".
-        result_json=None if result in (None, "null") else result,
-        error=error,
-        payload=payload,
-        caller=caller,
-        replay_of=replay_of,
-        replayed_as=replayed_as,
-    )
+    return _CODEC.decode(row)

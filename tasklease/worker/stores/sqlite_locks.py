@@ -11,19 +11,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tasklease.worker.core import locking
-from tasklease.worker.core.records import LockRecord
+from tasklease.worker.core.records import LockRecord, RunRecord
+from tasklease.worker.stores.codec import Conversion, RecordCodec, fields_of
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_COLUMNS = (
-    "name, holder_run_id, holder_attempt_id, fencing_token, started_at_us, lease_expires_us, "
-    "safety_expires_us, next_start_at_us, released_at_us, lapses_at_us"
-)
-# Only these constant column lists are interpolated into SQL; every value is a parameter.
-_SELECT = f"SELECT {_COLUMNS} FROM locks"  # noqa: S608
-_UPSERT = (
-    f"INSERT OR REPLACE INTO locks ({_COLUMNS}) "  # noqa: S608
-    f"VALUES ({', '.join('?' * len(_COLUMNS.split(', ')))})"
-)
 
 
 def micros(moment: datetime) -> int:
@@ -35,6 +26,25 @@ def micros(moment: datetime) -> int:
 def moment(value: int | None) -> datetime | None:
     """The inverse of :func:`micros` (None stays None)."""
     return None if value is None else _EPOCH + timedelta(microseconds=value)
+
+
+MICROS = Conversion(micros, lambda value: _EPOCH + timedelta(microseconds=value))
+"""A time as integer microseconds, in a column named for its field with ``_us`` appended."""
+
+
+def renamed_times(record_type: type[RunRecord] | type[LockRecord]) -> dict[str, str]:
+    """The ``_us`` column name of each of ``record_type``'s time fields."""
+    return {name: f"{name}_us" for name in fields_of(record_type, datetime)}
+
+
+_CODEC = RecordCodec(LockRecord, time=MICROS, renames=renamed_times(LockRecord))
+_COLUMNS = ", ".join((*_CODEC.names, "lapses_at_us"))
+# Only these constant column lists are interpolated into SQL; every value is a parameter.
+_SELECT = f"SELECT {_COLUMNS} FROM locks"  # noqa: S608
+_UPSERT = (
+    f"INSERT OR REPLACE INTO locks ({_COLUMNS}) "  # noqa: S608
+    f"VALUES ({', '.join('?' * len(_COLUMNS.split(', ')))})"
+)
 
 
 def read(connection: sqlite3.Connection, name: str) -> LockRecord | None:
@@ -59,31 +69,8 @@ def purge(connection: sqlite3.Connection, now: datetime) -> int:
 
 
 def _encode(lock: LockRecord) -> tuple[Any, ...]:
-    return (
-        lock.name,
-        lock.holder_run_id,
-        lock.holder_attempt_id,
-        lock.fencing_token,
-        micros(lock.started_at),
-        micros(lock.lease_expires),
-        micros(lock.safety_expires),
-        micros(lock.next_start_at),
-        None if lock.released_at is None else micros(lock.released_at),
-        micros(locking.lapses_at(lock)),
-    )
+    return (*_CODEC.encode(lock), micros(locking.lapses_at(lock)))
 
 
 def _decode(row: tuple[Any, ...]) -> LockRecord:
-    (name, run_id, attempt_id, token, started_at, lease_expires, safety_expires, next_start_at,
-     released_at, _lapses_at) = row  # fmt: skip
-    return LockRecord(
-        name=name,
-        holder_run_id=run_id,
-        holder_attempt_id=attempt_id,
-        fencing_token=token,
-        started_at=_EPOCH + timedelta(microseconds=started_at),
-        lease_expires=_EPOCH + timedelta(microseconds=lease_expires),
-        safety_expires=_EPOCH + timedelta(microseconds=safety_expires),
-        next_start_at=_EPOCH + timedelta(microseconds=next_start_at),
-        released_at=moment(released_at),
-    )
+    return _CODEC.decode(row)  # The row's last column, lapses_at_us, is not a field.

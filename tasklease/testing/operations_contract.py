@@ -1,7 +1,5 @@
-"""The operators' part of the store contract: listing, look-up, release, replay links.
-
-Every store's test class inherits :class:`OperationsContract` next to ``StoreContract``.
-"""
+"""The operators' part of the store contract: listing, look-up, release, replay links, for
+a store that implements :class:`~tasklease.worker.stores.OperatorQueries`."""
 
 from __future__ import annotations
 
@@ -9,13 +7,12 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from tasklease.testing.contract_support import EXPIRED, LEASE, T0, claim_request
 from tasklease.worker.core.decisions import ReleaseOutcome, replay_pending
-from tasklease.worker.core.locking import LockReleaseOutcome
 from tasklease.worker.core.queries import RunFilter
 from tasklease.worker.core.records import RunRecord, RunStatus, Verdict
 from tasklease.worker.stores.base import LeaseStore
-from tests.helpers import T0, claim_request
-from tests.store_contract import EXPIRED, LEASE, lock_request
+from tasklease.worker.stores.operator_queries import OperatorQueries
 
 # The moment the listing tests look from: one run in every state.
 NOW = T0 + timedelta(hours=1)
@@ -59,7 +56,7 @@ class OperationsContract:
     """Semantics every store must have for ``tasklease runs`` and the dashboard."""
 
     def test_records_in_every_state_are_listed_by_status_newest_first(
-        self, store: LeaseStore
+        self, store: OperatorQueries
     ) -> None:
         runs = seed_every_state(store)
         listed = store.query_runs(limit=100).runs
@@ -77,7 +74,7 @@ class OperationsContract:
             "stuck",
         ]
 
-    def test_filters_by_handler_kind_age_manual_and_stuck(self, store: LeaseStore) -> None:
+    def test_filters_by_handler_kind_age_manual_and_stuck(self, store: OperatorQueries) -> None:
         seed_every_state(store)
 
         def listed(**filters: object) -> list[str]:
@@ -93,7 +90,9 @@ class OperationsContract:
         assert listed(stuck_at=NOW) == ["stuck"]
         assert listed(stuck_at=NOW, handler="nightly") == []
 
-    def test_paging_with_cursors_lists_every_run_once_in_order(self, store: LeaseStore) -> None:
+    def test_paging_with_cursors_lists_every_run_once_in_order(
+        self, store: OperatorQueries
+    ) -> None:
         for index in range(7):
             # Two runs share each claim time: the run id breaks the tie.
             at = T0 + timedelta(seconds=index // 2)
@@ -112,7 +111,9 @@ class OperationsContract:
         with pytest.raises(ValueError, match="cursor"):
             store.query_runs(cursor="not-a-cursor")
 
-    def test_a_filtered_page_reads_past_runs_that_do_not_match(self, store: LeaseStore) -> None:
+    def test_a_filtered_page_reads_past_runs_that_do_not_match(
+        self, store: OperatorQueries
+    ) -> None:
         for index in range(12):
             manual = index % 4 == 0
             identity = {"job_name": "j", "trigger": "manual" if manual else "scheduled"}
@@ -126,7 +127,7 @@ class OperationsContract:
         assert ids(rest.runs) == ["r00"]
 
     def test_runs_are_found_by_task_name_or_by_job_and_schedule_time(
-        self, store: LeaseStore
+        self, store: OperatorQueries
     ) -> None:
         runs = seed_every_state(store)
         assert store.find_runs(task_name="t-failed") == [runs["failed"]]
@@ -139,7 +140,7 @@ class OperationsContract:
         with pytest.raises(ValueError):
             store.find_runs()
 
-    def test_release_refuses_a_live_lease_and_says_until_when(self, store: LeaseStore) -> None:
+    def test_release_refuses_a_live_lease_and_says_until_when(self, store: OperatorQueries) -> None:
         store.claim(claim_request(), T0)
         decision = store.operator_release("run-1", T0 + timedelta(seconds=30))
         assert decision.outcome is ReleaseOutcome.LEASE_LIVE
@@ -152,7 +153,7 @@ class OperationsContract:
             1,
         )
 
-    def test_forced_release_fences_out_the_old_holder(self, store: LeaseStore) -> None:
+    def test_forced_release_fences_out_the_old_holder(self, store: OperatorQueries) -> None:
         store.claim(claim_request(), T0)
         assert store.renew("run-1", "attempt-1", LEASE, T0 + timedelta(seconds=1))
         decision = store.operator_release("run-1", T0 + timedelta(seconds=30), force=True)
@@ -173,7 +174,7 @@ class OperationsContract:
         assert store.complete("run-1", "attempt-2", '"ok"', later)
 
     def test_a_forced_release_naming_a_replaced_attempt_releases_nothing(
-        self, store: LeaseStore
+        self, store: OperatorQueries
     ) -> None:
         """The operator saw attempt-1 hang; a healthy retry took the run over before the
         click: the release names attempt-1, so attempt-2 keeps running alone."""
@@ -199,7 +200,7 @@ class OperationsContract:
         )
         assert (named.outcome, named.forced) == (ReleaseOutcome.RELEASED, True)
 
-    def test_release_of_a_crashed_attempt_needs_no_force(self, store: LeaseStore) -> None:
+    def test_release_of_a_crashed_attempt_needs_no_force(self, store: OperatorQueries) -> None:
         store.claim(claim_request(), T0)
         decision = store.operator_release("run-1", T0 + EXPIRED)
         assert (decision.outcome, decision.forced) == (ReleaseOutcome.RELEASED, False)
@@ -211,7 +212,9 @@ class OperationsContract:
         assert store.operator_release("done", T0).outcome is ReleaseOutcome.FINISHED
         assert store.operator_release("missing", T0).outcome is ReleaseOutcome.MISSING
 
-    def test_replay_links_persist_and_survive_the_replays_claim(self, store: LeaseStore) -> None:
+    def test_replay_links_persist_and_survive_the_replays_claim(
+        self, store: OperatorQueries
+    ) -> None:
         store.claim(claim_request("old"), T0)
         store.fail("old", "attempt-1", "bad", T0, '{"n":1}')
         original = store.get("old")
@@ -229,61 +232,3 @@ class OperationsContract:
         assert (claim.record.replay_of, claim.record.fencing_token) == ("old", 1)
         assert store.get("new").replay_of == "old"  # type: ignore[union-attr]
         assert store.mark_replayed("gone", "new") is None
-
-    # Locks: `tasklease locks list` and `tasklease locks release`.
-
-    def test_locks_are_listed_latest_start_first(self, store: LeaseStore) -> None:
-        assert store.list_locks() == []
-        for index in range(3):
-            store.acquire_lock(
-                lock_request(f"run-{index}", f"a{index}", f"key/{index}"),
-                T0 + timedelta(seconds=index),
-            )
-        assert [lock.name for lock in store.list_locks()] == ["key/2", "key/1", "key/0"]
-        assert [lock.name for lock in store.list_locks(limit=2)] == ["key/2", "key/1"]
-
-    def test_lock_release_refuses_a_running_holder_unless_forced(self, store: LeaseStore) -> None:
-        store.claim(claim_request("run-a", "a1"), T0)
-        held = store.acquire_lock(lock_request(), T0).lock
-        decision = store.operator_release_lock("job/nightly", T0 + timedelta(seconds=30))
-        assert decision.outcome is LockReleaseOutcome.HOLDER_LIVE
-        assert decision.live_until == T0 + EXPIRED
-        assert store.get_lock("job/nightly") == held
-        forced = store.operator_release_lock("job/nightly", T0 + LEASE / 2, force=True)
-        assert (forced.outcome, forced.forced) == (LockReleaseOutcome.RELEASED, True)
-        stored = store.get_lock("job/nightly")
-        assert stored is not None
-        assert stored.released
-        # The holder is fenced out of the lock: its renewal fails, so it loses its lease.
-        assert store.renew_lock("job/nightly", "a1", LEASE, T0 + LEASE / 2) is None
-        grant = store.acquire_lock(lock_request("run-b", "b1"), T0 + LEASE / 2)
-        assert grant.acquired
-        assert grant.lock.fencing_token > held.fencing_token
-
-    def test_lock_release_of_a_silent_holder_needs_no_force(self, store: LeaseStore) -> None:
-        store.acquire_lock(lock_request(), T0)  # Then its process died: nothing renews.
-        assert not store.acquire_lock(lock_request("run-b", "b1"), T0 + EXPIRED).acquired
-        decision = store.operator_release_lock("job/nightly", T0 + EXPIRED)
-        assert (decision.outcome, decision.forced) == (LockReleaseOutcome.RELEASED, False)
-        assert store.acquire_lock(lock_request("run-b", "b1"), T0 + EXPIRED).acquired
-
-    def test_lock_release_lifts_min_gap_and_leaves_a_free_lock_alone(
-        self, store: LeaseStore
-    ) -> None:
-        gap = timedelta(minutes=30)
-        store.acquire_lock(lock_request(min_gap=gap), T0)
-        assert store.release_lock("job/nightly", "a1", T0 + timedelta(minutes=1))
-        lifted = store.operator_release_lock("job/nightly", T0 + timedelta(minutes=2))
-        assert lifted.outcome is LockReleaseOutcome.RELEASED
-        free = store.operator_release_lock("job/nightly", T0 + timedelta(minutes=2))
-        assert free.outcome is LockReleaseOutcome.ALREADY_FREE
-        assert store.acquire_lock(lock_request("run-b", "b1"), T0 + timedelta(minutes=2)).acquired
-        missing = store.operator_release_lock("job/none", T0)
-        assert (missing.outcome, missing.lock) == (LockReleaseOutcome.MISSING, None)
-
-    def test_a_lock_whose_holder_ended_its_run_is_already_free(self, store: LeaseStore) -> None:
-        store.claim(claim_request("run-a", "a1"), T0)
-        store.acquire_lock(lock_request(), T0)
-        assert store.complete("run-a", "a1", None, T0 + timedelta(seconds=5))
-        decision = store.operator_release_lock("job/nightly", T0 + timedelta(seconds=6))
-        assert decision.outcome is LockReleaseOutcome.ALREADY_FREE

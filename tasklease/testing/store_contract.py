@@ -1,7 +1,23 @@
-"""The lease store contract: every store's test class inherits these tests.
+"""The lease store contract: the tests a store passes to be a tasklease store.
 
-A subclass provides the ``store`` fixture (a fresh, empty store). Stores shared across
-processes also inherit :class:`CrossProcessContract` and provide ``store_factory``.
+A store's test class inherits the suites of what it implements and provides a ``store``
+fixture (a fresh, empty store)::
+
+    import pytest
+    from tasklease.testing.store_contract import StoreContract
+
+    class TestMyStore(StoreContract):
+        @pytest.fixture
+        def store(self):
+            store = MyStore(...)
+            yield store
+            store.close()
+
+- :class:`StoreContract`: the run primitives of :class:`~tasklease.worker.stores.LeaseStore`.
+- :class:`LockContract`: :class:`~tasklease.worker.stores.LockStore` (locks).
+- :class:`OperationsContract`: :class:`~tasklease.worker.stores.OperatorQueries`.
+- :class:`CrossProcessContract`: for a store several processes share; it also needs a
+  ``store_factory`` fixture (a picklable callable opening the same store in another process).
 """
 
 from __future__ import annotations
@@ -14,16 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
-from tasklease.worker.core import locking
-from tasklease.worker.core.constants import MAX_CLOCK_SKEW
-from tasklease.worker.core.locking import token_floor
-from tasklease.worker.core.records import LockRequest, RunStatus, Verdict
+from tasklease.testing.contract_support import EXPIRED, LEASE, T0, claim_request
+from tasklease.testing.lock_contract import LockContract
+from tasklease.testing.operations_contract import OperationsContract
+from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores.base import LeaseStore
-from tests.helpers import T0, claim_request
-
-LEASE = timedelta(minutes=5)
-# The first moment another attempt may take an unrenewed lease over.
-EXPIRED = LEASE + MAX_CLOCK_SKEW
 
 
 class StoreContract:
@@ -88,11 +99,12 @@ class StoreContract:
     def test_a_finish_retried_after_it_landed_is_recognised_by_attempt_id(
         self, store: LeaseStore
     ) -> None:
-        for run_id, finish in (
+        finishes: list[tuple[str, Callable[[str], bool]]] = [
             ("done", lambda r: store.complete(r, "attempt-1", '"ok"', T0)),
             ("dead", lambda r: store.fail(r, "attempt-1", "bad", T0, "{}")),
             ("back", lambda r: store.release(r, "attempt-1", "boom", T0)),
-        ):
+        ]
+        for run_id, finish in finishes:
             store.claim(claim_request(run_id), T0)
             assert finish(run_id)
             assert finish(run_id), f"{run_id}: the retried finish was taken for a lost claim"
@@ -232,170 +244,6 @@ class StoreContract:
         assert record.status is RunStatus.COMPLETED
         assert record.fencing_token == 1
 
-    # Locks: exclusive jobs and concurrency keys.
-
-    def test_a_lock_is_kept_from_other_runs_while_its_holder_lives(self, store: LeaseStore) -> None:
-        first = store.acquire_lock(lock_request(), T0)
-        assert first.acquired
-        assert (first.lock.holder_run_id, first.lock.fencing_token) == ("run-a", token_floor(T0))
-        assert store.get_lock("job/nightly") == first.lock
-        other = store.acquire_lock(lock_request("run-b", "b1"), T0 + LEASE)
-        assert not other.acquired
-        assert other.lock.holder_run_id == "run-a"
-        assert other.free_at == T0 + HOUR
-        assert store.get_lock("job/nightly") == first.lock
-
-    def test_a_crashed_holder_keeps_the_lock_until_max_runtime_then_it_is_taken_over(
-        self, store: LeaseStore
-    ) -> None:
-        store.acquire_lock(lock_request(), T0)
-        assert not store.acquire_lock(lock_request("run-b", "b1"), T0 + HOUR / 2).acquired
-        taken = store.acquire_lock(lock_request("run-b", "b1"), T0 + HOUR)
-        assert taken.acquired
-        assert taken.took_over_from == "run-a"
-        assert taken.lock.fencing_token == token_floor(T0 + HOUR)
-        # The crashed holder's late finish is fenced.
-        assert not store.release_lock("job/nightly", "a1", T0 + HOUR)
-        assert store.renew_lock("job/nightly", "a1", LEASE, T0 + HOUR) is None
-        assert store.get_lock("job/nightly") == taken.lock
-
-    def test_a_holder_renewing_past_max_runtime_keeps_the_lock(self, store: LeaseStore) -> None:
-        store.acquire_lock(lock_request(), T0)
-        moment = T0
-        while moment < T0 + 2 * HOUR:
-            moment += LEASE / 3
-            assert store.renew_lock("job/nightly", "a1", LEASE, moment) == moment + LEASE
-        assert not store.acquire_lock(lock_request("run-b", "b1"), moment).acquired
-        # Once it stops renewing, its lease alone holds the lock (max_runtime has passed).
-        assert store.acquire_lock(lock_request("run-b", "b1"), moment + EXPIRED).acquired
-
-    def test_a_released_lock_is_free_at_once_except_within_min_gap_of_the_last_start(
-        self, store: LeaseStore
-    ) -> None:
-        gap = timedelta(minutes=5)
-        store.acquire_lock(lock_request(min_gap=gap), T0)
-        assert store.release_lock("job/nightly", "a1", T0 + timedelta(minutes=1))
-        assert store.release_lock("job/nightly", "a1", T0 + timedelta(minutes=1)), "retried"
-        early = store.acquire_lock(lock_request("run-b", "b1"), T0 + timedelta(minutes=2))
-        assert (early.acquired, early.free_at) == (False, T0 + gap)
-        assert early.lock.holder_run_id == "run-a"
-        later = store.acquire_lock(lock_request("run-b", "b1"), T0 + gap)
-        assert later.acquired
-        assert later.took_over_from is None
-
-    def test_an_acquisition_retried_after_it_landed_is_recognised(self, store: LeaseStore) -> None:
-        first = store.acquire_lock(lock_request(), T0)
-        again = store.acquire_lock(lock_request(), T0 + timedelta(seconds=1))
-        assert again.acquired
-        assert again.lock == first.lock
-
-    def test_another_attempt_of_the_holding_run_takes_the_lock_over(
-        self, store: LeaseStore
-    ) -> None:
-        store.acquire_lock(lock_request(), T0)
-        retry = store.acquire_lock(lock_request("run-a", "a2"), T0 + EXPIRED)
-        assert retry.acquired
-        assert (retry.lock.holder_attempt_id, retry.lock.fencing_token) == (
-            "a2",
-            token_floor(T0 + EXPIRED),
-        )
-        assert not store.release_lock("job/nightly", "a1", T0 + EXPIRED)
-
-    def test_purge_deletes_locks_that_decide_nothing_any_more(self, store: LeaseStore) -> None:
-        store.acquire_lock(lock_request(name="key/a"), T0)
-        store.acquire_lock(lock_request(name="key/b", max_runtime=None), T0)
-        store.release_lock("key/b", "a1", T0)
-        assert store.purge_expired(T0 + EXPIRED) == 1
-        assert store.get_lock("key/b") is None
-        assert store.get_lock("key/a") is not None
-
-    def test_a_lock_token_grows_by_one_when_the_clock_has_not_moved(
-        self, store: LeaseStore
-    ) -> None:
-        first = store.acquire_lock(lock_request(), T0).lock
-        assert store.release_lock("job/nightly", "a1", T0)
-        second = store.acquire_lock(lock_request("run-b", "b1"), T0).lock
-        assert second.fencing_token == first.fencing_token + 1
-
-    def test_a_lock_token_grows_past_a_purge_of_the_lapsed_lock(self, store: LeaseStore) -> None:
-        tokens = []
-        for index in range(3):
-            moment = T0 + timedelta(seconds=index)
-            granted = store.acquire_lock(lock_request(f"run-{index}", f"a{index}"), moment)
-            tokens.append(granted.lock.fencing_token)
-            assert store.release_lock("job/nightly", f"a{index}", moment)
-        last = store.get_lock("job/nightly")
-        assert last is not None
-        lapsed = locking.lapses_at(last)
-        assert store.purge_expired(lapsed) == 1
-        assert store.get_lock("job/nightly") is None
-        # Granted again on a fresh record, from a clock MAX_CLOCK_SKEW behind the purge's.
-        again = store.acquire_lock(lock_request("run-9", "a9"), lapsed - MAX_CLOCK_SKEW)
-        assert tokens == sorted(set(tokens))
-        assert again.lock.fencing_token > tokens[-1]
-
-    def test_a_lock_whose_holder_ended_its_run_is_free_although_never_released(
-        self, store: LeaseStore
-    ) -> None:
-        for index, end in enumerate(("complete", "fail", "release")):
-            name, run, attempt = f"job/{end}", f"run-{end}", f"a-{end}"
-            store.claim(claim_request(run, attempt), T0)
-            assert store.acquire_lock(lock_request(run, attempt, name), T0).acquired
-            later = T0 + timedelta(seconds=index + 1)
-            if end == "complete":
-                assert store.complete(run, attempt, None, later)
-            elif end == "fail":
-                assert store.fail(run, attempt, "PermanentFailure: bad", later)
-            else:
-                assert store.release(run, attempt, "RuntimeError: boom", later)
-            # Its lock release was lost: the lock still names it, unreleased.
-            stored = store.get_lock(name)
-            assert stored is not None
-            assert not stored.released
-            grant = store.acquire_lock(lock_request("run-next", "n1", name), later)
-            assert grant.acquired, f"{end}: a finished holder kept the lock"
-            assert grant.took_over_from is None
-            assert grant.lock.fencing_token > stored.fencing_token
-            assert not store.release_lock(name, attempt, later)  # The old holder is fenced.
-
-    def test_a_lock_stays_held_while_its_holders_run_is_in_progress_or_ended_by_another(
-        self, store: LeaseStore
-    ) -> None:
-        store.claim(claim_request("run-a", "a1"), T0)
-        store.acquire_lock(lock_request(), T0)
-        assert not store.acquire_lock(lock_request("run-b", "b1"), T0 + LEASE / 2).acquired
-        # Another attempt of run-a took the run over and finished it: the holder, attempt a1,
-        # may still be running unheard, so max_runtime still keeps run-b out.
-        store.claim(claim_request("run-a", "a2"), T0 + EXPIRED)
-        assert store.complete("run-a", "a2", None, T0 + EXPIRED)
-        busy = store.acquire_lock(lock_request("run-b", "b1"), T0 + EXPIRED)
-        assert (busy.acquired, busy.free_at) == (False, T0 + HOUR)
-
-    def test_twenty_runs_racing_for_one_lock_one_acquires_it(self, store: LeaseStore) -> None:
-        start = threading.Barrier(20)
-
-        def race(index: int) -> bool:
-            start.wait()
-            return store.acquire_lock(lock_request(f"run-{index}", f"a{index}"), T0).acquired
-
-        with ThreadPoolExecutor(20) as pool:
-            won = list(pool.map(race, range(20)))
-        assert won.count(True) == 1
-        lock = store.get_lock("job/nightly")
-        assert lock is not None
-        assert lock.holder_run_id == f"run-{won.index(True)}"
-
-
-HOUR = timedelta(hours=1)
-
-
-def lock_request(
-    run_id: str = "run-a", attempt_id: str = "a1", name: str = "job/nightly", **changes: Any
-) -> LockRequest:
-    fields: dict[str, Any] = {"lease": LEASE, "max_runtime": HOUR}
-    fields.update(changes)
-    return LockRequest(name=name, run_id=run_id, attempt_id=attempt_id, **fields)
-
 
 class CrossProcessContract:
     """For stores that several processes share: the race spans processes."""
@@ -447,3 +295,6 @@ def _race_threads(store: LeaseStore, threads: int, barrier: Any = None) -> int:
 
 def _race_in_process(store_factory: Callable[[], LeaseStore], barrier: Any, results: Any) -> None:
     results.put(_race_threads(store_factory(), threads=10, barrier=barrier))
+
+
+__all__ = ["CrossProcessContract", "LockContract", "OperationsContract", "StoreContract"]
