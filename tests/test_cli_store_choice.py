@@ -10,8 +10,8 @@ import pytest
 
 from tasklease import cli
 from tasklease.cli.store_choice import DEV_STORE_FILE, write_dev_store
+from tasklease.testing.operations_contract import seed_every_state
 from tasklease.worker.stores import SqliteStore
-from tests.operations_contract import seed_every_state
 
 
 @pytest.fixture
