@@ -48,6 +48,13 @@ ENV_DASHBOARD_AUDIENCE = "TASKLEASE_DASHBOARD_AUDIENCE"  # Operators' tokens' ow
 # Signs the dashboard's CSRF tokens (the name of a variable, not a secret).
 ENV_DASHBOARD_SECRET = "TASKLEASE_DASHBOARD_SECRET"  # noqa: S105
 ENV_CLOUD_RUN_SERVICE = "K_SERVICE"  # Set by Cloud Run on every instance (platform-facts.md).
+# What tasklease.worker.otel_setup installs an SDK for: with none set, it installs nothing.
+ENV_OTEL_SETUP = (
+    "TASKLEASE_OTEL",
+    "TASKLEASE_METRICS",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
+)
 
 DEFAULT_STORE_URL = "sqlite:///tasklease-runs.db"
 
