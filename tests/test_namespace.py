@@ -108,6 +108,8 @@ def test_a_memory_store_worker_loads_only_what_it_uses() -> None:
         "tasklease.worker.dashboard",
         "tasklease.worker.targets",
         "tasklease.worker.stores.sqlite",
+        "tasklease.worker.queries",  # The operators' listing of runs.
+        "tasklease.worker.otel_setup",  # Nothing asks for an SDK.
         "tasklease.worker.stores.firestore",
         "google",  # google-auth too: it verifies tokens, and authentication is off here.
         "requests",

@@ -6,18 +6,10 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from tasklease.worker import decisions, locking
 from tasklease.worker.identity import parse_rfc3339
-from tasklease.worker.queries import (
-    MAX_PAGE,
-    Position,
-    RunFilter,
-    RunPage,
-    decode_cursor,
-    encode_cursor,
-)
 from tasklease.worker.records import (
     Claim,
     ClaimRequest,
@@ -27,6 +19,9 @@ from tasklease.worker.records import (
     RunRecord,
     RunStatus,
 )
+
+if TYPE_CHECKING:
+    from tasklease.worker.queries import Position, RunFilter, RunPage
 
 _T = TypeVar("_T")
 
@@ -397,6 +392,15 @@ class LeaseStore(ABC):
         page, which may then come back short with a cursor to continue from.
         Raises ValueError for a cursor this store did not hand out.
         """
+        # Operators' listing: imported on use, a worker's deliveries never list.
+        from tasklease.worker.queries import (  # noqa: PLC0415
+            MAX_PAGE,
+            RunFilter,
+            RunPage,
+            decode_cursor,
+            encode_cursor,
+        )
+
         filters = filters or RunFilter()
         limit = max(1, min(limit, MAX_PAGE))
         after = decode_cursor(cursor)

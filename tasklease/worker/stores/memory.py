@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 from datetime import datetime
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from tasklease.worker import locking
-from tasklease.worker.queries import Position, RunFilter, before
 from tasklease.worker.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base import Change, LeaseStore, LockChange
+
+if TYPE_CHECKING:
+    from tasklease.worker.queries import Position, RunFilter
 
 _T = TypeVar("_T")
 _FIELDS = tuple(field.name for field in dataclasses.fields(RunRecord))
@@ -92,6 +94,8 @@ class MemoryStore(LeaseStore):
     # --- Operations: listing and lookup (issue 17) ------------------------------------------
 
     def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
+        from tasklease.worker.queries import before  # noqa: PLC0415 - operators' listing only.
+
         with self._lock:
             records = [_unpack(packed) for packed in self._records.values()]
         matching = [r for r in records if before(r, after) and filters.matches(r)]
