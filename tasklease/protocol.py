@@ -41,6 +41,14 @@ ENV_MAX_TASK_BYTES = "TASKLEASE_MAX_TASK_BYTES"  # The largest body the worker r
 ENV_DASHBOARD_AUDIENCE = "TASKLEASE_DASHBOARD_AUDIENCE"  # Operators' tokens' own audience.
 # Signs the dashboard's CSRF tokens (the name of a variable, not a secret).
 ENV_DASHBOARD_SECRET = "TASKLEASE_DASHBOARD_SECRET"  # noqa: S105
+# What tasklease.plumbing.otel_setup installs an SDK for: with none set, it installs nothing
+# (and the worker does not import it).
+ENV_OTEL_SETUP = (
+    "TASKLEASE_OTEL",
+    "TASKLEASE_METRICS",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
+)
 ENV_CLOUD_RUN_SERVICE = "K_SERVICE"  # Set by Cloud Run on every instance (docs/platform-facts.md).
 
 # Task and name limits (docs/platform-facts.md).

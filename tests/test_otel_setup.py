@@ -6,11 +6,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.otel_setup import Settings, build, settings_from_env
+from tasklease.protocol import ENV_OTEL_SETUP
 
 
 @pytest.mark.parametrize(
@@ -33,6 +35,23 @@ def test_settings_follow_tasklease_otel_then_the_standard_variables(
     environ: dict[str, str], expected: Settings
 ) -> None:
     assert settings_from_env(environ) == expected
+
+
+def test_create_app_looks_for_every_variable_the_settings_read() -> None:
+    """With none of ``ENV_OTEL_SETUP`` set, create_app skips otel_setup: nothing else counts."""
+
+    read: set[str] = set()
+
+    class Recording(dict[str, str]):
+        def get(self, key: str, default: Any = None) -> Any:
+            read.add(key)
+            return super().get(key, default)
+
+    assert settings_from_env(Recording()) == Settings()
+    assert read - {"OTEL_SDK_DISABLED"} == set(ENV_OTEL_SETUP)
+    for name in ENV_OTEL_SETUP:  # Each one alone can ask for something.
+        value = "prometheus" if name == "TASKLEASE_METRICS" else "console"
+        assert settings_from_env({name: value}).wanted, name
 
 
 @pytest.mark.parametrize("environ", [{"TASKLEASE_OTEL": "zipkin"}, {"TASKLEASE_METRICS": "statsd"}])

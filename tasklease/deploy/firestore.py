@@ -24,7 +24,7 @@ def ensure_firestore(config: Config, gcloud: Gcloud) -> None:
     else:
         gcloud.unchanged(f"Firestore database {config.database}")
     ensure_ttl_policy(gcloud, config.collection, "expire_at", database, project)
-    # A lock decides nothing from its lapses_at on (tasklease.worker.locking.lapses_at).
+    # A lock decides nothing from its lapses_at on (tasklease.worker.core.locking.lapses_at).
     ensure_ttl_policy(gcloud, config.lock_collection, "lapses_at", database, project)
     ensure_listing_indexes(gcloud, config.collection, database, project)
 

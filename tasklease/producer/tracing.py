@@ -15,7 +15,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, propagate, trace
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import NonRecordingSpan, Span, SpanKind
+
+from tasklease.worker import telemetry as worker_telemetry
 
 if TYPE_CHECKING:
     from tasklease.producer.results import EnqueueResult
@@ -50,10 +52,17 @@ def use_providers(
 def trace_headers() -> dict[str, str]:
     """The current trace context as task headers; empty when no trace is current."""
     headers: dict[str, str] = {}
+    current = None
     span_context = trace.get_current_span().get_span_context()
     if not span_context.is_valid:
-        return headers
-    propagate.inject(headers)
+        # A delivery that started before anything imported OpenTelemetry (this module, say,
+        # imported by its handler) joined its caller's trace without making it current.
+        joined = worker_telemetry.joined_context()
+        if joined is None:
+            return headers
+        span_context = joined
+        current = trace.set_span_in_context(NonRecordingSpan(joined))
+    propagate.inject(headers, current)
     sampled = 1 if span_context.trace_flags.sampled else 0
     headers[CLOUD_TRACE_HEADER] = f"{span_context.trace_id:032x}/{span_context.span_id};o={sampled}"
     return headers

@@ -13,8 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
-from tasklease.plumbing import otel_setup
-from tasklease.worker import fallback
+from tasklease.worker import fallback, telemetry
 from tasklease.worker.auth import Authenticator, NoAuth, OidcAuth, authenticator_for
 from tasklease.worker.execution import Clock, Executor, Reply, utc_now
 from tasklease.worker.logs import configure_logging, request_fields
@@ -66,7 +65,7 @@ def create_app(
       are answered 413 unread.
     """
     configure_logging()
-    telemetry = otel_setup.configure_from_env("tasklease-worker")
+    registry = _configure_opentelemetry()
     if not isinstance(store, LeaseStore):
         store = store_from_url(store)
     check_store_is_shared(store)
@@ -131,9 +130,10 @@ def create_app(
             audience=board_audience,
             deliveries=list(router),
         )
-    if telemetry.registry is not None:  # TASKLEASE_METRICS=prometheus
-        view = otel_setup.metrics_view(telemetry.registry)
-        app.add_url_rule("/metrics", "tasklease_metrics", view, methods=["GET"])
+    if registry is not None:  # TASKLEASE_METRICS=prometheus
+        from tasklease.plumbing.otel_setup import metrics_view  # noqa: PLC0415 - loaded already.
+
+        app.add_url_rule("/metrics", "tasklease_metrics", metrics_view(registry), methods=["GET"])
     _log.info(
         "tasklease worker ready",
         extra={
@@ -161,6 +161,17 @@ def check_store_capabilities(router: Router, store: LeaseStore, dashboard: str |
                 )
     if dashboard:
         operator_queries(store, f"the dashboard at {dashboard!r}")
+
+
+def _configure_opentelemetry() -> Any:
+    """Install the SDK the environment asks for; the Prometheus registry to serve, if any."""
+    registry = None
+    if any(name in os.environ for name in protocol.ENV_OTEL_SETUP):
+        from tasklease.plumbing import otel_setup  # noqa: PLC0415 - only when configured.
+
+        registry = otel_setup.configure_from_env("tasklease-worker").registry
+    telemetry.opentelemetry_in_use()  # Loaded now if it can be used, not on a delivery.
+    return registry
 
 
 def _max_task_bytes(configured: int | None) -> int:

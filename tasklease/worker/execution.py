@@ -97,7 +97,7 @@ class Executor:
         log: dict[str, Any] = {"handler": handler, "kind": delivery.kind.value}
         spec = self.router.handler(delivery.kind, delivery.handler)
         label = spec.name if spec is not None else telemetry.UNKNOWN_HANDLER
-        with telemetry.DeliveryTrace(delivery.header, delivery.kind.value, label) as traced:
+        with telemetry.start_delivery(delivery.header, delivery.kind.value, label) as traced:
             reply = self._execute(delivery, log)
             if "held_by" in reply.details:  # An exclusive job or key held by another run.
                 log["held_by"] = reply.details["held_by"]

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from tasklease.worker.core import locking
-from tasklease.worker.core.queries import Position, RunFilter, before
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base import Change, LockChange
 from tasklease.worker.stores.codec import Conversion, RecordCodec
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
+
+if TYPE_CHECKING:
+    from tasklease.worker.core.queries import Position, RunFilter
 
 _T = TypeVar("_T")
 # Identity as a sorted tuple of pairs, status as its value: enum members, dicts and
@@ -96,6 +98,8 @@ class MemoryStore(LockStore, OperatorQueries):
     def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
         with self._lock:
             records = [_unpack(packed) for packed in self._records.values()]
+        from tasklease.worker.core.queries import before  # noqa: PLC0415 - listing only.
+
         matching = [r for r in records if before(r, after) and filters.matches(r)]
         return sorted(matching, key=lambda r: (r.claimed_at, r.run_id), reverse=True)[:limit]
 
