@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -234,9 +235,25 @@ def check(config: Config) -> list[str]:
             problems.append(
                 f"{where}: schedule must be unix-cron (5 fields) so ScheduleTime is sent"
             )
+        elif problem := never_fires(job):
+            problems.append(f"{where}: {problem}")
         if job.attempt_deadline > config.request_timeout:
             problems.append(f"{where}: attempt_deadline is longer than worker.request_timeout")
     return problems
+
+
+def never_fires(job: Job) -> str | None:
+    """Why ``job``'s schedule has no slot (``0 0 31 2 *``), or None. tasklease.cron needs
+    croniter, imported here only: without it the kit runs on, and Cloud Scheduler judges."""
+    try:
+        from tasklease import cron  # noqa: PLC0415
+    except ImportError:
+        return None
+    try:
+        cron.check(job.schedule, job.time_zone, datetime.now(UTC))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def check_proxies(config: Config) -> list[str]:
