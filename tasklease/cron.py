@@ -17,6 +17,11 @@ slots here are croniter's, which ``tests/test_cron.py`` pins:
   Europe/Paris on 2026-10-25 fires at 00:30 and 01:30 UTC), each a run of its own, since a
   run's identity is its schedule time as an instant.
 
+croniter's get_prev and get_next do not always agree around a repeated hour: the slots are
+get_next's, and :meth:`Cron.last_slot` walks them forward rather than trusting get_prev. (In a
+zone whose repeated hour starts off the hour, Pacific/Chatham's, get_next from a first-pass
+slot can still skip second-pass slots that get_next from inside the second pass finds.)
+
 Slots are compared as instants, never as wall times: two datetimes with the same ``ZoneInfo``
 compare by wall time and ignore ``fold``, which put a slot of the repeated hour "before" a
 moment it follows.
@@ -58,13 +63,24 @@ class Cron:
 
     def last_slot(self, at: datetime) -> datetime:
         """The latest slot at or before ``at``, in UTC; ValueError if there is none."""
+        moment = _aware(at).astimezone(UTC)
         # croniter's get_prev is strictly before its start, and slots fall on whole seconds:
         # from one second past ``at`` (floored) it finds ``at`` itself when ``at`` is a slot.
-        start = _aware(at).astimezone(UTC).replace(microsecond=0) + timedelta(seconds=1)
-        earlier: datetime = croniter(self.expression, start.astimezone(self.tzinfo)).get_prev(
-            datetime
-        )
-        return earlier.astimezone(UTC)
+        start = moment.replace(microsecond=0) + timedelta(seconds=1)
+        walk = croniter(self.expression, start.astimezone(self.tzinfo))
+        walk.get_prev(datetime)
+        try:
+            earlier: datetime = walk.get_prev(datetime)  # Two back: see below.
+        except ValueError:  # The first slot there is (croniter's CroniterBadDateError).
+            earlier = croniter(self.expression, start.astimezone(self.tzinfo)).get_prev(datetime)
+        # Around a repeated hour croniter's get_prev and get_next disagree: get_prev may pass
+        # over a slot of the first pass (30 2 29 10,11 * in Europe/Paris on 2028-10-29 went
+        # back to 2027), or find one of the second pass that get_next from the first skips
+        # (59 2 29 3,10 *). The slots are get_next's: walk forward from the slot two back.
+        slot = self.next_slot(earlier.astimezone(UTC) - timedelta(seconds=1))
+        while (following := self.next_slot(slot)) <= moment:
+            slot = following
+        return slot
 
     def is_slot(self, moment: datetime) -> bool:
         """Whether ``moment`` is one of the slots."""

@@ -123,6 +123,24 @@ def test_the_last_slot_in_the_first_pass_of_a_repeated_hour_is_not_in_the_second
     )
 
 
+def test_the_last_slot_in_the_second_pass_of_a_repeated_hour_may_be_in_the_first() -> None:
+    """02:00 CET on 2028-10-29 (the second pass): the last slot of ``30 2 29 10,11 *`` is
+    02:30 CEST that day, which croniter's get_prev passed over for 2027-11-29."""
+    job = Cron("30 2 29 10,11 *", "Europe/Paris")
+    assert job.last_slot(datetime(2028, 10, 29, 1, 0, tzinfo=UTC)) == datetime(
+        2028, 10, 29, 0, 30, tzinfo=UTC
+    )
+
+
+def test_the_last_slot_is_one_next_slot_enumerates_around_a_repeated_hour() -> None:
+    """croniter's get_prev finds 02:59 CET on 2028-10-29 (the second pass), which its
+    get_next from 02:59 CEST skips: the last slot is the one the next slots go through."""
+    job = Cron("59 2 29 3,10 *", "Europe/Paris")
+    last = job.last_slot(datetime(2029, 1, 12, 12, 59, tzinfo=UTC))
+    assert last == datetime(2028, 10, 29, 0, 59, tzinfo=UTC)
+    assert job.next_slot(last) == datetime(2029, 3, 29, 0, 59, tzinfo=UTC)
+
+
 @pytest.mark.parametrize("expression", ["0 0 31 2 *", "0 0 30 2 *"])
 def test_a_schedule_that_never_fires_is_refused(expression: str) -> None:
     with pytest.raises(ValueError, match="never fires"):
