@@ -60,11 +60,17 @@ def test_a_core_module_loads_no_io_threads_or_frameworks(module: str) -> None:
     assert among(loaded_by(module), IMPURE) == []
 
 
-@pytest.mark.parametrize("module", ["tasklease.protocol", "tasklease.errors"])
+@pytest.mark.parametrize("module", ["tasklease.protocol", "tasklease.errors", "tasklease.jobs"])
 def test_the_shared_contract_loads_nothing_of_either_side(module: str) -> None:
     modules = loaded_by(module)
     assert among(modules, IMPURE) == []
     assert among(modules, ("tasklease.worker", "tasklease.producer", "tasklease.emulator")) == []
+
+
+def test_the_cron_helper_loads_croniter_and_nothing_of_either_side() -> None:
+    modules = loaded_by("tasklease.cron")
+    assert among(modules, ("tasklease.worker", "tasklease.producer", "tasklease.emulator")) == []
+    assert among(modules, ("flask", "google", "grpc", "sqlite3", "opentelemetry")) == []
 
 
 def test_the_emulator_imports_nothing_of_the_worker() -> None:

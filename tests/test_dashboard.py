@@ -13,12 +13,12 @@ from flask.testing import FlaskClient
 from pytest_httpserver import HTTPServer
 
 from tasklease.errors import ConfigurationError
+from tasklease.jobs import Job
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.testing.operations_contract import seed_every_state
 from tasklease.worker import OidcAuth, Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.dashboard import CSRF_COOKIE, create_dashboard_app
-from tasklease.worker.schedules import Schedule
 from tasklease.worker.stores import MemoryStore
 from tests.test_security import ROOT, SA, Keys
 
@@ -220,7 +220,7 @@ def test_operators_without_oidc_refuse_to_start(store: MemoryStore) -> None:
 def test_the_stuck_page_shows_crashed_runs_and_jobs_behind_their_schedule(
     store: MemoryStore,
 ) -> None:
-    schedules = [Schedule("nightly", "*/5 * * * *")]
+    schedules = [Job("nightly", "*/5 * * * *")]
     page = create_dashboard_app(store, schedules=schedules).test_client().get("/stuck")
     assert page.status_code == 200
     assert page.text.count('<tr class="stuck">') == 2  # The crashed attempt, and the job.

@@ -206,6 +206,14 @@ def test_dry_run_prints_every_command_and_calls_nothing(cloud: Cloud) -> None:
             "outlives worker.retention_days",
         ),
         (('schedule = "0 3 * * *"', 'schedule = "every 5 minutes"'), "unix-cron"),
+        (('schedule = "0 3 * * *"', 'schedule = "0 0 31 2 *"'), "never fires"),
+        (("attempt_deadline = 180", "attempt_deadline = 5"), "job nightly_reports: attempt_dead"),
+        (("retry_count = 3", "retry_count = 9"), "job nightly_reports: retry.retry_count must"),
+        (("[job.retry]\n", "retry_count = 1\n[job.retry]\n"), "it belongs in [job.retry]"),
+        (
+            ('time_zone = "Etc/UTC"', 'time_zone = "Etc/UTC"\nurl = "http://127.0.0.1/"'),
+            "job nightly_reports: url: not applied by a deploy",
+        ),
         (
             ("max_dispatches_per_second = 500", "max_dispatches_per_second = 501"),
             "max_dispatches_per_second",

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from tasklease.deploy.config import Job, Queue
+from tasklease.deploy.config import Queue
 from tasklease.deploy.settings import JobSettings, QueueSettings
+from tasklease.jobs import Job, Retry
 
 URL = "https://tasklease-worker-123456789.us-central1.run.app"
 INVOKER = "tasklease-invoker@my-project.iam.gserviceaccount.com"
@@ -104,6 +105,17 @@ def test_a_job_described_as_configured_equals_the_wanted_settings() -> None:
     assert JobSettings.described(described_job()) == wanted
 
 
+def test_a_job_described_without_its_defaults_reads_them_as_cloud_schedulers() -> None:
+    """An absent attemptDeadline or backoff is Cloud Scheduler's default (3 min; 5 s to 1 h),
+    as stated once in tasklease.jobs, not zero: no update is planned for a job left as is."""
+    described = described_job()
+    del described["attemptDeadline"]
+    for key in ("minBackoffDuration", "maxBackoffDuration", "maxDoublings", "retryCount"):
+        described["retryConfig"].pop(key, None)
+    wanted = JobSettings.wanted(Job("nightly", "0 3 * * *"), URL, INVOKER)
+    assert JobSettings.described(described) == wanted
+
+
 def test_a_job_whose_token_names_another_account_is_unequal() -> None:
     other = described_job()
     other["httpTarget"]["oidcToken"]["serviceAccountEmail"] = "someone@else.example"
@@ -123,7 +135,8 @@ def test_a_job_with_another_schedule_or_retry_count_is_unequal() -> None:
 
 
 def test_job_flags_carry_the_uri_token_and_retry_settings() -> None:
-    flags = JobSettings.wanted(Job("nightly", "0 3 * * *", retry_count=3), URL, INVOKER).flags()
+    job = Job("nightly", "0 3 * * *", retry=Retry(retry_count=3))
+    flags = JobSettings.wanted(job, URL, INVOKER).flags()
     assert flags == [
         "--schedule=0 3 * * *",
         "--time-zone=Etc/UTC",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -9,8 +10,10 @@ from pathlib import Path
 import pytest
 from werkzeug import Response
 
+from tasklease import jobs
 from tasklease.emulator import CloudTasksEmulator, Job, RetrySettings, load_jobs
-from tasklease.emulator.scheduler import parse_job
+from tasklease.emulator.scheduler import emulated
+from tasklease.emulator.scheduler_api import parse_job as parse_api_job
 from tasklease.worker.core.identity import parse_rfc3339
 from tests.emulator_target import Target
 
@@ -88,6 +91,7 @@ def test_jobs_load_from_toml_with_validation(tmp_path: Path) -> None:
     ("entry", "message"),
     [
         ({"name": "j", "url": "http://x"}, "missing"),
+        ({"name": "j", "schedule": "* * * * *"}, "job j: url is missing"),
         ({"name": "j", "schedule": "every 5 seconds", "url": "http://x"}, "unix-cron"),
         ({"name": "j", "schedule": "0 0 31 2 *", "url": "http://x"}, "never fires"),
         (
@@ -102,7 +106,33 @@ def test_jobs_load_from_toml_with_validation(tmp_path: Path) -> None:
 )
 def test_invalid_jobs_are_refused(entry: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        parse_job(entry)
+        emulated(jobs.parse_job(entry))
+
+
+def test_a_table_without_settings_gets_what_the_scheduler_api_fills_in() -> None:
+    """tasklease.jobs states Cloud Scheduler's defaults for tasklease's files; the emulator's
+    API states them as the oracle: a [[job]] table and a CreateJob left bare agree."""
+    table = emulated(jobs.parse_job({"name": "j", "schedule": "0 3 * * *", "url": "http://x/"}))
+    spec = parse_api_job(
+        "projects/p/locations/us-central1/jobs/j",
+        {"schedule": "0 3 * * *", "httpTarget": {"uri": "http://x/"}},
+    )
+    defaults = jobs.Job("j", "0 3 * * *")
+    assert spec["timeZone"] == defaults.time_zone
+    assert model_seconds(spec["attemptDeadline"]) == defaults.attempt_deadline
+    retry = spec["retryConfig"]
+    assert (
+        int(retry["retryCount"]),
+        model_seconds(retry["maxRetryDuration"]),
+        model_seconds(retry["minBackoffDuration"]),
+        model_seconds(retry["maxBackoffDuration"]),
+        int(retry["maxDoublings"]),
+    ) == dataclasses.astuple(defaults.retry)
+    assert (table.retry, table.attempt_deadline) == (Job("j", "s", "u").retry, 180)
+
+
+def model_seconds(text: str) -> float:
+    return float(text.rstrip("s"))
 
 
 @pytest.mark.parametrize(
@@ -133,4 +163,4 @@ def test_english_like_schedules_fire_as_app_engine_cron_documents(
 )
 def test_english_like_schedules_that_cannot_fire_are_refused(schedule: str) -> None:
     with pytest.raises(ValueError):
-        parse_job({"name": "j", "schedule": schedule, "url": "http://x"})
+        emulated(jobs.parse_job({"name": "j", "schedule": schedule, "url": "http://x"}))

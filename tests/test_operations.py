@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
+from tasklease.jobs import Job
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.operations import OperationRefused, Operations, replay_key, run_summary
-from tasklease.worker.schedules import Schedule, load_schedules
+from tasklease.worker.schedules import load_schedules
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import T0, FakeClock, claim_request
 
@@ -105,7 +106,7 @@ def test_stuck_lists_crashed_attempts_and_jobs_that_missed_their_slot(tmp_path: 
         '[[job]]\nname = "hourly"\nschedule = "0 * * * *"\ntime_zone = "Europe/Paris"\n'
     )
     schedules = load_schedules(jobs)
-    assert schedules[1] == Schedule("hourly", "0 * * * *", "Europe/Paris")
+    assert schedules[1] == Job("hourly", "0 * * * *", "Europe/Paris")
     clock = FakeClock(T0)  # 12:00 UTC.
     store = MemoryStore()
     nightly = {"job_name": "nightly", "schedule_time": "2026-10-16T03:00:00Z"}

@@ -6,11 +6,12 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tasklease.deploy.errors import DeployError
-from tasklease.deploy.proxies import PROXY_KINDS, Proxy, parse_proxy
+from tasklease.jobs import PROXY_KINDS, Job, parse_jobs
 
 DEFAULT_CONFIG = Path(__file__).with_name("tasklease.toml")
 # What each setting's target accepts (Google's documented formats, or narrower). Every value
@@ -52,17 +53,18 @@ class Queue:
     max_concurrent_dispatches: int = 1000
 
 
-@dataclass(frozen=True)
-class Job:
-    name: str
-    schedule: str
-    time_zone: str = "Etc/UTC"
-    attempt_deadline: float = 180
-    retry_count: int = 0
-    min_backoff: float = 5
-    max_backoff: float = 3600
-    max_doublings: int = 5
-    proxy: Proxy | None = None  # A built-in target the worker starts (see the proxy block).
+# What a [[job]] table may say that a deploy does not apply: its target is the worker's
+# /jobs/<name>, called with the invoker's OIDC token, and gcloud is not given the rest.
+NOT_DEPLOYED = {
+    "description",
+    "url",
+    "http_method",
+    "body",
+    "headers",
+    "service_account",
+    "audience",
+    "retry.max_retry_duration",
+}
 
 
 @dataclass(frozen=True)
@@ -136,14 +138,7 @@ def load_config(path: Path) -> Config:
             invoker_account=accounts.get("invoker", "tasklease-invoker"),
             enqueuers=tuple(accounts.get("enqueuers", [])),
             queues=tuple(Queue(**queue) for queue in raw.get("queue", [])),
-            jobs=tuple(
-                Job(
-                    **{k: v for k, v in job.items() if k not in ("retry", "proxy")},
-                    **job.get("retry", {}),
-                    proxy=parse_proxy(job.get("proxy")),
-                )
-                for job in raw.get("job", [])
-            ),
+            jobs=deployed_jobs(raw.get("job", [])),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DeployError(f"{path}: missing or invalid setting: {exc}") from exc
@@ -151,6 +146,18 @@ def load_config(path: Path) -> Config:
     if problems:
         raise DeployError(f"{path} is inconsistent:\n" + "\n".join(f"  - {p}" for p in problems))
     return config
+
+
+def deployed_jobs(tables: Any) -> tuple[Job, ...]:
+    """The ``[[job]]`` tables (tasklease.jobs), refusing a field the deploy would not apply."""
+    jobs = tuple(parse_jobs(tables))
+    for job in jobs:
+        if ignored := sorted(job.given() & NOT_DEPLOYED):
+            raise ValueError(
+                f"job {job.name}: {', '.join(ignored)}: not applied by a deploy, whose job "
+                "calls the worker's /jobs/<name> with the invoker's token"
+            )
+    return jobs
 
 
 def check_names(config: Config) -> list[str]:
@@ -228,13 +235,25 @@ def check(config: Config) -> list[str]:
             problems.append(
                 f"{where}: schedule must be unix-cron (5 fields) so ScheduleTime is sent"
             )
-        if not 15 <= job.attempt_deadline <= 1800:
-            problems.append(f"{where}: attempt_deadline must be 15 to 1800 seconds")
+        elif problem := never_fires(job):
+            problems.append(f"{where}: {problem}")
         if job.attempt_deadline > config.request_timeout:
             problems.append(f"{where}: attempt_deadline is longer than worker.request_timeout")
-        if not 0 <= job.retry_count <= 5:
-            problems.append(f"{where}: retry_count must be 0 to 5")
     return problems
+
+
+def never_fires(job: Job) -> str | None:
+    """Why ``job``'s schedule has no slot (``0 0 31 2 *``), or None. tasklease.cron needs
+    croniter, imported here only: without it the kit runs on, and Cloud Scheduler judges."""
+    try:
+        from tasklease import cron  # noqa: PLC0415
+    except ImportError:
+        return None
+    try:
+        cron.check(job.schedule, job.time_zone, datetime.now(UTC))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def check_proxies(config: Config) -> list[str]:

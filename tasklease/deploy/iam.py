@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from tasklease.deploy.config import Config, Queue
 from tasklease.deploy.gcloud import Gcloud, has_binding
-from tasklease.deploy.proxies import PROXY_GRANTS, Proxy
+from tasklease.deploy.proxies import PROXY_GRANTS
+from tasklease.jobs import Proxy
 
 # Project bindings are unconditional (gcloud asks which condition otherwise).
 NO_CONDITION = ("--condition=None",)

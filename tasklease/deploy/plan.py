@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasklease.deploy.config import Config, Job, Queue
+from tasklease.deploy.config import Config, Queue
 from tasklease.deploy.errors import DeployError
 from tasklease.deploy.firestore import ensure_firestore
 from tasklease.deploy.gcloud import Gcloud
 from tasklease.deploy.iam import Grants
 from tasklease.deploy.settings import JobSettings, QueueSettings
 from tasklease.deploy.source import digest
+from tasklease.jobs import Job
 
 APIS = (
     "run.googleapis.com",

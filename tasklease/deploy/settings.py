@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasklease.deploy.config import Job, Queue
+from tasklease.deploy.config import Queue
+from tasklease.jobs import DEFAULT_ATTEMPT_DEADLINE, Job, Retry
 
 
 def seconds(value: float) -> str:
@@ -14,9 +15,9 @@ def seconds(value: float) -> str:
     return f"{value:g}s"
 
 
-def duration(value: Any) -> float:
-    """A duration as gcloud describes it (``"600s"``, absent for zero), in seconds."""
-    return float(str(value or "0s").rstrip("s") or 0)
+def duration(value: Any, default: float = 0.0) -> float:
+    """A duration as gcloud describes it (``"600s"``), in seconds; ``default`` if absent."""
+    return default if value is None else float(str(value).rstrip("s") or 0)
 
 
 @dataclass(frozen=True)
@@ -89,18 +90,18 @@ class JobSettings:
     def described(cls, described: dict[str, Any]) -> JobSettings:
         """From ``gcloud scheduler jobs describe``; absent fields are Scheduler's defaults."""
         target, retry = described.get("httpTarget", {}), described.get("retryConfig", {})
-        oidc = target.get("oidcToken", {})
+        oidc, defaults = target.get("oidcToken", {}), Retry()
         return cls(
             schedule=described.get("schedule"),
             time_zone=described.get("timeZone"),
             uri=target.get("uri"),
             service_account=oidc.get("serviceAccountEmail"),
             audience=oidc.get("audience"),
-            attempt_deadline=duration(described.get("attemptDeadline")),
-            retry_count=int(retry.get("retryCount", 0)),
-            min_backoff=duration(retry.get("minBackoffDuration")),
-            max_backoff=duration(retry.get("maxBackoffDuration")),
-            max_doublings=int(retry.get("maxDoublings", 5)),
+            attempt_deadline=duration(described.get("attemptDeadline"), DEFAULT_ATTEMPT_DEADLINE),
+            retry_count=int(retry.get("retryCount", defaults.retry_count)),
+            min_backoff=duration(retry.get("minBackoffDuration"), defaults.min_backoff),
+            max_backoff=duration(retry.get("maxBackoffDuration"), defaults.max_backoff),
+            max_doublings=int(retry.get("maxDoublings", defaults.max_doublings)),
         )
 
     @classmethod
@@ -112,11 +113,11 @@ class JobSettings:
             uri=f"{url}/jobs/{job.name}",
             service_account=invoker,
             audience=url,
-            attempt_deadline=float(job.attempt_deadline),
-            retry_count=job.retry_count,
-            min_backoff=float(job.min_backoff),
-            max_backoff=float(job.max_backoff),
-            max_doublings=job.max_doublings,
+            attempt_deadline=job.attempt_deadline,
+            retry_count=job.retry.retry_count,
+            min_backoff=job.retry.min_backoff,
+            max_backoff=job.retry.max_backoff,
+            max_doublings=job.retry.max_doublings,
         )
 
     def flags(self) -> list[str]:

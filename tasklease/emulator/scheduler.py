@@ -17,15 +17,14 @@ import functools
 import logging
 import threading
 import time
-import tomllib
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
+from tasklease import jobs
 from tasklease.emulator import metrics as emulator_metrics
 from tasklease.emulator import schedules
 from tasklease.emulator.db import EmulatorDB
@@ -38,10 +37,12 @@ from tasklease.emulator.sender import Sender
 
 _log = logging.getLogger("tasklease.scheduler")
 
-# Cloud Scheduler limits (docs/platform-facts.md): attempt deadline 15 s to 30 min, retries <= 5.
+# The API's limits and defaults, as the oracle spells them (docs/platform-facts.md): attempt
+# deadline 15 s to 30 min, 3 min by default; no retries (at most 5), backoff 5 s to 1 h, 5
+# doublings. A [[job]] table gets tasklease.jobs' (a test holds the two equal).
 MIN_ATTEMPT_DEADLINE, MAX_ATTEMPT_DEADLINE = 15.0, 1800.0
+DEFAULT_ATTEMPT_DEADLINE = 180.0
 MAX_RETRY_COUNT = 5
-# Cloud Scheduler's retry defaults: no retries; backoff 5 s to 1 h, 5 doublings.
 DEFAULT_JOB_RETRY = RetrySettings(max_attempts=1, min_backoff=5, max_backoff=3600, max_doublings=5)
 
 
@@ -59,7 +60,7 @@ class Job:
     headers: dict[str, str] = field(default_factory=dict)
     service_account: str | None = None
     audience: str | None = None
-    attempt_deadline: float = 180.0
+    attempt_deadline: float = DEFAULT_ATTEMPT_DEADLINE
     retry: RetrySettings = DEFAULT_JOB_RETRY
 
     @functools.cached_property
@@ -78,45 +79,37 @@ class Job:
 
 
 def load_jobs(path: Path) -> list[Job]:
-    """Jobs from a TOML file of ``[[job]]`` tables (see deploy/tasklease.toml)."""
-    with path.open("rb") as handle:
-        document = tomllib.load(handle)
-    return [parse_job(entry) for entry in document.get("job", [])]
+    """The jobs of a TOML file's ``[[job]]`` tables (:func:`tasklease.jobs.load_jobs`)."""
+    return [emulated(spec) for spec in jobs.load_jobs(path)]
 
 
-def parse_job(entry: dict[str, Any]) -> Job:
-    """Validate one ``[[job]]`` table."""
-    missing = {"name", "schedule", "url"} - entry.keys()
-    if missing:
-        raise ValueError(f"scheduler job {entry.get('name', '?')}: missing {sorted(missing)}")
+def emulated(spec: jobs.Job) -> Job:
+    """The emulator's job for a ``[[job]]`` table: it needs the ``url`` to call, and may have
+    an English-like schedule; ValueError naming the job otherwise."""
+    if spec.url is None:
+        raise jobs.InvalidJob(f"job {spec.name}: url is missing (the target the emulator calls)")
     try:
-        schedules.check(entry["schedule"], entry.get("time_zone", "UTC"), datetime.now(UTC))
+        schedules.check(spec.schedule, spec.time_zone, datetime.now(UTC))
     except ValueError as exc:
-        raise ValueError(f"job {entry['name']}: {exc}") from exc
-    deadline = float(entry.get("attempt_deadline", 180))
-    if not MIN_ATTEMPT_DEADLINE <= deadline <= MAX_ATTEMPT_DEADLINE:
-        raise ValueError(f"job {entry['name']}: attempt_deadline must be 15 to 1800 seconds")
-    retry = entry.get("retry", {})
-    retry_count = int(retry.get("retry_count", 0))
-    if not 0 <= retry_count <= MAX_RETRY_COUNT:
-        raise ValueError(f"job {entry['name']}: retry_count must be 0 to {MAX_RETRY_COUNT}")
+        raise jobs.InvalidJob(f"job {spec.name}: {exc}") from exc
+    retry = spec.retry
     return Job(
-        name=entry["name"],
-        schedule=entry["schedule"],
-        url=entry["url"],
-        time_zone=entry.get("time_zone", "UTC"),
-        http_method=entry.get("http_method", "POST"),
-        body=str(entry.get("body", "")).encode(),
-        headers=dict(entry.get("headers", {})),
-        service_account=entry.get("service_account"),
-        audience=entry.get("audience"),
-        attempt_deadline=deadline,
+        name=spec.name,
+        schedule=spec.schedule,
+        url=spec.url,
+        time_zone=spec.time_zone,
+        http_method=spec.http_method,
+        body=spec.body.encode(),
+        headers=dict(spec.headers),
+        service_account=spec.service_account,
+        audience=spec.audience,
+        attempt_deadline=spec.attempt_deadline,
         retry=RetrySettings(
-            max_attempts=retry_count + 1,
-            max_retry_duration=float(retry.get("max_retry_duration", 0)),
-            min_backoff=float(retry.get("min_backoff", 5)),
-            max_backoff=float(retry.get("max_backoff", 3600)),
-            max_doublings=int(retry.get("max_doublings", 5)),
+            max_attempts=retry.retry_count + 1,
+            max_retry_duration=retry.max_retry_duration,
+            min_backoff=retry.min_backoff,
+            max_backoff=retry.max_backoff,
+            max_doublings=retry.max_doublings,
         ),
     )
 

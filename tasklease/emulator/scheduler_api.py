@@ -26,6 +26,8 @@ from tasklease.emulator.job_table import JobTable
 from tasklease.emulator.model import ApiError
 from tasklease.emulator.policy import RetrySettings
 from tasklease.emulator.scheduler import (
+    DEFAULT_ATTEMPT_DEADLINE,
+    DEFAULT_JOB_RETRY,
     MAX_ATTEMPT_DEADLINE,
     MAX_RETRY_COUNT,
     MIN_ATTEMPT_DEADLINE,
@@ -40,16 +42,15 @@ JOB_NAME = re.compile(
 _JOB = scheduler_v1.Job.pb()  # The raw protobuf class: validation by Google's own schema.
 # Output-only fields: ignored on create and update.
 _OUTPUT_ONLY = ("state", "status", "userUpdateTime", "scheduleTime", "lastAttemptTime")
-# Cloud Scheduler's defaults (docs/platform-facts.md): attempt deadline 3 min, no retries,
-# backoff 5 s to 1 h with 5 doublings.
+# Cloud Scheduler's defaults (scheduler.DEFAULT_JOB_RETRY), as REST JSON fills them in.
 _DEFAULT_RETRY = {
-    "retryCount": 0,
-    "maxRetryDuration": "0s",
-    "minBackoffDuration": "5s",
-    "maxBackoffDuration": "3600s",
-    "maxDoublings": 5,
+    "retryCount": DEFAULT_JOB_RETRY.max_attempts - 1,
+    "maxRetryDuration": f"{DEFAULT_JOB_RETRY.max_retry_duration:g}s",
+    "minBackoffDuration": f"{DEFAULT_JOB_RETRY.min_backoff:g}s",
+    "maxBackoffDuration": f"{DEFAULT_JOB_RETRY.max_backoff:g}s",
+    "maxDoublings": DEFAULT_JOB_RETRY.max_doublings,
 }
-_DEFAULT_DEADLINE = "180s"
+_DEFAULT_DEADLINE = f"{DEFAULT_ATTEMPT_DEADLINE:g}s"
 MAX_DESCRIPTION = 500  # Job.description: "must not contain more than 500 characters".
 _log = logging.getLogger("tasklease.scheduler")
 
@@ -258,7 +259,7 @@ def parse_job(name: str, body: dict[str, Any]) -> dict[str, Any]:
     if not 0 <= int(retry["retryCount"]) <= MAX_RETRY_COUNT:
         raise ApiError(400, f"retryConfig.retryCount must be 0 to {MAX_RETRY_COUNT}")
     spec.setdefault("attemptDeadline", _DEFAULT_DEADLINE)
-    deadline = model.seconds_of(spec["attemptDeadline"], 180.0)
+    deadline = model.seconds_of(spec["attemptDeadline"], DEFAULT_ATTEMPT_DEADLINE)
     if not MIN_ATTEMPT_DEADLINE <= deadline <= MAX_ATTEMPT_DEADLINE:
         raise ApiError(400, "attemptDeadline must be between 15 seconds and 30 minutes")
     return spec
@@ -279,12 +280,18 @@ def job_of(spec: dict[str, Any]) -> Job:
         headers=dict(target.get("headers") or {}),
         service_account=oidc.get("serviceAccountEmail"),
         audience=oidc.get("audience"),
-        attempt_deadline=model.seconds_of(spec.get("attemptDeadline"), 180.0),
+        attempt_deadline=model.seconds_of(spec.get("attemptDeadline"), DEFAULT_ATTEMPT_DEADLINE),
         retry=RetrySettings(
             max_attempts=int(retry["retryCount"]) + 1,
-            max_retry_duration=model.seconds_of(retry.get("maxRetryDuration"), 0.0),
-            min_backoff=model.seconds_of(retry.get("minBackoffDuration"), 5.0),
-            max_backoff=model.seconds_of(retry.get("maxBackoffDuration"), 3600.0),
+            max_retry_duration=model.seconds_of(
+                retry.get("maxRetryDuration"), DEFAULT_JOB_RETRY.max_retry_duration
+            ),
+            min_backoff=model.seconds_of(
+                retry.get("minBackoffDuration"), DEFAULT_JOB_RETRY.min_backoff
+            ),
+            max_backoff=model.seconds_of(
+                retry.get("maxBackoffDuration"), DEFAULT_JOB_RETRY.max_backoff
+            ),
             max_doublings=int(retry["maxDoublings"]),
         ),
     )

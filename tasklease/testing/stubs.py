@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import json
 import time
-import tomllib
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-from zoneinfo import ZoneInfo
 
-from croniter import croniter
-
-from tasklease import protocol
+from tasklease import cron, protocol
+from tasklease.jobs import Job, load_jobs, parse_job
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.producer.memory import QueuedTask
 from tasklease.producer.producer import TaskRoutes
@@ -299,46 +296,31 @@ class StubQueue:
         )
 
 
-@dataclass(frozen=True)
-class ScheduledJob:
-    """A Cloud Scheduler job's schedule (unix-cron, in ``time_zone``)."""
-
-    name: str
-    schedule: str
-    time_zone: str = "Etc/UTC"
-
-    def next_slot(self, after: datetime) -> datetime:
-        """The first scheduled time strictly after ``after``, in UTC."""
-        local = after.astimezone(ZoneInfo(self.time_zone))
-        following: datetime = croniter(self.schedule, local).get_next(datetime)
-        return following.astimezone(UTC)
-
-    def last_slot(self, at_or_before: datetime) -> datetime:
-        """The latest scheduled time at or before ``at_or_before``, in UTC."""
-        # Slots fall on whole minutes: one second past the moment (floored) includes it.
-        after = at_or_before.replace(microsecond=0) + timedelta(seconds=1)
-        local = after.astimezone(ZoneInfo(self.time_zone))
-        earlier: datetime = croniter(self.schedule, local).get_prev(datetime)
-        return earlier.astimezone(UTC)
-
-
 class StubScheduler:
     """Sends Cloud Scheduler deliveries to a Flask test client: a slot's run, or a manual one."""
 
-    def __init__(self, jobs: list[ScheduledJob] | None = None) -> None:
-        self.jobs = {job.name: job for job in jobs or []}
+    def __init__(self, jobs: list[Job] | None = None) -> None:
+        self.jobs: dict[str, Job] = {}
+        for job in jobs or []:
+            self._add(job)
 
-    def add_job(self, name: str, schedule: str, time_zone: str = "Etc/UTC") -> ScheduledJob:
-        if not croniter.is_valid(schedule):
-            raise ValueError(f"job {name}: {schedule!r} is not a unix-cron schedule")
-        ZoneInfo(time_zone)  # Raises for an unknown zone.
-        self.jobs[name] = ScheduledJob(name, schedule, time_zone)
-        return self.jobs[name]
+    def add_job(self, name: str, schedule: str, time_zone: str = "Etc/UTC") -> Job:
+        table = {"name": name, "schedule": schedule, "time_zone": time_zone}
+        return self._add(parse_job(table))
 
     def load(self, config: Path) -> None:
         """Add the ``[[job]]`` tables of a ``tasklease.toml``: the jobs a deploy sets up."""
-        for job in tomllib.loads(config.read_text()).get("job", []):
-            self.add_job(job["name"], job["schedule"], job.get("time_zone", "Etc/UTC"))
+        for job in load_jobs(config):
+            self._add(job)
+
+    def _add(self, job: Job) -> Job:
+        """``job``, if its schedule is unix-cron in a known zone (ValueError naming it)."""
+        try:
+            cron.Cron(job.schedule, job.time_zone)
+        except ValueError as exc:
+            raise ValueError(f"job {job.name}: {exc}") from exc
+        self.jobs[job.name] = job
+        return job
 
     def fire(
         self,
@@ -368,11 +350,11 @@ class StubScheduler:
                     f"no schedule for job {job!r}: call add_job({job!r}, '0 3 * * *') or put "
                     "its [[job]] table in tasklease.toml"
                 )
-            now = at or datetime.now(UTC)
-            slot = spec.next_slot(now) if manual else spec.last_slot(now)
+            now, slots = at or datetime.now(UTC), cron.Cron(spec.schedule, spec.time_zone)
+            slot = slots.next_slot(now) if manual else slots.last_slot(now)
         else:
             slot = at.astimezone(UTC)
-            if spec is not None and spec.last_slot(slot) != slot:
+            if spec is not None and not cron.Cron(spec.schedule, spec.time_zone).is_slot(slot):
                 raise ValueError(f"{slot} is not a slot of job {job} ({spec.schedule!r})")
         sent = {
             **(headers or {}),

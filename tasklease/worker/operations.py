@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from tasklease.errors import TaskleaseError
+from tasklease.jobs import Job
 from tasklease.protocol import rfc3339_or_none
 from tasklease.worker.core import decisions, locking
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
@@ -24,7 +25,7 @@ from tasklease.worker.core.queries import RunFilter, RunPage, is_stuck
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.execution import utc_now
 from tasklease.worker.run_ids import resolve_run_id
-from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, Schedule, overdue_jobs
+from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, overdue_jobs
 from tasklease.worker.stores.base import LeaseStore
 from tasklease.worker.stores.lock_store import lock_store
 from tasklease.worker.stores.operator_queries import operator_queries
@@ -177,7 +178,7 @@ class Operations:
 
     def stuck(
         self,
-        schedules: list[Schedule] | None = None,
+        schedules: list[Job] | None = None,
         grace: timedelta = DEFAULT_GRACE,
         limit: int = 100,
     ) -> StuckReport:

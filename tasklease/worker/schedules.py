@@ -1,20 +1,18 @@
 """Scheduled jobs whose last success is older than their schedule implies (`runs stuck`).
 
-Reads the ``[[job]]`` tables of a jobs file (the emulator's ``--scheduler-config``) or of the
-deploy config (deploy/tasklease.toml): ``name``, ``schedule`` (unix-cron), ``time_zone``.
+Reads the ``[[job]]`` tables (:mod:`tasklease.jobs`) of a jobs file (the emulator's
+``--scheduler-config``) or of the deploy config (deploy/tasklease.toml), of which it uses
+``name``, ``schedule`` (unix-cron) and ``time_zone``; slots are :mod:`tasklease.cron`'s.
 """
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-
+from tasklease import cron
+from tasklease.jobs import Job, load_jobs
 from tasklease.worker.core.identity import parse_rfc3339
 from tasklease.worker.core.queries import is_manual
 from tasklease.worker.core.records import RunRecord, RunStatus
@@ -27,23 +25,6 @@ DEFAULT_SCHEDULES = Path("tasklease.toml")
 # How long after a slot its run may still be finishing (attempts and retries) before it counts
 # as missed: Cloud Scheduler's attempt deadline defaults to 3 minutes, with up to 5 retries.
 DEFAULT_GRACE = timedelta(minutes=15)
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """One Cloud Scheduler job as far as its schedule goes."""
-
-    name: str
-    schedule: str
-    time_zone: str = "Etc/UTC"
-
-    def last_slot(self, at: datetime) -> datetime:
-        """The latest scheduled time at or before ``at``, in UTC."""
-        local = at.astimezone(ZoneInfo(self.time_zone))
-        previous: datetime = croniter(self.schedule, local).get_prev(datetime)
-        following: datetime = croniter(self.schedule, previous).get_next(datetime)
-        # get_prev is strictly before ``at``: ``at`` itself may be a slot.
-        return (following if following <= local else previous).astimezone(UTC)
 
 
 @dataclass(frozen=True)
@@ -64,29 +45,21 @@ def default_schedules(path: Path | None) -> Path | None:
     return DEFAULT_SCHEDULES if DEFAULT_SCHEDULES.is_file() else None
 
 
-def load_schedules(path: str | Path) -> list[Schedule]:
-    """The ``[[job]]`` tables of ``path``; ValueError for a missing or invalid entry."""
-    with Path(path).open("rb") as handle:
-        document: dict[str, Any] = tomllib.load(handle)
-    schedules = []
-    for entry in document.get("job", []):
-        name, schedule = entry.get("name"), entry.get("schedule")
-        if not isinstance(name, str) or not isinstance(schedule, str):
-            raise ValueError(f"{path}: every [[job]] needs a name and a schedule")
-        if not croniter.is_valid(schedule):
-            raise ValueError(f"{path}: job {name}: {schedule!r} is not a unix-cron schedule")
-        time_zone = str(entry.get("time_zone") or "Etc/UTC")
+def load_schedules(path: str | Path) -> list[Job]:
+    """The ``[[job]]`` tables of ``path``; ValueError for one that is not a job, or whose
+    schedule is not unix-cron in a known time zone."""
+    schedules = load_jobs(path)
+    for job in schedules:
         try:
-            ZoneInfo(time_zone)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"{path}: job {name}: unknown time zone {time_zone!r}") from exc
-        schedules.append(Schedule(name, schedule, time_zone))
+            cron.Cron(job.schedule, job.time_zone)
+        except ValueError as exc:
+            raise ValueError(f"{path}: job {job.name}: {exc}") from exc
     return schedules
 
 
 def overdue_jobs(
     store: OperatorQueries,
-    schedules: list[Schedule],
+    schedules: list[Job],
     now: datetime,
     grace: timedelta = DEFAULT_GRACE,
 ) -> list[OverdueJob]:
@@ -99,7 +72,7 @@ def overdue_jobs(
     overdue = []
     for schedule in schedules:
         try:
-            due = schedule.last_slot(now - grace)
+            due = cron.Cron(schedule.schedule, schedule.time_zone).last_slot(now - grace)
         except ValueError:  # croniter's CroniterBadDateError: a job that never fires (0 0 31 2 *).
             continue  # It has no slot to miss; it must not hide the others.
         success = _last_success(store.find_runs(job_name=schedule.name))

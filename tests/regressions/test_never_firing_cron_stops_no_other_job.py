@@ -20,7 +20,8 @@ from google.cloud import scheduler_v1
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.emulator.db import EmulatorDB
 from tasklease.emulator.job_table import JobTable
-from tasklease.worker.schedules import Schedule, overdue_jobs
+from tasklease.jobs import Job
+from tasklease.worker.schedules import overdue_jobs
 from tasklease.worker.stores import MemoryStore
 from tests.emulator_target import Target
 
@@ -93,6 +94,6 @@ def test_a_stored_job_that_never_fires_stops_no_other_job(
 def test_the_stuck_jobs_report_skips_a_job_that_never_fires() -> None:
     """The dashboard's stuck page and ``runs stuck`` asked croniter for each job's last slot:
     a job that never fires raised, and the page answered 500 for every job."""
-    jobs = [Schedule("never", NEVER), Schedule("daily", "0 3 * * *")]
+    jobs = [Job("never", NEVER), Job("daily", "0 3 * * *")]
     overdue = overdue_jobs(MemoryStore(), jobs, datetime(2026, 3, 10, 12, tzinfo=UTC))
     assert [job.name for job in overdue] == ["daily"]

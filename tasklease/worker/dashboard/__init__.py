@@ -18,6 +18,7 @@ from typing import Any
 import flask
 
 from tasklease.errors import ConfigurationError, StoreUnavailable
+from tasklease.jobs import Job
 from tasklease.plumbing.hosts import LOOPBACK_HOSTS, allowed_host_names
 from tasklease.worker.auth import Authenticator
 from tasklease.worker.dashboard.csrf import CSRF_COOKIE, CSRF_FIELD, Csrf
@@ -27,7 +28,6 @@ from tasklease.worker.dashboard.summary import SummaryView
 from tasklease.worker.dashboard.views import Views
 from tasklease.worker.operations import Operations
 from tasklease.worker.router import HandlerSpec
-from tasklease.worker.schedules import Schedule
 from tasklease.worker.stores.base import LeaseStore
 
 
@@ -35,7 +35,7 @@ def dashboard_blueprint(
     store: LeaseStore,
     *,
     auth: OperatorAuth | None = None,
-    schedules: list[Schedule] | None = None,
+    schedules: list[Job] | None = None,
     producer: Any = None,
     name: str = "tasklease_dashboard",
     allowed_hosts: frozenset[str] | None = None,
@@ -72,7 +72,7 @@ def dashboard_blueprint(
 def create_dashboard_app(
     store: LeaseStore,
     *,
-    schedules: list[Schedule] | None = None,
+    schedules: list[Job] | None = None,
     producer: Any = None,
     auth: OperatorAuth | None = None,
     host: str = "127.0.0.1",

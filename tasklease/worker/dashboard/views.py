@@ -10,6 +10,7 @@ from typing import Any
 import flask
 
 from tasklease.errors import StoreUnavailable
+from tasklease.jobs import Job
 from tasklease.worker.core.decisions import OperatorRelease, ReleaseOutcome
 from tasklease.worker.core.queries import RunFilter, is_stuck, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
@@ -18,7 +19,6 @@ from tasklease.worker.dashboard.timelines import run_timeline
 from tasklease.worker.operations import OperationRefused, Operations, run_summary
 from tasklease.worker.redaction import redacted_bodies
 from tasklease.worker.run_ids import AmbiguousRunId
-from tasklease.worker.schedules import Schedule
 
 _log = logging.getLogger("tasklease.dashboard")
 
@@ -35,7 +35,7 @@ class Views:
         self,
         operations: Operations,
         *,
-        schedules: list[Schedule] | None,
+        schedules: list[Job] | None,
         name: str,
         csrf: Csrf,
     ) -> None:
