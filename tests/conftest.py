@@ -9,7 +9,7 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from tasklease.emulator import CloudTasksEmulator
-from tests import firestore_support
+from tests import firestore_support, spanner_support
 from tests.emulator_target import Target
 from tests.fake_cloud_tasks import FakeCloudTasks
 from tests.helpers import FakeClock
@@ -87,6 +87,30 @@ def firestore_host() -> Iterator[str | None]:
                 os.environ.pop("FIRESTORE_EMULATOR_HOST", None)
             else:
                 os.environ["FIRESTORE_EMULATOR_HOST"] = previous
+
+
+@pytest.fixture(scope="session")
+def spanner_emulator() -> Iterator[spanner_support.Emulator]:
+    """Google's Spanner emulator for the session, its instance created, with
+    SPANNER_EMULATOR_HOST set (inherited by spawned test processes)."""
+    previous = os.environ.get("SPANNER_EMULATOR_HOST")
+    for emulator in spanner_support.start_emulator():
+        os.environ["SPANNER_EMULATOR_HOST"] = emulator.host
+        try:
+            yield emulator
+        finally:
+            if previous is None:
+                os.environ.pop("SPANNER_EMULATOR_HOST", None)
+            else:
+                os.environ["SPANNER_EMULATOR_HOST"] = previous
+
+
+@pytest.fixture
+def spanner_database(spanner_emulator: spanner_support.Emulator) -> Iterator[str]:
+    """A fresh database on the session's emulator (its path), dropped after the test."""
+    path = spanner_support.create_database(spanner_emulator.host)
+    yield path
+    spanner_support.drop_database(spanner_emulator.host, path)
 
 
 @pytest.fixture(autouse=True)
