@@ -40,10 +40,11 @@ NEEDS_ISOLATION = pytest.mark.firestore_emulator_gap(
 )
 
 
-@pytest.fixture(params=["sqlite", pytest.param("firestore", marks=NEEDS_ISOLATION)])
+@pytest.fixture(params=["sqlite", pytest.param("firestore", marks=NEEDS_ISOLATION), "spanner"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    """The store a parametrized scenario runs on: a SQLite file, or a fresh Firestore
-    collection on the session's emulator (FIRESTORE_EMULATOR_HOST is inherited)."""
+    """The store a parametrized scenario runs on: a SQLite file, a fresh Firestore
+    collection on the session's emulator (FIRESTORE_EMULATOR_HOST is inherited), or a fresh
+    database on the session's Spanner emulator (SPANNER_EMULATOR_HOST likewise)."""
     return _backend(request, tmp_path)
 
 
@@ -67,6 +68,9 @@ def backend_full(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 def _backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "sqlite":
         return Backend("sqlite", f"sqlite:///{tmp_path}/runs.db")
+    if request.param == "spanner":
+        database = request.getfixturevalue("spanner_database")
+        return Backend("spanner", f"spanner://{database}")
     request.getfixturevalue("firestore_host")
     project = os.environ.get("GOOGLE_CLOUD_PROJECT", firestore_support.PROJECT)
     # For the test's own reads of the records; undone after the test.
