@@ -7,8 +7,9 @@ nothing: ``expire_at`` for runs, ``lapses_at`` for locks. Spanner deletes such r
 about three days; until then the rules treat them as absent (:func:`decisions.is_live`).
 
 ``committed_at`` is the commit timestamp of the row's last write (Spanner's TrueTime, not an
-instance's clock). The rules never read it; beside ``claimed_at`` (the claiming instance's
-clock) it shows how far that instance's clock was off.
+instance's clock). The rules never read it; beside ``finished_at`` (or the ``claimed_at`` of a
+run not finished yet), written from the writing instance's clock in the same commit, it shows
+how far that clock was off.
 """
 
 from __future__ import annotations
