@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -105,6 +106,35 @@ def test_renewal_and_a_lock_change_are_one_transaction_each(
     assert rpcs.take() == ["streaming_read", "commit"]
     assert store.acquire_lock(lock_request(), T0).acquired
     assert rpcs.take() == ["streaming_read", "commit"]
+
+
+def test_an_aborted_transaction_runs_again_reading_the_row_and_the_clock_afresh(
+    spanner_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = new_store(spanner_database)
+    store.claim(claim_request(), T0)
+    database = store.database
+    original = database.run_in_transaction
+    runs: list[str] = []
+
+    def abort_the_first(work: Any, **options: Any) -> Any:
+        def aborted(transaction: Any) -> Any:
+            work(transaction)  # Decided and buffered its write; the commit never happens.
+            raise api.Aborted("contention", errors=[None])  # As from gRPC: a cause.
+
+        runs.append("aborted" if not runs else "committed")
+        return original(aborted if len(runs) == 1 else work, **options)
+
+    monkeypatch.setattr(database, "run_in_transaction", abort_the_first)
+    readings: list[datetime] = []
+
+    def clock() -> datetime:
+        readings.append(T0 + LEASE / (2 + len(readings)))  # Each reading a new value.
+        return readings[-1]
+
+    assert store.renew("run-1", "attempt-1", LEASE, clock) == readings[-1] + LEASE
+    assert (runs, len(readings)) == (["aborted", "committed"], 2)
+    assert store.get("run-1").lease_expires == readings[-1] + LEASE  # type: ignore[union-attr]
 
 
 def test_a_claim_whose_insert_landed_unseen_is_recognised_by_attempt_id(

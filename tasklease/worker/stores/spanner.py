@@ -19,6 +19,7 @@ row would take a finished run for a running one, and each contract test reads it
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from contextlib import suppress
@@ -60,6 +61,7 @@ _UNCERTAIN = (
     api.RetryError,
 )
 _P = spanner.param_types
+log = logging.getLogger("tasklease.store.spanner")
 _RUNS = ", ".join(schema.RUN_COLUMNS)
 _LOCKS = ", ".join(schema.LOCK_COLUMNS)
 
@@ -104,7 +106,7 @@ class SpannerStore(LeaseStore):
         self._schema_ready_pid: int | None = None
         # Claims whose write may have landed though the claim failed: given back on the next
         # claim of their run, or by a background retry.
-        self._orphans = OrphanClaims(self._give_back_orphan)
+        self._orphans = OrphanClaims(self._give_back_orphan, log)
 
     def __repr__(self) -> str:
         return f"SpannerStore({self.database_path!r}, table={self.table!r})"
