@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 # The Firestore tests start Google's emulator (gcloud's google-cloud-cli-firestore-emulator,
 # Java 17+; required when CI=true). The npm emulator is only the local fallback when it is missing.
+# The Spanner tests start Google's Spanner emulator (gcloud's native cloud-spanner-emulator
+# component, package google-cloud-cli-spanner-emulator; required when CI=true).
 NODE_STAMP := node_modules/.installed-$(shell cksum package-lock.json | cut -d' ' -f1)
 
 .PHONY: demo test lint docs faults bench clean

@@ -13,6 +13,7 @@ BENCHMARKS = [
     "bench.sqlite_floor",
     "bench.cold_start",
     "bench.firestore_store",
+    "bench.spanner_store",
 ]
 
 if __name__ == "__main__":

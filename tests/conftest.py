@@ -9,7 +9,7 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from tasklease.emulator import CloudTasksEmulator
-from tests import firestore_support, postgres_support
+from tests import firestore_support, postgres_support, spanner_support
 from tests.emulator_target import Target
 from tests.fake_cloud_tasks import FakeCloudTasks
 from tests.helpers import FakeClock
@@ -100,6 +100,30 @@ def postgres_cluster() -> Iterator[postgres_support.Cluster]:
 def postgres_url(postgres_cluster: postgres_support.Cluster) -> str:
     """A store URL on the session's cluster, in a schema of this test's own (empty)."""
     return postgres_cluster.url(schema=postgres_support.fresh_schema())
+
+
+@pytest.fixture(scope="session")
+def spanner_emulator() -> Iterator[spanner_support.Emulator]:
+    """Google's Spanner emulator for the session, its instance created, with
+    SPANNER_EMULATOR_HOST set (inherited by spawned test processes)."""
+    previous = os.environ.get("SPANNER_EMULATOR_HOST")
+    for emulator in spanner_support.start_emulator():
+        os.environ["SPANNER_EMULATOR_HOST"] = emulator.host
+        try:
+            yield emulator
+        finally:
+            if previous is None:
+                os.environ.pop("SPANNER_EMULATOR_HOST", None)
+            else:
+                os.environ["SPANNER_EMULATOR_HOST"] = previous
+
+
+@pytest.fixture
+def spanner_database(spanner_emulator: spanner_support.Emulator) -> Iterator[str]:
+    """A fresh database on the session's emulator (its path), dropped after the test."""
+    path = spanner_support.create_database(spanner_emulator.host)
+    yield path
+    spanner_support.drop_database(spanner_emulator.host, path)
 
 
 @pytest.fixture(autouse=True)

@@ -40,11 +40,14 @@ NEEDS_ISOLATION = pytest.mark.firestore_emulator_gap(
 )
 
 
-@pytest.fixture(params=["sqlite", pytest.param("firestore", marks=NEEDS_ISOLATION), "postgres"])
+@pytest.fixture(
+    params=["sqlite", pytest.param("firestore", marks=NEEDS_ISOLATION), "postgres", "spanner"]
+)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """The store a parametrized scenario runs on: a SQLite file, a fresh Firestore
-    collection on the session's emulator (FIRESTORE_EMULATOR_HOST is inherited), or a fresh
-    schema on the session's private PostgreSQL cluster."""
+    collection on the session's emulator (FIRESTORE_EMULATOR_HOST is inherited), a fresh
+    schema on the session's private PostgreSQL cluster, or a fresh database on the session's
+    Spanner emulator (SPANNER_EMULATOR_HOST likewise)."""
     return _backend(request, tmp_path)
 
 
@@ -75,6 +78,9 @@ def _backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "postgres":
         cluster: postgres_support.Cluster = request.getfixturevalue("postgres_cluster")
         return Backend("postgres", cluster.url(schema=postgres_support.fresh_schema()))
+    if request.param == "spanner":
+        database = request.getfixturevalue("spanner_database")
+        return Backend("spanner", f"spanner://{database}")
     request.getfixturevalue("firestore_host")
     project = os.environ.get("GOOGLE_CLOUD_PROJECT", firestore_support.PROJECT)
     # For the test's own reads of the records; undone after the test.

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tasklease.worker.stores.firestore import FirestoreStore
     from tasklease.worker.stores.memory import MemoryStore
     from tasklease.worker.stores.postgres import PostgresStore
+    from tasklease.worker.stores.spanner import SpannerStore
     from tasklease.worker.stores.sqlite import SqliteStore
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "MemoryStore",
     "OperatorQueries",
     "PostgresStore",
+    "SpannerStore",
     "SqliteStore",
     "check_store_is_shared",
     "store_from_url",
@@ -68,6 +70,8 @@ def store_from_url(url: str | None = None) -> LeaseStore:
     - ``postgresql://user:password@host:5432/db?schema=tasklease`` (or ``postgres://``;
       options in :mod:`tasklease.worker.stores.postgres_options`; needs
       ``tasklease[postgres]``)
+    - ``spanner://projects/P/instances/I/databases/D?table=tasklease_runs&call_timeout=10``
+      (needs ``tasklease[spanner]``)
     """
     url = url or os.environ.get(protocol.ENV_STORE) or c.DEFAULT_STORE_URL
     scheme, _, rest = url.partition("://")
@@ -93,8 +97,27 @@ def store_from_url(url: str | None = None) -> LeaseStore:
         )
     if scheme in ("postgresql", "postgres"):
         return _postgres_store().from_url(url)
+    if scheme == "spanner":
+        return _spanner_store_from_url(url)
     raise ConfigurationError(
-        f"unknown store URL {url!r}: use sqlite:///path, memory://, firestore:// or postgresql://"
+        f"unknown store URL {url!r}: use sqlite:///path, memory://, firestore://, "
+        "postgresql:// or spanner://"
+    )
+
+
+def _spanner_store_from_url(url: str) -> LeaseStore:
+    parts = urlsplit(url)
+    options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    unknown = set(options) - {"table", "call_timeout"}
+    if unknown:
+        raise ConfigurationError(f"store URL {url!r}: unknown options {sorted(unknown)}")
+    database = f"{parts.netloc}{parts.path}".strip("/")
+    store = _spanner_store()
+    timeout = options.get("call_timeout")
+    return store(
+        database,
+        options.get("table", store.DEFAULT_TABLE),
+        call_timeout=float(timeout) if timeout else store.DEFAULT_CALL_TIMEOUT,
     )
 
 
@@ -118,6 +141,16 @@ def _postgres_store() -> type[PostgresStore]:
     return PostgresStore
 
 
+def _spanner_store() -> type[SpannerStore]:
+    try:
+        from tasklease.worker.stores.spanner import SpannerStore  # noqa: PLC0415 - optional extra.
+    except ImportError as exc:
+        raise ConfigurationError(
+            "the Spanner store needs google-cloud-spanner: pip install 'tasklease[spanner]'"
+        ) from exc
+    return SpannerStore
+
+
 # Each store is imported when it is first named, so a worker loads only the one it uses.
 _lazy_getattr, __dir__ = lazy_exports(
     __name__,
@@ -134,4 +167,10 @@ def __getattr__(name: str) -> Any:
         return _firestore_store()
     if name == "PostgresStore":
         return _postgres_store()
+
+    # Firestore and Spanner need optional extras: imported on first use, with an install hint.
+    if name == "FirestoreStore":
+        return _firestore_store()
+    if name == "SpannerStore":
+        return _spanner_store()
     return _lazy_getattr(name)

@@ -1,4 +1,5 @@
-"""Claims whose write may have landed unseen, and their give-back (the Firestore store's).
+"""Claims whose write may have landed unseen, and their give-back (the Firestore and Spanner
+stores').
 
 A claim whose ``create()`` or ``update()`` failed in a way that may have committed, and that
 could not be read back, is answered :class:`StoreUnavailable` without running the handler.
@@ -45,8 +46,9 @@ def orphan_released(record: RunRecord, now: datetime) -> RunRecord:
 class OrphanClaims:
     """The claims of one process that may have landed unseen, released by ``give_back``."""
 
-    def __init__(self, give_back: GiveBack) -> None:
+    def __init__(self, give_back: GiveBack, logger: logging.Logger = log) -> None:
         self._give_back = give_back
+        self._log = logger
         self._lock = threading.Lock()
         # (run id, attempt id) -> the claim's time.
         self._orphans: OrderedDict[tuple[str, str], datetime] = OrderedDict()
@@ -81,7 +83,9 @@ class OrphanClaims:
             with self._lock:
                 self._orphans.pop((run_id, attempt_id), None)
             if released is not None:
-                log.info("released run %s: attempt %s's claim landed unseen", run_id, attempt_id)
+                self._log.info(
+                    "released run %s: attempt %s's claim landed unseen", run_id, attempt_id
+                )
         with self._lock:
             if not self._orphans:
                 self._delay = ORPHAN_RETRY_FIRST
@@ -115,4 +119,4 @@ class OrphanClaims:
         try:
             self.release()
         except Exception:  # A background thread has no caller to tell; it must not die noisily.
-            log.exception("could not release claims that may have landed unseen")
+            self._log.exception("could not release claims that may have landed unseen")
