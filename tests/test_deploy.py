@@ -269,6 +269,7 @@ def user_project(tmp_path: Path, dependencies: str = '"tasklease"', **files: str
     (source / "myapp" / "__init__.py").write_text("")
     (source / "myapp" / "tasks.py").write_text(
         "from tasklease.worker import Router\nrouter = Router()\n"
+        'router.scheduled("nightly_reports")(lambda ctx: None)\n'
     )
     (source / "pyproject.toml").write_text(
         f'[project]\nname = "myapp"\nversion = "1"\ndependencies = [{dependencies}]\n'

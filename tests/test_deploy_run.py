@@ -12,7 +12,7 @@ import pytest
 
 from tasklease import cli
 from tasklease.deploy import deploy as kit
-from tasklease.deploy.config import Config, load_config
+from tasklease.deploy.config import DEFAULT_CONFIG, Config, load_config
 from tasklease.deploy.errors import DeployError
 from tasklease.deploy.gcloud import Gcloud
 from tests.test_deploy import user_config, user_project
@@ -149,3 +149,13 @@ def test_the_kit_imports_nothing_outside_the_standard_library_and_tasklease() ->
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "['tasklease']"
+
+
+def test_a_region_google_does_not_have_is_refused_unless_allowed(tmp_path: Path) -> None:
+    text = DEFAULT_CONFIG.read_text().replace('region = "us-central1"', 'region = "mars-north1"', 1)
+    config = tmp_path / "mars.toml"
+    config.write_text(text)
+    with pytest.raises(DeployError, match="'mars-north1' is not a Google Cloud region"):
+        load_config(config)
+    config.write_text("allow_unlisted_region = true\n" + text)
+    assert load_config(config).region == "mars-north1"

@@ -12,11 +12,13 @@ checked before any gcloud call, and given tasklease's Procfile if it has none.
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import sys
 from pathlib import Path
 
 from tasklease.cli.common import Subcommands, add_command
+from tasklease.worker.core.identity import Kind
 
 NAME = "deploy"
 CONFIG_NAME = "tasklease.toml"
@@ -69,10 +71,20 @@ def run(args: argparse.Namespace) -> int:
     from tasklease.deploy import deploy as kit  # noqa: PLC0415
     from tasklease.deploy.config import load_config  # noqa: PLC0415
     from tasklease.deploy.errors import DeployError  # noqa: PLC0415
+    from tasklease.deploy.source import check_source  # noqa: PLC0415
 
     try:
+        loaded = load_config(config)
+        if not check_source(args.source, loaded.router) and (
+            problems := unknown_job_handlers(
+                loaded.router, [job.name for job in loaded.jobs], args.source
+            )
+        ):
+            head = "tasklease deploy: [[job]] tables name handlers the router lacks:"
+            print("\n  - ".join([head, *problems]), file=sys.stderr)
+            return 2
         kit.run(
-            load_config(config),
+            loaded,
             args.source,
             args.gcloud,
             dry_run=args.dry_run,
@@ -83,17 +95,53 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def scheduled_handlers(router: str, source: Path) -> list[str] | None:
+    """The names of ``router``'s scheduled handlers (``module:attribute``, imported with
+    ``source`` first on the path), or None when it does not import here (the project's own
+    dependencies may be missing from this environment: the deploy goes on unchecked)."""
+    module_name, _, attribute = router.partition(":")
+    sys.path.insert(0, str(source.resolve()))
+    try:
+        loaded = getattr(importlib.import_module(module_name), attribute)
+        return sorted(spec.name for spec in loaded if spec.kind is Kind.SCHEDULER)
+    except Exception as exc:  # The user's module: anything it raises means "not checkable".
+        print(
+            f"tasklease deploy: not checking [[job]] names: {router} does not import here "
+            f"({type(exc).__name__}: {exc})",
+            file=sys.stderr,
+        )
+        return None
+    finally:
+        sys.path.remove(str(source.resolve()))
+
+
+def unknown_job_handlers(router: str, jobs: list[str], source: Path) -> list[str]:
+    """Each ``[[job]]`` name that no scheduled handler of ``router`` has: its every run would
+    be answered 404 (each job calls ``/jobs/<name>``)."""
+    if not jobs:
+        return []
+    names = scheduled_handlers(router, source)
+    if names is None:
+        return []
+    known = ", ".join(names) or "none"
+    return [
+        f"job {job}: {router} has no @router.scheduled({job!r}) (it has: {known})"
+        for job in jobs
+        if job not in names
+    ]
+
+
 def init(config: Path, *, router: str, project: str | None = None) -> int:
     """Write the deploy kit's commented example, made the user's: their router, no job."""
     if config.exists():
         print(f"tasklease deploy: {config} exists; not overwritten", file=sys.stderr)
         return 2
-    config.write_text(template(router, project))
+    config.write_text(template(router, project, scheduled_handlers(router, config.parent) or []))
     print(f"wrote {config}: set project, region and your queues, then `tasklease deploy --dry-run`")
     return 0
 
 
-def template(router: str, project: str | None = None) -> str:
+def template(router: str, project: str | None = None, scheduled: list[str] | None = None) -> str:
     from tasklease.deploy.config import DEFAULT_CONFIG  # noqa: PLC0415
 
     text = DEFAULT_CONFIG.read_text()
@@ -108,4 +156,12 @@ def template(router: str, project: str | None = None) -> str:
         '# Every Cloud Scheduler job needs a handler: @router.scheduled("name").\n'
     )
     body = re.sub(r"\A(#[^\n]*\n)+\n*", "", header)  # The kit's own header comment.
+    if scheduled:  # A job per scheduled handler of the router, to uncomment once scheduled.
+        jobs = "".join(
+            f'#\n# [[job]]\n# name = "{name}"\n# schedule = "0 3 * * *"  # when it runs: set it\n'
+            '# time_zone = "Etc/UTC"\n'
+            for name in scheduled
+        )
+        heading = "# Your router's scheduled handlers, each a job once uncommented:"
+        return f"{intro}\n{body}\n\n{heading}\n{jobs}"
     return f"{intro}\n{body}\n\n# Uncomment for a Scheduler job:\n{commented}\n"

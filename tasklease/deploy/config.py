@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tasklease.deploy.errors import DeployError
+from tasklease.deploy.regions import REGIONS
 from tasklease.jobs import PROXY_KINDS, Job, parse_jobs
 
 DEFAULT_CONFIG = Path(__file__).with_name("tasklease.toml")
@@ -90,6 +91,7 @@ class Config:
     enqueuers: tuple[str, ...]
     queues: tuple[Queue, ...]
     jobs: tuple[Job, ...] = field(default_factory=tuple)
+    allow_unlisted_region: bool = False  # A region Google added after tasklease.deploy.regions.
 
     @property
     def lock_collection(self) -> str:
@@ -139,6 +141,7 @@ def load_config(path: Path) -> Config:
             enqueuers=tuple(accounts.get("enqueuers", [])),
             queues=tuple(Queue(**queue) for queue in raw.get("queue", [])),
             jobs=deployed_jobs(raw.get("job", [])),
+            allow_unlisted_region=raw.get("allow_unlisted_region", False) is True,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DeployError(f"{path}: missing or invalid setting: {exc}") from exc
@@ -190,6 +193,12 @@ def check_names(config: Config) -> list[str]:
 def check(config: Config) -> list[str]:
     """Every relation between deadlines, leases and limits that a working deploy needs."""
     problems = []
+    if config.region not in REGIONS and not config.allow_unlisted_region:
+        problems.append(
+            f"region = {config.region!r} is not a Google Cloud region "
+            "(cloud.google.com/about/locations); if Google added it lately, set "
+            "allow_unlisted_region = true"
+        )
     if not config.queues:
         problems.append("define at least one [[queue]]")
     if not 1 <= config.request_timeout <= 3600:

@@ -41,6 +41,7 @@ from tasklease.deploy.plan import Deployer  # noqa: E402
 from tasklease.deploy.source import (  # noqa: E402
     check_proxy_source,
     check_source,
+    ensure_gcloudignore,
     ensure_procfile,
 )
 
@@ -73,6 +74,7 @@ def run(
             + "\n".join(f"  - {p}" for p in problems)
         )
     ensure_procfile(source, dry_run=dry_run)
+    ensure_gcloudignore(source, dry_run=dry_run)
     deployer.deploy()
 
 

@@ -81,6 +81,42 @@ def ensure_procfile(source: Path, *, dry_run: bool) -> None:
     print(f"wrote {procfile}")
 
 
+# What the upload of ``--source`` leaves out when the source has no .gcloudignore of its own:
+# virtual environments, caches and local stores are never what Cloud Run builds from.
+GCLOUDIGNORE = """\
+# Written by tasklease deploy: what `gcloud run deploy --source` does not upload.
+.gcloudignore
+.git/
+.venv/
+venv/
+env/
+__pycache__/
+*.pyc
+.mypy_cache/
+.pytest_cache/
+.ruff_cache/
+node_modules/
+.tasklease/
+*.db
+*.db-wal
+*.db-shm
+"""
+
+
+def ensure_gcloudignore(source: Path, *, dry_run: bool) -> None:
+    """Give ``source`` a .gcloudignore unless it has one, so a local virtual environment or
+    store is not uploaded (gcloud uploads every file it is not told to skip)."""
+    ignore = source / ".gcloudignore"
+    if ignore.exists():
+        return
+    text = GCLOUDIGNORE + ("#!include:.gitignore\n" if (source / ".gitignore").exists() else "")
+    if dry_run:
+        print(f"# would write {ignore}: skips .venv/, .git/, caches and local stores")
+        return
+    ignore.write_text(text)
+    print(f"wrote {ignore}")
+
+
 def check_proxy_source(source: Path, config: Config) -> list[str]:
     """Each proxy job's client library installed by the buildpack, or its runs would all fail."""
     kinds = sorted({job.proxy.kind for job in config.jobs if job.proxy is not None})
