@@ -15,6 +15,7 @@ from tasklease.worker.core import constants as c
 from tasklease.worker.stores.base import LeaseStore
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
+from tasklease.worker.stores.transactional import TransactionalStore
 
 if TYPE_CHECKING:
     from tasklease.worker.stores.firestore import FirestoreStore
@@ -32,6 +33,7 @@ __all__ = [
     "PostgresStore",
     "SpannerStore",
     "SqliteStore",
+    "TransactionalStore",
     "check_store_is_shared",
     "store_from_url",
 ]
