@@ -15,10 +15,16 @@ import argparse
 import importlib
 import re
 import sys
+import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasklease.cli.common import Subcommands, add_command
 from tasklease.worker.core.identity import Kind
+from tasklease.worker.declared_jobs import declared_jobs
+
+if TYPE_CHECKING:
+    from tasklease.worker.router import HandlerSpec
 
 NAME = "deploy"
 CONFIG_NAME = "tasklease.toml"
@@ -74,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
     from tasklease.deploy.source import check_source  # noqa: PLC0415
 
     try:
-        loaded = load_config(config)
+        handlers = router_handlers(configured_router(config), args.source)
+        loaded = load_config(config, declared=declared_jobs(handlers or []))
         if not check_source(args.source, loaded.router) and (
             problems := unknown_job_handlers(
-                loaded.router, [job.name for job in loaded.jobs], args.source
+                loaded.router, [job.name for job in loaded.jobs], handlers
             )
         ):
             head = "tasklease deploy: [[job]] tables name handlers the router lacks:"
@@ -95,19 +102,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def scheduled_handlers(router: str, source: Path) -> list[str] | None:
-    """The names of ``router``'s scheduled handlers (``module:attribute``, imported with
-    ``source`` first on the path), or None when it does not import here (the project's own
-    dependencies may be missing from this environment: the deploy goes on unchecked)."""
+def configured_router(config: Path) -> str | None:
+    """The ``[worker] router`` of ``config``, if it reads (load_config judges the rest)."""
+    try:
+        worker = tomllib.loads(config.read_text()).get("worker")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    router = worker.get("router") if isinstance(worker, dict) else None
+    return router if isinstance(router, str) else None
+
+
+def router_handlers(router: str | None, source: Path) -> list[HandlerSpec] | None:
+    """The handlers of ``router`` (``module:attribute``, imported with ``source`` first on
+    the path), or None when it does not import here (the project's own dependencies may be
+    missing from this environment: the deploy goes on with the file's jobs alone, unchecked)."""
+    if router is None:
+        return None
     module_name, _, attribute = router.partition(":")
     sys.path.insert(0, str(source.resolve()))
     try:
-        loaded = getattr(importlib.import_module(module_name), attribute)
-        return sorted(spec.name for spec in loaded if spec.kind is Kind.SCHEDULER)
+        return list(getattr(importlib.import_module(module_name), attribute))
     except Exception as exc:  # The user's module: anything it raises means "not checkable".
         print(
-            f"tasklease deploy: not checking [[job]] names: {router} does not import here "
-            f"({type(exc).__name__}: {exc})",
+            f"tasklease deploy: {router} does not import here ({type(exc).__name__}: {exc}): "
+            "not checking [[job]] names, and deploying no schedule declared in code",
             file=sys.stderr,
         )
         return None
@@ -115,14 +133,26 @@ def scheduled_handlers(router: str, source: Path) -> list[str] | None:
         sys.path.remove(str(source.resolve()))
 
 
-def unknown_job_handlers(router: str, jobs: list[str], source: Path) -> list[str]:
-    """Each ``[[job]]`` name that no scheduled handler of ``router`` has: its every run would
-    be answered 404 (each job calls ``/jobs/<name>``)."""
-    if not jobs:
+def unscheduled_handlers(router: str, source: Path) -> list[str] | None:
+    """The names of ``router``'s scheduled handlers with no schedule in code, or None when it
+    does not import here."""
+    handlers = router_handlers(router, source)
+    if handlers is None:
+        return None
+    return sorted(
+        spec.name for spec in handlers if spec.kind is Kind.SCHEDULER and spec.schedule is None
+    )
+
+
+def unknown_job_handlers(
+    router: str, jobs: list[str], handlers: list[HandlerSpec] | None
+) -> list[str]:
+    """Each ``[[job]]`` name that no scheduled handler of ``router`` (its ``handlers``, None
+    when it did not import) has: its every run would be answered 404 (each job calls
+    ``/jobs/<name>``)."""
+    if handlers is None:
         return []
-    names = scheduled_handlers(router, source)
-    if names is None:
-        return []
+    names = sorted(spec.name for spec in handlers if spec.kind is Kind.SCHEDULER)
     known = ", ".join(names) or "none"
     return [
         f"job {job}: {router} has no @router.scheduled({job!r}) (it has: {known})"
@@ -136,7 +166,9 @@ def init(config: Path, *, router: str, project: str | None = None) -> int:
     if config.exists():
         print(f"tasklease deploy: {config} exists; not overwritten", file=sys.stderr)
         return 2
-    config.write_text(template(router, project, scheduled_handlers(router, config.parent) or []))
+    # A [[job]] only for the handlers with no schedule in code: a deploy reads the others.
+    unscheduled = unscheduled_handlers(router, config.parent) or []
+    config.write_text(template(router, project, unscheduled))
     print(f"wrote {config}: set project, region and your queues, then `tasklease deploy --dry-run`")
     return 0
 
