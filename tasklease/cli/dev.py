@@ -133,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
                 ],
                 own_session=True,
             ) as worker,
-            serving_dashboard(store_url, "127.0.0.1", args.dashboard_port, env) as board,
+            serving_dashboard(
+                store_url, "127.0.0.1", args.dashboard_port, env, declared=declared
+            ) as board,
         ):
             log.info("worker for %s on %s; queue %s", args.router, worker_url, queue)
             log.info("dashboard on %s", board)
