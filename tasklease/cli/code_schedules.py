@@ -7,11 +7,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tomllib
 from typing import TYPE_CHECKING, TextIO
 
 from tasklease import protocol
-from tasklease.cli.dev_router import CONFIG, check_router
+from tasklease.cli.dev_router import CONFIG, check_router, configured_router
 from tasklease.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -38,7 +37,7 @@ def code_schedules(reference: str | None, err: TextIO = sys.stderr) -> list[Job]
             return declared_jobs(check_router(reference))
         except ImportError as exc:
             raise ConfigurationError(f"{reference} does not import: {exc}") from None
-    found = os.environ.get(protocol.ENV_ROUTER) or _configured_router()
+    found = os.environ.get(protocol.ENV_ROUTER) or configured_router()
     if not found:
         return []
     try:
@@ -46,12 +45,3 @@ def code_schedules(reference: str | None, err: TextIO = sys.stderr) -> list[Job]
     except Exception as exc:  # The user's module: anything it raises means "not checkable".
         print(f"not checking the schedules in code of {found}: {exc}", file=err)
         return []
-
-
-def _configured_router() -> str | None:
-    try:
-        worker = tomllib.loads(CONFIG.read_text(encoding="utf-8")).get("worker")
-    except (OSError, tomllib.TOMLDecodeError):
-        return None
-    router = worker.get("router") if isinstance(worker, dict) else None
-    return router if isinstance(router, str) and router else None

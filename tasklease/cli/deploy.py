@@ -15,11 +15,11 @@ import argparse
 import importlib
 import re
 import sys
-import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasklease.cli.common import Subcommands, add_command
+from tasklease.cli.dev_router import configured_router
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.declared_jobs import declared_jobs
 
@@ -100,16 +100,6 @@ def run(args: argparse.Namespace) -> int:
     except DeployError as exc:
         return kit.failed(exc)
     return 0
-
-
-def configured_router(config: Path) -> str | None:
-    """The ``[worker] router`` of ``config``, if it reads (load_config judges the rest)."""
-    try:
-        worker = tomllib.loads(config.read_text()).get("worker")
-    except (OSError, tomllib.TOMLDecodeError):
-        return None
-    router = worker.get("router") if isinstance(worker, dict) else None
-    return router if isinstance(router, str) else None
 
 
 def router_handlers(router: str | None, source: Path) -> list[HandlerSpec] | None:

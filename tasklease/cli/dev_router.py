@@ -39,6 +39,14 @@ def router_reference(argument: str | None, config: Path = CONFIG) -> str:
     return reference
 
 
+def configured_router(config: Path = CONFIG) -> str | None:
+    """The ``[worker] router`` of ``config``, or None when it has none or does not read."""
+    try:
+        return router_reference(None, config)
+    except ConfigurationError:
+        return None
+
+
 def check_router(reference: str) -> list[HandlerSpec]:
     """Import the router as the worker will (the current directory first on the path), and
     return its handlers (those of the router a Flask app of create_app serves);
