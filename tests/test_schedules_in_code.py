@@ -16,6 +16,8 @@ from tasklease.worker import TaskContext, create_app
 from tasklease.worker.declared_jobs import declared_jobs, router_jobs
 from tasklease.worker.stores import MemoryStore
 
+pytest_plugins = ["pytester"]
+
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
@@ -69,6 +71,15 @@ def test_a_schedule_without_a_time_zone_or_retry_gets_cloud_schedulers_defaults(
             r"retry\.min_backoff_duration must not be negative",
         ),
         ({"schedule": "0 3 * * *", "retry": Retry()}, "retry must be a JobRetry"),
+        (
+            {"schedule": "0 3 * * *", "retry": JobRetry(retry_count=1.5)},  # type: ignore[arg-type]
+            r"retry\.retry_count must be a whole number",
+        ),
+        (
+            {"schedule": "0 3 * * *", "retry": JobRetry(max_backoff_duration=60)},  # type: ignore[arg-type]
+            r"retry\.max_backoff_duration must be a timedelta",
+        ),
+        ({"schedule": "0 3 * * *", "description": 7}, "description must be a string"),
         (
             {"schedule": "0 3 * * *", "attempt_deadline": timedelta(seconds=10)},
             "attempt_deadline must be 15 to 1800",
@@ -150,3 +161,32 @@ def test_the_stub_scheduler_checks_an_override_table_when_it_loads_it(tmp_path: 
     config.write_text('[[job]]\nname = "nightly_reports"\nattempt_deadline = 5\n')
     with pytest.raises(InvalidJob, match="attempt_deadline must be 15 to 1800"):
         StubScheduler().load(config)
+
+
+def test_the_plugins_scheduler_fires_a_job_in_code_its_toml_overrides(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makefile(".toml", tasklease='[[job]]\nname = "digest"\ntime_zone = "Asia/Tokyo"\n')
+    pytester.makepyfile(
+        """
+        from datetime import UTC, datetime
+
+        from tasklease import Router
+        from tasklease.worker import create_app
+        from tasklease.worker.stores import MemoryStore
+
+        router = Router()
+        router.scheduled("digest", schedule="0 9 * * *", time_zone="Europe/Paris")(
+            lambda ctx: None
+        )
+
+        def test_fire(tasklease_scheduler):
+            tasklease_scheduler.bind(router)
+            app = create_app(router, store=MemoryStore(), auth="none",
+                             clock=lambda: datetime(2026, 3, 1, 0, 0, 5, tzinfo=UTC))
+            slot = datetime(2026, 3, 1, 0, 0, tzinfo=UTC)  # 09:00 in Tokyo
+            fired = tasklease_scheduler.fire(app.test_client(), "digest", at=slot)
+            assert fired.outcome == "processed"
+        """
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)

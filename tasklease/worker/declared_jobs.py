@@ -86,9 +86,10 @@ def check_schedule(spec: HandlerSpec) -> None:
         cron.check(spec.schedule, spec.time_zone or jobs.DEFAULT_TIME_ZONE, datetime.now(UTC))
     except ValueError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None
+    if not isinstance(spec.description, str):
+        raise ConfigurationError(f"{where}: description must be a string")
     if spec.retry is not None:
-        if not isinstance(spec.retry, JobRetry):
-            raise ConfigurationError(f"{where}: retry must be a JobRetry, not {spec.retry!r}")
+        _check_retry_types(where, spec.retry)
         if problems := jobs.retry_problems(spec.retry.as_retry()):
             name, why = problems[0]
             raise ConfigurationError(f"{where}: retry.{_RETRY_NAMES.get(name, name)} {why}")
@@ -98,6 +99,18 @@ def check_schedule(spec: HandlerSpec) -> None:
             raise ConfigurationError(
                 f"{where}: attempt_deadline must be {low:g} to {high:g} seconds"
             )
+
+
+def _check_retry_types(where: str, retry: Any) -> None:
+    if not isinstance(retry, JobRetry):
+        raise ConfigurationError(f"{where}: retry must be a JobRetry, not {retry!r}")
+    for name in ("retry_count", "max_doublings"):
+        value = getattr(retry, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigurationError(f"{where}: retry.{name} must be a whole number")
+    for name in ("max_retry_duration", "min_backoff_duration", "max_backoff_duration"):
+        if not isinstance(getattr(retry, name), timedelta):
+            raise ConfigurationError(f"{where}: retry.{name} must be a timedelta")
 
 
 def declared_job(spec: HandlerSpec) -> jobs.Job | None:
