@@ -58,6 +58,7 @@ def test_a_schedule_declared_in_code_is_a_job_of_the_dev_scheduler_and_fires(
     project: Path,
 ) -> None:
     for dev in running(project, []):  # No --scheduler-config: the router's jobs alone.
+        assert "scheduler job nightly: 0 3 * * * (Europe/Paris)" in dev.banner
         triggered = dev.tasklease("scheduler", "run", "nightly", "--emulator", dev.emulator)
         assert triggered.returncode == 0, triggered.stderr
         run = dev.wait_for_run("nightly", "completed")
@@ -68,6 +69,7 @@ def test_a_schedule_declared_in_code_is_a_job_of_the_dev_scheduler_and_fires(
 def test_a_jobs_file_table_of_the_same_name_overrides_the_codes_fields(project: Path) -> None:
     (project / "jobs.toml").write_text('[[job]]\nname = "nightly"\ntime_zone = "Asia/Tokyo"\n')
     for dev in running(project, ["--scheduler-config", "jobs.toml"]):
+        assert "scheduler job nightly: 0 3 * * * (Asia/Tokyo)" in dev.banner
         triggered = dev.tasklease("scheduler", "run", "nightly", "--emulator", dev.emulator)
         assert triggered.returncode == 0, triggered.stderr
         run = dev.wait_for_run("nightly", "completed")

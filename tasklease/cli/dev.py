@@ -139,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         ):
             log.info("worker for %s on %s; queue %s", args.router, worker_url, queue)
             log.info("dashboard on %s", board)
+            for job in list(emulator.scheduler.jobs.values()):
+                log.info("scheduler job %s: %s (%s)", job.name, job.schedule, job.time_zone)
             print(
                 f"\nCloud Tasks emulator: REST {emulator.url}, gRPC {emulator.grpc_target}"
                 "\nEnqueue from another shell with:\n"
