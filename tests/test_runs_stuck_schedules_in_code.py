@@ -20,6 +20,11 @@ from tasklease import Router
 
 router = Router()
 router.scheduled("nightly", schedule="*/5 * * * *", time_zone="Europe/Paris")(lambda ctx: None)
+
+from tasklease.worker import create_app
+from tasklease.worker.stores import MemoryStore
+
+app = create_app(router, store=MemoryStore(), auth="none")
 """
 
 
@@ -106,3 +111,10 @@ def test_the_dashboard_lists_a_job_declared_in_code_that_missed_its_slot(
         page = requests.get(f"{url}stuck", timeout=10)
     assert page.status_code == 200
     assert "nightly" in page.text and "*/5 * * * *" in page.text
+
+
+def test_a_flask_app_of_create_app_stands_for_its_router(project: tuple[Path, str]) -> None:
+    from tasklease.cli.code_schedules import code_schedules  # noqa: PLC0415
+
+    [job] = code_schedules(project[1].replace(":router", ":app"))
+    assert (job.name, job.schedule, job.time_zone) == ("nightly", "*/5 * * * *", "Europe/Paris")
