@@ -4,8 +4,11 @@ handler with no schedule in code. Run as a user does: the installed `tasklease` 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+from tests.checkout import ROOT
 from tests.test_deploy_checks_the_users_project import tasklease
 
 TASKS = """
@@ -101,3 +104,31 @@ def test_a_table_overriding_a_schedule_no_handler_declares_is_refused(tmp_path: 
     planned = tasklease(source, "--dry-run")
     assert planned.returncode == 2
     assert "job cleanup: schedule is missing" in planned.stderr
+
+
+def test_the_kits_script_plans_the_job_declared_in_code_too(tmp_path: Path) -> None:
+    source = project(tmp_path)
+    script, config = ROOT / "deploy" / "deploy.py", source / "tasklease.toml"
+    planned = subprocess.run(
+        [sys.executable, str(script), "--dry-run", f"--source={source}", f"--config={config}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert planned.returncode == 0, planned.stderr
+    assert "--time-zone=Europe/Paris" in job_command(planned.stdout, "nightly_reports")
+
+
+def test_a_router_that_does_not_import_is_said_and_the_files_jobs_deployed(
+    tmp_path: Path,
+) -> None:
+    source = project(tmp_path)
+    (source / "myapp" / "tasks.py").write_text("import a_dependency_not_installed\n")
+    config = source / "tasklease.toml"
+    config.write_text(config.read_text() + '\n[[job]]\nname = "cleanup"\nschedule = "0 1 * * *"\n')
+    planned = tasklease(source, "--dry-run")
+    assert "does not import here" in planned.stderr
+    assert "deploying no schedule declared in code" in planned.stderr
+    assert "jobs create http cleanup" in planned.stdout
+    assert "nightly_reports" not in planned.stdout

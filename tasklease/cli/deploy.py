@@ -12,16 +12,14 @@ checked before any gcloud call, and given tasklease's Procfile if it has none.
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasklease.cli.common import Subcommands, add_command
-from tasklease.cli.dev_router import configured_router
+from tasklease.deploy.code_jobs import code_jobs, configured_router, router_handlers
 from tasklease.worker.core.identity import Kind
-from tasklease.worker.declared_jobs import declared_jobs
 
 if TYPE_CHECKING:
     from tasklease.worker.router import HandlerSpec
@@ -80,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     from tasklease.deploy.source import check_source  # noqa: PLC0415
 
     try:
-        handlers = router_handlers(configured_router(config), args.source)
-        loaded = load_config(config, declared=declared_jobs(handlers or []))
+        handlers = router_handlers(configured_router(config), args.source, "tasklease deploy")
+        loaded = load_config(config, declared=code_jobs(handlers))
         if not check_source(args.source, loaded.router) and (
             problems := unknown_job_handlers(
                 loaded.router, [job.name for job in loaded.jobs], handlers
@@ -102,31 +100,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def router_handlers(router: str | None, source: Path) -> list[HandlerSpec] | None:
-    """The handlers of ``router`` (``module:attribute``, imported with ``source`` first on
-    the path), or None when it does not import here (the project's own dependencies may be
-    missing from this environment: the deploy goes on with the file's jobs alone, unchecked)."""
-    if router is None:
-        return None
-    module_name, _, attribute = router.partition(":")
-    sys.path.insert(0, str(source.resolve()))
-    try:
-        return list(getattr(importlib.import_module(module_name), attribute))
-    except Exception as exc:  # The user's module: anything it raises means "not checkable".
-        print(
-            f"tasklease deploy: {router} does not import here ({type(exc).__name__}: {exc}): "
-            "not checking [[job]] names, and deploying no schedule declared in code",
-            file=sys.stderr,
-        )
-        return None
-    finally:
-        sys.path.remove(str(source.resolve()))
-
-
 def unscheduled_handlers(router: str, source: Path) -> list[str] | None:
     """The names of ``router``'s scheduled handlers with no schedule in code, or None when it
     does not import here."""
-    handlers = router_handlers(router, source)
+    handlers = router_handlers(router, source, "tasklease deploy")
     if handlers is None:
         return None
     return sorted(
