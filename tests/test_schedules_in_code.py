@@ -80,6 +80,7 @@ def test_a_schedule_without_a_time_zone_or_retry_gets_cloud_schedulers_defaults(
             r"retry\.max_backoff_duration must be a timedelta",
         ),
         ({"schedule": "0 3 * * *", "description": 7}, "description must be a string"),
+        ({"schedule": "0 3 * * *", "attempt_deadline": 60}, "attempt_deadline must be a timedelta"),
         (
             {"schedule": "0 3 * * *", "attempt_deadline": timedelta(seconds=10)},
             "attempt_deadline must be 15 to 1800",

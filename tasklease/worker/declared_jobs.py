@@ -95,6 +95,8 @@ def check_schedule(spec: HandlerSpec) -> None:
             raise ConfigurationError(f"{where}: retry.{_RETRY_NAMES.get(name, name)} {why}")
     if spec.attempt_deadline is not None:
         low, high = jobs.MIN_ATTEMPT_DEADLINE, jobs.MAX_ATTEMPT_DEADLINE
+        if not isinstance(spec.attempt_deadline, timedelta):
+            raise ConfigurationError(f"{where}: attempt_deadline must be a timedelta")
         if not low <= spec.attempt_deadline.total_seconds() <= high:
             raise ConfigurationError(
                 f"{where}: attempt_deadline must be {low:g} to {high:g} seconds"
