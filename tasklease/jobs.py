@@ -142,33 +142,70 @@ _FIELDS = (
 _RETRY_FIELDS = ("retry_count", "max_retry_duration", "min_backoff", "max_backoff", "max_doublings")
 
 
-def load_jobs(path: str | Path) -> list[Job]:
-    """The ``[[job]]`` tables of the TOML file ``path`` (its other tables are not theirs);
-    InvalidJob for one that is not a job, OSError if the file cannot be read."""
+def load_jobs(path: str | Path, declared: Iterable[Job] = ()) -> list[Job]:
+    """The ``[[job]]`` tables of the TOML file ``path`` (its other tables are not theirs) over
+    the ``declared`` jobs (see :func:`parse_jobs`); InvalidJob for one that is not a job,
+    OSError if the file cannot be read."""
+    return parse_jobs(read_tables(path), source=str(path), declared=declared)
+
+
+def read_tables(path: str | Path) -> Any:
+    """The raw ``[[job]]`` tables of the TOML file ``path``, checked by :func:`parse_jobs`."""
     with Path(path).open("rb") as handle:
         try:
             document = tomllib.load(handle)
         except tomllib.TOMLDecodeError as exc:
             raise InvalidJob(f"{path}: {exc}") from exc
-    return parse_jobs(document.get("job", []), source=str(path))
+    return document.get("job", [])
 
 
-def parse_jobs(tables: Any, source: str = "") -> list[Job]:
+def parse_jobs(tables: Any, source: str = "", declared: Iterable[Job] = ()) -> list[Job]:
     """Each table of a TOML ``[[job]]`` array, with unique names; ``source`` (a path) starts
-    each message."""
+    each message.
+
+    ``declared`` are the jobs a router declares in code (``@router.scheduled(...,
+    schedule=...)``). The precedence rule: a table named as a declared job overrides the
+    fields it sets, and only those (``[job.retry]`` key by key), so it may leave out
+    ``schedule``; a declared job no table names is kept as declared; a table naming no
+    declared job is a job of its own, as without code. Declared jobs come first, in their
+    order, then the others in the file's."""
     prefix = f"{source}: " if source else ""
     if not isinstance(tables, list):
         raise InvalidJob(f"{prefix}job must be an array of tables ([[job]])")
-    jobs: list[Job] = []
+    code = {job.name: job for job in declared}
+    merged: dict[str, Job] = dict(code)
+    seen: set[str] = set()
     for table in tables:
+        name = table.get("name") if isinstance(table, Mapping) else None
+        base = code.get(name) if isinstance(name, str) else None
         try:
-            job = parse_job(table)
+            job = parse_job(table if base is None else overlay(base, table))
         except InvalidJob as exc:
             raise InvalidJob(f"{prefix}{exc}") from exc
-        if any(other.name == job.name for other in jobs):
+        if job.name in seen:
             raise InvalidJob(f"{prefix}job {job.name}: defined twice")
-        jobs.append(job)
-    return jobs
+        seen.add(job.name)
+        merged[job.name] = job
+    return list(merged.values())
+
+
+def overlay(job: Job, table: Mapping[str, Any]) -> dict[str, Any]:
+    """``job`` as a ``[[job]]`` table with the keys of ``table`` over it (those of its
+    ``[job.retry]`` over the job's retry, one by one)."""
+    merged = {**as_table(job), **table}
+    if isinstance(table.get("retry"), Mapping):
+        merged["retry"] = {**as_table(job)["retry"], **table["retry"]}
+    return merged
+
+
+def as_table(job: Job) -> dict[str, Any]:
+    """The ``[[job]]`` table :func:`parse_job` reads back as ``job``."""
+    table: dict[str, Any] = {f: getattr(job, f) for f in _FIELDS if getattr(job, f) is not None}
+    table["headers"] = dict(job.headers)
+    table["retry"] = {f: getattr(job.retry, f) for f in _RETRY_FIELDS}
+    if job.proxy is not None:
+        table["proxy"] = {job.proxy.kind: job.proxy.resource}
+    return table
 
 
 def parse_job(table: Any) -> Job:
@@ -214,12 +251,21 @@ def _retry(fields: _Fields) -> Retry:
         max_backoff=fields.number("max_backoff", defaults.max_backoff),
         max_doublings=fields.integer("max_doublings", defaults.max_doublings),
     )
+    for name, why in retry_problems(retry):
+        fields.refuse(name, why)
+    return retry
+
+
+def retry_problems(retry: Retry) -> list[tuple[str, str]]:
+    """Each field of ``retry`` outside Cloud Scheduler's limits, and why: what the TOML
+    loader and ``@router.scheduled(retry=...)`` both refuse."""
+    problems = []
     if not 0 <= retry.retry_count <= MAX_RETRY_COUNT:
-        fields.refuse("retry_count", f"must be 0 to {MAX_RETRY_COUNT}")
+        problems.append(("retry_count", f"must be 0 to {MAX_RETRY_COUNT}"))
     for name in ("max_retry_duration", "min_backoff", "max_backoff", "max_doublings"):
         if getattr(retry, name) < 0:
-            fields.refuse(name, "must not be negative")
-    return retry
+            problems.append((name, "must not be negative"))
+    return problems
 
 
 def _proxy(fields: _Fields, raw: Any) -> Proxy | None:

@@ -145,8 +145,21 @@ def test_job_flags_carry_the_uri_token_and_retry_settings() -> None:
         f"--oidc-service-account-email={INVOKER}",
         f"--oidc-token-audience={URL}",
         "--attempt-deadline=180s",
+        "--description=",
         "--max-retry-attempts=3",
+        "--max-retry-duration=0s",
         "--min-backoff=5s",
         "--max-backoff=3600s",
         "--max-doublings=5",
     ]
+
+
+def test_a_jobs_description_and_max_retry_duration_are_deployed_and_compared() -> None:
+    job = Job("nightly", "0 3 * * *", description="reports", retry=Retry(max_retry_duration=600))
+    wanted = JobSettings.wanted(job, URL, INVOKER)
+    assert {"--description=reports", "--max-retry-duration=600s"} <= set(wanted.flags())
+    described = described_job()
+    assert JobSettings.described(described) != wanted
+    described["description"] = "reports"
+    described["retryConfig"]["maxRetryDuration"] = "600s"
+    assert JobSettings.described(described) == wanted

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from tasklease.cli.code_schedules import add_router_option, code_schedules
 from tasklease.cli.common import (
     DEFAULT_DASHBOARD_PORT,
     Subcommands,
@@ -21,6 +23,9 @@ from tasklease.cli.store_choice import STORE_HELP, existing_store_url
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.loopback import is_loopback_url
 from tasklease.worker.logs import configure_logging
+
+if TYPE_CHECKING:
+    from tasklease.jobs import Job
 
 NAME = "dashboard"
 
@@ -46,6 +51,7 @@ def register(commands: Subcommands) -> None:
     board.add_argument(
         "--schedules", type=Path, help="[[job]] tables, for stuck jobs (default: ./tasklease.toml)"
     )
+    add_router_option(board)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,12 +70,19 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         store_url = existing_store_url(args.store, sys.stderr)
+        declared = code_schedules(args.router)
     except ConfigurationError as exc:
         print(f"tasklease dashboard: {exc}", file=sys.stderr)
         return 1
     stop = stop_on_sigterm()
     serving = serving_dashboard(
-        store_url, args.host, args.port, None, args.schedules, allowed_hosts=args.allow_host
+        store_url,
+        args.host,
+        args.port,
+        None,
+        args.schedules,
+        allowed_hosts=args.allow_host,
+        declared=declared,
     )
     with serving as url:
         print(f"tasklease dashboard on {url} (store: {store_url})")
@@ -85,9 +98,11 @@ def serving_dashboard(
     schedules: Path | None = None,
     *,
     allowed_hosts: Iterable[str] = (),
+    declared: Sequence[Job] = (),
 ) -> Iterator[str]:
     """The dashboard on ``host:port`` in a thread, for as long as the block runs, answering
-    loopback ``Host`` names, ``host`` and ``allowed_hosts`` only."""
+    loopback ``Host`` names, ``host`` and ``allowed_hosts`` only. Its stuck jobs are the
+    ``declared`` ones (a router's schedules in code) with the ``schedules`` file's over them."""
     from werkzeug.serving import make_server  # noqa: PLC0415
 
     from tasklease.producer import Producer  # noqa: PLC0415
@@ -97,7 +112,11 @@ def serving_dashboard(
 
     app = create_dashboard_app(
         store_from_url(store_url),
-        schedules=load_schedules(path) if (path := default_schedules(schedules)) else None,
+        schedules=(
+            load_schedules(path, declared)
+            if (path := default_schedules(schedules)) or declared
+            else None
+        ),
         producer=(lambda: Producer.from_env(producer_env)) if producer_env else None,
         host=host,
         allowed_hosts=allowed_hosts,

@@ -12,13 +12,17 @@ checked before any gcloud call, and given tasklease's Procfile if it has none.
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasklease.cli.common import Subcommands, add_command
+from tasklease.deploy.code_jobs import code_jobs, configured_router, router_handlers
 from tasklease.worker.core.identity import Kind
+
+if TYPE_CHECKING:
+    from tasklease.worker.router import HandlerSpec
 
 NAME = "deploy"
 CONFIG_NAME = "tasklease.toml"
@@ -74,10 +78,11 @@ def run(args: argparse.Namespace) -> int:
     from tasklease.deploy.source import check_source  # noqa: PLC0415
 
     try:
-        loaded = load_config(config)
+        handlers = router_handlers(configured_router(config), args.source, "tasklease deploy")
+        loaded = load_config(config, declared=code_jobs(handlers))
         if not check_source(args.source, loaded.router) and (
             problems := unknown_job_handlers(
-                loaded.router, [job.name for job in loaded.jobs], args.source
+                loaded.router, [job.name for job in loaded.jobs], handlers
             )
         ):
             head = "tasklease deploy: [[job]] tables name handlers the router lacks:"
@@ -95,34 +100,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def scheduled_handlers(router: str, source: Path) -> list[str] | None:
-    """The names of ``router``'s scheduled handlers (``module:attribute``, imported with
-    ``source`` first on the path), or None when it does not import here (the project's own
-    dependencies may be missing from this environment: the deploy goes on unchecked)."""
-    module_name, _, attribute = router.partition(":")
-    sys.path.insert(0, str(source.resolve()))
-    try:
-        loaded = getattr(importlib.import_module(module_name), attribute)
-        return sorted(spec.name for spec in loaded if spec.kind is Kind.SCHEDULER)
-    except Exception as exc:  # The user's module: anything it raises means "not checkable".
-        print(
-            f"tasklease deploy: not checking [[job]] names: {router} does not import here "
-            f"({type(exc).__name__}: {exc})",
-            file=sys.stderr,
-        )
+def unscheduled_handlers(router: str, source: Path) -> list[str] | None:
+    """The names of ``router``'s scheduled handlers with no schedule in code, or None when it
+    does not import here."""
+    handlers = router_handlers(router, source, "tasklease deploy")
+    if handlers is None:
         return None
-    finally:
-        sys.path.remove(str(source.resolve()))
+    return sorted(
+        spec.name for spec in handlers if spec.kind is Kind.SCHEDULER and spec.schedule is None
+    )
 
 
-def unknown_job_handlers(router: str, jobs: list[str], source: Path) -> list[str]:
-    """Each ``[[job]]`` name that no scheduled handler of ``router`` has: its every run would
-    be answered 404 (each job calls ``/jobs/<name>``)."""
-    if not jobs:
+def unknown_job_handlers(
+    router: str, jobs: list[str], handlers: list[HandlerSpec] | None
+) -> list[str]:
+    """Each ``[[job]]`` name that no scheduled handler of ``router`` (its ``handlers``, None
+    when it did not import) has: its every run would be answered 404 (each job calls
+    ``/jobs/<name>``)."""
+    if handlers is None:
         return []
-    names = scheduled_handlers(router, source)
-    if names is None:
-        return []
+    names = sorted(spec.name for spec in handlers if spec.kind is Kind.SCHEDULER)
     known = ", ".join(names) or "none"
     return [
         f"job {job}: {router} has no @router.scheduled({job!r}) (it has: {known})"
@@ -136,7 +133,9 @@ def init(config: Path, *, router: str, project: str | None = None) -> int:
     if config.exists():
         print(f"tasklease deploy: {config} exists; not overwritten", file=sys.stderr)
         return 2
-    config.write_text(template(router, project, scheduled_handlers(router, config.parent) or []))
+    # A [[job]] only for the handlers with no schedule in code: a deploy reads the others.
+    unscheduled = unscheduled_handlers(router, config.parent) or []
+    config.write_text(template(router, project, unscheduled))
     print(f"wrote {config}: set project, region and your queues, then `tasklease deploy --dry-run`")
     return 0
 

@@ -14,6 +14,7 @@ import math
 import sys
 import threading
 from collections import Counter
+from dataclasses import replace
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ from tasklease.cli.emulator import add_emulator_options, serving_emulator
 from tasklease.cli.ports import Port, first_clash
 from tasklease.cli.store_choice import write_dev_store
 from tasklease.errors import ConfigurationError
+from tasklease.worker.declared_jobs import declared_jobs
 
 if TYPE_CHECKING:
     from tasklease.emulator.sender import AttemptResult
@@ -82,20 +84,26 @@ def run(args: argparse.Namespace) -> int:
     if clash:
         print(f"tasklease dev: {clash}", file=sys.stderr)
         return 1
+    worker_url = f"http://127.0.0.1:{args.worker_port}"
     try:
         args.router = router_reference(args.router)
-        check_router(args.router)
+        # The router's schedules in code, calling this worker (a jobs file may override them).
+        declared = [
+            replace(job, url=f"{worker_url}{protocol.SCHEDULER_ROUTE_PREFIX}{job.name}")
+            for job in declared_jobs(check_router(args.router))
+        ]
     except ConfigurationError as exc:
         print(f"tasklease dev: {exc}", file=sys.stderr)
         return 1
     stop = stop_on_sigterm()
     log = logging.getLogger("tasklease.cli")
     store_url = write_dev_store(args.store)
-    with serving_emulator(args, default_service_account=args.service_account) as emulator:
+    with serving_emulator(
+        args, default_service_account=args.service_account, declared=declared
+    ) as emulator:
         queue = f"projects/{args.project}/locations/{args.location}/queues/{args.queue}"
         if emulator.db.get_queue(queue) is None:
             emulator.create_queue(queue)
-        worker_url = f"http://127.0.0.1:{args.worker_port}"
         env = {
             "TASKLEASE_PROJECT": args.project,
             "TASKLEASE_LOCATION": args.location,
@@ -125,10 +133,14 @@ def run(args: argparse.Namespace) -> int:
                 ],
                 own_session=True,
             ) as worker,
-            serving_dashboard(store_url, "127.0.0.1", args.dashboard_port, env) as board,
+            serving_dashboard(
+                store_url, "127.0.0.1", args.dashboard_port, env, declared=declared
+            ) as board,
         ):
             log.info("worker for %s on %s; queue %s", args.router, worker_url, queue)
             log.info("dashboard on %s", board)
+            for job in list(emulator.scheduler.jobs.values()):
+                log.info("scheduler job %s: %s (%s)", job.name, job.schedule, job.time_zone)
             print(
                 f"\nCloud Tasks emulator: REST {emulator.url}, gRPC {emulator.grpc_target}"
                 "\nEnqueue from another shell with:\n"

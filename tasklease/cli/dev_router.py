@@ -7,8 +7,12 @@ from __future__ import annotations
 import sys
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasklease.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from tasklease.worker.router import HandlerSpec
 
 CONFIG = Path("tasklease.toml")
 
@@ -35,9 +39,20 @@ def router_reference(argument: str | None, config: Path = CONFIG) -> str:
     return reference
 
 
-def check_router(reference: str) -> None:
-    """Import the router as the worker will (the current directory first on the path);
+def configured_router(config: Path = CONFIG) -> str | None:
+    """The ``[worker] router`` of ``config``, or None when it has none or does not read."""
+    try:
+        return router_reference(None, config)
+    except ConfigurationError:
+        return None
+
+
+def check_router(reference: str) -> list[HandlerSpec]:
+    """Import the router as the worker will (the current directory first on the path), and
+    return its handlers (those of the router a Flask app of create_app serves);
     ConfigurationError says what is wrong with the reference."""
+    from tasklease.worker.app import EXECUTOR_EXTENSION  # noqa: PLC0415
+    from tasklease.worker.router import Router  # noqa: PLC0415
     from tasklease.worker.wsgi import load_router  # noqa: PLC0415
 
     here = str(Path.cwd())
@@ -45,7 +60,11 @@ def check_router(reference: str) -> None:
     if added:
         sys.path.insert(0, here)
     try:
-        load_router(reference)
+        target = load_router(reference)
     finally:
         if added:
             sys.path.remove(here)
+    if isinstance(target, Router):
+        return list(target)
+    executor = target.extensions.get(EXECUTOR_EXTENSION)
+    return list(executor.router) if executor is not None else []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +23,7 @@ from tasklease.cli.ports import Port, first_clash
 
 if TYPE_CHECKING:
     from tasklease.emulator import CloudTasksEmulator
+    from tasklease.jobs import Job
 
 NAME = "emulator"
 
@@ -87,14 +88,22 @@ def add_emulator_options(parser: argparse.ArgumentParser) -> None:
 
 @contextmanager
 def serving_emulator(
-    args: argparse.Namespace, default_service_account: str | None = None
+    args: argparse.Namespace,
+    default_service_account: str | None = None,
+    declared: Sequence[Job] = (),
 ) -> Iterator[CloudTasksEmulator]:
     """The emulator the flags of :func:`add_emulator_options` describe, while the block runs.
-    Jobs whose table names no ``service_account`` are signed as ``default_service_account``
-    (``tasklease dev``'s invoker, the account its worker accepts), when given."""
+    Its Scheduler jobs are ``declared`` (a router's, ``tasklease dev``'s) with the
+    ``--scheduler-config`` tables over them (tasklease.jobs.parse_jobs). Jobs whose table
+    names no ``service_account`` are signed as ``default_service_account`` (``tasklease
+    dev``'s invoker, the account its worker accepts), when given."""
     from tasklease.emulator import CloudTasksEmulator, Faults, load_jobs  # noqa: PLC0415
+    from tasklease.emulator.scheduler import emulated  # noqa: PLC0415
 
-    jobs = load_jobs(args.scheduler_config) if args.scheduler_config else []
+    if args.scheduler_config:
+        jobs = load_jobs(args.scheduler_config, declared)
+    else:
+        jobs = [emulated(job) for job in declared]
     if default_service_account:
         jobs = [
             job if job.service_account else replace(job, service_account=default_service_account)

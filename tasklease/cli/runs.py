@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tasklease.cli import refused
+from tasklease.cli.code_schedules import add_router_option, code_schedules
 from tasklease.cli.common import Subcommands, add_command
 from tasklease.cli.store_choice import STORE_HELP, open_existing_store
 from tasklease.errors import ConfigurationError, StoreUnavailable
@@ -127,6 +128,7 @@ def register(commands: Subcommands) -> None:
         f"(default: {_ago(DEFAULT_GRACE)})",
     )
     stuck.add_argument("--limit", type=_positive, default=100, help="stuck runs listed at most")
+    add_router_option(stuck)
 
     release = add_command(
         actions,
@@ -259,8 +261,8 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
 
 
 def _stuck(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    path = default_schedules(args.schedules)
-    schedules = load_schedules(path) if path else None
+    path, declared = default_schedules(args.schedules), code_schedules(args.router, err)
+    schedules = load_schedules(path, declared) if path or declared else None
     report = operations.stuck(schedules, args.grace, args.limit)
     now = operations.clock()
     if args.json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,16 +57,7 @@ class Queue:
 
 # What a [[job]] table may say that a deploy does not apply: its target is the worker's
 # /jobs/<name>, called with the invoker's OIDC token, and gcloud is not given the rest.
-NOT_DEPLOYED = {
-    "description",
-    "url",
-    "http_method",
-    "body",
-    "headers",
-    "service_account",
-    "audience",
-    "retry.max_retry_duration",
-}
+NOT_DEPLOYED = {"url", "http_method", "body", "headers", "service_account", "audience"}
 
 
 @dataclass(frozen=True)
@@ -107,8 +99,10 @@ class Config:
         return f"{self.invoker_account}@{self.project}.iam.gserviceaccount.com"
 
 
-def load_config(path: Path) -> Config:
-    """Read and check the TOML file; raise DeployError listing every problem."""
+def load_config(path: Path, declared: Sequence[Job] = ()) -> Config:
+    """Read and check the TOML file; raise DeployError listing every problem. ``declared``
+    are the jobs the router declares in code: the file's [[job]] tables override them
+    (tasklease.jobs.parse_jobs)."""
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -140,7 +134,7 @@ def load_config(path: Path) -> Config:
             invoker_account=accounts.get("invoker", "tasklease-invoker"),
             enqueuers=tuple(accounts.get("enqueuers", [])),
             queues=tuple(Queue(**queue) for queue in raw.get("queue", [])),
-            jobs=deployed_jobs(raw.get("job", [])),
+            jobs=deployed_jobs(raw.get("job", []), declared),
             allow_unlisted_region=raw.get("allow_unlisted_region", False) is True,
         )
     except (KeyError, TypeError, ValueError) as exc:
@@ -151,9 +145,10 @@ def load_config(path: Path) -> Config:
     return config
 
 
-def deployed_jobs(tables: Any) -> tuple[Job, ...]:
-    """The ``[[job]]`` tables (tasklease.jobs), refusing a field the deploy would not apply."""
-    jobs = tuple(parse_jobs(tables))
+def deployed_jobs(tables: Any, declared: Sequence[Job] = ()) -> tuple[Job, ...]:
+    """The ``[[job]]`` tables (tasklease.jobs) over the ``declared`` jobs, refusing a field
+    the deploy would not apply."""
+    jobs = tuple(parse_jobs(tables, declared=declared))
     for job in jobs:
         if ignored := sorted(job.given() & NOT_DEPLOYED):
             raise ValueError(

@@ -34,6 +34,7 @@ if __name__ == "__main__":
     if importlib.util.find_spec("tasklease") is None:
         sys.path.insert(0, str(ROOT))
 
+from tasklease.deploy.code_jobs import code_jobs, configured_router, router_handlers  # noqa: E402
 from tasklease.deploy.config import DEFAULT_CONFIG, Config, load_config  # noqa: E402
 from tasklease.deploy.errors import DeployError  # noqa: E402
 from tasklease.deploy.gcloud import Gcloud  # noqa: E402
@@ -91,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gcloud", default="gcloud", help="the gcloud executable")
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config)
+        router = configured_router(args.config)
+        declared = code_jobs(router_handlers(router, args.source, "deploy"))
+        config = load_config(args.config, declared)
         run(config, args.source, args.gcloud, dry_run=args.dry_run, teardown=args.teardown)
     except DeployError as exc:
         return failed(exc)

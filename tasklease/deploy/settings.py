@@ -75,6 +75,7 @@ class QueueSettings:
 class JobSettings:
     """A Cloud Scheduler HTTP job's schedule, target, OIDC token and retry settings."""
 
+    description: str
     schedule: str | None
     time_zone: str | None
     uri: str | None
@@ -82,6 +83,7 @@ class JobSettings:
     audience: str | None
     attempt_deadline: float
     retry_count: int
+    max_retry_duration: float
     min_backoff: float
     max_backoff: float
     max_doublings: int
@@ -92,6 +94,7 @@ class JobSettings:
         target, retry = described.get("httpTarget", {}), described.get("retryConfig", {})
         oidc, defaults = target.get("oidcToken", {}), Retry()
         return cls(
+            description=str(described.get("description", "")),
             schedule=described.get("schedule"),
             time_zone=described.get("timeZone"),
             uri=target.get("uri"),
@@ -99,6 +102,7 @@ class JobSettings:
             audience=oidc.get("audience"),
             attempt_deadline=duration(described.get("attemptDeadline"), DEFAULT_ATTEMPT_DEADLINE),
             retry_count=int(retry.get("retryCount", defaults.retry_count)),
+            max_retry_duration=duration(retry.get("maxRetryDuration")),
             min_backoff=duration(retry.get("minBackoffDuration"), defaults.min_backoff),
             max_backoff=duration(retry.get("maxBackoffDuration"), defaults.max_backoff),
             max_doublings=int(retry.get("maxDoublings", defaults.max_doublings)),
@@ -108,6 +112,7 @@ class JobSettings:
     def wanted(cls, job: Job, url: str, invoker: str) -> JobSettings:
         """``job`` calling the worker at ``url`` with an OIDC token of ``invoker``."""
         return cls(
+            description=job.description,
             schedule=job.schedule,
             time_zone=job.time_zone,
             uri=f"{url}/jobs/{job.name}",
@@ -115,6 +120,7 @@ class JobSettings:
             audience=url,
             attempt_deadline=job.attempt_deadline,
             retry_count=job.retry.retry_count,
+            max_retry_duration=job.retry.max_retry_duration,
             min_backoff=job.retry.min_backoff,
             max_backoff=job.retry.max_backoff,
             max_doublings=job.retry.max_doublings,
@@ -130,7 +136,9 @@ class JobSettings:
             f"--oidc-service-account-email={self.service_account}",
             f"--oidc-token-audience={self.audience}",
             f"--attempt-deadline={seconds(self.attempt_deadline)}",
+            f"--description={self.description}",
             f"--max-retry-attempts={self.retry_count}",
+            f"--max-retry-duration={seconds(self.max_retry_duration)}",
             f"--min-backoff={seconds(self.min_backoff)}",
             f"--max-backoff={seconds(self.max_backoff)}",
             f"--max-doublings={self.max_doublings}",

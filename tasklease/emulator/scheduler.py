@@ -78,9 +78,10 @@ class Job:
         return self._schedule.next_time(after)
 
 
-def load_jobs(path: Path) -> list[Job]:
-    """The jobs of a TOML file's ``[[job]]`` tables (:func:`tasklease.jobs.load_jobs`)."""
-    return [emulated(spec) for spec in jobs.load_jobs(path)]
+def load_jobs(path: Path, declared: Iterable[jobs.Job] = ()) -> list[Job]:
+    """The jobs of a TOML file's ``[[job]]`` tables over the ``declared`` ones (a router's
+    schedules in code: :func:`tasklease.jobs.load_jobs`)."""
+    return [emulated(spec) for spec in jobs.load_jobs(path, declared)]
 
 
 def emulated(spec: jobs.Job) -> Job:

@@ -10,8 +10,9 @@ that depends on it:
   lose_response_every=0)`` to deliver every pending task (and those they create) to a Flask
   test client.
 - ``tasklease_scheduler``: a :class:`~tasklease.testing.stubs.StubScheduler`, with the
-  ``[[job]]`` schedules of the project's ``tasklease.toml``; ``fire(client, job, at=...,
-  manual=False)``.
+  ``[[job]]`` schedules of the project's ``tasklease.toml``; ``bind(router)`` adds the
+  schedules declared in code (``@router.scheduled(..., schedule=...)``, the toml's tables
+  over them); ``fire(client, job, at=..., manual=False)``.
 
 The package's modules: :mod:`.stubs` (the stub queue and scheduler, usable without pytest),
 :mod:`.google_apis` (``FakeGoogleApis``: Workflows, Cloud Run and Cloud Build on loopback gRPC,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tasklease import cron, protocol
-from tasklease.jobs import Job, load_jobs, parse_job
+from tasklease.jobs import Job, parse_job, parse_jobs, read_tables
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.producer.memory import QueuedTask
 from tasklease.producer.producer import TaskRoutes
@@ -301,6 +301,8 @@ class StubScheduler:
 
     def __init__(self, jobs: list[Job] | None = None) -> None:
         self.jobs: dict[str, Job] = {}
+        self._tables: list[Any] = []  # Those of load(), over the jobs of bind().
+        self._source = ""
         for job in jobs or []:
             self._add(job)
 
@@ -309,9 +311,25 @@ class StubScheduler:
         return self._add(parse_job(table))
 
     def load(self, config: Path) -> None:
-        """Add the ``[[job]]`` tables of a ``tasklease.toml``: the jobs a deploy sets up."""
-        for job in load_jobs(config):
+        """Add the ``[[job]]`` tables of a ``tasklease.toml``: the jobs a deploy sets up. A
+        table with no ``schedule`` overrides a job declared in code: checked now, added by
+        :meth:`bind`."""
+        tables = read_tables(config)
+        waiting = {str(table.get("name")) for table in _overrides(tables)}
+        stand_ins = [Job(name, "0 0 * * *") for name in waiting]  # For their code jobs.
+        for job in parse_jobs(tables, str(config), declared=stand_ins):
+            if job.name not in waiting:
+                self._add(job)
+        self._tables, self._source = list(tables), str(config)
+
+    def bind(self, router: Router) -> StubScheduler:
+        """Add the jobs ``router`` declares in code (``@router.scheduled(...,
+        schedule=...)``), with the tables of :meth:`load` over them, as a deploy makes them."""
+        from tasklease.worker.declared_jobs import router_jobs  # noqa: PLC0415
+
+        for job in router_jobs(router, self._tables, self._source):
             self._add(job)
+        return self
 
     def _add(self, job: Job) -> Job:
         """``job``, if its schedule is unix-cron in a known zone (ValueError naming it)."""
@@ -347,8 +365,9 @@ class StubScheduler:
         if manual or at is None:
             if spec is None:
                 raise ValueError(
-                    f"no schedule for job {job!r}: call add_job({job!r}, '0 3 * * *') or put "
-                    "its [[job]] table in tasklease.toml"
+                    f"no schedule for job {job!r}: call add_job({job!r}, '0 3 * * *'), "
+                    "bind(router) when its handler declares one, or put its [[job]] table "
+                    "in tasklease.toml"
                 )
             now, slots = at or datetime.now(UTC), cron.Cron(spec.schedule, spec.time_zone)
             slot = slots.next_slot(now) if manual else slots.last_slot(now)
@@ -372,6 +391,13 @@ class StubScheduler:
             schedule_time=slot,
             body=response.get_data(),
         )
+
+
+def _overrides(tables: Any) -> list[Any]:
+    """The ``[[job]]`` tables without a schedule: overrides of a job declared in code."""
+    if not isinstance(tables, list):
+        return []
+    return [t for t in tables if isinstance(t, Mapping) and "schedule" not in t]
 
 
 def _path(url: str) -> str:

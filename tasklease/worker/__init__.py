@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tasklease.worker.context import TaskContext
     from tasklease.worker.core.outcome import Outcome
     from tasklease.worker.core.records import RunRecord, RunStatus
+    from tasklease.worker.declared_jobs import JobRetry
     from tasklease.worker.router import HandlerSpec, Router
 
 # Each public name and the module that defines it (imported when the name is first read).
@@ -50,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "RunRecord": "tasklease.worker.core.records",
     "RunStatus": "tasklease.worker.core.records",
     "HandlerSpec": "tasklease.worker.router",
+    "JobRetry": "tasklease.worker.declared_jobs",
     "Router": "tasklease.worker.router",
 }
 
@@ -60,6 +62,7 @@ __all__ = [
     "ConfigurationError",
     "HandlerSpec",
     "InvalidDelivery",
+    "JobRetry",
     "LeaseLost",
     "NoAuth",
     "OidcAuth",

@@ -13,6 +13,7 @@ from tasklease import protocol
 from tasklease.errors import ConfigurationError
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind
+from tasklease.worker.declared_jobs import JobRetry, check_schedule
 from tasklease.worker.handles import (
     JobDecorator,
     JobHandler,
@@ -51,6 +52,12 @@ class HandlerSpec:
     on_overlap: OnOverlap = "skip"
     concurrency_key: ConcurrencyKey | None = None
     queue: str | None = None  # Where enqueue by reference sends it, unless the call says.
+    # The Cloud Scheduler job of a scheduled handler, declared in code (see declared_jobs).
+    schedule: str | None = None
+    time_zone: str | None = None
+    retry: JobRetry | None = None
+    description: str = ""
+    attempt_deadline: timedelta | None = None
 
     @property
     def path(self) -> str:
@@ -112,6 +119,18 @@ class Router:
     - ``queue``: the queue ``handler.enqueue(...)`` creates its tasks in, unless the call
       names one (default: the producer's).
 
+    Options of scheduled handlers, for their Cloud Scheduler job, declared in code (checked
+    here: a bad one is a ConfigurationError naming the handler, at import):
+
+    - ``schedule``: unix-cron of five fields (``"0 3 * * *"``); ``time_zone``: a tz database
+      name (default ``Etc/UTC``); ``retry``: a :class:`JobRetry` (default: Cloud Scheduler's,
+      no retry); ``description``; ``attempt_deadline`` (15 s to 30 min, default 3 min).
+      ``tasklease deploy``, ``tasklease dev``, the ``tasklease_scheduler`` fixture (after
+      ``bind(router)``) and ``tasklease runs stuck`` read the job from the router. A
+      ``[[job]]`` table of the same name in tasklease.toml (or the dev jobs file) overrides
+      the fields it sets (:func:`tasklease.jobs.parse_jobs`); a table naming a handler with no
+      schedule in code is that handler's job, as before.
+
     Handlers may be ``async def``: the worker awaits them (see :mod:`.event_loop`). Each
     decorator returns a handle (:class:`~tasklease.worker.handles.TaskHandler`,
     :class:`~tasklease.worker.handles.JobHandler`) that calls the function as written and
@@ -170,8 +189,14 @@ class Router:
         max_runtime: timedelta | None = None,
         min_gap: timedelta = timedelta(0),
         on_overlap: OnOverlap = "skip",
+        schedule: str | None = None,
+        time_zone: str | None = None,
+        retry: JobRetry | None = None,
+        description: str = "",
+        attempt_deadline: timedelta | None = None,
     ) -> JobDecorator:
-        """Register ``handler(ctx)`` at ``POST /jobs/<name>``, for a Cloud Scheduler job."""
+        """Register ``handler(ctx)`` at ``POST /jobs/<name>``, for a Cloud Scheduler job (the
+        one ``schedule=`` declares, if given)."""
         register = self._decorator(
             Kind.SCHEDULER,
             name,
@@ -187,6 +212,11 @@ class Router:
             max_runtime=max_runtime,
             min_gap=min_gap,
             on_overlap=on_overlap,
+            schedule=schedule,
+            time_zone=time_zone,
+            retry=retry,
+            description=description,
+            attempt_deadline=attempt_deadline,
         )
 
         def job_handle(function: Callable[..., Any], /) -> JobHandler[Any]:
@@ -304,6 +334,7 @@ class Router:
         if spec.max_attempts is not None and spec.max_attempts < 1:
             raise ConfigurationError(f"{spec.name}: max_attempts must be at least 1")
         _check_exclusion(spec)
+        check_schedule(spec)
         if spec.queue is not None and not _NAME.fullmatch(spec.queue):
             raise ConfigurationError(f"{spec.name}: queue {spec.queue!r} is not a queue ID")
         if (spec.kind, spec.name) in self._handlers:

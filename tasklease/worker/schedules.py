@@ -1,12 +1,14 @@
 """Scheduled jobs whose last success is older than their schedule implies (`runs stuck`).
 
-Reads the ``[[job]]`` tables (:mod:`tasklease.jobs`) of a jobs file (the emulator's
-``--scheduler-config``) or of the deploy config (deploy/tasklease.toml), of which it uses
-``name``, ``schedule`` (unix-cron) and ``time_zone``; slots are :mod:`tasklease.cron`'s.
+Reads a router's schedules in code, and over them the ``[[job]]`` tables (:mod:`tasklease.jobs`)
+of a jobs file (the emulator's ``--scheduler-config``) or of the deploy config
+(deploy/tasklease.toml), of which it uses ``name``, ``schedule`` (unix-cron) and
+``time_zone``; slots are :mod:`tasklease.cron`'s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -45,10 +47,11 @@ def default_schedules(path: Path | None) -> Path | None:
     return DEFAULT_SCHEDULES if DEFAULT_SCHEDULES.is_file() else None
 
 
-def load_schedules(path: str | Path) -> list[Job]:
-    """The ``[[job]]`` tables of ``path``; ValueError for one that is not a job, or whose
-    schedule is not unix-cron in a known time zone."""
-    schedules = load_jobs(path)
+def load_schedules(path: str | Path | None, declared: Sequence[Job] = ()) -> list[Job]:
+    """The ``[[job]]`` tables of ``path`` (if any) over the ``declared`` jobs (a router's
+    schedules in code: :func:`tasklease.jobs.parse_jobs`); ValueError for one that is not a
+    job, or whose schedule is not unix-cron in a known time zone."""
+    schedules = load_jobs(path, declared) if path is not None else list(declared)
     for job in schedules:
         try:
             cron.Cron(job.schedule, job.time_zone)
