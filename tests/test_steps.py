@@ -277,3 +277,53 @@ def test_a_continuation_header_naming_no_continued_run_is_rejected(store: Counti
     reply = post(app, **{protocol.CONTINUATION_HEADER: f"{'a' * 64}:1"})
     assert reply.status_code == 400
     assert store.get("a" * 64) is None
+
+
+def test_runs_show_lists_the_steps_and_the_continuation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tasklease import cli  # noqa: PLC0415
+
+    store = SqliteStore(tmp_path / "shown.db")
+    router = Router()
+
+    @router.task("h")
+    def handler(payload: Any, ctx: TaskContext) -> None:
+        ctx.step("charge", lambda: {"id": 1})
+        ctx.continue_later({"page": 2})
+
+    router.use_producer(CapturingProducer())  # type: ignore[arg-type]
+    post(create_app(router, store=store, auth="none"))
+    store.close()
+    url = f"sqlite:///{tmp_path / 'shown.db'}"
+    assert cli.main(["runs", "show", run_id_of(), "--store", url]) == 0
+    text = capsys.readouterr().out
+    assert "charge" in text and "8 bytes" in text
+    assert "continuation       1" in text
+    assert cli.main(["runs", "show", run_id_of(), "--store", url, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in shown["steps"]] == ["charge"]
+    assert shown["continuation"]["seq"] == 1
+
+
+def test_the_delivery_log_line_counts_steps_replayed_and_run(
+    store: CountingStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    crash = {"once": True}
+
+    def handler(payload: Any, ctx: TaskContext) -> None:
+        ctx.step("a", lambda: 1)
+        if crash.pop("once", False):
+            raise RuntimeError("after a")
+        ctx.step("b", lambda: 2)
+
+    app = app_with(store, handler)
+    post(app)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tasklease"):
+        post(app)
+    from tasklease.worker.logs import FIELDS_ATTRIBUTE  # noqa: PLC0415
+
+    (line,) = [r for r in caplog.records if r.name == "tasklease.execution"]
+    fields = getattr(line, FIELDS_ATTRIBUTE)
+    assert (fields["steps_replayed"], fields["steps_run"]) == (1, 1)

@@ -66,9 +66,7 @@ class StepsContract:
         store.purge_expired(T0 + timedelta(hours=2))
         assert store.get("run-1") is None
 
-    def test_a_record_past_retention_gives_the_next_claim_no_steps(
-        self, store: LeaseStore
-    ) -> None:
+    def test_a_record_past_retention_gives_the_next_claim_no_steps(self, store: LeaseStore) -> None:
         store.claim(claim_request(retention=timedelta(minutes=1)), T0)
         store.record_step("run-1", "attempt-1", _step("a", "1"))
         store.release("run-1", "attempt-1", "boom", T0)

@@ -185,3 +185,45 @@ def parse_continuation_header(value: str) -> tuple[str, int] | None:
     if not (seq.isascii() and seq.isdigit() and 0 < len(seq) <= 9) or int(seq) < 1:
         return None
     return run_id, int(seq)
+
+
+def summary(record: RunRecord) -> dict[str, Any]:
+    """A run's steps and continuation for operators (``tasklease runs show``): names,
+    attempts, times and sizes, never the results themselves."""
+    last = continuation_of(record)
+    return {
+        "steps": [
+            {
+                "name": step.name,
+                "attempt_id": step.attempt_id,
+                "completed_at": rfc3339(step.completed_at),
+                "result_bytes": step.size,
+            }
+            for step in steps_of(record).values()
+        ],
+        "continuation": None
+        if last.seq == 0
+        else {
+            "seq": last.seq,
+            "at": None if last.at is None else rfc3339(last.at),
+            "delay_seconds": last.delay_seconds,
+            "state_bytes": len((record.continuation_json or "").encode()),
+        },
+    }
+
+
+def summary_lines(record: RunRecord) -> list[str]:
+    """:func:`summary` as the text lines of ``tasklease runs show``."""
+    shown = summary(record)
+    lines = [
+        f"{'step':<18} {s['name']}  by {s['attempt_id']} at {s['completed_at']}, "
+        f"{s['result_bytes']} bytes"
+        for s in shown["steps"]
+    ]
+    if shown["continuation"] is not None:
+        c = shown["continuation"]
+        lines.append(
+            f"{'continuation':<18} {c['seq']} at {c['at']} (delay {c['delay_seconds']} s, "
+            f"{c['state_bytes']} bytes of state)"
+        )
+    return lines
