@@ -96,10 +96,30 @@ def five_steps(payload: dict[str, Any], ctx: TaskContext) -> list[bool]:
     pause = float(payload.get("sleep", 0.05))
 
     def effect(name: str) -> bool:
+        ledger.called(ctx.run_id, name, ctx.attempt_id)
         time.sleep(pause)
         return ledger.apply(ctx.run_id, name, ctx.attempt_id, ctx.step_key(name))
 
     return [ctx.step(f"step-{i}", effect, f"step-{i}") for i in range(5)]
+
+
+@router.task("chain", lease=timedelta(seconds=2))
+def chain(payload: dict[str, Any], ctx: TaskContext) -> dict[str, int] | None:
+    """A continuation chain of ``length`` deliveries, one durable step each."""
+    from tests.faults.steps_ledger import StepsLedger  # noqa: PLC0415 - this scenario only.
+
+    ledger = StepsLedger(Path(os.environ[ENV_DOWNSTREAM]).with_name("steps.db"))
+    i = int((ctx.state or {"i": 0})["i"])
+
+    def effect(name: str) -> bool:
+        ledger.called(ctx.run_id, name, ctx.attempt_id)
+        return ledger.apply(ctx.run_id, name, ctx.attempt_id, ctx.step_key(name))
+
+    ctx.step(f"segment-{i}", effect, f"segment-{i}")
+    if i + 1 < int(payload["length"]):
+        ctx.continue_later({"i": i + 1})
+        return None
+    return {"done": i}
 
 
 def skewed_clock() -> Any:

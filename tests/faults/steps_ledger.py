@@ -4,6 +4,7 @@ a step's function, so a test can tell a step re-executed after its record."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -19,15 +20,18 @@ class StepsLedger:
         )
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS calls (run_id TEXT, step TEXT, attempt_id TEXT, "
-            "at REAL, seq INTEGER PRIMARY KEY AUTOINCREMENT)"
+            "at REAL, pid INTEGER, seq INTEGER PRIMARY KEY AUTOINCREMENT)"
+        )
+
+    def called(self, run_id: str, step: str, attempt_id: str) -> None:
+        """Log a call of a step's function, before it does anything."""
+        self._db.execute(
+            "INSERT INTO calls (run_id, step, attempt_id, at, pid) VALUES (?, ?, ?, ?, ?)",
+            (run_id, step, attempt_id, time.time(), os.getpid()),
         )
 
     def apply(self, run_id: str, step: str, attempt_id: str, step_key: str) -> bool:
-        """Log the call, then apply the effect unless its key was applied: True if applied."""
-        self._db.execute(
-            "INSERT INTO calls (run_id, step, attempt_id, at) VALUES (?, ?, ?, ?)",
-            (run_id, step, attempt_id, time.time()),
-        )
+        """Apply the effect unless its key was applied: True if applied."""
         cursor = self._db.execute(
             "INSERT OR IGNORE INTO effects VALUES (?, ?, ?, ?)",
             (step_key, run_id, step, attempt_id),
@@ -39,3 +43,6 @@ class StepsLedger:
 
     def calls(self) -> list[tuple[str, str, str]]:
         return list(self._db.execute("SELECT run_id, step, attempt_id FROM calls ORDER BY seq"))
+
+    def pids(self) -> list[int]:
+        return [row[0] for row in self._db.execute("SELECT pid FROM calls ORDER BY seq")]
