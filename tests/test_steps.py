@@ -327,3 +327,18 @@ def test_the_delivery_log_line_counts_steps_replayed_and_run(
     (line,) = [r for r in caplog.records if r.name == "tasklease.execution"]
     fields = getattr(line, FIELDS_ATTRIBUTE)
     assert (fields["steps_replayed"], fields["steps_run"]) == (1, 1)
+
+
+def test_the_how_to_pages_example_runs_and_prints_what_it_says(tmp_path: Path) -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    page = (Path(__file__).parents[1] / "docs" / "how-to" / "durable-steps.md").read_text()
+    example = page.split("```python\n", 1)[1].split("\n```", 1)[0]
+    expected = example.rsplit("# ", 1)[1].strip()
+    script = tmp_path / "durable_steps.py"
+    script.write_text(example)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == expected
