@@ -342,3 +342,23 @@ def test_the_how_to_pages_example_runs_and_prints_what_it_says(tmp_path: Path) -
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == expected
+
+
+def test_the_dashboard_run_page_lists_the_steps_and_the_continuation(tmp_path: Path) -> None:
+    from tasklease.worker.dashboard import create_dashboard_app  # noqa: PLC0415
+
+    store = SqliteStore(tmp_path / "dash.db")
+    router = Router()
+
+    @router.task("h")
+    def handler(payload: Any, ctx: TaskContext) -> None:
+        ctx.step("<charge>", lambda: {"id": 1})
+        ctx.continue_later({"page": 2}, delay=3)
+
+    router.use_producer(CapturingProducer())  # type: ignore[arg-type]
+    post(create_app(router, store=store, auth="none"))
+    page = create_dashboard_app(store).test_client().get(f"/runs/{run_id_of()}")
+    assert page.status_code == 200
+    assert '<table id="steps">' in page.text
+    assert "&lt;charge&gt;" in page.text and "8 bytes" in page.text  # Names are escaped.
+    assert "Continuation 1 recorded" in page.text and "delay 3.0 s" in page.text
