@@ -211,7 +211,9 @@ class LeaseStore(ABC):
         """Add the completed ``step`` to the run if ``attempt_id`` still holds the claim: one
         fenced write. Returns the record written, or None when the claim is gone (the step's
         result is refused, as a stale attempt's finish is). A retried call whose first try
-        landed writes nothing new (the step is already there, by this attempt)."""
+        landed writes nothing new (the step is already there, by this attempt). Raises
+        :class:`~tasklease.worker.core.steps.StepError`, writing nothing, when the step
+        would take the run's steps past their cap (besides ``StoreUnavailable``)."""
         return self._if_held(
             run_id, attempt_id, lambda r, _: steps.with_step(r, step), step.completed_at, None
         )
