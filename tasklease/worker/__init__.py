@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tasklease.worker.context import TaskContext
     from tasklease.worker.core.outcome import Outcome
     from tasklease.worker.core.records import RunRecord, RunStatus
+    from tasklease.worker.core.steps import StepError
     from tasklease.worker.router import HandlerSpec, Router
 
 # Each public name and the module that defines it (imported when the name is first read).
@@ -49,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "Outcome": "tasklease.worker.core.outcome",
     "RunRecord": "tasklease.worker.core.records",
     "RunStatus": "tasklease.worker.core.records",
+    "StepError": "tasklease.worker.core.steps",
     "HandlerSpec": "tasklease.worker.router",
     "Router": "tasklease.worker.router",
 }
@@ -68,6 +70,7 @@ __all__ = [
     "Router",
     "RunRecord",
     "RunStatus",
+    "StepError",
     "StoreUnavailable",
     "TaskContext",
     "create_app",
