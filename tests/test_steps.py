@@ -362,3 +362,17 @@ def test_the_dashboard_run_page_lists_the_steps_and_the_continuation(tmp_path: P
     assert '<table id="steps">' in page.text
     assert "&lt;charge&gt;" in page.text and "8 bytes" in page.text  # Names are escaped.
     assert "Continuation 1 recorded" in page.text and "delay 3.0 s" in page.text
+
+
+def test_a_continuation_state_past_the_run_cap_fails_the_run_with_a_clear_error(
+    store: CountingStore,
+) -> None:
+    half = "x" * (steps.MAX_STEP_RESULT_BYTES - 20)
+
+    def handler(payload: Any, ctx: TaskContext) -> None:
+        ctx.step("one", lambda: half)
+        ctx.continue_later({"more": half})
+
+    reply = post(app_with(store, handler))
+    assert reply.headers[protocol.OUTCOME_HEADER] == "failed"
+    assert "per-run cap" in reply.json["message"]

@@ -127,7 +127,8 @@ class StepRunner:
             raise ValueError("delay must not be negative")
         now = self.clock() if self.clock is not None else None
         candidate = Continuation(self.resumed.seq + 1, state, now, seconds)
-        rules.encode_continuation(candidate)  # Refuse a state JSON cannot hold, here.
+        # Refuse a state JSON cannot hold, or one past the caps, here: in the handler.
+        rules.check_continuation_fits(self.recorded, rules.encode_continuation(candidate))
         self.continuation = candidate
 
     def log_fields(self) -> dict[str, int]:

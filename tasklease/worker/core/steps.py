@@ -125,18 +125,34 @@ def encode_result(name: str, result: Any) -> str:
     return encoded
 
 
+def _entry(step: StepRecord) -> dict[str, Any]:
+    return {
+        "result": step.result_json,
+        "attempt": step.attempt_id,
+        "at": rfc3339(step.completed_at, "microseconds"),
+        "size": step.size,
+    }
+
+
+def check_continuation_fits(recorded: dict[str, StepRecord], continuation_json: str) -> None:
+    """Raise :class:`StepError` when a run's steps and this continuation state together pass
+    :data:`MAX_RUN_STEP_BYTES`."""
+    steps_json = json.dumps({n: _entry(s) for n, s in recorded.items()}, separators=(",", ":"))
+    total = len(steps_json.encode()) + len(continuation_json.encode())
+    if total > MAX_RUN_STEP_BYTES:
+        raise StepError(
+            f"continue_later: the run's steps and state would take {total} bytes, over the "
+            f"per-run cap of {MAX_RUN_STEP_BYTES} (MAX_RUN_STEP_BYTES)"
+        )
+
+
 def with_step(record: RunRecord, step: StepRecord) -> RunRecord:
     """``record`` with ``step`` added. Adding a step that attempt already recorded (a retried
     write that landed) changes nothing. :class:`StepError` past :data:`MAX_RUN_STEP_BYTES`."""
     stored: dict[str, Any] = json.loads(record.steps_json) if record.steps_json else {}
     if step.name in stored:
         return record
-    stored[step.name] = {
-        "result": step.result_json,
-        "attempt": step.attempt_id,
-        "at": rfc3339(step.completed_at, "microseconds"),
-        "size": step.size,
-    }
+    stored[step.name] = _entry(step)
     steps_json = json.dumps(stored, separators=(",", ":"))
     total = len(steps_json.encode()) + len((record.continuation_json or "").encode())
     if total > MAX_RUN_STEP_BYTES:
