@@ -24,7 +24,14 @@ from tasklease.plumbing.serve import free_port
 from tasklease.producer import Producer
 from tasklease.worker.core import steps
 from tasklease.worker.core.records import RunStatus
-from tests.faults.harness import Answer, Deliverer, FaultServer, scale, sqlite_records
+from tests.faults.harness import (
+    Answer,
+    Backend,
+    Deliverer,
+    FaultServer,
+    scale,
+    sqlite_records,
+)
 from tests.faults.steps_ledger import StepsLedger
 
 pytestmark = pytest.mark.faults
@@ -34,12 +41,14 @@ def _payload(key: str) -> dict[str, float]:
     return {"sleep": round(random.Random(key).uniform(0.01, 0.12), 3)}
 
 
-def test_sigkill_at_random_points_never_repeats_a_recorded_step(tmp_path: Path) -> None:
+def test_sigkill_at_random_points_never_repeats_a_recorded_step(
+    tmp_path: Path, backend: Backend
+) -> None:
     rng = random.Random(20261201)
     keys = [f"steps-{n:04d}" for n in range(scale(40, 200))]
     deliverer = Deliverer("steps", handler="steps")
     kills = 0
-    with FaultServer(tmp_path, store=f"sqlite:///{tmp_path}/runs.db", workers=2) as server:
+    with FaultServer(tmp_path, store=backend.url, workers=2, env=backend.env) as server:
         for _ in range(scale(3, 6)):
             pending = sorted(set(keys) - deliverer.done())
             sending = threading.Thread(
@@ -58,7 +67,7 @@ def test_sigkill_at_random_points_never_repeats_a_recorded_step(tmp_path: Path) 
         deliverer.until_done(keys, server.url, _payload, timeout=300)
 
     ledger = StepsLedger(tmp_path / "steps.db")
-    records = sqlite_records(tmp_path / "runs.db")
+    records = backend.records()
     effects = ledger.effects()
     calls = ledger.calls()
     per_run: dict[str, list[str]] = defaultdict(list)
@@ -80,7 +89,7 @@ def test_sigkill_at_random_points_never_repeats_a_recorded_step(tmp_path: Path) 
             assert last_call[run_id, name] == done.attempt_id, (run_id, name)
     repeated = len(calls) - len(effects)
     print(
-        f"\nsteps-kill: runs={len(keys)} kills={kills} step_calls={len(calls)} "
+        f"\nsteps-kill[{backend.name}]: runs={len(keys)} kills={kills} step_calls={len(calls)} "
         f"effects={len(effects)} calls_repeated_before_their_record={repeated}"
     )
     assert kills > 0
