@@ -376,3 +376,24 @@ def test_a_continuation_state_past_the_run_cap_fails_the_run_with_a_clear_error(
     reply = post(app_with(store, handler))
     assert reply.headers[protocol.OUTCOME_HEADER] == "failed"
     assert "per-run cap" in reply.json["message"]
+
+
+def test_a_continuation_of_another_callers_run_is_left_to_the_claim_to_refuse() -> None:
+    from tasklease.testing.contract_support import T0  # noqa: PLC0415
+    from tasklease.worker import continuation  # noqa: PLC0415
+    from tasklease.worker.core import decisions  # noqa: PLC0415
+    from tasklease.worker.core.identity import DeliveryIdentity  # noqa: PLC0415
+    from tasklease.worker.core.records import Verdict  # noqa: PLC0415
+
+    router = Router()
+    router.task("h")(lambda payload, ctx: None)
+    spec = router.handler(Kind.TASK, "h")
+    assert spec is not None
+    owned = decisions.claim(None, claim_request("r", handler="h", caller="a@x"), T0).record
+    owned = decisions.continued(owned, '{"seq":3,"state":null}', T0)
+    forged = DeliveryIdentity(Kind.TASK, "h", continues="r", continuation_seq=1)
+    # Not "superseded by delivery 3": that would tell another caller the run exists.
+    assert continuation.refusal(owned, forged, spec, "b@x") is None
+    assert decisions.decide(owned, T0, "b@x") is Verdict.FORBIDDEN
+    stale = continuation.refusal(owned, forged, spec, "a@x")
+    assert stale is not None and stale.outcome.value == "duplicate"

@@ -26,9 +26,14 @@ if TYPE_CHECKING:
     from tasklease.worker.steps import StepRunner
 
 
-def refusal(seen: RunRecord | None, identity: DeliveryIdentity, spec: HandlerSpec) -> Reply | None:
+def refusal(
+    seen: RunRecord | None, identity: DeliveryIdentity, spec: HandlerSpec, caller: str | None
+) -> Reply | None:
     """Why a continuation delivery may not claim the run it names (read before the claim),
-    or None. A continuation header names an existing continued run of the same handler."""
+    or None. A continuation header names an existing continued run of the same handler.
+    Another caller's run is left to the claim, which refuses it revealing nothing."""
+    if seen is not None and seen.caller is not None and seen.caller != caller:
+        return None
     if seen is None or seen.handler != spec.name or seen.kind != identity.kind.value:
         return Reply.rejected(Rejection.MALFORMED, "the continuation names no run of this handler")
     if rules.continuation_of(seen).seq == 0:

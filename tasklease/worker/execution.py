@@ -173,7 +173,7 @@ class Executor:
         run_id = identity.run_id
         if identity.continues is not None:
             try:
-                refused = continuation.refusal(self.store.get(run_id), identity, spec)
+                refused = continuation.refusal(self.store.get(run_id), identity, spec, caller)
             except StoreUnavailable as exc:
                 return _store_unavailable(f"lease store unavailable: {exc}", run_id)
             if refused is not None:
