@@ -18,6 +18,9 @@ LOCATION_HEADER = "X-Tasklease-Location"
 PROJECT_QUERY = "project"
 LOCATION_QUERY = "location"
 
+# On a continuation task (ctx.continue_later): "<run id>:<sequence number>", the run it resumes.
+CONTINUATION_HEADER = "X-Tasklease-Continuation"
+
 # Response headers of the worker.
 OUTCOME_HEADER = "X-Tasklease-Outcome"
 RUN_ID_HEADER = "X-Tasklease-Run-Id"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -97,3 +98,6 @@ def test_the_demo_finds_every_side_effect_exactly_once(capsys: pytest.CaptureFix
     # Two timers fired the exclusive job at once: one run, the other skipped; no overlaps.
     assert "stock reconciliations (two timers fired)" in output
     assert "1 run skipped" in output and "; 0 overlapped" in output
+    # The export: one run continued over five deliveries, each page exported once.
+    assert "export pages (1 run, 5 continued deliveries)" in output
+    assert re.search(r"export pages \(1 run, 5 continued deliveries\)\s+5 x 1\.\.1", output)

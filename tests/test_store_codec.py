@@ -149,7 +149,12 @@ def test_firestore_documents_keep_their_field_names_and_old_ones_read_back() -> 
     pytest.importorskip("google.cloud.firestore")
     from tasklease.worker.stores import firestore_codec, firestore_locks  # noqa: PLC0415
 
-    assert firestore_codec.encode_run(RECORD) == _old_firestore_document(RECORD)
+    # Durable steps added two fields; a document written before them reads back without.
+    assert firestore_codec.encode_run(RECORD) == {
+        **_old_firestore_document(RECORD),
+        "steps_json": None,
+        "continuation_json": None,
+    }
     assert firestore_codec.decode_run("run-1", _old_firestore_document(RECORD)) == RECORD
     # Written before caller and the replay links existed: those read as None.
     older = {
@@ -181,7 +186,8 @@ def test_postgres_columns_are_the_field_names_of_the_tables_created() -> None:
     assert postgres_schema.RUN_COLUMNS == (
         "run_id", "kind", "handler", "status", "attempt_id", "fencing_token", "attempts",
         "lease_expires", "expire_at", "claimed_at", "identity", "finished_at", "result_json",
-        "error", "payload", "caller", "replay_of", "replayed_as",
+        "error", "payload", "caller", "replay_of", "replayed_as", "steps_json",
+        "continuation_json",
     )  # fmt: skip
     assert postgres_schema.LOCK_COLUMNS == (
         "name", "holder_run_id", "holder_attempt_id", "fencing_token", "started_at",

@@ -23,6 +23,7 @@ from tasklease.cli.store_choice import STORE_HELP, open_existing_store
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.producer import EnqueueError, Producer
 from tasklease.protocol import rfc3339_or_none
+from tasklease.worker.core import steps
 from tasklease.worker.core.decisions import ReleaseOutcome
 from tasklease.worker.core.queries import RunFilter, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
@@ -244,7 +245,7 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
     summary = run_summary(record, now)
     bodies = redacted_bodies(record.payload, record.result_json) if args.payload else {}
     if args.json:
-        _print_json(out, {**summary, **bodies})
+        _print_json(out, {**summary, **steps.summary(record), **bodies})
         return Exit.OK
     for name, value in summary.items():
         if name == "identity":
@@ -252,6 +253,8 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
                 print(_safe(f"{'identity.' + key:<18} {item}"), file=out)
         elif value is not None:
             print(_safe(f"{name:<18} {_describe(name, value, record, now)}"), file=out)
+    for line in steps.summary_lines(record):
+        print(_safe(line), file=out)
     for name in ("payload", "result"):
         if name in bodies:
             text = "(none)" if bodies[name] is None else json.dumps(bodies[name], indent=2)

@@ -33,6 +33,7 @@ PROJECT, LOCATION, QUEUE = "demo-project", "us-central1", "default"
 SERVICE_ACCOUNT = "tasks@demo-project.iam.gserviceaccount.com"
 QUEUE_PATH = f"projects/{PROJECT}/locations/{LOCATION}/queues/{QUEUE}"
 ACCOUNTS = 10
+EXPORT_PAGES = 5  # The export chain: one run, this many deliveries (ctx.continue_later).
 WORKFLOWS_HINT = "pip install 'tasklease[workflows]' to include it"
 JOB_RETRY = RetrySettings(max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3)
 
@@ -162,6 +163,10 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                         {"order_id": order, "account_id": account},
                         key=f"posting-{order}",
                     )
+                say(
+                    out, f"exporting {EXPORT_PAGES} pages of orders: one run, a chain of deliveries"
+                )
+                producer.enqueue("export_orders", {"pages": EXPORT_PAGES}, key="export-1")
                 say(out, "Cloud Scheduler fires nightly_reports, and delivers that run twice")
                 first = emulator.scheduler.run_job("nightly_reports")
                 emulator.scheduler.run_job("nightly_reports")
@@ -220,6 +225,7 @@ class _Report:
             "nightly_run": 1,
             "posting": settings.orders,
             "stock_reconcile": 1,
+            "export_page": EXPORT_PAGES,
         }
         missing = {
             kind: number - len(executions.get(kind, {})) for kind, number in expected.items()
@@ -278,6 +284,7 @@ class _Report:
             "nightly_run": "nightly fan-outs, per scheduled run",
             "posting": "ledger postings, per order",
             "stock_reconcile": "stock reconciliations (two timers fired)",
+            "export_page": f"export pages (1 run, {EXPORT_PAGES} continued deliveries)",
         }
         for kind, label in labels.items():
             counts = self.executions.get(kind, Counter())

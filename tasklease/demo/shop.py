@@ -6,6 +6,9 @@ Run it under gunicorn with ``TASKLEASE_ROUTER=tasklease.demo.shop:router``. Orde
 starts the ``nightly-export`` workflow once per night, through the worker rather than straight
 from Cloud Scheduler, so a retried run does not start it twice.
 
+``export_orders`` is long work as a chain of short deliveries: one durable step per page,
+then ``ctx.continue_later`` with the next page, until the last page completes the run.
+
 Two handlers show mutual exclusion: ``reconcile_stock`` is an exclusive job (never two runs
 at once, whichever timer or manual run fires it), and ``post_ledger`` posts each order to its
 customer's account, one posting per account at a time (``concurrency_key``).
@@ -62,6 +65,18 @@ def nightly_reports(ctx: TaskContext) -> dict[str, int]:
     # the run is released, and the Scheduler's retry creates only the missing children.
     results = producer().fan_out(ctx, "send_report", items)
     return {"reports": len(results), "created": sum(result.created for result in results)}
+
+
+@router.task("export_orders")
+def export_orders(payload: dict[str, Any], ctx: TaskContext) -> dict[str, int] | None:
+    """Export one page of orders per delivery: a retried delivery does not export its page
+    twice (a durable step), and the next page is a continuation of the same run."""
+    page = int((ctx.state or {"page": 0})["page"])
+    ctx.step(f"page-{page}", ledger().record, "export_page", f"page-{page}", ctx)
+    if page + 1 < int(payload["pages"]):
+        ctx.continue_later({"page": page + 1})
+        return None
+    return {"pages_exported": page + 1}
 
 
 @router.task("send_report")

@@ -13,7 +13,8 @@ fixture (a fresh, empty store)::
             yield store
             store.close()
 
-- :class:`StoreContract`: the run primitives of :class:`~tasklease.worker.stores.LeaseStore`.
+- :class:`StoreContract`: the run primitives of :class:`~tasklease.worker.stores.LeaseStore`,
+  durable steps included (:class:`~tasklease.testing.steps_contract.StepsContract`).
 - :class:`LockContract`: :class:`~tasklease.worker.stores.LockStore` (locks).
 - :class:`OperationsContract`: :class:`~tasklease.worker.stores.OperatorQueries`.
 - :class:`CrossProcessContract`: for a store several processes share; it also needs a
@@ -33,12 +34,13 @@ from typing import Any
 from tasklease.testing.contract_support import EXPIRED, LEASE, T0, claim_request
 from tasklease.testing.lock_contract import LockContract
 from tasklease.testing.operations_contract import OperationsContract
+from tasklease.testing.steps_contract import StepsContract
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores.base import LeaseStore
 
 
-class StoreContract:
-    """Semantics every :class:`LeaseStore` must have."""
+class StoreContract(StepsContract):
+    """Semantics every :class:`LeaseStore` must have (durable steps included)."""
 
     def test_first_claim_takes_the_run_with_fencing_token_one(self, store: LeaseStore) -> None:
         claim = store.claim(claim_request(), T0)

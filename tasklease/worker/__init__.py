@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tasklease.worker.context import TaskContext
     from tasklease.worker.core.outcome import Outcome
     from tasklease.worker.core.records import RunRecord, RunStatus
+    from tasklease.worker.core.steps import StepError
     from tasklease.worker.declared_jobs import JobRetry
     from tasklease.worker.router import HandlerSpec, Router
 
@@ -50,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "Outcome": "tasklease.worker.core.outcome",
     "RunRecord": "tasklease.worker.core.records",
     "RunStatus": "tasklease.worker.core.records",
+    "StepError": "tasklease.worker.core.steps",
     "HandlerSpec": "tasklease.worker.router",
     "JobRetry": "tasklease.worker.declared_jobs",
     "Router": "tasklease.worker.router",
@@ -71,6 +73,7 @@ __all__ = [
     "Router",
     "RunRecord",
     "RunStatus",
+    "StepError",
     "StoreUnavailable",
     "TaskContext",
     "create_app",

@@ -9,10 +9,11 @@ from datetime import datetime
 from tasklease.worker.attempt import Attempt
 from tasklease.worker.core.identity import DeliveryIdentity
 from tasklease.worker.core.records import RunRecord
+from tasklease.worker.steps import DurableSteps, StepRunner
 
 
 @dataclass(frozen=True, eq=False, init=False)
-class TaskContext:
+class TaskContext(DurableSteps):
     """One execution of a task or scheduled run, as the handler sees it.
 
     ``fencing_token`` grows with every new claim of the same run: pass it to downstream
@@ -42,6 +43,7 @@ class TaskContext:
     project: str | None
     location: str | None
     _live: Attempt = field(repr=False)
+    _steps: StepRunner = field(repr=False)
 
     def __init__(  # noqa: PLR0917 - the arguments (and order) it always took.
         self,
@@ -68,6 +70,7 @@ class TaskContext:
         lock_fencing_token: int | None = None,
         *,
         live: Attempt | None = None,
+        steps: StepRunner | None = None,
     ) -> None:
         """``live``: the executor's attempt, which this view reads (the lease and lock given
         are then its own). Without it, as in a handler's unit test, the view reads an attempt
@@ -97,6 +100,7 @@ class TaskContext:
             project=project,
             location=location,
             _live=live,
+            _steps=steps if steps is not None else StepRunner(run_id, live),
         )
 
     @property
@@ -138,7 +142,11 @@ class TaskContext:
 
 
 def view_of(
-    live: Attempt, identity: DeliveryIdentity, record: RunRecord, body: bytes
+    live: Attempt,
+    identity: DeliveryIdentity,
+    record: RunRecord,
+    body: bytes,
+    steps: StepRunner | None = None,
 ) -> TaskContext:
     """The handler's view of the attempt ``live``, claimed for ``identity`` as ``record``."""
     return TaskContext(
@@ -162,4 +170,5 @@ def view_of(
         project=identity.project,
         location=identity.location,
         live=live,
+        steps=steps,
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 from tasklease import protocol
 from tasklease.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
-from tasklease.worker import lease, telemetry
+from tasklease.worker import continuation, lease, telemetry
 from tasklease.worker.attempt import Attempt
 from tasklease.worker.auth import Authenticator, AuthRequest
 from tasklease.worker.context import TaskContext, view_of
@@ -31,6 +31,7 @@ from tasklease.worker.logs import instance_id, log_execution, note_error, run_lo
 from tasklease.worker.manual_runs import ManualRuns
 from tasklease.worker.reply import Reply, settled
 from tasklease.worker.router import HandlerSpec, Router
+from tasklease.worker.steps import StepRunner, ctx_runner
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.base import LeaseStore
 
@@ -170,7 +171,14 @@ class Executor:
     ) -> Reply:
         log.update(_identity_fields(identity))
         run_id = identity.run_id
-        if identity.is_retry:
+        if identity.continues is not None:
+            try:
+                refused = continuation.refusal(self.store.get(run_id), identity, spec, caller)
+            except StoreUnavailable as exc:
+                return _store_unavailable(f"lease store unavailable: {exc}", run_id)
+            if refused is not None:
+                return refused
+        elif identity.is_retry:
             # A retry has most likely been seen before: one read answers a finished run
             # without a write (no write lock on SQLite, one RPC on Firestore).
             try:
@@ -212,7 +220,8 @@ class Executor:
         live = Attempt(
             identity.kind.value, spec.name, record.run_id, record.attempt_id, record.lease_expires
         )
-        ctx = view_of(live, identity, record, body)
+        runner = StepRunner.of(record, live, self.store, self.clock)
+        ctx = view_of(live, identity, record, body, runner)
         live.confirm_lease(
             record.lease_expires, local_deadline(record.lease_expires, asked_at, asked, spec.lease)
         )
@@ -221,7 +230,13 @@ class Executor:
             # store wrote it): running the handler now could overlap a takeover.
             self._give_back(live, "the claim took too long; lease store overloaded", count=False)
             return _store_unavailable("the lease store took too long to grant the claim", run_id)
-        return self._run(spec, ctx, live, body)
+        waiting = continuation.gate(record, identity)
+        if waiting is not None:  # Another delivery of the chain runs the run, or will.
+            self._give_back(live, waiting.message, count=False)
+            return waiting
+        reply = self._run(spec, ctx, live, body)
+        log.update(runner.log_fields())
+        return reply
 
     def _settled(self, verdict: Verdict, record: RunRecord, log: dict[str, Any]) -> Reply:
         """The answer to a delivery that may not run the handler, given the stored record."""
@@ -292,6 +307,8 @@ class Executor:
                     live.run_id,
                 ),
             )
+        if ctx_runner(ctx).continuation is not None:
+            return self._continue(spec, ctx, live, payload)
         try:
             # Serialised once, here: the store keeps these bytes and every answer sends them.
             result_json = decisions.serialize_result(result)
@@ -305,6 +322,32 @@ class Executor:
                 live.run_id, live.attempt_id, result_json, self.clock, keep_for=spec.retention
             ),
             Reply.of(Outcome.PROCESSED, "processed", live.run_id, result_json=result_json),
+        )
+
+    def _continue(self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, payload: Any) -> Reply:
+        """End the delivery with the continuation the handler asked for: enqueue it (once,
+        by name), then record it, fenced. A refused record leaves the task to wait for the
+        run (continuation.gate); a failed enqueue releases the run for a retry."""
+        runner = ctx_runner(ctx)
+        try:
+            state_json = continuation.enqueue_next(self.router, spec, runner, payload, ctx.queue)
+        except Exception as exc:
+            note_error(exc)
+            error = f"could not enqueue the continuation: {type(exc).__name__}: {exc}"
+            return self._finish(
+                live,
+                lambda: self.store.release(
+                    live.run_id, live.attempt_id, error, self.clock, keep_for=spec.retention
+                ),
+                Reply.of(Outcome.RELEASED, error, live.run_id),
+            )
+        seq = runner.continuation.seq if runner.continuation else 0
+        return self._finish(
+            live,
+            lambda: self.store.continue_run(
+                live.run_id, live.attempt_id, state_json, self.clock, keep_for=spec.retention
+            ),
+            Reply.of(Outcome.PROCESSED, f"continued: delivery {seq} enqueued", live.run_id),
         )
 
     def _retention(self, live: Attempt) -> timedelta | None:

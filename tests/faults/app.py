@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import flask
@@ -84,6 +85,41 @@ def work(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
 def brief(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     """The same handler with the shortest lease the router allows."""
     return _work(payload, ctx)
+
+
+@router.task("steps", lease=timedelta(seconds=2))
+def five_steps(payload: dict[str, Any], ctx: TaskContext) -> list[bool]:
+    """Five durable steps, each applying an effect downstream under its step key."""
+    from tests.faults.steps_ledger import StepsLedger  # noqa: PLC0415 - this scenario only.
+
+    ledger = StepsLedger(Path(os.environ[ENV_DOWNSTREAM]).with_name("steps.db"))
+    pause = float(payload.get("sleep", 0.05))
+
+    def effect(name: str) -> bool:
+        ledger.called(ctx.run_id, name, ctx.attempt_id)
+        time.sleep(pause)
+        return ledger.apply(ctx.run_id, name, ctx.attempt_id, ctx.step_key(name))
+
+    return [ctx.step(f"step-{i}", effect, f"step-{i}") for i in range(5)]
+
+
+@router.task("chain", lease=timedelta(seconds=2))
+def chain(payload: dict[str, Any], ctx: TaskContext) -> dict[str, int] | None:
+    """A continuation chain of ``length`` deliveries, one durable step each."""
+    from tests.faults.steps_ledger import StepsLedger  # noqa: PLC0415 - this scenario only.
+
+    ledger = StepsLedger(Path(os.environ[ENV_DOWNSTREAM]).with_name("steps.db"))
+    i = int((ctx.state or {"i": 0})["i"])
+
+    def effect(name: str) -> bool:
+        ledger.called(ctx.run_id, name, ctx.attempt_id)
+        return ledger.apply(ctx.run_id, name, ctx.attempt_id, ctx.step_key(name))
+
+    ctx.step(f"segment-{i}", effect, f"segment-{i}")
+    if i + 1 < int(payload["length"]):
+        ctx.continue_later({"i": i + 1})
+        return None
+    return {"done": i}
 
 
 def skewed_clock() -> Any:

@@ -78,10 +78,17 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
         lease_expires=lease_expires,
         expire_at=max(now + request.retention, lease_expires + c.MAX_CLOCK_SKEW),
         claimed_at=now,
-        identity=_carried(record, request.identity),
+        # A continued run keeps its first delivery's identity (a continuation task's own
+        # queue and name are not the run's).
+        identity=live.identity
+        if live is not None and live.continuation_json
+        else _carried(record, request.identity),
         caller=request.caller,
         # An operator's replay is written before its first delivery (replay_pending).
         replay_of=record.replay_of if record is not None else None,
+        # A live run's steps and continuation carry over: a retry resumes after them.
+        steps_json=live.steps_json if live is not None else None,
+        continuation_json=live.continuation_json if live is not None else None,
     )
     return Claim(Verdict.CLAIMED, claimed, took_over_from=previous_holder)
 
@@ -151,6 +158,19 @@ def failed(record: RunRecord, error: str, payload: str | None, now: datetime) ->
     """The dead-letter record of a run that failed permanently."""
     return record.replace(
         status=RunStatus.FAILED, finished_at=now, error=cap_text(error), payload=payload
+    )
+
+
+def continued(record: RunRecord, continuation_json: str, now: datetime) -> RunRecord:
+    """The record after a delivery ended with ``ctx.continue_later``: released for the
+    continuation's delivery, with its state, no error. ``attempts`` starts again: each
+    delivery of a chain is allowed ``max_attempts`` (the fencing token keeps growing)."""
+    return record.replace(
+        status=RunStatus.RELEASED,
+        lease_expires=now,
+        error=None,
+        attempts=0,
+        continuation_json=continuation_json,
     )
 
 

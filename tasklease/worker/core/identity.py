@@ -21,6 +21,7 @@ from tasklease import protocol
 from tasklease.errors import InvalidDelivery
 from tasklease.protocol import rfc3339
 from tasklease.worker.core import constants as c
+from tasklease.worker.core.steps import parse_continuation_header
 
 _T = TypeVar("_T")
 
@@ -67,6 +68,10 @@ class DeliveryIdentity:
     # (tasklease.worker.manual_runs). On a manual identity: taken as the manual run's because
     # that run was waiting for a retry; the slot's own if it cannot claim it.
     maybe_manual: bool = False
+    # A continuation task (ctx.continue_later) resumes the run it names: its own queue and
+    # task name are not the run's identity. 0: not a continuation.
+    continues: str | None = None
+    continuation_seq: int = 0
     # Per-attempt fields, informational only.
     retry_count: int | None = None
     execution_count: int | None = None
@@ -92,7 +97,10 @@ class DeliveryIdentity:
 
     @property
     def run_id(self) -> str:
-        """A fixed-length hash of :attr:`key`; document ids and logs use it."""
+        """A fixed-length hash of :attr:`key`; document ids and logs use it (a continuation:
+        the run it resumes)."""
+        if self.continues is not None:
+            return self.continues
         return hashlib.sha256(self.key.encode()).hexdigest()
 
     def as_manual(self) -> DeliveryIdentity:
@@ -158,6 +166,7 @@ def parse_identity(
         query, protocol.LOCATION_QUERY, _LOCATION
     )
     if kind is Kind.TASK:
+        continued = _optional(header, protocol.CONTINUATION_HEADER, parse_continuation_header)
         return DeliveryIdentity(
             kind=kind,
             handler=handler,
@@ -170,6 +179,8 @@ def parse_identity(
             eta=_optional(header, c.TASKS_ETA, _epoch_seconds),
             previous_response=_optional(header, c.TASKS_PREVIOUS_RESPONSE, _status_code),
             retry_reason=_optional(header, c.TASKS_RETRY_REASON, _matching(_RETRY_REASON)),
+            continues=continued[0] if continued else None,
+            continuation_seq=continued[1] if continued else 0,
         )
     schedule_time = _required(header, c.SCHEDULER_SCHEDULE_TIME, parse_rfc3339)
     ahead = schedule_time - received_at if received_at is not None else timedelta(0)

@@ -57,6 +57,10 @@ class RunRecord:
     # re-ran this one. Kept across claims, so the link survives the replay's own retries.
     replay_of: str | None = None
     replayed_as: str | None = None
+    # Durable steps (tasklease.worker.core.steps): the run's completed steps and its last
+    # continuation, as JSON text. Kept across claims, purged with the run.
+    steps_json: str | None = None
+    continuation_json: str | None = None
 
     @property
     def result(self) -> Any:

@@ -11,6 +11,7 @@ import flask
 
 from tasklease.errors import StoreUnavailable
 from tasklease.jobs import Job
+from tasklease.worker.core import steps
 from tasklease.worker.core.decisions import OperatorRelease, ReleaseOutcome
 from tasklease.worker.core.queries import RunFilter, is_stuck, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
@@ -184,6 +185,7 @@ class Views:
             releasable=record.status is RunStatus.IN_PROGRESS,
             replayable=record.status is RunStatus.FAILED and record.kind == "task",
             timeline=run_timeline(self.operations.store, record, now),
+            steps=steps.summary(record),
         )
 
 

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import ClassVar, TypeVar
 
-from tasklease.worker.core import decisions
+from tasklease.worker.core import decisions, steps
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
+from tasklease.worker.core.steps import StepRecord
 
 _T = TypeVar("_T")
 
@@ -201,6 +202,38 @@ class LeaseStore(ABC):
             run_id,
             attempt_id,
             lambda r, at: decisions.released(r, error, at),
+            now,
+            RunStatus.RELEASED,
+            keep_for=keep_for,
+        )
+
+    def record_step(self, run_id: str, attempt_id: str, step: StepRecord) -> RunRecord | None:
+        """Add the completed ``step`` to the run if ``attempt_id`` still holds the claim: one
+        fenced write. Returns the record written, or None when the claim is gone (the step's
+        result is refused, as a stale attempt's finish is). A retried call whose first try
+        landed writes nothing new (the step is already there, by this attempt). Raises
+        :class:`~tasklease.worker.core.steps.StepError`, writing nothing, when the step
+        would take the run's steps past their cap (besides ``StoreUnavailable``)."""
+        return self._if_held(
+            run_id, attempt_id, lambda r, _: steps.with_step(r, step), step.completed_at, None
+        )
+
+    def continue_run(
+        self,
+        run_id: str,
+        attempt_id: str,
+        continuation_json: str,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> bool:
+        """End this attempt's delivery with a continuation (``ctx.continue_later``): record
+        it and give the claim back, not counted as a failure, if ``attempt_id`` still holds
+        it. The run stays open (released) until a delivery returns without continuing."""
+        return self._finish(
+            run_id,
+            attempt_id,
+            lambda r, at: decisions.continued(r, continuation_json, at),
             now,
             RunStatus.RELEASED,
             keep_for=keep_for,

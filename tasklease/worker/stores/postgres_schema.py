@@ -24,7 +24,7 @@ from tasklease.worker.core import locking
 from tasklease.worker.core.records import LockRecord, RunRecord
 from tasklease.worker.stores.codec import Conversion, RecordCodec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: runs.steps_json and runs.continuation_json (durable steps).
 DEFAULT_SCHEMA = "tasklease"
 
 # Each entry migrates from the version before it; entry n creates version n + 1.
@@ -76,6 +76,10 @@ _MIGRATIONS: list[list[LiteralString]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS locks_by_lapse ON {s}.locks (lapses_at)",
         "CREATE INDEX IF NOT EXISTS locks_by_start ON {s}.locks (started_at DESC, name DESC)",
+    ],
+    [
+        "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS steps_json text",
+        "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS continuation_json text",
     ],
 ]
 

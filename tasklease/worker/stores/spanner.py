@@ -151,7 +151,31 @@ class SpannerStore(LockStore, OperatorQueries):
                     except api.GoogleAPICallError:
                         if self._missing_objects(database):  # Not a concurrent creation.
                             raise
+                self._add_missing_columns(database)
             self._schema_ready_pid = os.getpid()
+
+    def _add_missing_columns(self, database: Any) -> None:
+        """Migrate a table created by an older tasklease: add the columns it lacks."""
+        statements = schema.added_columns_ddl(self.table, self._columns(database))
+        if not statements:
+            return
+        try:
+            database.update_ddl(statements).result(self._timeout * 6)
+        except api.GoogleAPICallError:
+            # Not a concurrent migration: the columns are still missing.
+            if schema.added_columns_ddl(self.table, self._columns(database)):
+                raise
+
+    def _columns(self, database: Any) -> set[str]:
+        sql = (
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = '' AND table_name = @table"
+        )
+        with database.snapshot() as snapshot:
+            rows = snapshot.execute_sql(
+                sql, params={"table": self.table}, param_types={"table": spanner.param_types.STRING}
+            )
+            return {row[0] for row in rows}
 
     def _missing_objects(self, database: Any) -> set[str]:
         sql = (

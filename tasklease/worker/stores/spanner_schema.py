@@ -24,7 +24,7 @@ from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 RUN_COLUMNS = (
     "run_id", "kind", "handler", "status", "attempt_id", "fencing_token", "attempts",
     "lease_expires", "expire_at", "claimed_at", "finished_at", "identity", "result", "error",
-    "payload", "caller", "replay_of", "replayed_as",
+    "payload", "caller", "replay_of", "replayed_as", "steps_json", "continuation_json",
 )  # fmt: skip
 # Written beside the record's own columns: the identity fields runs are looked up by, and the
 # commit timestamp.
@@ -63,6 +63,8 @@ def ddl(table: str) -> list[str]:
             caller STRING(MAX),
             replay_of STRING(MAX),
             replayed_as STRING(MAX),
+            steps_json STRING(MAX),
+            continuation_json STRING(MAX),
             task_name STRING(MAX),
             job_name STRING(MAX),
             committed_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true)
@@ -120,6 +122,8 @@ def encode_run(record: RunRecord, commit_timestamp: object) -> list[Any]:
         record.caller,
         record.replay_of,
         record.replayed_as,
+        record.steps_json,
+        record.continuation_json,
         record.identity.get("task_name"),
         record.identity.get("job_name"),
         commit_timestamp,
@@ -130,7 +134,7 @@ def decode_run(row: list[Any]) -> RunRecord:
     """A row read with :data:`RUN_COLUMNS` as a record."""
     (run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires,
      expire_at, claimed_at, finished_at, identity, result, error, payload, caller,
-     replay_of, replayed_as) = row  # fmt: skip
+     replay_of, replayed_as, steps_json, continuation_json) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         kind=kind,
@@ -150,7 +154,22 @@ def decode_run(row: list[Any]) -> RunRecord:
         caller=caller,
         replay_of=replay_of,
         replayed_as=replayed_as,
+        steps_json=steps_json,
+        continuation_json=continuation_json,
     )
+
+
+# Columns added to the runs table since it was first created: added when missing.
+ADDED_COLUMNS = {"steps_json": "STRING(MAX)", "continuation_json": "STRING(MAX)"}
+
+
+def added_columns_ddl(table: str, present: set[str]) -> list[str]:
+    """The statements adding the :data:`ADDED_COLUMNS` missing from ``present``."""
+    return [
+        f"ALTER TABLE {table} ADD COLUMN {name} {kind}"
+        for name, kind in ADDED_COLUMNS.items()
+        if name not in present
+    ]
 
 
 def encode_lock(lock: LockRecord, commit_timestamp: object) -> list[Any]:

@@ -67,7 +67,9 @@ CREATE TABLE IF NOT EXISTS runs (
     payload TEXT,
     caller TEXT,
     replay_of TEXT,
-    replayed_as TEXT
+    replayed_as TEXT,
+    steps_json TEXT,
+    continuation_json TEXT
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expire_at_us);
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, claimed_at_us);
@@ -98,8 +100,14 @@ DROP INDEX IF EXISTS runs_by_job_name;
 """
 # Columns added without a schema version: added when missing, whatever the version says, so
 # this works alongside other migrations. An older tasklease ignores (and, rewriting a run,
-# clears) them: they are only operators' replay links.
-_ADDED_COLUMNS = {"replay_of": "TEXT", "replayed_as": "TEXT"}
+# clears) them: operators' replay links, and a run's durable steps (an older tasklease
+# rewriting a run drops its steps: its retry then runs them again, as that version would).
+_ADDED_COLUMNS = {
+    "replay_of": "TEXT",
+    "replayed_as": "TEXT",
+    "steps_json": "TEXT",
+    "continuation_json": "TEXT",
+}
 # Times as integer microseconds in ``<field>_us`` columns, the identity as JSON text, the
 # result under "result" (version 1 stored a missing result as the JSON text "null").
 _CODEC = RecordCodec(

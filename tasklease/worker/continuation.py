@@ -1,0 +1,80 @@
+"""Continuations (``ctx.continue_later``): which delivery of a run may run it, and how a
+delivery hands the run on to the next one.
+
+Delivery ``n`` of a run (0: its own task; n: the continuation task the n-th
+``continue_later`` enqueued, carrying :data:`~tasklease.protocol.CONTINUATION_HEADER`) runs
+the handler only while the record's continuation number is ``n``. An earlier delivery (a
+duplicate, or a retry whose response was lost) is answered 200 without running; a later one
+(enqueued by an attempt whose record write was then refused) waits, answered 409, until the
+run catches up with it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from tasklease import protocol
+from tasklease.worker.core import steps as rules
+from tasklease.worker.core.outcome import Outcome, Rejection
+from tasklease.worker.reply import Reply
+
+if TYPE_CHECKING:
+    from tasklease.worker.core.identity import DeliveryIdentity
+    from tasklease.worker.core.records import RunRecord
+    from tasklease.worker.router import HandlerSpec, Router
+    from tasklease.worker.steps import StepRunner
+
+
+def refusal(
+    seen: RunRecord | None, identity: DeliveryIdentity, spec: HandlerSpec, caller: str | None
+) -> Reply | None:
+    """Why a continuation delivery may not claim the run it names (read before the claim),
+    or None. A continuation header names an existing continued run of the same handler.
+    Another caller's run is left to the claim, which refuses it revealing nothing."""
+    if seen is not None and seen.caller is not None and seen.caller != caller:
+        return None
+    if seen is None or seen.handler != spec.name or seen.kind != identity.kind.value:
+        return Reply.rejected(Rejection.MALFORMED, "the continuation names no run of this handler")
+    if rules.continuation_of(seen).seq == 0:
+        return Reply.rejected(Rejection.MALFORMED, "the continuation names a run never continued")
+    return gate(seen, identity)
+
+
+def gate(record: RunRecord, identity: DeliveryIdentity) -> Reply | None:
+    """None when ``identity``'s delivery is the one that runs the run now; else its answer."""
+    current = rules.continuation_of(record).seq
+    if identity.continuation_seq == current:
+        return None
+    if identity.continuation_seq < current:
+        return Reply.of(
+            Outcome.DUPLICATE,
+            f"this delivery was continued by delivery {current} of the run; nothing ran",
+            record.run_id,
+        )
+    return Reply.of(
+        Outcome.IN_PROGRESS,
+        f"continuation {identity.continuation_seq} is ahead of the run (at {current}); retry later",
+        record.run_id,
+        retry_after=1,
+    )
+
+
+def enqueue_next(
+    router: Router, spec: HandlerSpec, runner: StepRunner, payload: Any, queue: str | None
+) -> str:
+    """Enqueue the continuation ``continue_later`` asked for (once: a name derived from the
+    run and its number); return its continuation json to record."""
+    continuation = runner.continuation
+    assert continuation is not None
+    router.producer().enqueue(
+        spec.name,
+        payload,
+        key=rules.continuation_key(runner.run_id, continuation.seq),
+        delay=timedelta(seconds=continuation.delay_seconds) or None,
+        queue=queue,
+        headers={
+            protocol.CONTINUATION_HEADER: rules.continuation_header(runner.run_id, continuation.seq)
+        },
+    )
+    return rules.encode_continuation(continuation)

@@ -1,0 +1,201 @@
+"""Durable steps of one attempt: ``ctx.step``, ``ctx.astep``, ``ctx.continue_later``.
+
+A step's result is recorded in the run record by ONE fenced write (written only while this
+attempt holds the claim); a later attempt of the run gets it back from the record its claim
+returned, without a read and without calling the step again. The rules are in
+:mod:`tasklease.worker.core.steps`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from tasklease.errors import LeaseLost
+from tasklease.worker.core import steps as rules
+from tasklease.worker.core.steps import Continuation, StepRecord
+from tasklease.worker.store_retries import retry_while_unavailable
+
+if TYPE_CHECKING:
+    from tasklease.worker.attempt import Attempt
+    from tasklease.worker.core.records import RunRecord
+    from tasklease.worker.stores.base import LeaseStore
+
+Clock = Callable[[], datetime]
+_T = TypeVar("_T")
+
+
+@dataclass(eq=False)
+class StepRunner:
+    """The steps of one attempt: those its claim found recorded, and those it runs.
+
+    Without a store (a handler's unit test, a ``TaskContext`` made by hand) steps run and are
+    remembered for this attempt only.
+    """
+
+    run_id: str
+    attempt: Attempt | None = None
+    store: LeaseStore | None = None
+    clock: Clock | None = None
+    recorded: dict[str, StepRecord] = field(default_factory=dict)
+    resumed: Continuation = rules.NO_CONTINUATION
+    used: set[str] = field(default_factory=set)
+    replayed: int = 0
+    ran: int = 0
+    continuation: Continuation | None = None  # Set by continue_later.
+
+    @classmethod
+    def of(cls, record: RunRecord, attempt: Attempt, store: LeaseStore, clock: Clock) -> StepRunner:
+        """The runner of ``attempt``, which claimed ``record``."""
+        return cls(
+            record.run_id,
+            attempt,
+            store,
+            clock,
+            rules.steps_of(record),
+            rules.continuation_of(record),
+        )
+
+    def key(self, name: str) -> str:
+        return rules.step_key(self.run_id, name)
+
+    def begin(self, name: str) -> StepRecord | None:
+        """Start step ``name``: its recorded result if any (a replay), else None (run it)."""
+        rules.check_name(name, self.used)
+        self.used.add(name)
+        done = self.recorded.get(name)
+        if done is not None:
+            self.replayed += 1
+            return done
+        if self.attempt is not None:
+            self.attempt.check_lease()  # A stale attempt starts no new step.
+        return None
+
+    def end(self, name: str, result: Any) -> Any:
+        """Record step ``name``'s ``result`` (fenced); return it as a replay would give it."""
+        result_json = rules.encode_result(name, result)
+        now = self.clock() if self.clock is not None else datetime.now().astimezone()
+        attempt_id = self.attempt.attempt_id if self.attempt is not None else ""
+        step = StepRecord(name, result_json, attempt_id, now, len(result_json.encode()))
+        if self.store is not None and self.attempt is not None:
+            store, attempt = self.store, self.attempt
+            written = retry_while_unavailable(
+                lambda: store.record_step(self.run_id, attempt.attempt_id, step)
+            )
+            if written is None:
+                attempt.mark_lease_lost()
+                raise LeaseLost(
+                    f"run {self.run_id}: step {name!r} of attempt {attempt.attempt_id} was "
+                    "refused: another attempt holds the run now"
+                )
+        self.recorded[name] = step
+        self.ran += 1
+        return step.result
+
+    def run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        done = self.begin(name)
+        if done is not None:
+            return done.result
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            raise rules.StepError(
+                f"step {name!r}: its function is async: use `await ctx.astep(...)`"
+            )
+        return self.end(name, result)
+
+    async def arun(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        done = self.begin(name)
+        if done is not None:
+            return done.result
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        # The store call blocks: off the handler loop, so other handlers keep running.
+        return await asyncio.to_thread(self.end, name, result)
+
+    def continue_later(self, state: Any, delay: timedelta | float = 0.0) -> None:
+        if self.continuation is not None:
+            raise rules.StepError("continue_later is called once per delivery")
+        if self.attempt is not None and self.attempt.kind != "task":
+            raise rules.StepError("continue_later continues task runs only (not scheduled runs)")
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if seconds < 0:
+            raise ValueError("delay must not be negative")
+        now = self.clock() if self.clock is not None else None
+        candidate = Continuation(self.resumed.seq + 1, state, now, seconds)
+        # Refuse a state JSON cannot hold, or one past the caps, here: in the handler.
+        rules.check_continuation_fits(self.recorded, rules.encode_continuation(candidate))
+        self.continuation = candidate
+
+    def log_fields(self) -> dict[str, int]:
+        """The counts on the delivery's log line (none for a handler that used no step)."""
+        if not (self.replayed or self.ran):
+            return {}
+        return {"steps_replayed": self.replayed, "steps_run": self.ran}
+
+
+def ctx_runner(ctx: DurableSteps) -> StepRunner:
+    """The step runner behind a handler's context (the executor's view of it)."""
+    return ctx._steps
+
+
+class DurableSteps:
+    """The durable-step methods of :class:`~tasklease.worker.context.TaskContext`."""
+
+    _steps: StepRunner
+
+    @overload
+    def step(self, name: str, /) -> Callable[[Callable[[], _T]], _T]: ...
+    @overload
+    def step(self, name: str, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T: ...
+    def step(
+        self, name: str, fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` as the run's step ``name``, once per run: its JSON
+        result is recorded (fenced by this attempt's claim), and a later attempt of the run
+        gets the recorded result back without calling ``fn``. Names are unique within a
+        run. Without ``fn``, a decorator that runs the function it decorates as the step and
+        binds its name to the result::
+
+            @ctx.step("charge")
+            def charge():
+                return payments.charge(order, request_id=ctx.step_key("charge"))
+
+        ``PermanentFailure`` from ``fn`` fails the run; any other exception releases it for
+        a retry, which resumes at this step. A stale attempt's step is refused
+        (``LeaseLost``)."""
+        if fn is None:
+            return lambda function: self._steps.run(name, function)
+        return self._steps.run(name, fn, *args, **kwargs)
+
+    async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`step` for async handlers: ``fn`` may be a coroutine function."""
+        return await self._steps.arun(name, fn, *args, **kwargs)
+
+    def step_key(self, name: str) -> str:
+        """A UUID-shaped idempotency key for step ``name``, the same in every attempt of the
+        run: pass it downstream so an effect whose record was lost is de-duplicated there."""
+        return self._steps.key(name)
+
+    @property
+    def state(self) -> Any:
+        """The state the previous delivery of this run gave :meth:`continue_later` (None on
+        the run's first delivery)."""
+        return self._steps.resumed.state
+
+    @property
+    def continuation(self) -> int:
+        """Which delivery of the run this is: 0 the first, n after n ``continue_later``."""
+        return self._steps.resumed.seq
+
+    def continue_later(self, state: Any = None, delay: timedelta | float = 0.0) -> None:
+        """End this delivery successfully once the handler returns (return right after
+        calling it): ``state`` is recorded and the same run is enqueued again, ``delay``
+        from now, under a name derived from the run and the continuation's number (created
+        once). Its delivery resumes the run with :attr:`state` and every completed step;
+        the run is completed when a delivery returns without continuing."""
+        self._steps.continue_later(state, delay)
