@@ -40,6 +40,13 @@ NEEDS_ISOLATION = pytest.mark.firestore_emulator_gap(
 )
 
 
+@pytest.fixture(params=["gunicorn", "uvicorn"])
+def server_kind(request: pytest.FixtureRequest) -> str:
+    """The server a parametrized scenario's workers run under: gunicorn (tasklease.worker.
+    wsgi) or uvicorn (tasklease.worker.asgi)."""
+    return str(request.param)
+
+
 @pytest.fixture(
     params=["sqlite", pytest.param("firestore", marks=NEEDS_ISOLATION), "postgres", "spanner"]
 )

@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from tests.faults.downstream import Downstream
-from tests.faults.harness import Backend, Deliverer, FaultServer, Tally, scale, tally
+from tests.faults.harness import (
+    Backend,
+    Deliverer,
+    FaultServer,
+    Tally,
+    scale,
+    scenario,
+    server_scale,
+    tally,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -18,12 +27,15 @@ COPIES = 5
 
 
 def test_duplicate_storm_runs_each_task_once(
-    tmp_path: Path, backend: Backend, report: Callable[[str, Tally], None]
+    tmp_path: Path, backend: Backend, server_kind: str, report: Callable[[str, Tally], None]
 ) -> None:
+    server_scale(server_kind, backend)
     tasks = scale(200, 1000)
     keys = [f"storm-{n:05d}" for n in range(tasks)]
     deliverer = Deliverer("storm")
-    with FaultServer(tmp_path, store=backend.url, workers=4, env=backend.env) as server:
+    with FaultServer(
+        tmp_path, store=backend.url, workers=4, env=backend.env, server=server_kind
+    ) as server:
         # The copies of one task are adjacent in the submission order: they run concurrently.
         deliverer.deliver_all(
             [(server.url, key, {"sleep": 0.05}) for key in keys for _ in range(COPIES)],
@@ -42,7 +54,7 @@ def test_duplicate_storm_runs_each_task_once(
         store_unavailable_503=outcomes["unavailable"],
         processes=len(pids),
     )
-    report(f"storm[{backend.name}]", counts)
+    report(scenario("storm", server_kind, backend), counts)
     assert counts.delivered >= tasks * COPIES
     assert outcomes["processed"] == tasks
     assert counts.executed == tasks
