@@ -5,6 +5,9 @@ the store, and the worker mounted inside FastAPI under a prefix with OIDC on."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +18,7 @@ import pytest
 import requests
 from pytest_httpserver import HTTPServer
 
-from tasklease.plumbing.serve import GunicornWorker
+from tasklease.plumbing.serve import GunicornWorker, free_port
 from tests.helpers import job_headers, task_headers
 from tests.test_security import Keys
 
@@ -237,3 +240,37 @@ def test_mounted_in_fastapi_under_a_prefix_it_takes_the_prefixed_default_audienc
     assert health.json() == {"status": "ok"}
     assert unmounted.status_code == 404  # FastAPI's own answer: outside the mount.
     assert [line.split()[0] for line in executions(tmp_path)] == ["record"]
+
+
+@pytest.mark.parametrize(
+    "target", [["tasklease.worker.asgi:app"], ["--factory", "tasklease.worker.asgi:app_from_env"]]
+)
+def test_uvicorns_own_command_serves_the_router_the_environment_names(
+    tmp_path: Path, target: list[str]
+) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "TASKLEASE_ROUTER": "tests.asgi_apps:router",
+        "TASKLEASE_STORE": f"sqlite:///{tmp_path}/runs.db",
+        "TASKLEASE_AUTH": "none",
+        "TEST_DIR": str(tmp_path),
+    }
+    command = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port)]
+    with (tmp_path / "log").open("wb") as log:
+        process = subprocess.Popen([*command, *target], env=env, stdout=log, stderr=log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                answer = post(url, "record", task="t-cli")
+                break
+            except requests.ConnectionError:
+                assert process.poll() is None, (tmp_path / "log").read_text()
+                assert time.monotonic() < deadline, "uvicorn never answered"
+                time.sleep(0.1)
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+    assert outcome(answer) == (200, "processed")

@@ -37,7 +37,7 @@ def test_the_dry_run_plans_a_uvicorn_procfile_and_its_thread_count(
     assert result.returncode == 0, result.stderr
     planned = f"# would write {source / 'Procfile'}: {UVICORN_PROCFILE.strip()}"
     assert planned in result.stdout
-    assert "--factory 'tasklease.worker.asgi:app_from_env'" in planned
+    assert "tasklease.worker.asgi_serve tasklease.worker.asgi:app_from_env" in planned
     assert "--port $PORT --workers ${WEB_CONCURRENCY:-2}" in planned
     assert "TASKLEASE_ASGI_THREADS=8" in result.stdout
     assert not (source / "Procfile").exists()
@@ -83,14 +83,11 @@ def test_an_unknown_server_is_refused(cloud: Cloud, tmp_path: Path) -> None:
 
 def test_the_uvicorn_procfile_command_serves_the_worker(tmp_path: Path) -> None:
     port = free_port()
-    command = re.sub(r"^web: ", "", UVICORN_PROCFILE.strip()).replace(
-        "uvicorn", "python -m uvicorn", 1
-    )
-    command = command.replace("--host 0.0.0.0", "--host 127.0.0.1")  # Tests stay on loopback.
+    command = re.sub(r"^web: ", "", UVICORN_PROCFILE.strip()) + " --host 127.0.0.1"
     env = {
         **os.environ,
         "PORT": str(port),
-        "WEB_CONCURRENCY": "1",
+        "WEB_CONCURRENCY": "2",
         "TASKLEASE_ROUTER": "tasklease.demo.shop:router",
         "TASKLEASE_STORE": f"sqlite:///{tmp_path}/runs.db",
         "TASKLEASE_AUTH": "none",

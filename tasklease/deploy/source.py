@@ -24,10 +24,11 @@ PROCFILE = (
     "${GUNICORN_THREADS:-8} --timeout ${GUNICORN_TIMEOUT:-0} --access-logfile - "
     "'tasklease.worker.wsgi:app'\n"
 )
-# Cloud Run gives an instance 10 s between SIGTERM and SIGKILL: finish what is running first.
+# uvicorn with TCP_NODELAY kept under --workers (tasklease.worker.asgi_serve says why); Cloud
+# Run gives an instance 10 s between SIGTERM and SIGKILL: finish what is running first.
 UVICORN_PROCFILE = (
-    "web: uvicorn --host 0.0.0.0 --port $PORT --workers ${WEB_CONCURRENCY:-2} "
-    "--timeout-graceful-shutdown 8 --factory 'tasklease.worker.asgi:app_from_env'\n"
+    "web: python -m tasklease.worker.asgi_serve tasklease.worker.asgi:app_from_env "
+    "--port $PORT --workers ${WEB_CONCURRENCY:-2} --timeout-graceful-shutdown 8\n"
 )
 PROCFILES = {"gunicorn": PROCFILE, "uvicorn": UVICORN_PROCFILE}
 _NOT_SOURCE = {".git", ".venv", "venv", "__pycache__", "node_modules", ".mypy_cache"}

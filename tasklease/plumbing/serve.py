@@ -28,7 +28,8 @@ def free_port() -> int:
 
 class GunicornWorker:
     """``gunicorn tasklease.worker.wsgi:app`` for ``router`` (``module:attribute``) on 127.0.0.1;
-    with ``server="uvicorn"``, ``uvicorn --factory tasklease.worker.asgi:app_from_env`` instead
+    with ``server="uvicorn"``, uvicorn serving ``tasklease.worker.asgi:app_from_env`` instead
+    (:mod:`tasklease.worker.asgi_serve`, what the uvicorn Procfile runs)
     (or ``asgi_factory``; ``threads`` deliveries at once per process; ``extra_args`` go to
     the server chosen).
 
@@ -70,14 +71,13 @@ class GunicornWorker:
             ]  # fmt: skip
         elif server == "uvicorn":
             self._command = [
-                sys.executable, "-m", "uvicorn",
+                sys.executable, "-m", "tasklease.worker.asgi_serve", asgi_factory,
                 "--host", "127.0.0.1",
                 "--port", str(self.port),
                 "--workers", str(workers),
                 "--timeout-graceful-shutdown", "5",
                 "--no-access-log",
                 *extra_args,
-                "--factory", asgi_factory,
             ]  # fmt: skip
         else:
             raise ValueError(f"server={server!r}: gunicorn or uvicorn")
