@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import urllib3
 
 from tasklease.plumbing.serve import GunicornWorker
@@ -37,13 +36,6 @@ TERMINAL = {"processed", "duplicate", "failed"}
 def scale(reduced: int, full: int) -> int:
     """``full`` under ``TASKLEASE_FAULTS=full`` (``make faults``), else ``reduced``."""
     return full if FULL else reduced
-
-
-def server_scale(server: str, backend: Backend) -> None:
-    """Skip a uvicorn variant on a backend other than SQLite outside ``make faults``: the
-    reduced suite runs each scenario once per server on SQLite only (time)."""
-    if server == "uvicorn" and backend.name != "sqlite" and not FULL:
-        pytest.skip("uvicorn runs on SQLite only outside the full suite (TASKLEASE_FAULTS=full)")
 
 
 def scenario(name: str, server: str, backend: Backend) -> str:

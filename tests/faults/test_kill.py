@@ -31,7 +31,6 @@ from tests.faults.harness import (
     overlaps,
     scale,
     scenario,
-    server_scale,
     sqlite_records,
     tally,
     unclaimed,
@@ -58,9 +57,8 @@ def _wait_for(condition: Callable[[], Any], timeout: float = 60.0) -> Any:
 
 
 def test_sigkill_at_random_points_then_restart_completes_every_run_once(
-    tmp_path: Path, backend: Backend, server_kind: str, report: Callable[[str, Tally], None]
+    tmp_path: Path, server_kind: str, backend: Backend, report: Callable[[str, Tally], None]
 ) -> None:
-    server_scale(server_kind, backend)
     rng = random.Random(20261130)
     keys = [f"kill-{n:04d}" for n in range(scale(40, 200))]
     rounds, kills_per_round = scale(3, 8), 3

@@ -17,7 +17,6 @@ from tests.faults.harness import (
     Tally,
     scale,
     scenario,
-    server_scale,
     tally,
 )
 
@@ -27,9 +26,8 @@ COPIES = 5
 
 
 def test_duplicate_storm_runs_each_task_once(
-    tmp_path: Path, backend: Backend, server_kind: str, report: Callable[[str, Tally], None]
+    tmp_path: Path, server_kind: str, backend: Backend, report: Callable[[str, Tally], None]
 ) -> None:
-    server_scale(server_kind, backend)
     tasks = scale(200, 1000)
     keys = [f"storm-{n:05d}" for n in range(tasks)]
     deliverer = Deliverer("storm")
