@@ -113,5 +113,11 @@ def fastapi_app() -> FastAPI:
     async def hello() -> dict[str, str]:
         return {"hello": "world"}
 
-    app.mount("/worker", create_asgi_app(router, store=store_from_url(None)))
+    worker = create_asgi_app(
+        router,
+        store=store_from_url(None),
+        dashboard="/tasklease",
+        dashboard_operators=["ops@p.iam.gserviceaccount.com"],
+    )
+    app.mount("/worker", worker)
     return app

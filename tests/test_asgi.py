@@ -4,6 +4,7 @@ the store, and the worker mounted inside FastAPI under a prefix with OIDC on."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -19,12 +20,15 @@ import requests
 from pytest_httpserver import HTTPServer
 
 from tasklease.plumbing.serve import GunicornWorker, free_port
+from tasklease.worker.asgi_routes import read_body
+from tasklease.worker.wsgi_routes import BadBody
 from tests.helpers import job_headers, task_headers
 from tests.test_security import Keys
 
 pytestmark = pytest.mark.service
 
 SA = "tasks@p.iam.gserviceaccount.com"
+OPS = "ops@p.iam.gserviceaccount.com"
 LIMIT = 1000  # TASKLEASE_MAX_TASK_BYTES of the servers here.
 
 
@@ -204,7 +208,7 @@ def test_the_loop_keeps_serving_while_twenty_deliveries_block_in_the_store(
     assert [outcome(answer) for answer in answers] == [(200, "processed")] * 20
 
 
-def test_mounted_in_fastapi_under_a_prefix_it_takes_the_prefixed_default_audience(
+def test_mounted_in_fastapi_under_a_prefix_it_takes_the_prefixed_audience_and_its_dashboard(
     tmp_path: Path, httpserver: HTTPServer
 ) -> None:
     keys = Keys(httpserver)
@@ -231,6 +235,10 @@ def test_mounted_in_fastapi_under_a_prefix_it_takes_the_prefixed_default_audienc
         hello = requests.get(f"{app.url}/hello", timeout=10)
         health = requests.get(f"{app.url}/worker/healthz", timeout=10)
         unmounted = requests.post(f"{app.url}/tasks/record", headers=task_headers(), timeout=10)
+        board = f"{app.url}/worker/tasklease/"
+        operator = {"Authorization": f"Bearer {keys.token(aud=app.url, email=OPS)}"}
+        page = requests.get(board, headers=operator, timeout=10)
+        board_anonymous = requests.get(board, timeout=10)
     assert outcome(processed) == (200, "processed")
     assert processed.json()["result"]["n"] == 5
     assert outcome(unprefixed) == (401, "unauthenticated")
@@ -239,6 +247,10 @@ def test_mounted_in_fastapi_under_a_prefix_it_takes_the_prefixed_default_audienc
     assert hello.json() == {"hello": "world"}
     assert health.json() == {"status": "ok"}
     assert unmounted.status_code == 404  # FastAPI's own answer: outside the mount.
+    # The dashboard, a Flask app, is served under the mount too, its links with the prefix.
+    assert page.status_code == 200, page.text
+    assert 'href="/worker/tasklease/runs/' in page.text
+    assert board_anonymous.status_code == 401
     assert [line.split()[0] for line in executions(tmp_path)] == ["record"]
 
 
@@ -274,3 +286,24 @@ def test_uvicorns_own_command_serves_the_router_the_environment_names(
         process.terminate()
         process.wait(timeout=20)
     assert outcome(answer) == (200, "processed")
+
+
+def test_a_body_cut_short_is_refused_and_an_oversized_one_is_not_read() -> None:
+    """The streaming reader itself: what uvicorn hands the app when the client goes away."""
+
+    def messages(*sent: dict[str, Any]) -> Any:
+        queue = list(sent)
+
+        async def receive() -> dict[str, Any]:
+            return queue.pop(0)
+
+        return receive
+
+    cut = messages({"type": "http.request", "body": b"abc", "more_body": True},
+                   {"type": "http.disconnect"})  # fmt: skip
+    with pytest.raises(BadBody, match="ended after 3 of its 10 bytes"):
+        asyncio.run(read_body({"content-length": ["10"]}, cut, LIMIT))
+    never_read = messages()  # Popping from it would raise: nothing may be received.
+    assert asyncio.run(read_body({"content-length": [str(LIMIT + 1)]}, never_read, LIMIT)) is None
+    with pytest.raises(BadBody, match="not a number"):
+        asyncio.run(read_body({"content-length": ["1", "1"]}, messages(), LIMIT))
