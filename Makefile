@@ -48,6 +48,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	cd examples/userapp && MYPYPATH=../.. ../../$(BIN)/mypy --strict --explicit-package-bases myapp tests
+	cd examples/fastapi_app && MYPYPATH=../.. ../../$(BIN)/mypy --strict --explicit-package-bases shop tests
 
 # The documentation site, warnings as errors (a broken link or reference fails), into site/.
 docs: $(STAMP)

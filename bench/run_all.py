@@ -10,6 +10,7 @@ BENCHMARKS = [
     "bench.emulator_throughput",
     "bench.worker_overhead",
     "bench.worker_throughput",
+    "bench.asgi_throughput",
     "bench.sqlite_floor",
     "bench.cold_start",
     "bench.firestore_store",

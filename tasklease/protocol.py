@@ -41,6 +41,7 @@ ENV_ALLOW_LOCAL_STORE = "TASKLEASE_ALLOW_LOCAL_STORE"
 ENV_DASHBOARD = "TASKLEASE_DASHBOARD"  # The operators' dashboard's path in the worker, if any.
 ENV_DASHBOARD_OPERATORS = "TASKLEASE_DASHBOARD_OPERATORS"
 ENV_MAX_TASK_BYTES = "TASKLEASE_MAX_TASK_BYTES"  # The largest body the worker reads.
+ENV_ASGI_THREADS = "TASKLEASE_ASGI_THREADS"  # Deliveries at once per ASGI worker process.
 ENV_DASHBOARD_AUDIENCE = "TASKLEASE_DASHBOARD_AUDIENCE"  # Operators' tokens' own audience.
 # Signs the dashboard's CSRF tokens (the name of a variable, not a secret).
 ENV_DASHBOARD_SECRET = "TASKLEASE_DASHBOARD_SECRET"  # noqa: S105

@@ -60,6 +60,9 @@ class Queue:
 NOT_DEPLOYED = {"url", "http_method", "body", "headers", "service_account", "audience"}
 
 
+SERVERS = ("gunicorn", "uvicorn")  # What the generated Procfile runs (worker.server).
+
+
 @dataclass(frozen=True)
 class Config:
     project: str
@@ -84,6 +87,7 @@ class Config:
     queues: tuple[Queue, ...]
     jobs: tuple[Job, ...] = field(default_factory=tuple)
     allow_unlisted_region: bool = False  # A region Google added after tasklease.deploy.regions.
+    server: str = "gunicorn"  # Or "uvicorn": the Procfile serves tasklease.worker.asgi.
 
     @property
     def lock_collection(self) -> str:
@@ -136,6 +140,7 @@ def load_config(path: Path, declared: Sequence[Job] = ()) -> Config:
             queues=tuple(Queue(**queue) for queue in raw.get("queue", [])),
             jobs=deployed_jobs(raw.get("job", []), declared),
             allow_unlisted_region=raw.get("allow_unlisted_region", False) is True,
+            server=worker.get("server", "gunicorn"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DeployError(f"{path}: missing or invalid setting: {exc}") from exc
@@ -194,6 +199,8 @@ def check(config: Config) -> list[str]:
             "(cloud.google.com/about/locations); if Google added it lately, set "
             "allow_unlisted_region = true"
         )
+    if config.server not in SERVERS:
+        problems.append(f"worker.server = {config.server!r}: use one of {', '.join(SERVERS)}")
     if not config.queues:
         problems.append("define at least one [[queue]]")
     if not 1 <= config.request_timeout <= 3600:

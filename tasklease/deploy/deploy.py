@@ -68,13 +68,15 @@ def run(
     if teardown:
         deployer.teardown()
         return
-    problems = check_source(source, config.router) or check_proxy_source(source, config)
+    problems = check_source(source, config.router, config.server) or check_proxy_source(
+        source, config
+    )
     if problems:
         raise DeployError(
             f"the worker built from {source} could not start:\n"
             + "\n".join(f"  - {p}" for p in problems)
         )
-    ensure_procfile(source, dry_run=dry_run)
+    ensure_procfile(source, dry_run=dry_run, server=config.server)
     ensure_gcloudignore(source, dry_run=dry_run)
     deployer.deploy()
 

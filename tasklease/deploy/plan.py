@@ -202,4 +202,5 @@ def worker_env(config: Config, url: str) -> dict[str, str]:
         "WEB_CONCURRENCY": str(config.workers),
         "GUNICORN_THREADS": str(config.threads),
         "GUNICORN_TIMEOUT": f"{config.gunicorn_timeout:g}",
+        **({"TASKLEASE_ASGI_THREADS": str(config.threads)} if config.server == "uvicorn" else {}),
     }

@@ -18,20 +18,29 @@ from tasklease.deploy.proxies import PROXY_LIBRARIES
 # Run deploys from source"): the Procfile's server and the production store. tasklease lists
 # both as plain dependencies, so a source that installs tasklease installs them.
 WORKER_NEEDS = ("gunicorn", "google-cloud-firestore")
+ASGI_NEEDS = ("uvicorn", "anyio")  # server = "uvicorn": what tasklease[asgi] adds.
 PROCFILE = (
     "web: gunicorn --bind :$PORT --workers ${WEB_CONCURRENCY:-2} --threads "
     "${GUNICORN_THREADS:-8} --timeout ${GUNICORN_TIMEOUT:-0} --access-logfile - "
     "'tasklease.worker.wsgi:app'\n"
 )
+# uvicorn with TCP_NODELAY kept under --workers (tasklease.worker.asgi_serve says why); Cloud
+# Run gives an instance 10 s between SIGTERM and SIGKILL: finish what is running first.
+UVICORN_PROCFILE = (
+    "web: python -m tasklease.worker.asgi_serve tasklease.worker.asgi:app_from_env "
+    "--port $PORT --workers ${WEB_CONCURRENCY:-2} --timeout-graceful-shutdown 8\n"
+)
+PROCFILES = {"gunicorn": PROCFILE, "uvicorn": UVICORN_PROCFILE}
 _NOT_SOURCE = {".git", ".venv", "venv", "__pycache__", "node_modules", ".mypy_cache"}
 _REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 
 
-def check_source(source: Path, router: str) -> list[str]:
+def check_source(source: Path, router: str, server: str = "gunicorn") -> list[str]:
     """What would keep the worker built from ``source`` from starting, found before any gcloud
     call: the buildpack installs ``requirements.txt`` if present, else the ``[project]``
     dependencies of ``pyproject.toml``, never extras; gunicorn imports
-    ``tasklease.worker.wsgi``, which imports the router module from the source."""
+    ``tasklease.worker.wsgi``, which imports the router module from the source. With
+    ``server="uvicorn"`` the source must install ``tasklease[asgi]`` (uvicorn and anyio)."""
     if not source.is_dir():
         return [f"source {source} is not a directory"]
     problems = []
@@ -55,6 +64,13 @@ def check_source(source: Path, router: str) -> list[str]:
                 "Firestore store need them as plain dependencies (the buildpack installs no "
                 "extras)"
             )
+        missing = [name for name in ASGI_NEEDS if name not in installed]
+        if server == "uvicorn" and missing:
+            problems.append(
+                f'{what} does not install {", ".join(missing)}: server = "uvicorn" needs '
+                "tasklease[asgi] there (an extra of tasklease itself is installed; one of your "
+                "own project is not)"
+            )
     module = router.partition(":")[0]
     if not _module_in_source(source, module):
         problems.append(
@@ -69,15 +85,17 @@ def check_source(source: Path, router: str) -> list[str]:
     return problems
 
 
-def ensure_procfile(source: Path, *, dry_run: bool) -> None:
-    """Write tasklease's Procfile into ``source`` unless it has one (the buildpack reads it)."""
+def ensure_procfile(source: Path, *, dry_run: bool, server: str = "gunicorn") -> None:
+    """Write tasklease's Procfile for ``server`` into ``source`` unless it has one (the
+    buildpack reads it)."""
     procfile = source / "Procfile"
     if procfile.exists():
         return
+    text = PROCFILES[server]
     if dry_run:
-        print(f"# would write {procfile}: {PROCFILE.strip()}")
+        print(f"# would write {procfile}: {text.strip()}")
         return
-    procfile.write_text(PROCFILE)
+    procfile.write_text(text)
     print(f"wrote {procfile}")
 
 
@@ -190,7 +208,7 @@ def _project(directory: Path) -> set[str]:
     for requirement in project.get("dependencies", []):
         match = _REQUIREMENT_NAME.match(requirement.strip())
         if match:
-            names |= _installs(match.group())
+            names |= _installs(match.group(), _extras(requirement[match.end() :]))
     return names
 
 
@@ -222,15 +240,27 @@ def _requirements(path: Path, source: Path, seen: set[Path]) -> set[str]:
         else:
             match = _REQUIREMENT_NAME.match(line)
             if match and "://" not in line.split("@")[0]:
-                names |= _installs(match.group())
+                names |= _installs(match.group(), _extras(line[match.end() :]))
     return names
 
 
-def _installs(requirement_name: str) -> set[str]:
+def _installs(requirement_name: str, extras: frozenset[str] = frozenset()) -> set[str]:
     """A requirement's name, with the worker's packages when it is tasklease (they are its
-    plain dependencies; this repository's own pyproject is checked as a project, not so)."""
+    plain dependencies; this repository's own pyproject is checked as a project, not so),
+    and the ASGI server's when it asks for tasklease[asgi]."""
     name = _normalise(requirement_name)
-    return {name, *WORKER_NEEDS} if name == "tasklease" else {name}
+    if name != "tasklease":
+        return {name}
+    return {name, *WORKER_NEEDS, *(ASGI_NEEDS if "asgi" in extras else ())}
+
+
+def _extras(rest: str) -> frozenset[str]:
+    """The extras of a requirement, from what follows its name: ``[asgi, otel] >= 1``."""
+    rest = rest.strip()
+    if not rest.startswith("["):
+        return frozenset()
+    inside = rest[1:].split("]", 1)[0]
+    return frozenset(_normalise(part.strip()) for part in inside.split(",") if part.strip())
 
 
 def _normalise(name: str) -> str:

@@ -1,4 +1,5 @@
-"""Run a router under gunicorn in a child process: for ``tasklease dev``, the demo and tests."""
+"""Run a router under gunicorn (or uvicorn) in a child process: for ``tasklease dev``, the demo
+and tests."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ def free_port() -> int:
 
 
 class GunicornWorker:
-    """``gunicorn tasklease.worker.wsgi:app`` for ``router`` (``module:attribute``) on 127.0.0.1.
+    """``gunicorn tasklease.worker.wsgi:app`` for ``router`` (``module:attribute``) on 127.0.0.1;
+    with ``server="uvicorn"``, uvicorn serving ``tasklease.worker.asgi:app_from_env`` instead
+    (:mod:`tasklease.worker.asgi_serve`, what the uvicorn Procfile runs)
+    (or ``asgi_factory``; ``threads`` deliveries at once per process; ``extra_args`` go to
+    the server chosen).
 
     With ``auth="oidc"``, ``TASKLEASE_AUDIENCE`` defaults to the server's own URL.
     Use as a context manager: it starts, waits until ``/healthz`` answers, and stops the
@@ -47,19 +52,35 @@ class GunicornWorker:
         stream_logs: bool = False,
         extra_args: Sequence[str] = (),
         own_session: bool = False,
+        server: str = "gunicorn",
+        asgi_factory: str = "tasklease.worker.asgi:app_from_env",
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._command = [
-            sys.executable, "-m", "gunicorn",
-            "--bind", f"127.0.0.1:{self.port}",
-            "--workers", str(workers),
-            "--threads", str(threads),
-            "--timeout", "0",
-            "--graceful-timeout", "5",
-            *extra_args,
-            "tasklease.worker.wsgi:app",
-        ]  # fmt: skip
+        self.server = server
+        if server == "gunicorn":
+            self._command = [
+                sys.executable, "-m", "gunicorn",
+                "--bind", f"127.0.0.1:{self.port}",
+                "--workers", str(workers),
+                "--threads", str(threads),
+                "--timeout", "0",
+                "--graceful-timeout", "5",
+                *extra_args,
+                "tasklease.worker.wsgi:app",
+            ]  # fmt: skip
+        elif server == "uvicorn":
+            self._command = [
+                sys.executable, "-m", "tasklease.worker.asgi_serve", asgi_factory,
+                "--host", "127.0.0.1",
+                "--port", str(self.port),
+                "--workers", str(workers),
+                "--timeout-graceful-shutdown", "5",
+                "--no-access-log",
+                *extra_args,
+            ]  # fmt: skip
+        else:
+            raise ValueError(f"server={server!r}: gunicorn or uvicorn")
         # A session of its own: a terminal's Ctrl-C reaches the caller alone, which stops it.
         self._own_session = own_session
         self._env = {
@@ -68,6 +89,7 @@ class GunicornWorker:
             protocol.ENV_STORE: store,
             protocol.ENV_AUTH: auth,
             "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+            protocol.ENV_ASGI_THREADS: str(threads),
             **(env or {}),
         }
         if auth == "oidc":
@@ -99,7 +121,9 @@ class GunicornWorker:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise RuntimeError(f"gunicorn exited with {self._process.returncode}; see its log")
+                raise RuntimeError(
+                    f"{self.server} exited with {self._process.returncode}; see its log"
+                )
             try:
                 requests.get(f"{self.url}/healthz", timeout=1)
             except requests.RequestException:
@@ -107,7 +131,7 @@ class GunicornWorker:
             else:
                 return self
         self.stop()
-        raise RuntimeError(f"gunicorn did not answer on {self.url} within {timeout} s")
+        raise RuntimeError(f"{self.server} did not answer on {self.url} within {timeout} s")
 
     def stop(self) -> None:
         if self._process is None or self._process.poll() is not None:

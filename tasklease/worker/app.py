@@ -26,6 +26,7 @@ from tasklease.worker.wsgi_routes import DeliveryRoutes
 _log = logging.getLogger("tasklease.app")
 
 EXECUTOR_EXTENSION = "tasklease"  # app.extensions key holding the Executor.
+ROUTES_EXTENSION = "tasklease.routes"  # ... and the DeliveryRoutes (tasklease.worker.asgi's).
 
 
 def create_app(
@@ -108,9 +109,11 @@ def create_app(
 
     # Deliveries are answered in front of Flask (tasklease.worker.wsgi_routes); the rest is Flask's,
     # and the error handler above gives what Flask itself refuses one line and a JSON answer.
-    app.wsgi_app = DeliveryRoutes(  # type: ignore[method-assign]
+    routes = DeliveryRoutes(
         app.wsgi_app, executor, fields, max_body_bytes=_max_task_bytes(max_task_bytes)
     )
+    app.wsgi_app = routes  # type: ignore[method-assign]
+    app.extensions[ROUTES_EXTENSION] = routes
     app.add_url_rule("/healthz", "tasklease_health", lambda: {"status": "ok"}, methods=["GET"])
     if dashboard:
         from tasklease.worker.dashboard import mount  # noqa: PLC0415 - only when asked for.

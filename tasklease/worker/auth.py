@@ -66,6 +66,10 @@ class AuthRequest:
 
     authorization: str | None
     url: str  # The URL as the request addressed it. Never an audience: its Host is the caller's.
+    # Where the server mounts the worker's routes (an ASGI root_path such as "/worker"): the
+    # server's configuration, never the request's. Cloud Tasks' default audience is the
+    # handler's whole URL, so a mounted handler's is the origin, this prefix, then its path.
+    mount: str = ""
 
 
 class Authenticator(ABC):
@@ -174,7 +178,8 @@ class OidcAuth(Authenticator):
         configured = spec.audience or self.audience
         if not configured:  # check_configuration refuses this at start; never guess.
             return _unauthenticated("no token audience is configured for this handler")
-        audiences = expected_audiences(configured, spec.path, urlsplit(request.url).query)
+        path = request.mount + spec.path
+        audiences = expected_audiences(configured, path, urlsplit(request.url).query)
         try:
             claims: dict[str, Any] = dict(
                 id_token.verify_token(

@@ -65,6 +65,7 @@ class Delivery:
     method: str = "POST"
     refusal: str | None = None  # Set when the request is malformed below HTTP (its framing).
     body_limit: int = protocol.MAX_TASK_BYTES
+    mount: str = ""  # The prefix the server mounts the routes under (ASGI's root_path).
 
 
 class Executor:
@@ -134,7 +135,7 @@ class Executor:
         if delivery.refusal is not None:
             return Reply.rejected(Rejection.MALFORMED, delivery.refusal)
         auth = self.authenticator.authenticate(
-            AuthRequest(delivery.authorization, delivery.url), spec
+            AuthRequest(delivery.authorization, delivery.url, delivery.mount), spec
         )
         log.update(auth.log_fields())
         if not auth.allowed:

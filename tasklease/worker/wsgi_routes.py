@@ -25,7 +25,7 @@ from tasklease.worker.reply import Reply
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
-_PREFIXES = (
+PREFIXES = (
     (protocol.TASK_ROUTE_PREFIX, Kind.TASK),
     (protocol.SCHEDULER_ROUTE_PREFIX, Kind.SCHEDULER),
 )
@@ -56,7 +56,7 @@ class DeliveryRoutes:
         self, environ: dict[str, Any], start_response: Callable[..., Any]
     ) -> Iterable[bytes]:
         path: str = environ.get("PATH_INFO", "")
-        for prefix, kind in _PREFIXES:
+        for prefix, kind in PREFIXES:
             if path.startswith(prefix) and len(path) > len(prefix):
                 name = path[len(prefix) :]
                 started = time.monotonic()
@@ -64,25 +64,25 @@ class DeliveryRoutes:
                     limit = self.max_body_bytes
                     try:
                         delivery = _delivery(environ, kind, name, limit)
-                    except _BadBody as exc:
+                    except BadBody as exc:
                         delivery = _delivery(environ, kind, name, limit, body=b"", refusal=str(exc))
                     try:
                         reply = self.executor.execute(delivery)
                     except Exception as exc:  # A bug: still one line and a JSON answer.
-                        reply = _crashed(kind, name, environ, started, exc)
+                        method = str(environ.get("REQUEST_METHOD", ""))
+                        reply = crashed(kind, name, method, started, exc)
                 return _respond(reply, start_response)
         return self.app(environ, start_response)
 
 
-def _crashed(
-    kind: Kind, name: str, environ: Mapping[str, Any], started: float, error: Exception
-) -> Reply:
-    """The answer, and the one log line, of a delivery the executor raised on."""
+def crashed(kind: Kind, name: str, method: str, started: float, error: Exception) -> Reply:
+    """The answer, and the one log line, of a delivery the executor raised on (WSGI and
+    ASGI alike)."""
     reply = Reply.of(Outcome.ERROR, "internal error; see the worker's log")
     fields = {
         "handler": name[:100],  # Caller-chosen: cap what it puts in the log.
         "kind": kind.value,
-        "method": str(environ.get("REQUEST_METHOD", ""))[:16],
+        "method": method[:16],
         "outcome": reply.outcome.value,
         "status": reply.status,
         "duration_ms": round((time.monotonic() - started) * 1000, 3),
@@ -127,14 +127,14 @@ def _header_lookup(environ: Mapping[str, Any]) -> HeaderLookup:
     return lookup
 
 
-class _BadBody(ValueError):
+class BadBody(ValueError):
     """The request's body is not what its framing says: refuse it, claim nothing."""
 
 
 def _read_body(environ: Mapping[str, Any], limit: int) -> bytes | None:
     """The body, or None if it is over ``limit`` bytes (read no further than that).
 
-    Raises :class:`_BadBody` for a Content-Length that is not a number, or a body that ended
+    Raises :class:`BadBody` for a Content-Length that is not a number, or a body that ended
     before it: a connection cut mid-body must not reach the handler (or be dead-lettered as
     bad JSON) when the retry will carry the whole of it.
     """
@@ -142,13 +142,13 @@ def _read_body(environ: Mapping[str, Any], limit: int) -> bytes | None:
     stream = environ.get("wsgi.input")
     if length:
         if not length.isdigit():
-            raise _BadBody(f"Content-Length {length[:40]!r} is not a number")
+            raise BadBody(f"Content-Length {length[:40]!r} is not a number")
         size = int(length)
         if size > limit:
             return None
         body: bytes = stream.read(size) if size and stream is not None else b""
         if len(body) != size:
-            raise _BadBody(f"the body ended after {len(body)} of its {size} bytes")
+            raise BadBody(f"the body ended after {len(body)} of its {size} bytes")
         return body
     # No length: a chunked body, or one the server delimited itself (PEP 3333's
     # wsgi.input_terminated, which gunicorn sets). Read at most one byte past the limit.

@@ -40,6 +40,18 @@ NEEDS_ISOLATION = pytest.mark.firestore_emulator_gap(
 )
 
 
+@pytest.fixture(params=["gunicorn", "uvicorn"])
+def server_kind(request: pytest.FixtureRequest) -> str:
+    """The server a parametrized scenario's workers run under: gunicorn (tasklease.worker.
+    wsgi) or uvicorn (tasklease.worker.asgi). Outside the full suite uvicorn runs on SQLite
+    only: name this fixture before ``backend`` so the skip comes before any store starts."""
+    backend = getattr(request.node, "callspec", None)
+    store = backend.params.get("backend", "sqlite") if backend is not None else "sqlite"
+    if request.param == "uvicorn" and store != "sqlite" and not FULL:
+        pytest.skip("uvicorn runs on SQLite only outside the full suite (TASKLEASE_FAULTS=full)")
+    return str(request.param)
+
+
 @pytest.fixture(
     params=["sqlite", pytest.param("firestore", marks=NEEDS_ISOLATION), "postgres", "spanner"]
 )

@@ -38,8 +38,14 @@ def scale(reduced: int, full: int) -> int:
     return full if FULL else reduced
 
 
+def scenario(name: str, server: str, backend: Backend) -> str:
+    """A counts line's name: ``storm[sqlite]`` under gunicorn, ``storm[sqlite uvicorn]``."""
+    return f"{name}[{backend.name}{'' if server == 'gunicorn' else ' ' + server}]"
+
+
 class FaultServer(GunicornWorker):
-    """A gunicorn server of ``tests.faults.app:app`` whose processes the test may kill."""
+    """A gunicorn (or ``server="uvicorn"``) server of ``tests.faults.app:app`` whose processes
+    the test may kill."""
 
     def __init__(
         self,
@@ -53,6 +59,7 @@ class FaultServer(GunicornWorker):
         clock_skew: float = 0.0,
         env: Mapping[str, str] | None = None,
         port: int | None = None,
+        server: str = "gunicorn",
     ) -> None:
         self.log_path = tmp_path / f"{name}.log"
         super().__init__(
@@ -61,6 +68,7 @@ class FaultServer(GunicornWorker):
             workers=workers,
             threads=threads,
             port=port,
+            server=server,
             env={
                 ENV_DOWNSTREAM: str(tmp_path / "downstream.db"),
                 ENV_REVISION: revision,
@@ -77,8 +85,9 @@ class FaultServer(GunicornWorker):
         return self._process.pid
 
     def worker_pids(self) -> list[int]:
-        """The gunicorn worker processes now alive (children of the arbiter)."""
-        return children_of(self.arbiter_pid)
+        """The worker processes now alive (children of gunicorn's arbiter or uvicorn's
+        supervisor, but not the resource tracker multiprocessing's spawn starts beside them)."""
+        return [pid for pid in children_of(self.arbiter_pid) if not _resource_tracker(pid)]
 
     def wait_for_workers(self, count: int, timeout: float = 60.0) -> None:
         """Wait until ``count`` workers answer (the arbiter respawns killed ones)."""
@@ -100,6 +109,13 @@ class FaultServer(GunicornWorker):
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def _resource_tracker(pid: int) -> bool:
+    try:
+        return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def children_of(parent: int) -> list[int]:

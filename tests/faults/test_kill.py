@@ -30,6 +30,7 @@ from tests.faults.harness import (
     Tally,
     overlaps,
     scale,
+    scenario,
     sqlite_records,
     tally,
     unclaimed,
@@ -56,7 +57,7 @@ def _wait_for(condition: Callable[[], Any], timeout: float = 60.0) -> Any:
 
 
 def test_sigkill_at_random_points_then_restart_completes_every_run_once(
-    tmp_path: Path, backend: Backend, report: Callable[[str, Tally], None]
+    tmp_path: Path, server_kind: str, backend: Backend, report: Callable[[str, Tally], None]
 ) -> None:
     rng = random.Random(20261130)
     keys = [f"kill-{n:04d}" for n in range(scale(40, 200))]
@@ -64,7 +65,9 @@ def test_sigkill_at_random_points_then_restart_completes_every_run_once(
     deliverer = Deliverer("kill")
     killed_at: dict[int, float] = {}
     restarts = 0
-    server = FaultServer(tmp_path, store=backend.url, workers=2, env=backend.env)
+    server = FaultServer(
+        tmp_path, store=backend.url, workers=2, env=backend.env, server=server_kind
+    )
     with server:
         for round_number in range(rounds):
             pending = sorted(set(keys) - deliverer.done())
@@ -109,7 +112,7 @@ def test_sigkill_at_random_points_then_restart_completes_every_run_once(
         retried_after_effect=writes[ALREADY_APPLIED],
         late_writes_refused=writes[REFUSED],
     )
-    report(f"kill[{backend.name}]", counts)
+    report(scenario("kill", server_kind, backend), counts)
     assert counts.lost == 0
     assert writes[APPLIED] == len(keys)
     assert never_ended, "no kill landed inside a handler: the scenario tested nothing"

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests.faults.downstream import Downstream
-from tests.faults.harness import Backend, Deliverer, FaultServer, Tally, scale, tally
+from tests.faults.harness import (
+    Backend,
+    Deliverer,
+    FaultServer,
+    Tally,
+    scale,
+    scenario,
+    tally,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -18,12 +26,14 @@ COPIES = 5
 
 
 def test_duplicate_storm_runs_each_task_once(
-    tmp_path: Path, backend: Backend, report: Callable[[str, Tally], None]
+    tmp_path: Path, server_kind: str, backend: Backend, report: Callable[[str, Tally], None]
 ) -> None:
     tasks = scale(200, 1000)
     keys = [f"storm-{n:05d}" for n in range(tasks)]
     deliverer = Deliverer("storm")
-    with FaultServer(tmp_path, store=backend.url, workers=4, env=backend.env) as server:
+    with FaultServer(
+        tmp_path, store=backend.url, workers=4, env=backend.env, server=server_kind
+    ) as server:
         # The copies of one task are adjacent in the submission order: they run concurrently.
         deliverer.deliver_all(
             [(server.url, key, {"sleep": 0.05}) for key in keys for _ in range(COPIES)],
@@ -42,7 +52,7 @@ def test_duplicate_storm_runs_each_task_once(
         store_unavailable_503=outcomes["unavailable"],
         processes=len(pids),
     )
-    report(f"storm[{backend.name}]", counts)
+    report(scenario("storm", server_kind, backend), counts)
     assert counts.delivered >= tasks * COPIES
     assert outcomes["processed"] == tasks
     assert counts.executed == tasks

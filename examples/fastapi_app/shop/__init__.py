@@ -1,0 +1,1 @@
+"""A shop's FastAPI app: its API, and tasklease's worker mounted at ``/worker``."""

@@ -1,0 +1,118 @@
+"""The worker as an ASGI app, for uvicorn (or any ASGI server) and for mounting in FastAPI or
+Starlette: ``pip install 'tasklease[asgi]'``.
+
+    app = create_asgi_app(router, store="sqlite:///runs.db")      # uvicorn module:app
+    fastapi_app.mount("/worker", create_asgi_app(router, ...))     # or inside FastAPI
+
+``uvicorn --factory tasklease.worker.asgi:app_from_env`` builds it from the environment, as
+``gunicorn tasklease.worker.wsgi:app`` does. The deliveries are answered by the same executor
+as under WSGI (same OIDC, answers, log line, traces and metrics); every store call and every
+handler runs in a worker thread, never on the server's event loop, and ``async def`` handlers
+are awaited on tasklease's own handler loop (:mod:`tasklease.worker.event_loop`), so a
+loop-bound client a handler uses must be created by the handlers, not by the server's
+lifespan. The dashboard, ``/metrics`` and the Flask app's other routes are served too, by a
+small WSGI bridge (:mod:`tasklease.worker.asgi_wsgi`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import flask
+
+from tasklease import protocol
+from tasklease.errors import ConfigurationError
+from tasklease.worker.app import ROUTES_EXTENSION, create_app
+from tasklease.worker.asgi_routes import ASGIApp, AsgiDeliveries
+from tasklease.worker.asgi_wsgi import WsgiBridge
+from tasklease.worker.auth import Authenticator
+from tasklease.worker.execution import Clock, utc_now
+from tasklease.worker.router import Router
+from tasklease.worker.stores import LeaseStore
+from tasklease.worker.wsgi import load_router
+
+DEFAULT_THREADS = 40  # anyio's own default: deliveries at once, each holding a thread.
+
+
+def create_asgi_app(
+    router: Router,
+    store: LeaseStore | str | None = None,
+    auth: str | Authenticator | None = None,
+    *,
+    clock: Clock = utc_now,
+    project_header: str = protocol.PROJECT_HEADER,
+    location_header: str = protocol.LOCATION_HEADER,
+    app: flask.Flask | None = None,
+    audience: str | None = None,
+    dashboard: str | None = None,
+    dashboard_operators: Iterable[str] | None = None,
+    max_task_bytes: int | None = None,
+    dashboard_audience: str | None = None,
+    threads: int = DEFAULT_THREADS,
+) -> AsgiDeliveries:
+    """An ASGI app serving ``router``: ``POST /tasks/<name>``, ``POST /jobs/<name>`` and
+    ``GET /healthz``, under whatever prefix it is mounted at (``root_path``).
+
+    The options are :func:`tasklease.worker.create_app`'s (``app`` is a Flask app whose
+    other routes it serves too), plus ``threads``: how many deliveries run at once (each in a
+    worker thread; more wait, off the loop). A mounted handler's default OIDC audience is its
+    whole URL, mount prefix included, as Cloud Tasks computes it.
+    """
+    flask_app = create_app(
+        router,
+        store,
+        auth,
+        clock=clock,
+        project_header=project_header,
+        location_header=location_header,
+        app=app,
+        audience=audience,
+        dashboard=dashboard,
+        dashboard_operators=dashboard_operators,
+        max_task_bytes=max_task_bytes,
+        dashboard_audience=dashboard_audience,
+    )
+    return asgi_app_for(flask_app, threads=threads)
+
+
+def asgi_app_for(flask_app: flask.Flask, *, threads: int = DEFAULT_THREADS) -> AsgiDeliveries:
+    """The ASGI app serving what :func:`create_app` built into ``flask_app``."""
+    routes = flask_app.extensions.get(ROUTES_EXTENSION)
+    if routes is None:
+        raise ConfigurationError(
+            f"Flask app {flask_app.name!r} has no tasklease routes: build it with create_app"
+        )
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigurationError(f"threads={threads!r}: a positive number of threads")
+    fallback: ASGIApp = WsgiBridge(flask_app.wsgi_app, max_body_bytes=routes.max_body_bytes)
+    return AsgiDeliveries(routes, fallback, threads=threads)
+
+
+def app_from_env() -> AsgiDeliveries:
+    """The app the environment describes (``TASKLEASE_ROUTER``, ``TASKLEASE_STORE``, ...;
+    ``TASKLEASE_ASGI_THREADS`` for ``threads``): ``uvicorn --factory`` calls it."""
+    reference = os.environ.get(protocol.ENV_ROUTER)
+    if not reference:
+        raise ConfigurationError(
+            f"set {protocol.ENV_ROUTER}=module:attribute naming your tasklease.Router"
+        )
+    text = os.environ.get(protocol.ENV_ASGI_THREADS, "").strip() or str(DEFAULT_THREADS)
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigurationError(f"{protocol.ENV_ASGI_THREADS}={text!r}: a number of threads")
+    target = load_router(reference)
+    if isinstance(target, flask.Flask):
+        return asgi_app_for(target, threads=int(text))
+    return create_asgi_app(target, threads=int(text))
+
+
+def __getattr__(name: str) -> AsgiDeliveries:
+    # Built on first access (``uvicorn tasklease.worker.asgi:app``), not at import.
+    if name == "app":
+        built = app_from_env()
+        globals()["app"] = built
+        return built
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["AsgiDeliveries", "app_from_env", "asgi_app_for", "create_asgi_app"]
