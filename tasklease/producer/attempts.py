@@ -12,7 +12,30 @@ from dataclasses import dataclass
 
 from tasklease.producer.errors import EnqueueError, TaskAlreadyExists, TransientEnqueueError
 from tasklease.producer.results import EnqueueResult
+from tasklease.producer.retry import RetryPolicy
 from tasklease.producer.transport import BatchOutcome, TaskRequest
+
+
+class Tries:
+    """The tries of one create or one batch: count them and decide on each answer."""
+
+    def __init__(self, retry: RetryPolicy, attempts: int = 0) -> None:
+        self.delays = retry.delays()
+        self.attempts = attempts  # Tries already made (in a batch that left it uncertain).
+
+    def create(
+        self, request: TaskRequest, key: str | None, error: EnqueueError | None
+    ) -> EnqueueResult | float:
+        """The next try of a single create ended with ``error`` (None: created)."""
+        self.attempts += 1
+        return after_create(request, key, self.attempts, error, self.delays)
+
+    def batch(
+        self, tasks: Sequence[TaskRequest], answer: BatchOutcome | EnqueueError
+    ) -> Sent | float:
+        """The next try of a batch answered ``answer``."""
+        self.attempts += 1
+        return after_batch(tasks, self.attempts, answer, self.delays)
 
 
 def after_create(

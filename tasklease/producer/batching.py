@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tasklease.producer.attempts import Sent, after_batch, settle
+from tasklease.producer.attempts import Sent, Tries, settle
 from tasklease.producer.errors import EnqueueError
 from tasklease.producer.results import EnqueueResult
 from tasklease.producer.retry import RetryPolicy
@@ -127,16 +127,13 @@ class BatchSender:
 
     def _send(self, tasks: Sequence[TaskRequest], batch_id: str) -> Sent:
         """One batch, its transient faults retried with the same ``request_id``."""
-        delays = self.retry.delays()
-        attempts = 0
-        while True:
-            attempts += 1
-            answer: BatchOutcome | EnqueueError
-            try:
-                answer = self.transport.create_tasks(tasks, batch_id, self.timeout)
-            except EnqueueError as exc:
-                answer = exc
-            step = after_batch(tasks, attempts, answer, delays)
-            if isinstance(step, Sent):
-                return step
+        tries = Tries(self.retry)
+        while not isinstance(step := tries.batch(tasks, self._answer(tasks, batch_id)), Sent):
             self.sleep(step)
+        return step
+
+    def _answer(self, tasks: Sequence[TaskRequest], batch_id: str) -> BatchOutcome | EnqueueError:
+        try:
+            return self.transport.create_tasks(tasks, batch_id, self.timeout)
+        except EnqueueError as exc:
+            return exc

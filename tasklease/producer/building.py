@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 from tasklease.producer import tracing
 from tasklease.producer.errors import InvalidTask
@@ -51,6 +51,18 @@ class TaskRoutes(Protocol):
     def has_task(self, name: str) -> bool: ...
 
 
+class EnqueueOptions(TypedDict, total=False):
+    """The options every enqueue call takes (see :meth:`Producer.enqueue`): ``delay`` or
+    ``at`` (when the task runs), ``queue`` (else the producer's), ``dispatch_deadline`` (15 s
+    to 30 min) and ``headers`` (more task headers)."""
+
+    delay: timedelta | None
+    at: datetime | None
+    queue: str | None
+    dispatch_deadline: timedelta | None
+    headers: Mapping[str, str] | None
+
+
 @dataclass(frozen=True)
 class Options:
     """The per-call options of enqueue and enqueue_many."""
@@ -62,8 +74,13 @@ class Options:
     headers: Mapping[str, str] | None = None
 
 
-class TaskBuilder:
-    """The settings of a producer and the requests it builds from them."""
+TransportT = TypeVar("TransportT")
+SleepT = TypeVar("SleepT")
+
+
+class TaskBuilder(Generic[TransportT, SleepT]):
+    """The settings of a producer and the requests it builds from them; the subclass names
+    its transport type and pause function (sync or async), and their defaults."""
 
     def __init__(
         self,
@@ -74,9 +91,12 @@ class TaskBuilder:
         service_account: str | None = None,
         *,
         audience: str | None = None,
+        transport: TransportT | None = None,
+        tasks_endpoint: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float = 10.0,
         dispatch_deadline: timedelta | None = None,
+        sleep: SleepT | None = None,
         batch: bool = True,
         router: TaskRoutes | None = None,
     ) -> None:
@@ -95,6 +115,16 @@ class TaskBuilder:
         self.dispatch_deadline = _dispatch_deadline(dispatch_deadline)
         self.batch = batch
         self.router = router
+        self.transport = transport or self._default_transport(tasks_endpoint)
+        self._sleep = sleep or self._default_sleep()
+
+    def _default_transport(self, tasks_endpoint: str | None) -> TransportT:
+        """The Cloud Tasks transport (at ``tasks_endpoint``, a local emulator, if given)."""
+        raise NotImplementedError
+
+    def _default_sleep(self) -> SleepT:
+        """How the producer pauses between tries."""
+        raise NotImplementedError
 
     def queue_path(self, queue: str | None = None) -> str:
         return f"projects/{self.project}/locations/{self.location}/queues/{queue or self.queue}"

@@ -5,16 +5,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Unpack
 
 from tasklease.producer import tracing
-from tasklease.producer.attempts import after_create, failed_result
+from tasklease.producer.attempts import Tries, failed_result
 from tasklease.producer.batching import BatchSender
 from tasklease.producer.building import (
     MAX_DISPATCH_DEADLINE,
     MAX_SCHEDULE_AHEAD,
     MIN_DISPATCH_DEADLINE,
+    EnqueueOptions,
     Options,
     RunContext,
     TaskBuilder,
@@ -26,7 +26,6 @@ from tasklease.producer.building import (
 from tasklease.producer.cloud_tasks import CloudTasksTransport
 from tasklease.producer.errors import EnqueueError
 from tasklease.producer.results import EnqueueResult
-from tasklease.producer.retry import RetryPolicy
 from tasklease.producer.transport import TaskRequest, TaskTransport
 
 __all__ = [
@@ -39,7 +38,7 @@ __all__ = [
 ]
 
 
-class Producer(TaskBuilder):
+class Producer(TaskBuilder[TaskTransport, Callable[[float], None]]):
     """Creates tasks that target ``POST {worker_url}/tasks/{task_name}`` with a JSON body.
 
     One producer per process is enough: it is thread-safe and creates its client lazily.
@@ -52,39 +51,11 @@ class Producer(TaskBuilder):
     not checked (a task for another service's worker).
     """
 
-    def __init__(
-        self,
-        project: str,
-        location: str,
-        queue: str = "default",
-        worker_url: str = "",
-        service_account: str | None = None,
-        *,
-        audience: str | None = None,
-        transport: TaskTransport | None = None,
-        tasks_endpoint: str | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: float = 10.0,
-        dispatch_deadline: timedelta | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-        batch: bool = True,
-        router: TaskRoutes | None = None,
-    ) -> None:
-        super().__init__(
-            project,
-            location,
-            queue,
-            worker_url,
-            service_account,
-            audience=audience,
-            retry=retry,
-            timeout=timeout,
-            dispatch_deadline=dispatch_deadline,
-            batch=batch,
-            router=router,
-        )
-        self.transport = transport or CloudTasksTransport(endpoint=tasks_endpoint)
-        self._sleep = sleep
+    def _default_transport(self, tasks_endpoint: str | None) -> TaskTransport:
+        return CloudTasksTransport(endpoint=tasks_endpoint)
+
+    def _default_sleep(self) -> Callable[[float], None]:
+        return time.sleep
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Producer:
@@ -101,12 +72,7 @@ class Producer(TaskBuilder):
         task_name: str,
         payload: Any = None,
         key: str | None = None,
-        *,
-        delay: timedelta | None = None,
-        at: datetime | None = None,
-        queue: str | None = None,
-        dispatch_deadline: timedelta | None = None,
-        headers: Mapping[str, str] | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
         """Create one task; raise :class:`EnqueueError` if it could not be created.
 
@@ -114,9 +80,8 @@ class Producer(TaskBuilder):
         again (within Cloud Tasks' de-duplication window, up to 24 hours) creates nothing and
         returns ``created=False``.
         """
-        options = Options(delay, at, queue, dispatch_deadline, headers)
-        with tracing.enqueue_span(task_name, self.queue_path(queue)) as span:
-            result = self._create(self._build(task_name, payload, key, options), key)
+        with tracing.enqueue_span(task_name, self.queue_path(options.get("queue"))) as span:
+            result = self._create(self._build(task_name, payload, key, Options(**options)), key)
             tracing.enqueued(span, [result])
         return result
 
@@ -126,11 +91,7 @@ class Producer(TaskBuilder):
         items: Iterable[tuple[str, Any]],
         *,
         concurrency: int = 32,
-        delay: timedelta | None = None,
-        at: datetime | None = None,
-        queue: str | None = None,
-        dispatch_deadline: timedelta | None = None,
-        headers: Mapping[str, str] | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> list[EnqueueResult]:
         """Create one task per ``(key, payload)`` item, ``concurrency`` calls at a time.
 
@@ -141,9 +102,8 @@ class Producer(TaskBuilder):
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        options = Options(delay, at, queue, dispatch_deadline, headers)
-        with tracing.enqueue_span(task_name, self.queue_path(queue)) as span:
-            results = self._create_many(task_name, items, concurrency, options)
+        with tracing.enqueue_span(task_name, self.queue_path(options.get("queue"))) as span:
+            results = self._create_many(task_name, items, concurrency, Options(**options))
             tracing.enqueued(span, results)
         return results
 
@@ -203,15 +163,16 @@ class Producer(TaskBuilder):
 
         ``attempts``: tries already made for this task (in a batch that left it uncertain).
         """
-        delays = self.retry.delays()
-        while True:
-            attempts += 1
-            error: EnqueueError | None = None
-            try:
-                self.transport.create_task(request, self.timeout)
-            except EnqueueError as exc:
-                error = exc
-            step = after_create(request, key, attempts, error, delays)
-            if isinstance(step, EnqueueResult):
-                return step
+        tries = Tries(self.retry, attempts)
+        while not isinstance(
+            step := tries.create(request, key, self._answer(request)), EnqueueResult
+        ):
             self._sleep(step)
+        return step
+
+    def _answer(self, request: TaskRequest) -> EnqueueError | None:
+        try:
+            self.transport.create_task(request, self.timeout)
+        except EnqueueError as exc:
+            return exc
+        return None
