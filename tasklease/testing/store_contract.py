@@ -16,6 +16,8 @@ fixture (a fresh, empty store)::
 - :class:`StoreContract`: the run primitives of :class:`~tasklease.worker.stores.LeaseStore`.
 - :class:`LockContract`: :class:`~tasklease.worker.stores.LockStore` (locks).
 - :class:`OperationsContract`: :class:`~tasklease.worker.stores.OperatorQueries`.
+- :class:`TallyContract`: :class:`~tasklease.worker.stores.delivery_tally.DeliveryTally`
+  (per-minute delivery counts for the dashboard).
 - :class:`CrossProcessContract`: for a store several processes share; it also needs a
   ``store_factory`` fixture (a picklable callable opening the same store in another process).
 """
@@ -33,6 +35,7 @@ from typing import Any
 from tasklease.testing.contract_support import EXPIRED, LEASE, T0, claim_request
 from tasklease.testing.lock_contract import LockContract
 from tasklease.testing.operations_contract import OperationsContract
+from tasklease.testing.tally_contract import TallyContract
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores.base import LeaseStore
 
@@ -297,4 +300,10 @@ def _race_in_process(store_factory: Callable[[], LeaseStore], barrier: Any, resu
     results.put(_race_threads(store_factory(), threads=10, barrier=barrier))
 
 
-__all__ = ["CrossProcessContract", "LockContract", "OperationsContract", "StoreContract"]
+__all__ = [
+    "CrossProcessContract",
+    "LockContract",
+    "OperationsContract",
+    "StoreContract",
+    "TallyContract",
+]
