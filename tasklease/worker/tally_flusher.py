@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
@@ -43,6 +44,7 @@ class DeliveryCounter:
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._pending: dict[datetime, Counter[TallyKey]] = {}
+        self._written: dict[datetime, Counter[TallyKey]] = {}  # What the store holds.
         self.instance = ""
         self._stop = threading.Event()
 
@@ -55,19 +57,26 @@ class DeliveryCounter:
             self._pending.setdefault(minute, Counter())[TallyKey(kind, handler, outcome)] += 1
 
     def flush(self) -> bool:
-        """Write the counts not yet written; False when the store failed (they are kept)."""
+        """Write the minutes whose counts changed since the last write; False when the store
+        failed (they are kept, and written with the next)."""
         with self._lock:
-            snapshot = {minute: Counter(counts) for minute, counts in self._pending.items()}
+            changed = {
+                minute: Counter(counts)
+                for minute, counts in self._pending.items()
+                if self._written.get(minute) != counts
+            }
             instance = self.instance
-        if not snapshot:
+        if not changed:
             return True
         try:
-            self.store.write_delivery_counts(instance, snapshot)
+            self.store.write_delivery_counts(instance, changed)
         except Exception:  # The store's StoreUnavailable, or a bug: never a delivery's.
             _log.warning("writing delivery counts failed; kept for the next write", exc_info=True)
-            self._forget_older_than(minute_of(self.clock()) - TALLY_KEPT, {})
+            self._forget_before(minute_of(self.clock()) - TALLY_KEPT, written_only=False)
             return False
-        self._forget_older_than(minute_of(self.clock()), snapshot)
+        with self._lock:
+            self._written.update(changed)
+        self._forget_before(minute_of(self.clock()))
         return True
 
     def close(self) -> None:
@@ -76,29 +85,45 @@ class DeliveryCounter:
         if self._pid == os.getpid():
             self.flush()
 
-    def _forget_older_than(
-        self, current: datetime, written: dict[datetime, Counter[TallyKey]]
-    ) -> None:
-        """Drop the minutes before ``current`` that hold what was written (or, with nothing
-        written, any): deliveries count in their own minute, so those are final."""
+    def _forget_before(self, current: datetime, *, written_only: bool = True) -> None:
+        """Drop the minutes before ``current`` whose counts were written (deliveries count in
+        their own minute, so those are final), or any (``written_only`` False: older than the
+        store keeps, while it is down)."""
         with self._lock:
             for minute in [m for m in self._pending if m < current]:
-                if not written or written.get(minute) == self._pending[minute]:
+                if not written_only or self._written.get(minute) == self._pending[minute]:
                     del self._pending[minute]
+            self._written = {m: c for m, c in self._written.items() if m in self._pending}
 
     def _start(self) -> None:
         """In a new process (the first, or a forked child): own counts, own instance, own
         thread. Under ``self._lock``."""
         self._pid = os.getpid()
         self._pending = {}
+        self._written = {}
         self.instance = f"{instance_id()}/{uuid.uuid4().hex[:8]}"  # A reused pid is new.
         self._stop = threading.Event()
+        me = weakref.ref(self)  # The thread and atexit must not keep a dropped app alive.
         thread = threading.Thread(
-            target=self._run, args=(self._stop,), name="tasklease-tally", daemon=True
+            target=_flush_every, args=(me, self.interval, self._stop), name="tasklease-tally"
         )
+        thread.daemon = True
         thread.start()
-        atexit.register(self.close)
+        atexit.register(_close, me)
 
-    def _run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.interval):
-            self.flush()
+
+def _flush_every(
+    counter: weakref.ref[DeliveryCounter], interval: float, stop: threading.Event
+) -> None:
+    while not stop.wait(interval):
+        alive = counter()
+        if alive is None:
+            return
+        alive.flush()
+        del alive
+
+
+def _close(counter: weakref.ref[DeliveryCounter]) -> None:
+    alive = counter()
+    if alive is not None:
+        alive.close()
