@@ -53,6 +53,10 @@ OUTCOME_LABELS = {
     "lost_claim": "lost_claim (fenced out)",
     "other": "other (key busy, unavailable, ...)",
 }
+# What a stacked chart stacks, bottom first, and each part's colour and label.
+_Palette = tuple[Sequence[str], Mapping[str, str], Mapping[str, str]]
+_RUNS: _Palette = (STATES, COLOURS, LABELS)
+_OUTCOMES: _Palette = (OUTCOMES, OUTCOME_COLOURS, OUTCOME_LABELS)
 _FONT = 'font-family="system-ui,sans-serif"'
 
 
@@ -94,17 +98,8 @@ def minutes_chart(
             f'<rect x="{left}" y="{top}" width="{shade_w:.1f}" height="{plot_h}" '
             'fill="#e9ecef"><title>not read: the read stopped at its limit</title></rect>'
         )
-    parts.extend(
-        _stacks(
-            activity.claimed,
-            STATES,
-            palette=(COLOURS, LABELS),
-            verb="claimed",
-            frame=(left, top, plot_h),
-            scale=scale,
-            step=step,
-        )
-    )
+    frame = (left, top, plot_h, step)
+    parts.extend(_stacks(activity.claimed, _RUNS, "claimed", frame, scale))
     points = " ".join(
         f"{left + (i + 0.5) * step:.1f},{top + plot_h - n * scale:.1f}"
         for i, n in enumerate(activity.finished)
@@ -128,17 +123,8 @@ def deliveries_chart(
     scale = plot_h / minutes.peak
     parts = [_svg_open(width, height, title, "chart deliveries")]
     parts.append(_gridlines(left, top, plot_w, plot_h, minutes.peak))
-    parts.extend(
-        _stacks(
-            minutes.columns,
-            OUTCOMES,
-            palette=(OUTCOME_COLOURS, OUTCOME_LABELS),
-            verb="delivered",
-            frame=(left, top, plot_h),
-            scale=scale,
-            step=plot_w / (len(minutes.columns) or 1),
-        )
-    )
+    frame = (left, top, plot_h, plot_w / (len(minutes.columns) or 1))
+    parts.extend(_stacks(minutes.columns, _OUTCOMES, "delivered", frame, scale))
     parts.append(_hour_axis(left, top + plot_h + 15, plot_w))
     return Markup("".join(parts))  # noqa: S704 - each text in parts went through escape().
 
@@ -150,18 +136,15 @@ def outcome_legend() -> list[tuple[str, str, str]]:
 
 def _stacks(
     columns: Sequence[Mapping[str, int]],
-    order: Sequence[str],
-    *,
-    palette: tuple[Mapping[str, str], Mapping[str, str]],
+    palette: _Palette,
     verb: str,
-    frame: tuple[float, float, float],
+    frame: tuple[float, float, float, float],
     scale: float,
-    step: float,
 ) -> list[str]:
-    """One stacked bar per column, ``order`` bottom first, each ``step`` wide; ``frame`` is
-    (left, top, plot height)."""
-    colours, labels = palette
-    left, top, plot_h = frame
+    """One stacked bar per column, the palette's order bottom first; ``frame`` is (left,
+    top, plot height, a column's width)."""
+    order, colours, labels = palette
+    left, top, plot_h, step = frame
     parts = []
     for index, counts in enumerate(columns):
         y: float = top + plot_h

@@ -22,9 +22,10 @@ from psycopg.types.json import Jsonb
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core import locking
 from tasklease.worker.core.records import LockRecord, RunRecord
+from tasklease.worker.stores import postgres_tally as tally
 from tasklease.worker.stores.codec import Conversion, RecordCodec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the delivery tally.
 DEFAULT_SCHEMA = "tasklease"
 
 # Each entry migrates from the version before it; entry n creates version n + 1.
@@ -77,6 +78,7 @@ _MIGRATIONS: list[list[LiteralString]] = [
         "CREATE INDEX IF NOT EXISTS locks_by_lapse ON {s}.locks (lapses_at)",
         "CREATE INDEX IF NOT EXISTS locks_by_start ON {s}.locks (started_at DESC, name DESC)",
     ],
+    [tally.TABLE, tally.INDEX],
 ]
 
 
