@@ -24,7 +24,9 @@ from tasklease.producer import (
     RetryPolicy,
     task_id,
 )
-from tasklease.worker import Router, TaskContext
+from tasklease.testing.stubs import StubQueue
+from tasklease.worker import Router, TaskContext, create_app
+from tasklease.worker.stores import MemoryStore
 from tests.test_producer_grpc import FakeGrpcCloudTasks, serve_create_task
 
 PARENT = "projects/p/locations/us-central1"
@@ -270,3 +272,28 @@ def test_the_loop_keeps_serving_while_fifty_creates_wait_on_a_slow_api(
     assert asyncio.run(main()) == [True] * 50
     assert ticks_while_waiting >= 20
     assert len(fake.tasks) == 50
+
+
+def test_an_async_handler_enqueues_by_reference_into_the_plugins_stub_queue(
+    tasklease_queue: StubQueue,
+) -> None:
+    router = Router()
+
+    @router.task()
+    async def child(payload: dict[str, int], ctx: TaskContext) -> None: ...
+
+    @router.task()
+    async def parent(payload: dict[str, int], ctx: TaskContext) -> None:
+        await child.aenqueue({"n": payload["n"] + 1}, key=f"child-{payload['n']}")
+
+    tasklease_queue.bind(router)
+
+    async def start() -> bool:
+        return (await parent.aenqueue({"n": 1}, key="p")).created
+
+    assert asyncio.run(start())
+    client = create_app(router, store=MemoryStore(), auth="none").test_client()
+    assert tasklease_queue.drain(client).outcomes == {"processed": 2}
+    assert [t.handler for t in tasklease_queue.tasks] == ["parent", "child"]
+    tasklease_queue.close()
+    assert router.use_async_producer(None) is None  # Given back on close.

@@ -1,8 +1,8 @@
 """Counting this process's deliveries per handler, minute and outcome, and writing the counts
 to a :class:`~tasklease.worker.stores.delivery_tally.DeliveryTally` store.
 
-A delivery only adds one to a counter in memory. A daemon thread (started on the first count
-in each process: threads do not survive a fork) writes the process's counts every
+A delivery only adds one to a counter in memory. One daemon thread per process (started on
+the first count in it: threads do not survive a fork) writes each counter's counts every
 ``interval`` seconds, in one write, and once more at exit. A failed write is logged and its
 counts kept for the next one; as a write holds totals, never increments, writing them again
 cannot count twice. A delivery never waits for the store here, and never fails for it.
@@ -14,6 +14,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 import uuid
 import weakref
 from collections import Counter
@@ -46,7 +47,8 @@ class DeliveryCounter:
         self._pending: dict[datetime, Counter[TallyKey]] = {}
         self._written: dict[datetime, Counter[TallyKey]] = {}  # What the store holds.
         self.instance = ""
-        self._stop = threading.Event()
+        self._closed = False
+        self.next_flush = 0.0  # Monotonic seconds.
 
     def count(self, kind: str, handler: str, outcome: str) -> None:
         """Count one delivery now (called on the delivery's path: memory only)."""
@@ -80,10 +82,10 @@ class DeliveryCounter:
         return True
 
     def close(self) -> None:
-        """Stop the thread and write what is left."""
-        self._stop.set()
-        if self._pid == os.getpid():
+        """Write what is left, and stop flushing."""
+        if self._pid == os.getpid() and not self._closed:
             self.flush()
+        self._closed = True
 
     def _forget_before(self, current: datetime, *, written_only: bool = True) -> None:
         """Drop the minutes before ``current`` whose counts were written (deliveries count in
@@ -96,34 +98,63 @@ class DeliveryCounter:
             self._written = {m: c for m, c in self._written.items() if m in self._pending}
 
     def _start(self) -> None:
-        """In a new process (the first, or a forked child): own counts, own instance, own
-        thread. Under ``self._lock``."""
+        """In a new process (the first, or a forked child): own counts, own instance, and
+        the process's flusher thread told of it. Under ``self._lock``."""
         self._pid = os.getpid()
         self._pending = {}
         self._written = {}
         self.instance = f"{instance_id()}/{uuid.uuid4().hex[:8]}"  # A reused pid is new.
-        self._stop = threading.Event()
-        me = weakref.ref(self)  # The thread and atexit must not keep a dropped app alive.
-        thread = threading.Thread(
-            target=_flush_every, args=(me, self.interval, self._stop), name="tasklease-tally"
-        )
-        thread.daemon = True
-        thread.start()
-        atexit.register(_close, me)
+        self._closed = False
+        self.next_flush = time.monotonic() + self.interval
+        _FLUSHER.watch(self)
+
+    def due(self, now: float) -> bool:
+        """Whether a flush is due at ``now`` (monotonic seconds); if so, the next is set."""
+        if self._closed or now < self.next_flush:
+            return False
+        self.next_flush = now + self.interval
+        return True
 
 
-def _flush_every(
-    counter: weakref.ref[DeliveryCounter], interval: float, stop: threading.Event
-) -> None:
-    while not stop.wait(interval):
-        alive = counter()
-        if alive is None:
-            return
-        alive.flush()
-        del alive
+class _Flusher:
+    """The one thread per process that flushes every live counter when it is due. It holds
+    the counters weakly: a dropped app's counter (a test's) is not kept alive by it."""
+
+    def __init__(self) -> None:
+        self._counters: weakref.WeakSet[DeliveryCounter] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._wake = threading.Event()
+
+    def watch(self, counter: DeliveryCounter) -> None:
+        with self._lock:
+            self._counters.add(counter)
+            if self._pid != os.getpid():  # Threads do not survive a fork: start one here.
+                self._pid = os.getpid()
+                thread = threading.Thread(target=self._run, name="tasklease-tally", daemon=True)
+                thread.start()
+        self._wake.set()  # Its interval may be shorter than the thread's current wait.
+
+    def close_all(self) -> None:
+        """At exit: write what every counter of this process has left."""
+        with self._lock:
+            counters = list(self._counters)
+        for counter in counters:
+            counter.close()
+
+    def _run(self) -> None:
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                counters = list(self._counters)
+            for counter in counters:
+                if counter.due(now):
+                    counter.flush()
+            pause = min((c.next_flush - now for c in counters), default=FLUSH_INTERVAL)
+            del counters
+            self._wake.wait(max(pause, 0.01))
+            self._wake.clear()
 
 
-def _close(counter: weakref.ref[DeliveryCounter]) -> None:
-    alive = counter()
-    if alive is not None:
-        alive.close()
+_FLUSHER = _Flusher()
+atexit.register(_FLUSHER.close_all)  # Inherited by forked children, which run it as theirs.
