@@ -17,7 +17,7 @@ import flask
 import pytest
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker import Router, TaskContext, create_app
+from tasklease.worker import Router, TaskContext, create_app, tally_flusher
 from tasklease.worker.core.activity import window_start
 from tasklease.worker.core.deliveries import delivery_minutes
 from tasklease.worker.dashboard import create_dashboard_app
@@ -155,3 +155,27 @@ def test_outcomes_outside_the_six_are_drawn_as_other_and_the_six_as_themselves(
     minutes = delivery_minutes(rows, window_start(now))
     expected = outcome if outcome == "lost_claim" else "other"
     assert minutes.columns[-1] == Counter({expected: 3})
+
+
+class BlockedTally(MemoryStore):
+    """A store whose writes hang until the test lets them go (a store that is down)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+        self.entered.set()
+        self.go.wait(10)
+        super().write_delivery_counts(instance, counts)
+
+
+def test_the_exit_flush_gives_up_on_a_hanging_store_instead_of_holding_up_the_exit() -> None:
+    store = BlockedTally()
+    counter = DeliveryCounter(store, lambda: datetime.now(UTC), interval=3600)
+    counter.count("task", "charge", "processed")
+    flusher = tally_flusher._Flusher()  # Of this counter only: atexit runs the process's.
+    flusher.watch(counter)
+    flusher.close_all(timeout=0.05)
+    assert store.entered.is_set() and counted(store) == Counter()  # Returned mid-write.
+    store.go.set()

@@ -3,7 +3,8 @@ to a :class:`~tasklease.worker.stores.delivery_tally.DeliveryTally` store.
 
 A delivery only adds one to a counter in memory. One daemon thread per process (started on
 the first count in it: threads do not survive a fork) writes each counter's counts every
-``interval`` seconds, in one write, and once more at exit. A failed write is logged and its
+``interval`` seconds, in one write, and once more at exit (for at most
+:data:`EXIT_FLUSH_TIMEOUT` seconds). A failed write is logged and its
 counts kept for the next one; as a write holds totals, never increments, writing them again
 cannot count twice. A delivery never waits for the store here, and never fails for it.
 """
@@ -27,6 +28,8 @@ from tasklease.worker.stores.delivery_tally import TALLY_KEPT, DeliveryTally, Ta
 _log = logging.getLogger("tasklease.tally")
 
 FLUSH_INTERVAL = 60.0  # Seconds: at most one write a minute per process.
+# How long the exit waits for the last write: a store that is down must not hold it up.
+EXIT_FLUSH_TIMEOUT = 2.0
 
 
 class DeliveryCounter:
@@ -135,12 +138,23 @@ class _Flusher:
                 thread.start()
         self._wake.set()  # Its interval may be shorter than the thread's current wait.
 
-    def close_all(self) -> None:
-        """At exit: write what every counter of this process has left."""
+    def close_all(self, timeout: float = EXIT_FLUSH_TIMEOUT) -> None:
+        """At exit: write what every counter of this process has left, waiting at most
+        ``timeout`` seconds (a store that is down must not hold up a shutdown)."""
         with self._lock:
-            counters = list(self._counters)
-        for counter in counters:
-            counter.close()
+            counters = list(self._counters) if self._pid == os.getpid() else []
+        if not counters:
+            return
+
+        def close() -> None:
+            for counter in counters:
+                counter.close()
+
+        last = threading.Thread(target=close, name="tasklease-tally-exit", daemon=True)
+        last.start()
+        last.join(timeout)
+        if last.is_alive():
+            _log.warning("delivery counts not written within %.0f s of exit: dropped", timeout)
 
     def _run(self) -> None:
         while True:
