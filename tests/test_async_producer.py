@@ -206,6 +206,16 @@ def test_from_env_reaches_the_emulator_over_grpc_and_the_default_router_producer
     assert asyncio.run(main())
     assert tasklease.AsyncProducer is AsyncProducer
 
+    # A second loop gets a producer of its own: a gRPC channel never crosses loops.
+    made: list[AsyncProducer] = []
+
+    async def again(key: str) -> bool:
+        made.append(router.async_producer())
+        return (await ping.aenqueue(None, key=key)).created
+
+    assert asyncio.run(again("second")) and asyncio.run(again("third"))
+    assert made[0] is not made[1]
+
 
 def test_from_env_takes_the_emulators_grpc_port_next_to_its_rest_port() -> None:
     env = {

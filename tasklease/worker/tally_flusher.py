@@ -46,6 +46,7 @@ class DeliveryCounter:
         self.clock = clock
         self.interval = interval
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()
         self._pid: int | None = None
         self._pending: dict[datetime, Counter[TallyKey]] = {}
         self._written: dict[datetime, Counter[TallyKey]] = {}  # What the store holds.
@@ -63,7 +64,12 @@ class DeliveryCounter:
 
     def flush(self) -> bool:
         """Write the minutes whose counts changed since the last write; False when the store
-        failed (they are kept, and written with the next)."""
+        failed (they are kept, and written with the next). One flush at a time: an older
+        snapshot written after a newer one would lower the stored totals."""
+        with self._flushing:
+            return self._flush()
+
+    def _flush(self) -> bool:
         with self._lock:
             changed = {
                 minute: Counter(counts)
@@ -126,6 +132,7 @@ class _Flusher:
     def __init__(self) -> None:
         self._counters: weakref.WeakSet[DeliveryCounter] = weakref.WeakSet()
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()
         self._pid: int | None = None
         self._wake = threading.Event()
 
