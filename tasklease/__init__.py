@@ -29,6 +29,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from tasklease.errors import TaskleaseError
     from tasklease.producer import (
+        AsyncProducer,
         EnqueueError,
         EnqueueResult,
         FanOutIncomplete,
@@ -89,11 +90,13 @@ _EXPORTS: dict[str, str] = {
     "TransientEnqueueError": "tasklease.producer.errors",
     "EnqueueResult": "tasklease.producer.results",
     "Producer": "tasklease.producer.producer",
+    "AsyncProducer": "tasklease.producer.async_producer",
     "RetryPolicy": "tasklease.producer.retry",
     "task_id": "tasklease.producer.naming",
 }
 
 __all__ = [
+    "AsyncProducer",
     "ConfigurationError",
     "EnqueueError",
     "EnqueueResult",

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 from tasklease.worker.core.decisions import replay_pending
 from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.delivery_tally import DeliveryTally, TallyKey, minute_of
 from tests.helpers import claim_request
 
 LONG_TASK = "export_" + "quarterly_ledger_" * 8 + "2026Q3"  # No break opportunity.
@@ -71,3 +72,30 @@ def seed_hour(store: LeaseStore, now: datetime) -> None:
     task(store, "sync_inventory", "sku-91", now - timedelta(seconds=40), "a2-takeover")
     long_run = task(store, LONG_HANDLER, LONG_TASK, now - timedelta(minutes=5))
     store.complete(long_run, "a1", None, now - timedelta(minutes=5) + timedelta(seconds=9))
+
+
+def seed_deliveries(store: DeliveryTally, now: datetime) -> None:
+    """An hour of two worker processes' delivery counts: mostly processed, with duplicates,
+    409s, releases and the odd lost claim, for three of the handlers above."""
+    rng = random.Random(11)
+    for instance in ("rev-1/host-a:7", "rev-1/host-b:9"):
+        counts: dict[datetime, dict[TallyKey, int]] = {}
+        for minute in range(59, -1, -1):
+            at = minute_of(now - timedelta(minutes=minute))
+            busy = 2 + (60 - minute) // 10
+            keyed = counts.setdefault(at, {})
+            for handler in ("send_receipt", "charge_card", "sync_inventory"):
+                for outcome, weight in OUTCOME_WEIGHTS:
+                    n = sum(1 for _ in range(busy) if rng.random() < weight)
+                    if n:
+                        keyed[TallyKey("task", handler, outcome)] = n
+        store.write_delivery_counts(instance, counts)
+
+
+OUTCOME_WEIGHTS = (
+    ("processed", 0.8),
+    ("duplicate", 0.25),
+    ("in_progress", 0.15),
+    ("released", 0.08),
+    ("lost_claim", 0.02),
+)

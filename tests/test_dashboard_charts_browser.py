@@ -17,7 +17,7 @@ from tasklease.cli.dashboard import serving_dashboard
 from tasklease.plumbing.serve import free_port
 from tasklease.worker.stores import SqliteStore
 from tests.browser import Browser, Tab, chromium, png_colours
-from tests.dashboard_seed import LONG_HANDLER, TAKEN_OVER, seed_hour
+from tests.dashboard_seed import LONG_HANDLER, TAKEN_OVER, seed_deliveries, seed_hour
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 UPDATE = os.environ.get("TASKLEASE_UPDATE_SCREENSHOTS") == "1"
@@ -33,6 +33,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     path = tmp_path_factory.mktemp("charts") / "runs.db"
     store = SqliteStore(path)
     seed_hour(store, datetime.now(UTC))
+    seed_deliveries(store, datetime.now(UTC))
     store.close()
     with serving_dashboard(f"sqlite:///{path}", "127.0.0.1", free_port(), None) as served:
         yield served
@@ -69,7 +70,11 @@ def test_the_summary_draws_every_handler_in_svg_without_widening_the_page(
     fits(tab, width)
     assert tab.evaluate(f"{VISIBLE_SVG.format('#total')}.length") == 1
     handlers = tab.evaluate(f"{VISIBLE_SVG.format('#handlers')}.length")
-    assert handlers == 4
+    assert handlers == 4 + 3  # Runs of four handlers; deliveries of the three with counts.
+    assert tab.evaluate(f"{VISIBLE_SVG.format('#deliveries')}.length") == 1
+    outcomes = "document.querySelectorAll('#deliveries .wide-only rect.bar')"
+    assert tab.evaluate(f"{outcomes}.length") > 60
+    assert "lost_claim" in tab.text("#deliveries") and "duplicate" in tab.text("#deliveries")
     bars = "document.querySelectorAll('#total .wide-only rect.bar, #total .narrow-only rect.bar')"
     assert tab.evaluate(f"{bars}.length") > 60
     drawn = "(e => e.getBoundingClientRect().height)(document.querySelector('#total .figure'))"

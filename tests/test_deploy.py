@@ -84,6 +84,7 @@ def test_first_run_sets_up_everything_in_order(cloud: Cloud) -> None:
         "firestore databases create",
         "firestore fields ttls update",
         "firestore fields ttls update",
+        "firestore fields ttls update",
         "firestore indexes composite create",
         "firestore indexes composite create",
         "iam service-accounts create tasklease-worker",
@@ -182,7 +183,7 @@ def test_dry_run_prints_every_command_and_calls_nothing(cloud: Cloud) -> None:
     assert result.returncode == 0, result.stderr
     assert cloud.calls() == []
     printed = [line for line in result.stdout.splitlines() if line.startswith("gcloud ")]
-    assert len(printed) == 15  # Two TTL policies (runs, locks), two indexes (status, handler).
+    assert len(printed) == 16  # Three TTL policies (runs, locks, tally), two indexes.
     assert printed[0].startswith("gcloud services enable")
     assert printed[-1].startswith("gcloud scheduler jobs create http nightly_reports")
 
@@ -537,10 +538,11 @@ def test_the_locks_collection_gets_a_ttl_policy_on_lapses_at_once(cloud: Cloud) 
     assert [(c[4], next(a for a in c if a.startswith("--collection-group="))) for c in ttls] == [
         ("expire_at", "--collection-group=tasklease_runs"),
         ("lapses_at", "--collection-group=tasklease_runs_locks"),
+        ("expire_at", "--collection-group=tasklease_runs_tally"),
     ]
     assert all("--enable-ttl" in c and "--database=(default)" in c for c in ttls)
     assert cloud.deploy().returncode == 0
-    assert cloud.changes() == []  # The second run finds both policies.
+    assert cloud.changes() == []  # The second run finds the policies.
 
 
 def test_the_ttl_policy_is_on_the_collection_the_firestore_store_keeps_locks_in() -> None:

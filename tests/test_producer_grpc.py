@@ -28,9 +28,8 @@ class FakeGrpcCloudTasks:
         return request.task
 
 
-@pytest.fixture
-def grpc_tasks() -> Iterator[tuple[FakeGrpcCloudTasks, int]]:
-    fake = FakeGrpcCloudTasks()
+def serve_create_task(fake: FakeGrpcCloudTasks) -> tuple[grpc.Server, int]:
+    """A started gRPC server on 127.0.0.1 answering CreateTask with ``fake``, and its port."""
     handler = grpc.method_handlers_generic_handler(
         "google.cloud.tasks.v2.CloudTasks",
         {
@@ -41,10 +40,17 @@ def grpc_tasks() -> Iterator[tuple[FakeGrpcCloudTasks, int]]:
             )
         },
     )
-    server = grpc.server(futures.ThreadPoolExecutor(4))
+    server = grpc.server(futures.ThreadPoolExecutor(64))
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
+    return server, port
+
+
+@pytest.fixture
+def grpc_tasks() -> Iterator[tuple[FakeGrpcCloudTasks, int]]:
+    fake = FakeGrpcCloudTasks()
+    server, port = serve_create_task(fake)
     yield fake, port
     server.stop(None)
 

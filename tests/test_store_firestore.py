@@ -20,6 +20,7 @@ from tasklease.testing.store_contract import (
     LockContract,
     OperationsContract,
     StoreContract,
+    TallyContract,
 )
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.locking import token_floor
@@ -46,7 +47,9 @@ def _close_stores() -> Iterator[None]:
         _open.pop().close()
 
 
-class TestFirestoreStore(StoreContract, LockContract, OperationsContract, CrossProcessContract):
+class TestFirestoreStore(
+    StoreContract, LockContract, OperationsContract, CrossProcessContract, TallyContract
+):
     @pytest.fixture
     def store(self, firestore_host: str | None) -> FirestoreStore:
         return new_store()

@@ -4,12 +4,17 @@ import gc
 
 import pytest
 
-from tasklease.testing.store_contract import LockContract, OperationsContract, StoreContract
+from tasklease.testing.store_contract import (
+    LockContract,
+    OperationsContract,
+    StoreContract,
+    TallyContract,
+)
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import T0, claim_request
 
 
-class TestMemoryStore(StoreContract, LockContract, OperationsContract):
+class TestMemoryStore(StoreContract, LockContract, OperationsContract, TallyContract):
     @pytest.fixture
     def store(self) -> MemoryStore:
         return MemoryStore()

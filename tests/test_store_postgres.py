@@ -20,6 +20,7 @@ from tasklease.testing.store_contract import (
     LockContract,
     OperationsContract,
     StoreContract,
+    TallyContract,
 )
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import Verdict
@@ -33,7 +34,9 @@ from tests.helpers import T0, claim_request, task_headers
 pytestmark = pytest.mark.service
 
 
-class TestPostgresStore(StoreContract, LockContract, OperationsContract, CrossProcessContract):
+class TestPostgresStore(
+    StoreContract, LockContract, OperationsContract, CrossProcessContract, TallyContract
+):
     @pytest.fixture
     def store(self, postgres_url: str) -> Iterator[PostgresStore]:
         # The contract passes its own clocks: they are honoured (server_clock off).
@@ -226,7 +229,7 @@ def test_the_schema_is_created_in_an_empty_database_and_reopening_changes_nothin
     tables = postgres_cluster.sql(
         f"SELECT tablename FROM pg_tables WHERE schemaname = '{schema}' ORDER BY 1"
     )
-    assert tables == [("locks",), ("runs",), ("schema_version",)]
+    assert tables == [("delivery_tally",), ("locks",), ("runs",), ("schema_version",)]
 
 
 def test_a_newer_schema_is_refused_with_a_message(
@@ -248,7 +251,8 @@ def test_purge_deletes_in_bounded_batches(
     store.claim(claim_request("new"), T0)
     counter = StatementCounter(monkeypatch)
     assert store.purge_expired(T0 + timedelta(days=1)) == 10
-    assert counter.take() == ["DELETE"] * 5  # 3 + 3 + 3 + 1 runs, then the locks (none).
+    # 3 + 3 + 3 + 1 runs, then the locks (none), then the delivery tally's old minutes.
+    assert counter.take() == ["DELETE"] * 6
     assert store.get("new") is not None
     store.close()
 

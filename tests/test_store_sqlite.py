@@ -14,13 +14,16 @@ from tasklease.testing.store_contract import (
     LockContract,
     OperationsContract,
     StoreContract,
+    TallyContract,
 )
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import SqliteStore, store_from_url
 from tests.helpers import T0, claim_request
 
 
-class TestSqliteStore(StoreContract, LockContract, OperationsContract, CrossProcessContract):
+class TestSqliteStore(
+    StoreContract, LockContract, OperationsContract, CrossProcessContract, TallyContract
+):
     @pytest.fixture
     def store(self, tmp_path: Path) -> Iterator[SqliteStore]:
         store = SqliteStore(tmp_path / "runs.db")

@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             "TASKLEASE_AUDIENCE": worker_url,
             "TASKLEASE_SERVICE_ACCOUNT": args.service_account,
             "TASKLEASE_TASKS_ENDPOINT": emulator.url,
+            "TASKLEASE_TASKS_GRPC_ENDPOINT": emulator.grpc_target,  # AsyncProducer
             "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS": args.service_account,
             "TASKLEASE_OIDC_CERTS_URL": emulator.certs_url,
         }

@@ -120,6 +120,7 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                 "TASKLEASE_WORKER_URL": worker_url,
                 "TASKLEASE_SERVICE_ACCOUNT": SERVICE_ACCOUNT,
                 "TASKLEASE_TASKS_ENDPOINT": emulator.url,
+                "TASKLEASE_TASKS_GRPC_ENDPOINT": emulator.grpc_target,  # AsyncProducer
             }
             worker_env = {
                 **producer_env,

@@ -95,6 +95,11 @@ class Config:
         return f"{self.collection}_locks"
 
     @property
+    def tally_collection(self) -> str:
+        """Where the Firestore store keeps delivery counts (stores.firestore_tally)."""
+        return f"{self.collection}_tally"
+
+    @property
     def worker_email(self) -> str:
         return f"{self.worker_account}@{self.project}.iam.gserviceaccount.com"
 

@@ -1,5 +1,5 @@
 """The Firestore database of a deploy: the database, the TTL policies that delete expired run
-records and lapsed locks, and the composite indexes the run listings query."""
+records, lapsed locks and old delivery counts, and the composite indexes the run listings query."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def ensure_firestore(config: Config, gcloud: Gcloud) -> None:
     ensure_ttl_policy(gcloud, config.collection, "expire_at", database, project)
     # A lock decides nothing from its lapses_at on (tasklease.worker.core.locking.lapses_at).
     ensure_ttl_policy(gcloud, config.lock_collection, "lapses_at", database, project)
+    # The dashboard's delivery counts: kept two hours (stores.delivery_tally.TALLY_KEPT).
+    ensure_ttl_policy(gcloud, config.tally_collection, "expire_at", database, project)
     ensure_listing_indexes(gcloud, config.collection, database, project)
 
 

@@ -2,6 +2,9 @@
 
 producer = Producer.from_env()
 producer.enqueue("send_receipt", {"order_id": 42}, key="order-42")
+
+async with AsyncProducer.from_env() as producer:  # From async code.
+    await producer.enqueue("send_receipt", {"order_id": 42}, key="order-42")
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from typing import TYPE_CHECKING
 from tasklease.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from tasklease.producer.async_producer import AsyncProducer
+    from tasklease.producer.async_transport import AsyncTaskTransport, CloudTasksAsyncTransport
     from tasklease.producer.cloud_tasks import CloudTasksTransport
     from tasklease.producer.errors import (
         EnqueueError,
@@ -28,6 +33,9 @@ if TYPE_CHECKING:
 
 # Each public name and the module that defines it (imported when the name is first read).
 _EXPORTS: dict[str, str] = {
+    "AsyncProducer": "tasklease.producer.async_producer",
+    "AsyncTaskTransport": "tasklease.producer.async_transport",
+    "CloudTasksAsyncTransport": "tasklease.producer.async_transport",
     "BatchOutcome": "tasklease.producer.transport",
     "CloudTasksTransport": "tasklease.producer.cloud_tasks",
     "EnqueueError": "tasklease.producer.errors",
@@ -46,7 +54,10 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "AsyncProducer",
+    "AsyncTaskTransport",
     "BatchOutcome",
+    "CloudTasksAsyncTransport",
     "CloudTasksTransport",
     "EnqueueError",
     "EnqueueResult",

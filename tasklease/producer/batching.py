@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tasklease.producer.errors import EnqueueError, TaskAlreadyExists, TransientEnqueueError
+from tasklease.producer.attempts import Sent, Tries, settle
+from tasklease.producer.errors import EnqueueError
 from tasklease.producer.results import EnqueueResult
 from tasklease.producer.retry import RetryPolicy
 from tasklease.producer.transport import BatchOutcome, TaskRequest, TaskTransport
@@ -52,13 +53,44 @@ def request_id(names: Sequence[str], call: str) -> str:
     return str(uuid.UUID(bytes=digest[:16], version=4))
 
 
-@dataclass(frozen=True)
-class _Sent:
-    """How one batch ended: its outcome, or the error of the whole batch."""
+class BatchRound:
+    """One ``enqueue_many`` call's batches and the results they settle, in item order; the
+    sync and async senders run it, this decides."""
 
-    outcome: BatchOutcome
-    attempts: int
-    error: EnqueueError | None = None
+    def __init__(self, items: Sequence[tuple[str | None, TaskRequest]], size: int) -> None:
+        self.items = items
+        self.requests = [request for _, request in items]
+        self.batches, repeats = plan(self.requests, size)
+        self.call = uuid.uuid4().hex
+        self.results: list[EnqueueResult | None] = [None] * len(items)
+        # (index, attempts already made) of the items to create one by one.
+        self.later: list[tuple[int, int]] = [(index, 0) for index in repeats]
+
+    def batch(self, batch: Sequence[int]) -> tuple[list[TaskRequest], str]:
+        """The tasks of ``batch`` and its ``request_id``."""
+        tasks = [self.requests[index] for index in batch]
+        return tasks, request_id([task.name for task in tasks], self.call)
+
+    def record(self, batch: Sequence[int], sent: Sent) -> None:
+        """Settle the items of a sent batch; those it left uncertain go to :attr:`later`."""
+        for index in batch:
+            key, request = self.items[index]
+            result = settle(request, key, sent)
+            if result is None:
+                self.later.append((index, sent.attempts))
+            self.results[index] = result
+        self.later.sort()
+
+    def single(self, entry: tuple[int, int]) -> tuple[TaskRequest, str | None, int]:
+        """What creating a :attr:`later` entry on its own takes: request, key, attempts."""
+        key, request = self.items[entry[0]]
+        return request, key, entry[1]
+
+    def finished(self, singles: Sequence[EnqueueResult]) -> list[EnqueueResult]:
+        """Every item's result, given those of :attr:`later` in its order."""
+        for (index, _), result in zip(self.later, singles, strict=True):
+            self.results[index] = result
+        return [result for result in self.results if result is not None]
 
 
 @dataclass
@@ -76,70 +108,32 @@ class BatchSender:
         concurrency: int,
         create_one: CreateOne,
     ) -> list[EnqueueResult]:
-        requests = [request for _, request in items]
-        batches, repeats = plan(requests, self.transport.max_batch_size)
-        call = uuid.uuid4().hex
-        results: list[EnqueueResult | None] = [None] * len(items)
-        later = [(index, 0) for index in repeats]
+        batches = BatchRound(items, self.transport.max_batch_size)
 
-        def send(batch: list[int]) -> _Sent:
-            tasks = [requests[index] for index in batch]
-            return self._send(tasks, request_id([task.name for task in tasks], call))
+        def send(batch: list[int]) -> Sent:
+            return self._send(*batches.batch(batch))
 
-        with ThreadPoolExecutor(min(concurrency, len(batches)), "tasklease-batch") as pool:
-            for batch, sent in zip(batches, pool.map(send, batches), strict=True):
-                for index in batch:
-                    key, request = items[index]
-                    result = _settle(request, key, sent)
-                    if result is None:
-                        later.append((index, sent.attempts))
-                    results[index] = result
-        if later:
+        with ThreadPoolExecutor(min(concurrency, len(batches.batches)), "tasklease-batch") as pool:
+            for batch, sent in zip(batches.batches, pool.map(send, batches.batches), strict=True):
+                batches.record(batch, sent)
+        if not batches.later:
+            return batches.finished([])
 
-            def single(entry: tuple[int, int]) -> EnqueueResult:
-                key, request = items[entry[0]]
-                return create_one(request, key, entry[1])
+        def single(entry: tuple[int, int]) -> EnqueueResult:
+            return create_one(*batches.single(entry))
 
-            later.sort()
-            with ThreadPoolExecutor(min(concurrency, len(later)), "tasklease-enqueue") as pool:
-                for (index, _), result in zip(later, pool.map(single, later), strict=True):
-                    results[index] = result
-        return [result for result in results if result is not None]
+        with ThreadPoolExecutor(min(concurrency, len(batches.later)), "tasklease-enqueue") as pool:
+            return batches.finished(list(pool.map(single, batches.later)))
 
-    def _send(self, tasks: Sequence[TaskRequest], batch_id: str) -> _Sent:
+    def _send(self, tasks: Sequence[TaskRequest], batch_id: str) -> Sent:
         """One batch, its transient faults retried with the same ``request_id``."""
-        delays = self.retry.delays()
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return _Sent(self.transport.create_tasks(tasks, batch_id, self.timeout), attempts)
-            except TransientEnqueueError as exc:
-                pause = next(delays, None)
-                if pause is None:
-                    error = TransientEnqueueError(
-                        f"gave up creating a batch of {len(tasks)} tasks in {tasks[0].queue_path}"
-                        f" after {attempts} attempts: {exc}"
-                    )
-                    return _Sent(BatchOutcome(), attempts, error)
-                self.sleep(pause)
-            except TaskAlreadyExists:
-                return _Sent(BatchOutcome(), attempts)  # Of the batch? Each task on its own.
-            except EnqueueError as exc:
-                return _Sent(BatchOutcome(), attempts, exc)
+        tries = Tries(self.retry)
+        while not isinstance(step := tries.batch(tasks, self._answer(tasks, batch_id)), Sent):
+            self.sleep(step)
+        return step
 
-
-def _settle(request: TaskRequest, key: str | None, sent: _Sent) -> EnqueueResult | None:
-    """The task's result from its batch; None when the batch left it uncertain."""
-    name, attempts = request.name, sent.attempts
-    if sent.error is not None:
-        return EnqueueResult(name, request.task_id, key, False, attempts, sent.error)
-    if name in sent.outcome.created:
-        return EnqueueResult(name, request.task_id, key, True, attempts)
-    if name in sent.outcome.existed:
-        # After our own retried batch, the earlier attempt may have created it.
-        return EnqueueResult(name, request.task_id, key, attempts > 1, attempts)
-    error = sent.outcome.failed.get(name)
-    if error is not None:
-        return EnqueueResult(name, request.task_id, key, False, attempts, error)
-    return None
+    def _answer(self, tasks: Sequence[TaskRequest], batch_id: str) -> BatchOutcome | EnqueueError:
+        try:
+            return self.transport.create_tasks(tasks, batch_id, self.timeout)
+        except EnqueueError as exc:
+            return exc

@@ -13,7 +13,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import tasks_v2
 
 from tasklease.producer import cloud_tasks_batch
-from tasklease.producer.cloud_tasks_wire import to_proto, translate
+from tasklease.producer.cloud_tasks_wire import raise_translated, to_proto
 from tasklease.producer.transport import BatchOutcome, TaskRequest, TaskTransport
 
 
@@ -54,10 +54,7 @@ class CloudTasksTransport(TaskTransport):
                 retry=None,  # The producer retries, with names that make it safe.
             )
         except Exception as exc:
-            error = translate(exc, task)
-            if error is None:
-                raise
-            raise error from exc
+            raise_translated(exc, task)
 
     def create_tasks(
         self, tasks: Sequence[TaskRequest], request_id: str, timeout: float

@@ -17,7 +17,7 @@ from typing import Any
 from google.api_core import exceptions as api
 from google.cloud import tasks_v2
 
-from tasklease.producer.cloud_tasks_wire import to_proto, translate
+from tasklease.producer.cloud_tasks_wire import raise_translated, to_proto, translate
 from tasklease.producer.errors import (
     PermanentEnqueueError,
     TaskAlreadyExists,
@@ -32,24 +32,29 @@ def create_tasks(
     client: Any, tasks: Sequence[TaskRequest], request_id: str, timeout: float
 ) -> BatchOutcome:
     """One BatchCreateTasks call (waiting for its operation at most ``timeout`` more)."""
-    parent = tasks[0].queue_path
-    request = tasks_v2.BatchCreateTasksRequest(
-        parent=parent,
-        requests=[tasks_v2.CreateTaskRequest(parent=parent, task=to_proto(t)) for t in tasks],
-        request_id=request_id,
-    )
     try:
-        future = client.batch_create_tasks(request=request, timeout=timeout, retry=None)
+        future = client.batch_create_tasks(
+            request=batch_request(tasks, request_id), timeout=timeout, retry=None
+        )
     except Exception as exc:
-        error = translate(exc, tasks[0], batch=True)
-        if error is None:
-            raise
-        raise error from exc
+        raise_translated(exc, tasks[0], batch=True)
     if not future.operation.done:
         # Polls GetOperation; an operation that ends in an error raises, its metadata stays.
         with contextlib.suppress(api.GoogleAPICallError, TimeoutError):
             future.result(timeout=timeout)
     return outcome(future.operation, tasks)
+
+
+def batch_request(
+    tasks: Sequence[TaskRequest], request_id: str
+) -> tasks_v2.BatchCreateTasksRequest:
+    """The BatchCreateTasksRequest of ``tasks`` (one queue)."""
+    parent = tasks[0].queue_path
+    return tasks_v2.BatchCreateTasksRequest(
+        parent=parent,
+        requests=[tasks_v2.CreateTaskRequest(parent=parent, task=to_proto(t)) for t in tasks],
+        request_id=request_id,
+    )
 
 
 def outcome(operation: Any, tasks: Sequence[TaskRequest]) -> BatchOutcome:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import requests
 from google.api_core import exceptions as api
 from google.cloud import tasks_v2
@@ -72,6 +74,15 @@ def translate(exc: BaseException, task: TaskRequest, *, batch: bool = False) -> 
             return PermanentEnqueueError(_queue_not_found(task, exc))
         return PermanentEnqueueError(f"Cloud Tasks refused the task: {exc}")
     return None
+
+
+def raise_translated(exc: Exception, task: TaskRequest, *, batch: bool = False) -> NoReturn:
+    """Raise the producer's error for an API error about ``task`` (or its batch), from it;
+    raise ``exc`` itself when it is not an API answer."""
+    error = translate(exc, task, batch=batch)
+    if error is None:
+        raise exc
+    raise error from exc
 
 
 def _queue_not_found(task: TaskRequest, error: api.GoogleAPICallError) -> str:

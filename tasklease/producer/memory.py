@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tasklease.producer.async_transport import AsyncTaskTransport
 from tasklease.producer.errors import (
     PermanentEnqueueError,
     TaskAlreadyExists,
@@ -90,3 +91,21 @@ class MemoryTransport(TaskTransport):
         status: int = post(path, headers=headers, data=request.body).status_code
         task.done = task.done or 200 <= status < 300
         return status
+
+
+class AsyncMemoryTransport(AsyncTaskTransport):
+    """A :class:`MemoryTransport` for an :class:`~tasklease.producer.AsyncProducer` (tests):
+    the same tasks, created at once (nothing here waits)."""
+
+    max_batch_size = MemoryTransport.max_batch_size
+
+    def __init__(self, transport: MemoryTransport | None = None) -> None:
+        self.transport = transport or MemoryTransport()
+
+    async def create_task(self, task: TaskRequest, timeout: float) -> None:
+        self.transport.create_task(task, timeout)
+
+    async def create_tasks(
+        self, tasks: Sequence[TaskRequest], request_id: str, timeout: float
+    ) -> BatchOutcome:
+        return self.transport.create_tasks(tasks, request_id, timeout)

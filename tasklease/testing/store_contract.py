@@ -17,6 +17,8 @@ fixture (a fresh, empty store)::
   durable steps included (:class:`~tasklease.testing.steps_contract.StepsContract`).
 - :class:`LockContract`: :class:`~tasklease.worker.stores.LockStore` (locks).
 - :class:`OperationsContract`: :class:`~tasklease.worker.stores.OperatorQueries`.
+- :class:`TallyContract`: :class:`~tasklease.worker.stores.delivery_tally.DeliveryTally`
+  (per-minute delivery counts for the dashboard).
 - :class:`CrossProcessContract`: for a store several processes share; it also needs a
   ``store_factory`` fixture (a picklable callable opening the same store in another process).
 """
@@ -35,6 +37,7 @@ from tasklease.testing.contract_support import EXPIRED, LEASE, T0, claim_request
 from tasklease.testing.lock_contract import LockContract
 from tasklease.testing.operations_contract import OperationsContract
 from tasklease.testing.steps_contract import StepsContract
+from tasklease.testing.tally_contract import TallyContract
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores.base import LeaseStore
 
@@ -299,4 +302,10 @@ def _race_in_process(store_factory: Callable[[], LeaseStore], barrier: Any, resu
     results.put(_race_threads(store_factory(), threads=10, barrier=barrier))
 
 
-__all__ = ["CrossProcessContract", "LockContract", "OperationsContract", "StoreContract"]
+__all__ = [
+    "CrossProcessContract",
+    "LockContract",
+    "OperationsContract",
+    "StoreContract",
+    "TallyContract",
+]

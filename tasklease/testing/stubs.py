@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tasklease import cron, protocol
 from tasklease.jobs import Job, parse_job, parse_jobs, read_tables
-from tasklease.producer import MemoryTransport, Producer
-from tasklease.producer.memory import QueuedTask
+from tasklease.producer import AsyncProducer, MemoryTransport, Producer
+from tasklease.producer.memory import AsyncMemoryTransport, QueuedTask
 from tasklease.producer.producer import TaskRoutes
 from tasklease.producer.transport import TaskRequest
 from tasklease.worker.core import constants as c
@@ -154,16 +154,27 @@ class StubQueue:
             sleep=_no_sleep,
             router=router,
         )
+        self.async_producer = AsyncProducer(
+            project,
+            location,
+            queue,
+            worker_url,
+            transport=AsyncMemoryTransport(self.transport),
+            sleep=_no_async_sleep,
+            router=router,
+        )
         self.max_attempts = max_attempts
         self._state: dict[str, _TaskState] = {}
-        self._bound: list[tuple[Router, Producer | None]] = []
+        self._bound: list[tuple[Router, Producer | None, AsyncProducer | None]] = []
 
     def bind(self, router: Router) -> StubQueue:
-        """Send ``router``'s enqueues by reference (``send_receipt.enqueue(...)``, from tests
-        and from handlers the drain runs) into this queue until :meth:`close`, and refuse task
-        names the router has no handler for."""
-        self.producer.router = router
-        self._bound.append((router, router.use_producer(self.producer)))
+        """Send ``router``'s enqueues by reference (``send_receipt.enqueue(...)`` and
+        ``await send_receipt.aenqueue(...)``, from tests and from handlers the drain runs)
+        into this queue until :meth:`close`, and refuse task names the router has no handler
+        for."""
+        self.producer.router = self.async_producer.router = router
+        previous = router.use_producer(self.producer)
+        self._bound.append((router, previous, router.use_async_producer(self.async_producer)))
         return self
 
     @property
@@ -220,8 +231,9 @@ class StubQueue:
     def close(self) -> None:
         """Give each bound router back the producer it had, and close this one."""
         while self._bound:
-            router, previous = self._bound.pop()
+            router, previous, previous_async = self._bound.pop()
             router.use_producer(previous)
+            router.use_async_producer(previous_async)
         self.producer.close()
 
     def _due(self) -> list[QueuedTask]:
@@ -402,6 +414,10 @@ def _overrides(tables: Any) -> list[Any]:
 
 def _path(url: str) -> str:
     return "/" + url.split("://", 1)[-1].split("/", 1)[-1]
+
+
+async def _no_async_sleep(_: float) -> None:
+    """The async producer's pause in a stub queue: none."""
 
 
 def _no_sleep(_: float) -> None:

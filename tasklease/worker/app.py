@@ -19,8 +19,10 @@ from tasklease.worker.execution import Clock, Executor, Reply, utc_now
 from tasklease.worker.logs import configure_logging, request_fields
 from tasklease.worker.router import Router
 from tasklease.worker.stores import LeaseStore, check_store_is_shared, store_from_url
+from tasklease.worker.stores.delivery_tally import DeliveryTally
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import operator_queries
+from tasklease.worker.tally_flusher import DeliveryCounter
 from tasklease.worker.wsgi_routes import DeliveryRoutes
 
 _log = logging.getLogger("tasklease.app")
@@ -85,6 +87,8 @@ def create_app(
         project_header=project_header,
         location_header=location_header,
     )
+    if isinstance(store, DeliveryTally):  # Counts for the dashboard's deliveries chart.
+        executor.tally = DeliveryCounter(store, clock)
     own_app = app is None
     app = app or flask.Flask("tasklease")
     app.extensions[EXECUTOR_EXTENSION] = executor

@@ -34,6 +34,7 @@ from tasklease.worker.router import HandlerSpec, Router
 from tasklease.worker.steps import StepRunner, ctx_runner
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.tally_flusher import DeliveryCounter
 
 # Reply lives in its own module; it is exported here too, where the adapters import it from.
 __all__ = ["Clock", "Delivery", "Executor", "Reply", "decode_payload", "utc_now"]
@@ -90,6 +91,7 @@ class Executor:
         self.lease_keeper = LeaseKeeper(store, clock)
         self.manual_runs = ManualRuns(store, clock)
         self.locks = ExecutionLocks(store, clock)
+        self.tally: DeliveryCounter | None = None  # Set by create_app on a tally store.
 
     def execute(self, delivery: Delivery) -> Reply:
         """Handle one delivery and write its one structured log line."""
@@ -112,6 +114,8 @@ class Executor:
                 instance=instance_id(),
             )
             traced.finished(reply.status, reply.outcome, log, seconds)
+        if self.tally is not None and spec is not None:
+            self.tally.count(delivery.kind.value, spec.name, reply.outcome.value)
         if spec is None and reply.status == 404:
             log["known_handlers"] = known_handlers(self.router, delivery.kind)
         level = execution_level(reply.status, reply.outcome)

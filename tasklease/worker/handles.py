@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, cast
 
 from tasklease.errors import ConfigurationError
 from tasklease.worker.core.identity import Kind
 
 if TYPE_CHECKING:
+    from tasklease.producer.async_producer import AsyncProducer
+    from tasklease.producer.building import EnqueueOptions
     from tasklease.producer.producer import Producer, RunContext
     from tasklease.producer.results import EnqueueResult
     from tasklease.worker.context import TaskContext
@@ -64,7 +65,9 @@ class TaskHandler(_Handle, Generic[PayloadT, ResultT]):
     ``enqueue``, ``enqueue_many`` and ``fan_out`` take the producer's options and go through
     ``producer=`` if given, else the router's (:meth:`Router.use_producer`, by default
     ``Producer.from_env(router=router)``). The queue is the call's ``queue=``, else the
-    handler's ``@router.task(queue=...)``, else the producer's.
+    handler's ``@router.task(queue=...)``, else the producer's. From async code,
+    ``await aenqueue(...)``, ``aenqueue_many`` and ``afan_out`` do the same through an
+    :class:`~tasklease.producer.AsyncProducer` (:meth:`Router.use_async_producer`).
     """
 
     def __call__(self, payload: PayloadT, ctx: TaskContext) -> ResultT:
@@ -76,23 +79,12 @@ class TaskHandler(_Handle, Generic[PayloadT, ResultT]):
         payload: PayloadT,
         key: str | None = None,
         *,
-        delay: timedelta | None = None,
-        at: datetime | None = None,
-        queue: str | None = None,
-        dispatch_deadline: timedelta | None = None,
-        headers: Mapping[str, str] | None = None,
         producer: Producer | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
         """Create one task for this handler: :meth:`Producer.enqueue` with its name."""
         return self._producer(producer).enqueue(
-            self.spec.name,
-            payload,
-            key,
-            delay=delay,
-            at=at,
-            queue=queue or self.spec.queue,
-            dispatch_deadline=dispatch_deadline,
-            headers=headers,
+            self.spec.name, payload, key, **self._routed(options)
         )
 
     def enqueue_many(
@@ -100,12 +92,12 @@ class TaskHandler(_Handle, Generic[PayloadT, ResultT]):
         items: Iterable[tuple[str, PayloadT]],
         *,
         producer: Producer | None = None,
-        queue: str | None = None,
-        **options: Any,
+        concurrency: int = 32,
+        **options: Unpack[EnqueueOptions],
     ) -> list[EnqueueResult]:
         """One task per ``(key, payload)``: :meth:`Producer.enqueue_many` with its name."""
         return self._producer(producer).enqueue_many(
-            self.spec.name, items, queue=queue or self.spec.queue, **options
+            self.spec.name, items, concurrency=concurrency, **self._routed(options)
         )
 
     def fan_out(
@@ -114,16 +106,66 @@ class TaskHandler(_Handle, Generic[PayloadT, ResultT]):
         items: Iterable[tuple[str, PayloadT]],
         *,
         producer: Producer | None = None,
-        queue: str | None = None,
-        **options: Any,
+        concurrency: int = 32,
+        **options: Unpack[EnqueueOptions],
     ) -> list[EnqueueResult]:
         """From a scheduled run, one task per item keyed by the run: :meth:`Producer.fan_out`."""
         return self._producer(producer).fan_out(
-            ctx, self.spec.name, items, queue=queue or self.spec.queue, **options
+            ctx, self.spec.name, items, concurrency=concurrency, **self._routed(options)
         )
+
+    async def aenqueue(
+        self,
+        payload: PayloadT,
+        key: str | None = None,
+        *,
+        producer: AsyncProducer | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> EnqueueResult:
+        """:meth:`enqueue` from async code, through ``producer`` or the router's async one
+        (:meth:`Router.use_async_producer`): :meth:`AsyncProducer.enqueue` with its name."""
+        return await self._async_producer(producer).enqueue(
+            self.spec.name, payload, key, **self._routed(options)
+        )
+
+    async def aenqueue_many(
+        self,
+        items: Iterable[tuple[str, PayloadT]],
+        *,
+        producer: AsyncProducer | None = None,
+        concurrency: int = 32,
+        **options: Unpack[EnqueueOptions],
+    ) -> list[EnqueueResult]:
+        """:meth:`enqueue_many` from async code: :meth:`AsyncProducer.enqueue_many`."""
+        return await self._async_producer(producer).enqueue_many(
+            self.spec.name, items, concurrency=concurrency, **self._routed(options)
+        )
+
+    async def afan_out(
+        self,
+        ctx: RunContext,
+        items: Iterable[tuple[str, PayloadT]],
+        *,
+        producer: AsyncProducer | None = None,
+        concurrency: int = 32,
+        **options: Unpack[EnqueueOptions],
+    ) -> list[EnqueueResult]:
+        """:meth:`fan_out` from async code: :meth:`AsyncProducer.fan_out`."""
+        return await self._async_producer(producer).fan_out(
+            ctx, self.spec.name, items, concurrency=concurrency, **self._routed(options)
+        )
+
+    def _routed(self, options: EnqueueOptions) -> EnqueueOptions:
+        """``options`` with the call's queue, else the handler's."""
+        routed = options.copy()
+        routed["queue"] = options.get("queue") or self.spec.queue
+        return routed
 
     def _producer(self, given: Producer | None) -> Producer:
         return given if given is not None else self.router.producer()
+
+    def _async_producer(self, given: AsyncProducer | None) -> AsyncProducer:
+        return given if given is not None else self.router.async_producer()
 
 
 class JobHandler(_Handle, Generic[ResultT]):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
+from tasklease.worker.async_producers import AsyncProducers, no_producer
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.declared_jobs import JobRetry, check_schedule
@@ -24,6 +25,7 @@ from tasklease.worker.handles import (
 )
 
 if TYPE_CHECKING:
+    from tasklease.producer.async_producer import AsyncProducer
     from tasklease.producer.producer import Producer
     from tasklease.worker.targets import ProxyTarget
 
@@ -135,7 +137,8 @@ class Router:
     decorator returns a handle (:class:`~tasklease.worker.handles.TaskHandler`,
     :class:`~tasklease.worker.handles.JobHandler`) that calls the function as written and
     carries its route: ``send_receipt.enqueue(payload, key=...)`` goes through the producer
-    given to :meth:`use_producer`, by default ``Producer.from_env(router=router)``.
+    given to :meth:`use_producer`, by default ``Producer.from_env(router=router)``;
+    ``await send_receipt.aenqueue(...)`` through :meth:`use_async_producer`'s.
     """
 
     def __init__(self, *, manual_run_margin: timedelta = c.DEFAULT_MANUAL_RUN_MARGIN) -> None:
@@ -144,6 +147,7 @@ class Router:
         self._handlers: dict[tuple[Kind, str], HandlerSpec] = {}
         self._producer: Producer | None = None
         self._producer_lock = threading.Lock()
+        self._async_producers = AsyncProducers(self)
 
     def task(
         self,
@@ -280,12 +284,18 @@ class Router:
                 try:
                     self._producer = Producer.from_env(router=self)
                 except ValueError as exc:
-                    raise ConfigurationError(
-                        f"enqueue by reference needs a producer: {exc}, or give the router one "
-                        "with router.use_producer(producer) (in tests: "
-                        "tasklease_queue.bind(router))"
-                    ) from exc
+                    raise no_producer(exc, "use_producer") from exc
             return self._producer
+
+    def use_async_producer(self, producer: AsyncProducer | None) -> AsyncProducer | None:
+        """``await handle.aenqueue(...)`` goes through ``producer`` from now on (None: the
+        default again); returns the one used until now. The default is
+        ``AsyncProducer.from_env(router=self)``, one per event loop."""
+        return self._async_producers.use(producer)
+
+    def async_producer(self) -> AsyncProducer:
+        """The async producer of the running loop that ``aenqueue`` goes through."""
+        return self._async_producers.get()
 
     def __iter__(self) -> Iterator[HandlerSpec]:
         return iter(self._handlers.values())

@@ -6,13 +6,14 @@ Each function returns :class:`markupsafe.Markup`; every text in it is escaped he
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from markupsafe import Markup, escape
 
 from tasklease.protocol import rfc3339
 from tasklease.worker.core.activity import STATES, Activity, HandlerActivity
+from tasklease.worker.core.deliveries import OUTCOMES, DeliveryMinutes
 from tasklease.worker.core.timeline import Bar, BarEnd, Timeline
 
 COLOURS = {
@@ -34,6 +35,28 @@ LABELS = {
     "in_progress": "in progress",
     "stuck": "stuck (lease lapsed)",
 }
+OUTCOME_COLOURS = {
+    "processed": "#2f9e44",
+    "duplicate": "#74c0fc",
+    "in_progress": "#1c7ed6",
+    "released": "#f08c00",
+    "failed": "#c92a2a",
+    "lost_claim": "#862e9c",
+    "other": "#868e96",
+}
+OUTCOME_LABELS = {
+    "processed": "processed (ran, recorded)",
+    "duplicate": "duplicate (answered from the record)",
+    "in_progress": "in_progress (409: another attempt held it)",
+    "released": "released (raised, retried)",
+    "failed": "failed (dead letter)",
+    "lost_claim": "lost_claim (fenced out)",
+    "other": "other (key busy, unavailable, ...)",
+}
+# What a stacked chart stacks, bottom first, and each part's colour and label.
+_Palette = tuple[Sequence[str], Mapping[str, str], Mapping[str, str]]
+_RUNS: _Palette = (STATES, COLOURS, LABELS)
+_OUTCOMES: _Palette = (OUTCOMES, OUTCOME_COLOURS, OUTCOME_LABELS)
 _FONT = 'font-family="system-ui,sans-serif"'
 
 
@@ -75,21 +98,8 @@ def minutes_chart(
             f'<rect x="{left}" y="{top}" width="{shade_w:.1f}" height="{plot_h}" '
             'fill="#e9ecef"><title>not read: the read stopped at its limit</title></rect>'
         )
-    for index, counts in enumerate(activity.claimed):
-        y: float = top + plot_h
-        x = left + index * step
-        for state in STATES:
-            count = counts.get(state, 0)
-            if not count:
-                continue
-            h = count * scale
-            y -= h
-            tip = f"{count} {LABELS[state]}, claimed {_minutes_ago(columns - index)}"
-            parts.append(
-                f'<rect class="bar {state}" x="{x + 0.5:.1f}" y="{y:.1f}" '
-                f'width="{max(step - 1, 1):.1f}" height="{h:.1f}" fill="{COLOURS[state]}">'
-                f"<title>{escape(tip)}</title></rect>"
-            )
+    frame = (left, top, plot_h, step)
+    parts.extend(_stacks(activity.claimed, _RUNS, "claimed", frame, scale))
     points = " ".join(
         f"{left + (i + 0.5) * step:.1f},{top + plot_h - n * scale:.1f}"
         for i, n in enumerate(activity.finished)
@@ -100,12 +110,67 @@ def minutes_chart(
             'stroke-width="1.5" stroke-dasharray="3 2" opacity="0.75">'
             "<title>runs finished per minute</title></polyline>"
         )
-    axis_y = top + plot_h + 15
+    parts.append(_hour_axis(left, top + plot_h + 15, plot_w))
+    return Markup("".join(parts))  # noqa: S704 - each text in parts went through escape().
+
+
+def deliveries_chart(
+    minutes: DeliveryMinutes, *, title: str, width: int = 480, height: int = 150
+) -> Markup:
+    """Deliveries per minute, stacked by outcome, from the store's delivery tally."""
+    left, bottom, top = 30, 22, 10
+    plot_w, plot_h = width - left - 6, height - bottom - top
+    scale = plot_h / minutes.peak
+    parts = [_svg_open(width, height, title, "chart deliveries")]
+    parts.append(_gridlines(left, top, plot_w, plot_h, minutes.peak))
+    frame = (left, top, plot_h, plot_w / (len(minutes.columns) or 1))
+    parts.extend(_stacks(minutes.columns, _OUTCOMES, "delivered", frame, scale))
+    parts.append(_hour_axis(left, top + plot_h + 15, plot_w))
+    return Markup("".join(parts))  # noqa: S704 - each text in parts went through escape().
+
+
+def outcome_legend() -> list[tuple[str, str, str]]:
+    """``(outcome, colour, label)`` for each outcome the deliveries chart stacks."""
+    return [(o, OUTCOME_COLOURS[o], OUTCOME_LABELS[o]) for o in OUTCOMES]
+
+
+def _stacks(
+    columns: Sequence[Mapping[str, int]],
+    palette: _Palette,
+    verb: str,
+    frame: tuple[float, float, float, float],
+    scale: float,
+) -> list[str]:
+    """One stacked bar per column, the palette's order bottom first; ``frame`` is (left,
+    top, plot height, a column's width)."""
+    order, colours, labels = palette
+    left, top, plot_h, step = frame
+    parts = []
+    for index, counts in enumerate(columns):
+        y: float = top + plot_h
+        x = left + index * step
+        for state in order:
+            count = counts.get(state, 0)
+            if not count:
+                continue
+            h = count * scale
+            y -= h
+            tip = f"{count} {labels[state]}, {verb} {_minutes_ago(len(columns) - index)}"
+            parts.append(
+                f'<rect class="bar {state}" x="{x + 0.5:.1f}" y="{y:.1f}" '
+                f'width="{max(step - 1, 1):.1f}" height="{h:.1f}" fill="{colours[state]}">'
+                f"<title>{escape(tip)}</title></rect>"
+            )
+    return parts
+
+
+def _hour_axis(left: float, axis_y: float, plot_w: float) -> str:
+    """The time axis under an hour's chart, and the drawing's end."""
+    parts = []
     for fraction, label in ((0, "60 min ago"), (0.5, "30 min"), (1, "now")):
         anchor = ("start", "middle", "end")[int(fraction * 2)]
         parts.append(_text(left + fraction * plot_w, axis_y, label, anchor, 12))
-    parts.append("</svg>")
-    return Markup("".join(parts))  # noqa: S704 - each text in parts went through escape().
+    return "".join(parts) + "</svg>"
 
 
 def timeline_chart(line: Timeline, *, title: str, width: int = 640) -> Markup:

@@ -13,6 +13,7 @@ from tasklease.errors import ConfigurationError
 from tasklease.lazy import lazy_exports
 from tasklease.worker.core import constants as c
 from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.delivery_tally import DeliveryTally
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.transactional import TransactionalStore
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from tasklease.worker.stores.sqlite import SqliteStore
 
 __all__ = [
+    "DeliveryTally",
     "FirestoreStore",
     "LeaseStore",
     "LockStore",

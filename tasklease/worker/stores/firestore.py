@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -48,7 +48,9 @@ from tasklease.worker.core.records import (
     Verdict,
 )
 from tasklease.worker.stores import firestore_locks as locks
+from tasklease.worker.stores import firestore_tally as tally
 from tasklease.worker.stores.base import Change, LockChange, Moment, Update, resolve
+from tasklease.worker.stores.delivery_tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
 from tasklease.worker.stores.firestore_codec import decode_run, encode_run
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
@@ -79,7 +81,7 @@ _UNCERTAIN = (
 log = logging.getLogger("tasklease.store.firestore")
 
 
-class FirestoreStore(LockStore, OperatorQueries):
+class FirestoreStore(LockStore, OperatorQueries, DeliveryTally):
     """Run records in ``collection`` (document id: the hashed run id, so writes spread out).
 
     ``expire_at`` is a Firestore timestamp for a TTL policy on the collection (the deploy
@@ -425,7 +427,19 @@ class FirestoreStore(LockStore, OperatorQueries):
                 purged += 1
             lock_collection = self.client.collection(self.lock_collection)
             purged += locks.purge(self.client, lock_collection, now, self._call)
-        return purged
+        return purged + self.purge_delivery_counts(now - TALLY_KEPT)
+
+    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+        with self._guard("write delivery counts"):
+            tally.write(self.client, self.collection, instance, counts, self._call)
+
+    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        with self._guard("read delivery counts"):
+            return tally.read(self.client, self.collection, since, self._timeout)
+
+    def purge_delivery_counts(self, before: datetime) -> int:
+        with self._guard("purge delivery counts"):
+            return tally.purge(self.client, self.collection, before, self._call)
 
     def close(self) -> None:
         self._orphans.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -10,7 +11,9 @@ from tasklease.worker.core import locking
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base import Change, LockChange
 from tasklease.worker.stores.codec import Conversion, RecordCodec
+from tasklease.worker.stores.delivery_tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
 from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.memory_tally import TallyTable
 from tasklease.worker.stores.operator_queries import OperatorQueries
 
 if TYPE_CHECKING:
@@ -24,7 +27,7 @@ _CODEC = RecordCodec(RunRecord, mapping=Conversion(lambda m: tuple(sorted(m.item
 Packed = tuple[Any, ...]
 
 
-class MemoryStore(LockStore, OperatorQueries):
+class MemoryStore(LockStore, OperatorQueries, DeliveryTally):
     """Records in a dict behind one lock. Shared by the threads of one process only.
 
     Records are kept as flat tuples of immutable values, which Python's cycle collector stops
@@ -38,6 +41,7 @@ class MemoryStore(LockStore, OperatorQueries):
         self._records: dict[str, Packed] = {}
         self._locks: dict[str, LockRecord] = {}  # Few: one per exclusive job or busy key.
         self._lock = threading.Lock()
+        self._tally = TallyTable()
 
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
         with self._lock:
@@ -88,7 +92,16 @@ class MemoryStore(LockStore, OperatorQueries):
             lapsed = [name for name, lock in self._locks.items() if locking.lapses_at(lock) <= now]
             for name in lapsed:
                 del self._locks[name]
-            return len(expired) + len(lapsed)
+        return len(expired) + len(lapsed) + self._tally.purge(now - TALLY_KEPT)
+
+    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+        self._tally.write(instance, counts)
+
+    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        return self._tally.read(since)
+
+    def purge_delivery_counts(self, before: datetime) -> int:
+        return self._tally.purge(before)
 
     def __repr__(self) -> str:
         return f"MemoryStore({len(self._records)} records)"

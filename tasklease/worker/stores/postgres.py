@@ -37,7 +37,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -63,7 +63,9 @@ from tasklease.worker.core.records import (
     Verdict,
 )
 from tasklease.worker.stores import postgres_locks as locks
+from tasklease.worker.stores import postgres_tally as tally
 from tasklease.worker.stores.base import Change, LockChange, Moment, Update, resolve
+from tasklease.worker.stores.delivery_tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
@@ -99,7 +101,7 @@ class _Process:
     writes: OrderedDict[tuple[str, str], tuple[int, RunRecord]] = field(default_factory=OrderedDict)
 
 
-class PostgresStore(LockStore, OperatorQueries):
+class PostgresStore(LockStore, OperatorQueries, DeliveryTally):
     """Run records and locks in a PostgreSQL schema (created and migrated on first use).
 
     ``conninfo`` is a libpq URL or key/value string (``host=/cloudsql/PROJECT:REGION:INSTANCE``
@@ -275,7 +277,20 @@ class PostgresStore(LockStore, OperatorQueries):
             return self._call("purge", lambda c: c.execute(statement, params).rowcount)
 
         purged = sum(locks.purge_batches(run, self._statements.purge_runs, now, batch))
-        return purged + sum(locks.purge_batches(run, self._statements.purge_locks, now, batch))
+        purged += sum(locks.purge_batches(run, self._statements.purge_locks, now, batch))
+        return purged + self.purge_delivery_counts(now - TALLY_KEPT)
+
+    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+        schema = self.options.schema
+        self._call("write delivery counts", lambda c: tally.write(c, schema, instance, counts))
+
+    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        schema = self.options.schema
+        return self._call("read delivery counts", lambda c: tally.read(c, schema, since))
+
+    def purge_delivery_counts(self, before: datetime) -> int:
+        schema = self.options.schema
+        return self._call("purge delivery counts", lambda c: tally.purge(c, schema, before))
 
     # --- Locks --------------------------------------------------------------------
 

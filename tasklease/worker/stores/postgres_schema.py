@@ -22,9 +22,10 @@ from psycopg.types.json import Jsonb
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core import locking
 from tasklease.worker.core.records import LockRecord, RunRecord
+from tasklease.worker.stores import postgres_tally as tally
 from tasklease.worker.stores.codec import Conversion, RecordCodec
 
-SCHEMA_VERSION = 2  # 2: runs.steps_json and runs.continuation_json (durable steps).
+SCHEMA_VERSION = 3  # 2: runs.steps_json, runs.continuation_json (durable steps); 3: the tally.
 DEFAULT_SCHEMA = "tasklease"
 
 # Each entry migrates from the version before it; entry n creates version n + 1.
@@ -81,6 +82,7 @@ _MIGRATIONS: list[list[LiteralString]] = [
         "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS steps_json text",
         "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS continuation_json text",
     ],
+    [tally.TABLE, tally.INDEX],
 ]
 
 

@@ -24,7 +24,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -38,8 +39,10 @@ from tasklease.plumbing.writer_lock import WriterLock, WriterLockTimeout
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores import sqlite_locks as locks
+from tasklease.worker.stores import sqlite_tally as tally
 from tasklease.worker.stores.base import Change, LockChange, Moment, resolve
 from tasklease.worker.stores.codec import Conversion, RecordCodec
+from tasklease.worker.stores.delivery_tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.sqlite_locks import micros as _micros
@@ -136,7 +139,7 @@ _STATE_AT = [_COLUMNS.split(", ").index(column) for column in _STATE]
 _IDENTITY_AT = [_COLUMNS.split(", ").index(column) for column in _FIXED]
 
 
-class SqliteStore(LockStore, OperatorQueries):
+class SqliteStore(LockStore, OperatorQueries, DeliveryTally):
     """Run records in a SQLite file at ``path`` (created 0600, with any missing folder 0700,
     on first use: records hold payloads and errors).
 
@@ -312,7 +315,32 @@ class SqliteStore(LockStore, OperatorQueries):
             return purged + locks.purge(connection, now)
 
         purged: int = self._batches.get().run(work)
-        return purged
+        return purged + self.purge_delivery_counts(now - TALLY_KEPT)
+
+    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+        self._alone("write delivery counts", lambda c: tally.write(c, instance, counts))
+
+    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        with self._guard("read delivery counts"):
+            return tally.read(self._connection(), since)
+
+    def purge_delivery_counts(self, before: datetime) -> int:
+        return self._alone("purge delivery counts", lambda c: tally.purge(c, before))
+
+    def _alone(self, action: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``work`` in a write transaction of its own, never in a batch of deliveries' writes
+        (whose commit a failure of it would roll back)."""
+        with self._guard(action), self._writer():
+            connection = self._connection()
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                value = work(connection)
+                connection.execute("COMMIT")
+            except BaseException:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                raise
+        return value
 
     def close(self) -> None:
         connection = getattr(self._local, "connection", None)
