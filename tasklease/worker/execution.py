@@ -33,6 +33,7 @@ from tasklease.worker.reply import Reply, settled
 from tasklease.worker.router import HandlerSpec, Router
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.transactional_run import run_in_transaction
 
 # Reply lives in its own module; it is exported here too, where the adapters import it from.
 __all__ = ["Clock", "Delivery", "Executor", "Reply", "decode_payload", "utc_now"]
@@ -221,7 +222,7 @@ class Executor:
             # store wrote it): running the handler now could overlap a takeover.
             self._give_back(live, "the claim took too long; lease store overloaded", count=False)
             return _store_unavailable("the lease store took too long to grant the claim", run_id)
-        return self._run(spec, ctx, live, body)
+        return self._run(spec, ctx, live, body, log)
 
     def _settled(self, verdict: Verdict, record: RunRecord, log: dict[str, Any]) -> Reply:
         """The answer to a delivery that may not run the handler, given the stored record."""
@@ -236,7 +237,9 @@ class Executor:
             log.update(held_by=details.get("held_by"), lock=details.get("lock"))
         return settled(verdict, record, self.clock)
 
-    def _run(self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, body: bytes) -> Reply:
+    def _run(
+        self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, body: bytes, log: dict[str, Any]
+    ) -> Reply:
         if spec.max_attempts is not None and ctx.attempt > spec.max_attempts:
             # Only reached through a claim: every earlier attempt's lease had run out.
             error = f"gave up after {spec.max_attempts} attempts (max_attempts)"
@@ -258,6 +261,8 @@ class Executor:
                 return _store_unavailable(f"lease store unavailable: {exc}", live.run_id)
             if overlap is not None:
                 return self._finish(live, overlap.write, overlap.reply)
+        if spec.transactional:
+            return run_in_transaction(self, spec, ctx, live, payload=payload, body=body, log=log)
         try:
             with (
                 self.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),

@@ -51,6 +51,7 @@ class HandlerSpec:
     on_overlap: OnOverlap = "skip"
     concurrency_key: ConcurrencyKey | None = None
     queue: str | None = None  # Where enqueue by reference sends it, unless the call says.
+    transactional: bool = False  # Runs inside the store's transaction with its completion.
 
     @property
     def path(self) -> str:
@@ -112,6 +113,15 @@ class Router:
     - ``queue``: the queue ``handler.enqueue(...)`` creates its tasks in, unless the call
       names one (default: the producer's).
 
+    Option of both:
+
+    - ``transactional=True``: the handler runs inside the store's own database transaction,
+      given to it as ``ctx.transaction``, and the run's completion record is written in that
+      transaction, only while this attempt holds the claim: its writes through
+      ``ctx.transaction`` are kept exactly when the run completes. Needs a
+      :class:`~tasklease.worker.stores.transactional.TransactionalStore` (``create_app``
+      refuses it on one without).
+
     Handlers may be ``async def``: the worker awaits them (see :mod:`.event_loop`). Each
     decorator returns a handle (:class:`~tasklease.worker.handles.TaskHandler`,
     :class:`~tasklease.worker.handles.JobHandler`) that calls the function as written and
@@ -137,6 +147,7 @@ class Router:
         audience: str | None = None,
         concurrency_key: ConcurrencyKey | None = None,
         queue: str | None = None,
+        transactional: bool = False,
     ) -> TaskDecorator:
         """Register ``handler(payload, ctx)`` at ``POST /tasks/<name>`` (default: its name)."""
         register = self._decorator(
@@ -149,6 +160,7 @@ class Router:
             audience=audience,
             concurrency_key=concurrency_key,
             queue=queue,
+            transactional=transactional,
         )
 
         def task_handle(function: Callable[..., Any], /) -> TaskHandler[Any, Any]:
@@ -170,6 +182,7 @@ class Router:
         max_runtime: timedelta | None = None,
         min_gap: timedelta = timedelta(0),
         on_overlap: OnOverlap = "skip",
+        transactional: bool = False,
     ) -> JobDecorator:
         """Register ``handler(ctx)`` at ``POST /jobs/<name>``, for a Cloud Scheduler job."""
         register = self._decorator(
@@ -187,6 +200,7 @@ class Router:
             max_runtime=max_runtime,
             min_gap=min_gap,
             on_overlap=on_overlap,
+            transactional=transactional,
         )
 
         def job_handle(function: Callable[..., Any], /) -> JobHandler[Any]:
@@ -334,5 +348,11 @@ def _check_exclusion(spec: HandlerSpec) -> None:
         raise ConfigurationError(f"{spec.name}: max_runtime must be positive")
     if spec.min_gap < timedelta(0):
         raise ConfigurationError(f"{spec.name}: min_gap must not be negative")
+    if spec.transactional and (spec.exclusive or spec.concurrency_key is not None):
+        # The lock's fenced release would have to be checked inside the store's transaction.
+        raise ConfigurationError(
+            f"{spec.name}: transactional=True does not combine with exclusive=True or a "
+            "concurrency_key yet"
+        )
     if spec.concurrency_key is not None and not callable(spec.concurrency_key):
         raise ConfigurationError(f"{spec.name}: concurrency_key must be a function of the payload")

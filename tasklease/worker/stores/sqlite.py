@@ -35,6 +35,7 @@ from tasklease.plumbing import private_files
 from tasklease.plumbing.group_commit import GroupCommit, Pending
 from tasklease.plumbing.per_process import PerProcess
 from tasklease.plumbing.writer_lock import WriterLock, WriterLockTimeout
+from tasklease.worker.core import decisions
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores import sqlite_locks as locks
@@ -43,6 +44,8 @@ from tasklease.worker.stores.codec import Conversion, RecordCodec
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.sqlite_locks import micros as _micros
+from tasklease.worker.stores.sqlite_transactions import HandlerDatabaseError, run_transaction
+from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")
@@ -128,7 +131,7 @@ _STATE_AT = [_COLUMNS.split(", ").index(column) for column in _STATE]
 _IDENTITY_AT = [_COLUMNS.split(", ").index(column) for column in _FIXED]
 
 
-class SqliteStore(LockStore, OperatorQueries):
+class SqliteStore(LockStore, OperatorQueries, TransactionalStore):
     """Run records in a SQLite file at ``path`` (created 0600, with any missing folder 0700,
     on first use: records hold payloads and errors).
 
@@ -185,6 +188,37 @@ class SqliteStore(LockStore, OperatorQueries):
 
         value: _T = self._batches.get().run(work)
         return value
+
+    def complete_in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> TransactionOutcome:
+        """``ctx.transaction`` is a ``sqlite3.Connection`` inside ``BEGIN IMMEDIATE`` on this
+        database file (see :mod:`.sqlite_transactions`)."""
+
+        def finish(connection: sqlite3.Connection, result_json: str | None) -> bool:
+            row = connection.execute(_SELECT_ONE, (run_id,)).fetchone()
+            record = _decode(row) if row else None
+            if record is None or not decisions.holds(record, attempt_id):
+                return False
+            at = resolve(now)
+            done = decisions.kept(decisions.completed(record, result_json, at), at, keep_for)
+            _write(connection, row, _encode(done))
+            return True
+
+        def transaction() -> TransactionOutcome:
+            with self._guard("run a transaction"):
+                return run_transaction(self._writing.get(), work, finish, self._writer)
+
+        try:
+            return self._batches.get().alone(transaction)
+        except HandlerDatabaseError as exc:  # The handler's own statement failed.
+            raise exc.error from exc
 
     def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
         def work(connection: sqlite3.Connection) -> _T:
