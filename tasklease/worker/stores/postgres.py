@@ -63,6 +63,7 @@ from tasklease.worker.core.records import (
     Verdict,
 )
 from tasklease.worker.stores import postgres_locks as locks
+from tasklease.worker.stores import postgres_transactions
 from tasklease.worker.stores.base import Change, LockChange, Moment, Update, resolve
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
@@ -76,6 +77,7 @@ from tasklease.worker.stores.postgres_schema import (
     migrate,
 )
 from tasklease.worker.stores.postgres_watchdog import CallTimedOut, Watchdog
+from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store.postgres")
@@ -99,7 +101,7 @@ class _Process:
     writes: OrderedDict[tuple[str, str], tuple[int, RunRecord]] = field(default_factory=OrderedDict)
 
 
-class PostgresStore(LockStore, OperatorQueries):
+class PostgresStore(LockStore, OperatorQueries, TransactionalStore):
     """Run records and locks in a PostgreSQL schema (created and migrated on first use).
 
     ``conninfo`` is a libpq URL or key/value string (``host=/cloudsql/PROJECT:REGION:INSTANCE``
@@ -223,6 +225,21 @@ class PostgresStore(LockStore, OperatorQueries):
             return False
         self._remember(record, row[0])
         return True
+
+    def complete_in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> TransactionOutcome:
+        """``ctx.transaction`` is a pooled psycopg ``Connection`` inside a transaction, in
+        pipeline mode (see :mod:`.postgres_transactions`)."""
+        return postgres_transactions.complete_in_transaction(
+            self, run_id, attempt_id, work, now=now, keep_for=keep_for
+        )
 
     def get(self, run_id: str) -> RunRecord | None:
         row = self._call(
