@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from tasklease.demo import has_workflows_client
 from tasklease.demo.ledger import Ledger
+from tasklease.demo.transfers import Books
 from tasklease.emulator import CloudTasksEmulator, Faults, Job, RetrySettings
 from tasklease.plumbing.serve import GunicornWorker, free_port
 from tasklease.producer import EnqueueResult, Producer
@@ -156,6 +157,7 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                                 "send_receipt", {"order_id": order}, key=f"order-{order}"
                             )
                         )
+                    producer.enqueue("charge_order", {"order_id": order}, key=f"charge-{order}")
                     account = f"account-{order % ACCOUNTS}"  # Few: postings contend.
                     producer.enqueue(
                         "post_ledger",
@@ -177,6 +179,7 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                 emulator.join(QUEUE_PATH, timeout=120)
                 run_ok = first.result() and (exported is None or exported.result())
             report = _Report.build(settings, receipts, emulator, Ledger(workdir / "ledger.db"))
+            report.books = Books.read(workdir / "runs.db")  # The store's own database.
             if google.workflows is not None:
                 report.count_workflow_executions(google.workflows.executions)
         report.print(out, time.monotonic() - started, run_ok)
@@ -198,6 +201,8 @@ class _Report:
     workflow_executions: int = 0
     workflow_keys_carried: int = 0
     workflows_counted: bool = False  # False: the proxy job was left out (no Workflows client).
+    books: Books | None = None  # The transactional charges, read from the store's database.
+    orders: int = 0
 
     @classmethod
     def build(
@@ -235,6 +240,7 @@ class _Report:
             missing=missing,
             skipped_overlaps=len({d.name for d in deliveries if d.outcome == "skipped_overlap"}),
             keys_busy=sum(d.outcome == "key_busy" for d in deliveries),
+            orders=settings.orders,
         )
 
     def count_workflow_executions(self, executions: list[Any]) -> None:
@@ -259,6 +265,7 @@ class _Report:
         return (
             not any(self.missing.values())
             and all(n == 1 for n in counts)
+            and (self.books is None or self.books.adds_up(self.orders))
             and not self.overlaps
             and workflows_once
         )
@@ -284,6 +291,14 @@ class _Report:
             spread = f"{min(counts.values())}..{max(counts.values())}" if counts else "-"
             missing = f", {self.missing[kind]} never ran" if self.missing[kind] else ""
             rows.append((f"executions: {label}", f"{len(counts)} x {spread}{missing}"))
+        if self.books is not None:
+            moves = self.books.moves_per_order
+            spread = f"{min(moves.values())}..{max(moves.values())}" if moves else "-"
+            rows.append(
+                ("charges moved in the run's transaction, per order", f"{len(moves)} x {spread}")
+            )
+            verdict = "add up" if self.books.adds_up(self.orders) else "DO NOT add up"
+            rows.append((f"balances {verdict}", self.books.describe()))
         rows.append(
             (
                 "overlaps prevented (exclusive job, concurrency keys)",

@@ -20,6 +20,7 @@ from tasklease.worker import LeaseLost, Router, TaskContext, create_app
 from tasklease.worker.core import constants as c
 from tasklease.worker.execution import utc_now
 from tasklease.worker.stores import LeaseStore, SqliteStore, store_from_url
+from tests.faults import ledger
 from tests.faults.downstream import REFUSED, Downstream
 
 ENV_DOWNSTREAM = "TASKLEASE_FAULTS_DOWNSTREAM"
@@ -84,6 +85,9 @@ def work(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
 def brief(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     """The same handler with the shortest lease the router allows."""
     return _work(payload, ctx)
+
+
+ledger.register(router)  # The crash-after-effect scenario's handlers (test_transactional.py).
 
 
 def skewed_clock() -> Any:
