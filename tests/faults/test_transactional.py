@@ -36,11 +36,24 @@ def ledger_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 
 
 def _payload(key: str, backend: str) -> dict[str, Any]:
-    """The same body on every delivery of a key. SQLite holds its one write lock for the
-    whole transaction, so its handler is kept shorter."""
+    """The same body on every delivery of a key: at least 0.1 s after the effect, the
+    window a kill aims at. SQLite holds its one write lock for the whole transaction, so
+    its handler is kept shorter."""
     rng = random.Random(key)
-    longest = 0.15 if backend == "sqlite" else 0.6
-    return {"before": round(rng.uniform(0, longest), 3), "after": round(rng.uniform(0, longest), 3)}
+    longest = 0.25 if backend == "sqlite" else 0.6
+    return {"before": round(rng.uniform(0, 0.1), 3), "after": round(rng.uniform(0.1, longest), 3)}
+
+
+def _next_effect_pid(effects: Path, wait: float = 2.0) -> int | None:
+    """The process of the next effect noted in ``effects`` within ``wait`` s, if any."""
+    seen = len(effects.read_text().splitlines())
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        lines = effects.read_text().splitlines()
+        if len(lines) > seen:
+            return int(lines[-1].split()[0])
+        time.sleep(0.005)
+    return None
 
 
 def _run(tmp_path: Path, backend: Backend, handler: str) -> tuple[dict[str, int], Tally, Any]:
@@ -62,11 +75,17 @@ def _run(tmp_path: Path, backend: Backend, handler: str) -> tuple[dict[str, int]
                 args=([(server.url, k, _payload(k, backend.name)) for k in pending], 16),
             )
             sending.start()
-            for _ in range(scale(3, 5)):
+            for kill in range(scale(4, 6)):
                 time.sleep(rng.uniform(0.2, 0.8))
+                # Every other kill aims just after a fresh effect, at its process: still in
+                # its handler (sleeping ``after``), before the run's record.
+                latest = _next_effect_pid(effects) if kill % 2 else None
+                if latest is not None:
+                    time.sleep(rng.uniform(0, 0.05))
                 pids = server.worker_pids()
-                if pids:
-                    os.kill(rng.choice(pids), signal.SIGKILL)
+                target = latest if latest in pids else rng.choice(pids or [0])
+                if target:
+                    os.kill(target, signal.SIGKILL)
                     kills += 1
             sending.join()
             server.wait_for_workers(2)
