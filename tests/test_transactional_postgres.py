@@ -174,3 +174,30 @@ def test_the_handler_can_read_what_it_wrote_in_its_transaction(store: PostgresSt
     assert response.headers["X-Tasklease-Outcome"] == "processed"
     assert response.json is not None
     assert response.json["result"] == 5
+
+
+def test_a_connection_killed_before_the_commit_keeps_nothing_and_a_retry_applies_once(
+    store: PostgresStore,
+) -> None:
+    schema = store.options.schema
+    router = Router()
+    kills: list[int] = []
+
+    @router.task("charge", transactional=True)
+    def charge(payload: Any, ctx: TaskContext) -> None:
+        tx = ctx.transaction
+        tx.execute(f'UPDATE "{schema}".accounts SET balance = balance + 1')
+        if not kills:  # The server ends this session before the commit (a crash, a failover).
+            (pid,) = tx.execute("SELECT pg_backend_pid()").fetchone()
+            kills.append(_scalar(store, "SELECT pg_terminate_backend(%s)::int", pid))
+
+    app = create_app(router, store=store, auth="none")
+    first = app.test_client().post("/tasks/charge", headers=task_headers(), data=b"{}")
+    assert (first.status_code, first.headers["X-Tasklease-Outcome"]) == (503, "unavailable")
+    assert kills == [1]
+    assert _scalar(store, "SELECT balance FROM {s}.accounts") == 0
+    retry = app.test_client().post(
+        "/tasks/charge", headers=task_headers(retry=1, execution=1), data=b"{}"
+    )
+    assert retry.headers["X-Tasklease-Outcome"] == "processed"
+    assert _scalar(store, "SELECT balance FROM {s}.accounts") == 1

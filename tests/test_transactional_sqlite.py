@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tasklease.errors import ConfigurationError, PermanentFailure
+from tasklease.errors import ConfigurationError, PermanentFailure, StoreUnavailable
 from tasklease.testing.transaction_contract import TransactionContract
 from tasklease.worker import Router, create_app
 from tasklease.worker.context import TaskContext
@@ -262,3 +262,64 @@ def test_a_store_write_from_inside_the_transaction_is_refused_not_a_deadlock(
     response = _deliver(app)
     assert response.headers["X-Tasklease-Outcome"] == "released"
     assert "would wait for itself" in (store.list_runs()[0].error or "")
+
+
+class _AnswerLostStore(SqliteStore):
+    """Commits, then reports the database unavailable: an answer lost after the commit."""
+
+    def complete_in_transaction(self, *args: Any, **kwargs: Any) -> Any:
+        super().complete_in_transaction(*args, **kwargs)
+        raise StoreUnavailable("the answer to COMMIT was lost")
+
+
+class _CommitFailsStore(SqliteStore):
+    """The database fails inside the transaction, after the handler's writes."""
+
+    def complete_in_transaction(
+        self, run_id: str, attempt_id: str, work: Any, *a: Any, **k: Any
+    ) -> Any:
+        def failing(tx: Any) -> Any:
+            work(tx)
+            raise StoreUnavailable("disk I/O error at COMMIT")
+
+        return super().complete_in_transaction(run_id, attempt_id, failing, *a, **k)
+
+
+def _charging_router() -> Router:
+    router = Router()
+
+    @router.task("charge", transactional=True)
+    def charge(payload: Any, ctx: TaskContext) -> dict[str, int]:
+        ctx.transaction.execute("UPDATE accounts SET balance = balance + 1")
+        return {"charged": 1}
+
+    return router
+
+
+def test_a_commit_whose_answer_was_lost_is_recognised_from_the_record(tmp_path: Path) -> None:
+    _effects_store(tmp_path / "runs.db").close()
+    store = _AnswerLostStore(tmp_path / "runs.db")
+    app = create_app(_charging_router(), store=store, auth="none")
+    response = _deliver(app)
+    assert response.headers["X-Tasklease-Outcome"] == "processed"
+    assert json.loads(response.data)["result"] == {"charged": 1}
+    assert _deliver(app, retry=1).headers["X-Tasklease-Outcome"] == "duplicate"
+    assert _balance(store) == 1
+    store.close()
+
+
+def test_a_failed_commit_gives_the_claim_back_and_a_retry_applies_the_effect_once(
+    tmp_path: Path,
+) -> None:
+    _effects_store(tmp_path / "runs.db").close()
+    store = _CommitFailsStore(tmp_path / "runs.db")
+    app = create_app(_charging_router(), store=store, auth="none")
+    response = _deliver(app)
+    assert (response.status_code, response.headers["X-Tasklease-Outcome"]) == (503, "unavailable")
+    assert _balance(store) == 0
+    (record,) = store.list_runs()
+    assert record.status is RunStatus.RELEASED  # Given back: the retry need not wait.
+    healthy = create_app(_charging_router(), store=SqliteStore(store.path), auth="none")
+    assert _deliver(healthy, retry=1).headers["X-Tasklease-Outcome"] == "processed"
+    assert _balance(store) == 1
+    store.close()

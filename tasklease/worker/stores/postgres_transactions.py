@@ -96,37 +96,46 @@ def _run(
     """The transaction; ``(result_json,)`` if it committed, None if the claim was gone."""
     run_id, attempt_id = run
     process = store._process.get()
-    with connection.pipeline() as pipeline:
-        connection.execute("BEGIN")
-        try:
-            result_json = work(connection)
-        except psycopg.Error as exc:
-            raise _HandlerError(exc) from exc
-        params = [
-            at,
-            RunStatus.COMPLETED.value,
-            result_json,
-            keep_for or timedelta(0),
-            MAX_CLOCK_SKEW,
-            run_id,
-            attempt_id,
-            RunStatus.IN_PROGRESS.value,
-        ]
-        try:  # An error may surface at any call from here: psycopg reads results eagerly.
-            completion = connection.execute(store._statements.complete_held, params)
-            connection.execute("COMMIT")
-            with process.watchdog.bounded(connection, store.options.call_timeout):
-                pipeline.sync()
-            completion.fetchone()
-        except psycopg.errors.DivisionByZero as exc:
-            if decisions.holds(store.get(run_id), attempt_id):
-                raise _HandlerError(exc) from exc  # Then it was the handler's own statement.
-            return None
-        except psycopg.OperationalError:
+    refused: psycopg.Error | None = None
+    try:
+        with connection.pipeline() as pipeline:
+            connection.execute("BEGIN")
+            try:
+                result_json = work(connection)
+            except psycopg.Error as exc:
+                raise _HandlerError(exc) from exc
+            params = [
+                at,
+                RunStatus.COMPLETED.value,
+                result_json,
+                keep_for or timedelta(0),
+                MAX_CLOCK_SKEW,
+                run_id,
+                attempt_id,
+                RunStatus.IN_PROGRESS.value,
+            ]
+            try:  # An error may surface at any call from here: psycopg reads results eagerly.
+                completion = connection.execute(store._statements.complete_held, params)
+                connection.execute("COMMIT")
+                with process.watchdog.bounded(connection, store.options.call_timeout):
+                    pipeline.sync()
+                completion.fetchone()
+            except (psycopg.errors.DivisionByZero, psycopg.errors.PipelineAborted) as exc:
+                # The completion refused (the claim is gone), or an earlier statement of the
+                # handler's failed and the rest was skipped: the record tells which.
+                refused = exc
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:  # An unfetched statement of the handler's failed.
+                raise _HandlerError(exc) from exc
+    except psycopg.errors.PipelineAborted:
+        if refused is None:  # Leaving the aborted pipeline repeats what was decided above.
             raise
-        except psycopg.Error as exc:  # An unfetched statement of the handler's failed.
-            raise _HandlerError(exc) from exc
-    return (result_json,)
+    if refused is None:
+        return (result_json,)
+    if decisions.holds(store.get(run_id), attempt_id):
+        raise _HandlerError(refused) from refused  # Then it was the handler's own statement.
+    return None
 
 
 def _fixed(now: Moment) -> datetime:
