@@ -5,8 +5,10 @@ one ``BEGIN IMMEDIATE`` transaction, with one sync.
 The transaction runs on the handler's own thread while no group-commit batch of the process
 is in flight (:meth:`~tasklease.plumbing.group_commit.GroupCommit.alone`), on the process's
 writing connection, under the cross-process writer lock: it holds SQLite's one write lock for
-the handler's whole run, so other writers of the file (claims, renewals) wait for it. Keep
-transactional handlers on SQLite short.
+the handler's whole run, so other writers of the file (claims, renewals, its own attempt's
+renewals too) wait for it. Keep transactional handlers on SQLite well within their lease:
+past it the attempt reads its lease as lost by the local clock (the commit is still safe:
+no other attempt can take the run over while this one holds the write lock).
 """
 
 from __future__ import annotations
