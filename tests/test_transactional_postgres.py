@@ -9,12 +9,14 @@ from typing import Any
 import psycopg
 import pytest
 
+from tasklease.testing.contract_support import EXPIRED
 from tasklease.testing.transaction_contract import TransactionContract
 from tasklease.worker import Router, create_app
 from tasklease.worker.context import TaskContext
+from tasklease.worker.core.records import Verdict
 from tasklease.worker.stores.postgres import PostgresStore
 from tasklease.worker.stores.postgres_schema import Statements
-from tests.helpers import task_headers
+from tests.helpers import FakeClock, claim_request, task_headers
 
 pytestmark = pytest.mark.service
 
@@ -201,3 +203,30 @@ def test_a_connection_killed_before_the_commit_keeps_nothing_and_a_retry_applies
     )
     assert retry.headers["X-Tasklease-Outcome"] == "processed"
     assert _scalar(store, "SELECT balance FROM {s}.accounts") == 1
+
+
+def test_a_run_taken_over_while_its_handler_ran_keeps_nothing_it_wrote(
+    postgres_url: str,
+) -> None:
+    url = f"{postgres_url}&server_clock=off"  # The test's clock decides the leases.
+    store = _with_tables(url)
+    other = PostgresStore.from_url(url)  # Another instance, after this one's lease lapsed.
+    schema = store.options.schema
+    clock = FakeClock()
+    router = Router()
+
+    @router.task("charge", transactional=True)
+    def charge(payload: Any, ctx: TaskContext) -> None:
+        ctx.transaction.execute(f'UPDATE "{schema}".accounts SET balance = balance + 1')
+        later = clock() + (ctx.lease_expires - clock()) + EXPIRED
+        taken = other.claim(claim_request(run_id=ctx.run_id, attempt_id="usurper"), later)
+        assert taken.verdict is Verdict.CLAIMED
+
+    app = create_app(router, store=store, auth="none", clock=clock)
+    response = app.test_client().post("/tasks/charge", headers=task_headers(), data=b"{}")
+    assert response.headers["X-Tasklease-Outcome"] == "lost_claim"
+    assert _scalar(store, "SELECT balance FROM {s}.accounts") == 0
+    record = store.get(store.list_runs()[0].run_id)
+    assert record is not None and record.attempt_id == "usurper"
+    other.close()
+    store.close()
