@@ -89,3 +89,38 @@ def test_a_commit_that_raises_fails_its_batch_and_the_next_change_still_commits(
     with pytest.raises(OSError, match="disk gone"):
         group.run(lambda _: "lost")
     assert group.run(lambda _: "committed") == "committed"
+
+
+def test_alone_runs_on_its_own_thread_with_no_batch_in_flight_and_the_queue_waits() -> None:
+    recorder = Recorder(pause=0.05)
+    commits: GroupCommit[str] = GroupCommit(recorder)
+    inside = threading.Event()
+    release = threading.Event()
+    seen: dict[str, Any] = {}
+
+    def alone() -> str:
+        seen["thread"] = threading.current_thread()
+        seen["batch_in_flight"] = recorder.inside
+        inside.set()
+        assert release.wait(10)
+        return "done alone"
+
+    with ThreadPoolExecutor(4) as pool:
+        solo = pool.submit(lambda: (threading.current_thread(), commits.alone(alone)))
+        assert inside.wait(10)
+        queued = [pool.submit(commits.run, lambda c, n=n: f"{c}-{n}") for n in range(3)]
+        time.sleep(0.1)
+        assert not any(f.done() for f in queued)  # They wait for the one running alone.
+        release.set()
+        thread, value = solo.result(10)
+        assert value == "done alone"
+        assert [f.result(10) for f in queued] == ["connection-0", "connection-1", "connection-2"]
+    assert seen == {"thread": thread, "batch_in_flight": 0}
+    assert recorder.overlaps == 0
+
+
+def test_a_change_from_inside_alone_is_refused_rather_than_waiting_for_itself() -> None:
+    commits: GroupCommit[str] = GroupCommit(Recorder())
+    with pytest.raises(RuntimeError, match="wait for itself"):
+        commits.alone(lambda: commits.run(lambda c: c))
+    assert commits.run(lambda c: c) == "connection"  # The lead was handed back.

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from tasklease.demo import has_workflows_client
 from tasklease.demo.ledger import Ledger
+from tasklease.demo.transfers import Books
 from tasklease.emulator import CloudTasksEmulator, Faults, Job, RetrySettings
 from tasklease.plumbing.serve import GunicornWorker, free_port
 from tasklease.producer import EnqueueResult, Producer
@@ -56,33 +57,7 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
         workdir = Path(tmp)
         port = free_port()
         worker_url = f"http://127.0.0.1:{port}"
-        export = Job(
-            name="nightly_export",
-            schedule="0 4 * * *",
-            url=f"{worker_url}/jobs/nightly_export",
-            service_account=SERVICE_ACCOUNT,
-            retry=RetrySettings(max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3),
-        )
-        nightly = Job(
-            name="nightly_reports",
-            schedule="0 3 * * *",
-            url=f"{worker_url}/jobs/nightly_reports",
-            service_account=SERVICE_ACCOUNT,
-            retry=JOB_RETRY,
-        )
-        # Two timers firing one exclusive job: the overlap ShedLock exists for.
-        reconcile = [
-            Job(
-                name=name,
-                schedule="0 4 * * *",
-                url=f"{worker_url}/jobs/reconcile_stock",
-                service_account=SERVICE_ACCOUNT,
-                retry=RetrySettings(
-                    max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3
-                ),
-            )
-            for name in ("reconcile_stock", "reconcile_stock_backup")
-        ]
+        nightly, export, reconcile = _jobs(worker_url)
         faults = Faults(settings.duplicate, settings.lost_response, settings.seed)
         say(
             out,
@@ -158,6 +133,7 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                                 "send_receipt", {"order_id": order}, key=f"order-{order}"
                             )
                         )
+                    producer.enqueue("charge_order", {"order_id": order}, key=f"charge-{order}")
                     account = f"account-{order % ACCOUNTS}"  # Few: postings contend.
                     producer.enqueue(
                         "post_ledger",
@@ -183,10 +159,42 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                 emulator.join(QUEUE_PATH, timeout=120)
                 run_ok = first.result() and (exported is None or exported.result())
             report = _Report.build(settings, receipts, emulator, Ledger(workdir / "ledger.db"))
+            report.books = Books.read(workdir / "runs.db")  # The store's own database.
             if google.workflows is not None:
                 report.count_workflow_executions(google.workflows.executions)
         report.print(out, time.monotonic() - started, run_ok)
         return 0 if report.exactly_once and run_ok else 1
+
+
+def _jobs(worker_url: str) -> tuple[Job, Job, list[Job]]:
+    """The demo's Cloud Scheduler jobs: nightly reports, the Workflows export, and two timers
+    of the exclusive reconcile job."""
+    export = Job(
+        name="nightly_export",
+        schedule="0 4 * * *",
+        url=f"{worker_url}/jobs/nightly_export",
+        service_account=SERVICE_ACCOUNT,
+        retry=RetrySettings(max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3),
+    )
+    nightly = Job(
+        name="nightly_reports",
+        schedule="0 3 * * *",
+        url=f"{worker_url}/jobs/nightly_reports",
+        service_account=SERVICE_ACCOUNT,
+        retry=JOB_RETRY,
+    )
+    # Two timers firing one exclusive job: the overlap ShedLock exists for.
+    reconcile = [
+        Job(
+            name=name,
+            schedule="0 4 * * *",
+            url=f"{worker_url}/jobs/reconcile_stock",
+            service_account=SERVICE_ACCOUNT,
+            retry=RetrySettings(max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3),
+        )
+        for name in ("reconcile_stock", "reconcile_stock_backup")
+    ]
+    return nightly, export, reconcile
 
 
 @dataclass
@@ -204,6 +212,8 @@ class _Report:
     workflow_executions: int = 0
     workflow_keys_carried: int = 0
     workflows_counted: bool = False  # False: the proxy job was left out (no Workflows client).
+    books: Books | None = None  # The transactional charges, read from the store's database.
+    orders: int = 0
 
     @classmethod
     def build(
@@ -242,6 +252,7 @@ class _Report:
             missing=missing,
             skipped_overlaps=len({d.name for d in deliveries if d.outcome == "skipped_overlap"}),
             keys_busy=sum(d.outcome == "key_busy" for d in deliveries),
+            orders=settings.orders,
         )
 
     def count_workflow_executions(self, executions: list[Any]) -> None:
@@ -266,6 +277,7 @@ class _Report:
         return (
             not any(self.missing.values())
             and all(n == 1 for n in counts)
+            and (self.books is None or self.books.adds_up(self.orders))
             and not self.overlaps
             and workflows_once
         )
@@ -292,6 +304,14 @@ class _Report:
             spread = f"{min(counts.values())}..{max(counts.values())}" if counts else "-"
             missing = f", {self.missing[kind]} never ran" if self.missing[kind] else ""
             rows.append((f"executions: {label}", f"{len(counts)} x {spread}{missing}"))
+        if self.books is not None:
+            moves = self.books.moves_per_order
+            spread = f"{min(moves.values())}..{max(moves.values())}" if moves else "-"
+            rows.append(
+                ("charges moved in the run's transaction, per order", f"{len(moves)} x {spread}")
+            )
+            verdict = "add up" if self.books.adds_up(self.orders) else "DO NOT add up"
+            rows.append((f"balances {verdict}", self.books.describe()))
         rows.append(
             (
                 "overlaps prevented (exclusive job, concurrency keys)",

@@ -12,6 +12,9 @@ then ``ctx.continue_later`` with the next page, until the last page completes th
 Two handlers show mutual exclusion: ``reconcile_stock`` is an exclusive job (never two runs
 at once, whichever timer or manual run fires it), and ``post_ledger`` posts each order to its
 customer's account, one posting per account at a time (``concurrency_key``).
+
+``charge_order`` moves each order's amount between two ledger rows in the lease store's own
+SQLite database, transactionally (``transactional=True``, :mod:`tasklease.demo.transfers`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from tasklease.demo import has_workflows_client
+from tasklease.demo import has_workflows_client, transfers
 from tasklease.demo.ledger import Ledger
 from tasklease.producer import Producer
 from tasklease.worker import PermanentFailure, Router, TaskContext
@@ -108,6 +111,16 @@ def post_ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
     with ledger().exclusive("posting", payload["account_id"]):
         time.sleep(0.01)  # Reading and writing the balance.
         ledger().record("posting", f"order-{payload['order_id']}", ctx)
+
+
+@router.task("charge_order", transactional=True)
+def charge_order(payload: dict[str, Any], ctx: TaskContext) -> dict[str, int]:
+    """Move the order's amount from the wallets to the till: in the run's own transaction,
+    so the move and the run's completion record commit together, or neither does."""
+    order_id = payload.get("order_id")
+    if not isinstance(order_id, int):
+        raise PermanentFailure(f"payload has no integer order_id: {payload!r}")
+    return {"charged": transfers.move(ctx.transaction, order_id, ctx.run_id)}
 
 
 # The Scheduler job targets the worker, which claims the run and then calls Workflows with

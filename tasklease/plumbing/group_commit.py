@@ -5,6 +5,10 @@ the store at once, the first becomes the *leader*: it takes everything queued so
 it in one transaction and commits once, then hands the lead to the next waiting thread. At low
 load a batch is one change, run by its own thread with no hand-off; under load, batches grow
 to the number of threads waiting, and so does the number of changes per fsync.
+
+A change that must run on its caller's own thread (a transactional handler: the user's code,
+with its thread's context) takes the lead :meth:`~GroupCommit.alone`: no batch of the
+process is in flight meanwhile, and the changes queued behind it wait for it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 _C = TypeVar("_C")
+_T = TypeVar("_T")
 
 # Changes per transaction at most: bounds how long one commit holds the write lock.
 MAX_BATCH = 64
@@ -29,6 +34,7 @@ class Pending(Generic[_C]):
     error: BaseException | None = None
     done: bool = False
     leads: bool = False  # This waiter was handed the lead for the next batch.
+    solo: bool = False  # Runs alone, on its own thread (see GroupCommit.alone).
     # Set once per waiter: when its batch committed, or when it was handed the lead.
     wake: threading.Event = field(default_factory=threading.Event)
 
@@ -43,14 +49,16 @@ class GroupCommit(Generic[_C]):
         self._lock = threading.Lock()
         self._queue: list[Pending[_C]] = []
         self._leading = False
+        self._alone: threading.Thread | None = None  # The thread running alone, if any.
 
     def run(self, work: Callable[[_C], Any]) -> Any:
         """Apply ``work`` in some batch's transaction; return its value once committed."""
+        if self._alone is threading.current_thread():
+            raise RuntimeError(
+                "a change of the store from inside its own transaction would wait for itself"
+            )
         pending: Pending[_C] = Pending(work)
-        with self._lock:
-            self._queue.append(pending)
-            if not self._leading:  # Then the queue was empty: this change leads its own batch.
-                self._leading = pending.leads = True
+        self._enqueue(pending)
         while not pending.done:
             if pending.leads:
                 pending.leads = False
@@ -62,10 +70,40 @@ class GroupCommit(Generic[_C]):
             raise pending.error
         return pending.value
 
+    def alone(self, action: Callable[[], _T]) -> _T:
+        """Run ``action`` on this thread while no batch of this process is in flight: it
+        makes its own transaction. Changes queued meanwhile wait for it, then batch again."""
+        if self._alone is threading.current_thread():
+            raise RuntimeError("a transaction of the store inside its own transaction")
+        pending: Pending[_C] = Pending(lambda _: None, solo=True)
+        self._enqueue(pending)
+        while not pending.leads:
+            pending.wake.wait()
+            pending.wake.clear()
+        with self._lock:  # The leader is the oldest queued change: this one.
+            self._queue.remove(pending)
+            self._alone = threading.current_thread()
+        try:
+            return action()
+        finally:
+            with self._lock:
+                self._alone = None
+                self._hand_off()
+
+    def _enqueue(self, pending: Pending[_C]) -> None:
+        with self._lock:
+            self._queue.append(pending)
+            if not self._leading:  # Then the queue was empty: this change leads its own batch.
+                self._leading = pending.leads = True
+
     def _lead(self) -> None:
         """Commit one batch, then hand the lead to the oldest waiter, or give it up."""
         with self._lock:
-            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            size = next(
+                (at for at, queued in enumerate(self._queue[:MAX_BATCH]) if queued.solo),
+                min(len(self._queue), MAX_BATCH),
+            )
+            batch, self._queue = self._queue[:size], self._queue[size:]
         try:
             self._commit_batch(batch)
         except BaseException as exc:
@@ -77,9 +115,13 @@ class GroupCommit(Generic[_C]):
                 for pending in batch:
                     pending.done = True
                     pending.wake.set()
-                if self._queue:
-                    successor = self._queue[0]
-                    successor.leads = True
-                    successor.wake.set()
-                else:
-                    self._leading = False
+                self._hand_off()
+
+    def _hand_off(self) -> None:
+        """Hand the lead to the oldest waiter, or give it up (under ``_lock``)."""
+        if self._queue:
+            successor = self._queue[0]
+            successor.leads = True
+            successor.wake.set()
+        else:
+            self._leading = False

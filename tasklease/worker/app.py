@@ -22,6 +22,7 @@ from tasklease.worker.stores import LeaseStore, check_store_is_shared, store_fro
 from tasklease.worker.stores.delivery_tally import DeliveryTally
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import operator_queries
+from tasklease.worker.stores.transactional import TRANSACTIONAL_STORES, TransactionalStore
 from tasklease.worker.tally_flusher import DeliveryCounter
 from tasklease.worker.wsgi_routes import DeliveryRoutes
 
@@ -157,7 +158,8 @@ def create_app(
 def check_store_capabilities(router: Router, store: LeaseStore, dashboard: str | None) -> None:
     """Refuse, at start, what ``store`` cannot serve: a handler that takes a lock
     (``exclusive``, ``concurrency_key``) on a store that keeps none, or the dashboard on a
-    store without operator queries. Found after a claim, either would be a 500 per delivery."""
+    store without operator queries, or a ``transactional`` handler on a store that is not a
+    TransactionalStore. Found after a claim, any would be a 500 per delivery."""
     if not isinstance(store, LockStore):
         for spec in router:
             if spec.exclusive or spec.concurrency_key is not None:
@@ -165,6 +167,14 @@ def check_store_capabilities(router: Router, store: LeaseStore, dashboard: str |
                 raise ConfigurationError(
                     f"handler {spec.path} {needs}, which needs a store that keeps locks, but "
                     f"{store!r} does not implement LockStore"
+                )
+    if not isinstance(store, TransactionalStore):
+        for spec in router:
+            if spec.transactional:
+                raise ConfigurationError(
+                    f"handler {spec.path} is transactional=True, which needs a store that "
+                    f"runs it in its own transaction, but {store!r} does not implement "
+                    f"TransactionalStore: use {TRANSACTIONAL_STORES}"
                 )
     if dashboard:
         operator_queries(store, f"the dashboard at {dashboard!r}")

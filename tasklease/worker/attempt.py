@@ -12,6 +12,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from tasklease.errors import LeaseLost
 
@@ -29,6 +30,8 @@ class Attempt:
     # and released with the run; its fencing token grows with every holder of the lock.
     lock: str | None = None
     lock_fencing_token: int | None = None
+    # The store's native transaction while a transactional handler runs in it, else None.
+    transaction: Any = None
     # Set once, by the keeper's thread or a lease check, and never cleared; nothing waits on
     # it, so a plain attribute does (one store, atomic).
     _lost: bool = field(default=False, repr=False)

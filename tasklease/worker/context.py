@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from tasklease.worker.attempt import Attempt
 from tasklease.worker.core.identity import DeliveryIdentity
@@ -118,6 +119,23 @@ class TaskContext(DurableSteps):
     def lock_fencing_token(self) -> int | None:
         """The held lock's fencing token: it grows with every holder of the lock."""
         return self._live.lock_fencing_token
+
+    @property
+    def transaction(self) -> Any:
+        """The store's native transaction this run's completion record will be written in
+        (a handler registered with ``transactional=True``): ``sqlite3.Connection`` (SQLite),
+        a psycopg ``Connection`` (Postgres), a Spanner or Firestore ``Transaction``. Write the
+        handler's database effects through it: they are kept exactly when the run completes.
+
+        Raises RuntimeError in any other handler, and outside the handler's call.
+        """
+        transaction = self._live.transaction
+        if transaction is None:
+            raise RuntimeError(
+                f"ctx.transaction: handler {self.handler!r} does not run in a transaction; "
+                "register it with transactional=True (on a store that supports it) to get one"
+            )
+        return transaction
 
     @property
     def idempotency_key(self) -> str:

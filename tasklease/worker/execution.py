@@ -35,6 +35,7 @@ from tasklease.worker.steps import StepRunner, ctx_runner
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.base import LeaseStore
 from tasklease.worker.tally_flusher import DeliveryCounter
+from tasklease.worker.transactional_run import run_in_transaction
 
 # Reply lives in its own module; it is exported here too, where the adapters import it from.
 __all__ = ["Clock", "Delivery", "Executor", "Reply", "decode_payload", "utc_now"]
@@ -239,7 +240,7 @@ class Executor:
         if waiting is not None:  # Another delivery of the chain runs the run, or will.
             self._give_back(live, waiting.message, count=False)
             return waiting
-        reply = self._run(spec, ctx, live, body)
+        reply = self._run(spec, ctx, live, body, log)
         log.update(runner.log_fields())
         return reply
 
@@ -256,7 +257,9 @@ class Executor:
             log.update(held_by=details.get("held_by"), lock=details.get("lock"))
         return settled(verdict, record, self.clock)
 
-    def _run(self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, body: bytes) -> Reply:
+    def _run(
+        self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, body: bytes, log: dict[str, Any]
+    ) -> Reply:
         if spec.max_attempts is not None and ctx.attempt > spec.max_attempts:
             # Only reached through a claim: every earlier attempt's lease had run out.
             error = f"gave up after {spec.max_attempts} attempts (max_attempts)"
@@ -278,6 +281,8 @@ class Executor:
                 return _store_unavailable(f"lease store unavailable: {exc}", live.run_id)
             if overlap is not None:
                 return self._finish(live, overlap.write, overlap.reply)
+        if spec.transactional:
+            return run_in_transaction(self, spec, ctx, live, payload=payload, body=body, log=log)
         try:
             with (
                 self.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),

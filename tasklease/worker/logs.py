@@ -95,6 +95,7 @@ class ReadableFormatter(logging.Formatter):
         "schedule_time",
         "attempt",
         "fencing_token",
+        "transaction_tries",  # A transactional handler's: how often the database ran it.
         "run_id",
         "duration_ms",
         "auth_error",  # Why a request was refused a 401: its answer does not say.

@@ -60,6 +60,7 @@ class HandlerSpec:
     retry: JobRetry | None = None
     description: str = ""
     attempt_deadline: timedelta | None = None
+    transactional: bool = False  # Runs inside the store's transaction with its completion.
 
     @property
     def path(self) -> str:
@@ -132,6 +133,14 @@ class Router:
       ``[[job]]`` table of the same name in tasklease.toml (or the dev jobs file) overrides
       the fields it sets (:func:`tasklease.jobs.parse_jobs`); a table naming a handler with no
       schedule in code is that handler's job, as before.
+    Option of both:
+
+    - ``transactional=True``: the handler runs inside the store's own database transaction,
+      given to it as ``ctx.transaction``, and the run's completion record is written in that
+      transaction, only while this attempt holds the claim: its writes through
+      ``ctx.transaction`` are kept exactly when the run completes. Needs a
+      :class:`~tasklease.worker.stores.transactional.TransactionalStore` (``create_app``
+      refuses it on one without).
 
     Handlers may be ``async def``: the worker awaits them (see :mod:`.event_loop`). Each
     decorator returns a handle (:class:`~tasklease.worker.handles.TaskHandler`,
@@ -160,6 +169,7 @@ class Router:
         audience: str | None = None,
         concurrency_key: ConcurrencyKey | None = None,
         queue: str | None = None,
+        transactional: bool = False,
     ) -> TaskDecorator:
         """Register ``handler(payload, ctx)`` at ``POST /tasks/<name>`` (default: its name)."""
         register = self._decorator(
@@ -172,6 +182,7 @@ class Router:
             audience=audience,
             concurrency_key=concurrency_key,
             queue=queue,
+            transactional=transactional,
         )
 
         def task_handle(function: Callable[..., Any], /) -> TaskHandler[Any, Any]:
@@ -198,6 +209,7 @@ class Router:
         retry: JobRetry | None = None,
         description: str = "",
         attempt_deadline: timedelta | None = None,
+        transactional: bool = False,
     ) -> JobDecorator:
         """Register ``handler(ctx)`` at ``POST /jobs/<name>``, for a Cloud Scheduler job (the
         one ``schedule=`` declares, if given)."""
@@ -221,6 +233,7 @@ class Router:
             retry=retry,
             description=description,
             attempt_deadline=attempt_deadline,
+            transactional=transactional,
         )
 
         def job_handle(function: Callable[..., Any], /) -> JobHandler[Any]:
@@ -375,5 +388,11 @@ def _check_exclusion(spec: HandlerSpec) -> None:
         raise ConfigurationError(f"{spec.name}: max_runtime must be positive")
     if spec.min_gap < timedelta(0):
         raise ConfigurationError(f"{spec.name}: min_gap must not be negative")
+    if spec.transactional and (spec.exclusive or spec.concurrency_key is not None):
+        # The lock's fenced release would have to be checked inside the store's transaction.
+        raise ConfigurationError(
+            f"{spec.name}: transactional=True does not combine with exclusive=True or a "
+            "concurrency_key yet"
+        )
     if spec.concurrency_key is not None and not callable(spec.concurrency_key):
         raise ConfigurationError(f"{spec.name}: concurrency_key must be a function of the payload")

@@ -65,6 +65,7 @@ class StepRunner:
 
     def begin(self, name: str) -> StepRecord | None:
         """Start step ``name``: its recorded result if any (a replay), else None (run it)."""
+        self._refuse_in_transaction("ctx.step")
         rules.check_name(name, self.used)
         self.used.add(name)
         done = self.recorded.get(name)
@@ -118,6 +119,7 @@ class StepRunner:
         return await asyncio.to_thread(self.end, name, result)
 
     def continue_later(self, state: Any, delay: timedelta | float = 0.0) -> None:
+        self._refuse_in_transaction("ctx.continue_later")
         if self.continuation is not None:
             raise rules.StepError("continue_later is called once per delivery")
         if self.attempt is not None and self.attempt.kind != "task":
@@ -130,6 +132,15 @@ class StepRunner:
         # Refuse a state JSON cannot hold, or one past the caps, here: in the handler.
         rules.check_continuation_fits(self.recorded, rules.encode_continuation(candidate))
         self.continuation = candidate
+
+    def _refuse_in_transaction(self, what: str) -> None:
+        # A transactional handler's record commits with its writes: a step recorded beside
+        # that transaction would outlive its rollback (and on SQLite wait on its lock).
+        if self.attempt is not None and self.attempt.transaction is not None:
+            raise rules.StepError(
+                f"{what} is not available in a transactional=True handler: its writes "
+                "through ctx.transaction already commit with the run's record"
+            )
 
     def log_fields(self) -> dict[str, int]:
         """The counts on the delivery's log line (none for a handler that used no step)."""

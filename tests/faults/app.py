@@ -21,6 +21,7 @@ from tasklease.worker import LeaseLost, Router, TaskContext, create_app
 from tasklease.worker.core import constants as c
 from tasklease.worker.execution import utc_now
 from tasklease.worker.stores import LeaseStore, SqliteStore, store_from_url
+from tests.faults import ledger
 from tests.faults.downstream import REFUSED, Downstream
 
 ENV_DOWNSTREAM = "TASKLEASE_FAULTS_DOWNSTREAM"
@@ -120,6 +121,9 @@ def chain(payload: dict[str, Any], ctx: TaskContext) -> dict[str, int] | None:
         ctx.continue_later({"i": i + 1})
         return None
     return {"done": i}
+
+
+ledger.register(router)  # The crash-after-effect scenario's handlers (test_transactional.py).
 
 
 def skewed_clock() -> Any:

@@ -37,7 +37,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,8 +64,9 @@ from tasklease.worker.core.records import (
 )
 from tasklease.worker.stores import postgres_locks as locks
 from tasklease.worker.stores import postgres_tally as tally
+from tasklease.worker.stores import postgres_transactions
 from tasklease.worker.stores.base import Change, LockChange, Moment, Update, resolve
-from tasklease.worker.stores.delivery_tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
+from tasklease.worker.stores.delivery_tally import TALLY_KEPT
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
@@ -78,6 +79,7 @@ from tasklease.worker.stores.postgres_schema import (
     migrate,
 )
 from tasklease.worker.stores.postgres_watchdog import CallTimedOut, Watchdog
+from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store.postgres")
@@ -101,7 +103,7 @@ class _Process:
     writes: OrderedDict[tuple[str, str], tuple[int, RunRecord]] = field(default_factory=OrderedDict)
 
 
-class PostgresStore(LockStore, OperatorQueries, DeliveryTally):
+class PostgresStore(LockStore, OperatorQueries, tally.PostgresTally, TransactionalStore):
     """Run records and locks in a PostgreSQL schema (created and migrated on first use).
 
     ``conninfo`` is a libpq URL or key/value string (``host=/cloudsql/PROJECT:REGION:INSTANCE``
@@ -226,6 +228,21 @@ class PostgresStore(LockStore, OperatorQueries, DeliveryTally):
         self._remember(record, row[0])
         return True
 
+    def complete_in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> TransactionOutcome:
+        """``ctx.transaction`` is a pooled psycopg ``Connection`` inside a transaction, in
+        pipeline mode (see :mod:`.postgres_transactions`)."""
+        return postgres_transactions.complete_in_transaction(
+            self, run_id, attempt_id, work, now=now, keep_for=keep_for
+        )
+
     def get(self, run_id: str) -> RunRecord | None:
         row = self._call(
             "read a run", lambda c: c.execute(self._statements.select_run, (run_id,)).fetchone()
@@ -279,18 +296,6 @@ class PostgresStore(LockStore, OperatorQueries, DeliveryTally):
         purged = sum(locks.purge_batches(run, self._statements.purge_runs, now, batch))
         purged += sum(locks.purge_batches(run, self._statements.purge_locks, now, batch))
         return purged + self.purge_delivery_counts(now - TALLY_KEPT)
-
-    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
-        schema = self.options.schema
-        self._call("write delivery counts", lambda c: tally.write(c, schema, instance, counts))
-
-    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
-        schema = self.options.schema
-        return self._call("read delivery counts", lambda c: tally.read(c, schema, since))
-
-    def purge_delivery_counts(self, before: datetime) -> int:
-        schema = self.options.schema
-        return self._call("purge delivery counts", lambda c: tally.purge(c, schema, before))
 
     # --- Locks --------------------------------------------------------------------
 

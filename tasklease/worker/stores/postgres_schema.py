@@ -209,6 +209,19 @@ class Statements:
             "WHERE run_id = %s AND version = %s RETURNING version",
             set=run_set,
         )
+        # A transactional handler's completion, conditional on the attempt holding the claim
+        # (decisions.holds), at the time given or the server's; kept as decisions.kept does.
+        # Not held: division by zero, which aborts the transaction, so that a COMMIT sent in
+        # the same pipeline rolls the handler's writes back (one round trip, no read first).
+        self.complete_held = text(
+            "WITH at AS (SELECT COALESCE(%s::timestamptz, statement_timestamp()) AS now), "
+            "done AS (UPDATE {s}.runs SET status = %s, result_json = %s, "
+            "finished_at = (SELECT now FROM at), expire_at = GREATEST(expire_at, "
+            "(SELECT now FROM at) + %s::interval, lease_expires + %s::interval), "
+            "version = version + 1 "
+            "WHERE run_id = %s AND attempt_id = %s AND status = %s RETURNING version) "
+            "SELECT (SELECT version FROM done), 1 / (SELECT count(*)::integer FROM done)"
+        )
         self.list_runs = text("SELECT {cols} FROM {s}.runs", **cols)
         self.purge_runs = text(
             "DELETE FROM {s}.runs WHERE expire_at <= %s AND run_id IN "

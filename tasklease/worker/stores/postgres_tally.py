@@ -3,13 +3,24 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypeVar
 
 from psycopg import Connection, sql
 
-from tasklease.worker.stores.delivery_tally import MinuteCounts, TallyKey, merge, minute_of
+from tasklease.worker.stores.delivery_tally import (
+    DeliveryTally,
+    MinuteCounts,
+    TallyKey,
+    merge,
+    minute_of,
+)
+from tasklease.worker.stores.postgres_options import Options
+
+_T = TypeVar("_T")
 
 TABLE: LiteralString = """CREATE TABLE IF NOT EXISTS {s}.delivery_tally (
     instance text NOT NULL,
@@ -61,3 +72,26 @@ def read(
 
 def purge(connection: Connection[Any], schema: str, before: datetime) -> int:
     return int(connection.execute(_statement(_PURGE, schema), (before,)).rowcount)
+
+
+class PostgresTally(DeliveryTally):
+    """The tally's primitives for :class:`~tasklease.worker.stores.postgres.PostgresStore`,
+    through the store's own bounded calls."""
+
+    options: Options
+
+    @abstractmethod
+    def _call(self, action: str, work: Callable[[Connection[Any]], _T]) -> _T:
+        """Run ``work`` on a pooled connection, as the store does every statement."""
+
+    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+        schema = self.options.schema
+        self._call("write delivery counts", lambda c: write(c, schema, instance, counts))
+
+    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        schema = self.options.schema
+        return self._call("read delivery counts", lambda c: read(c, schema, since))
+
+    def purge_delivery_counts(self, before: datetime) -> int:
+        schema = self.options.schema
+        return self._call("purge delivery counts", lambda c: purge(c, schema, before))

@@ -24,8 +24,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -36,16 +35,19 @@ from tasklease.plumbing import private_files
 from tasklease.plumbing.group_commit import GroupCommit, Pending
 from tasklease.plumbing.per_process import PerProcess
 from tasklease.plumbing.writer_lock import WriterLock, WriterLockTimeout
+from tasklease.worker.core import decisions
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores import sqlite_locks as locks
 from tasklease.worker.stores import sqlite_tally as tally
 from tasklease.worker.stores.base import Change, LockChange, Moment, resolve
 from tasklease.worker.stores.codec import Conversion, RecordCodec
-from tasklease.worker.stores.delivery_tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
+from tasklease.worker.stores.delivery_tally import TALLY_KEPT
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.sqlite_locks import micros as _micros
+from tasklease.worker.stores.sqlite_transactions import HandlerDatabaseError, run_transaction
+from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")
@@ -139,7 +141,7 @@ _STATE_AT = [_COLUMNS.split(", ").index(column) for column in _STATE]
 _IDENTITY_AT = [_COLUMNS.split(", ").index(column) for column in _FIXED]
 
 
-class SqliteStore(LockStore, OperatorQueries, DeliveryTally):
+class SqliteStore(LockStore, OperatorQueries, tally.SqliteTally, TransactionalStore):
     """Run records in a SQLite file at ``path`` (created 0600, with any missing folder 0700,
     on first use: records hold payloads and errors).
 
@@ -196,6 +198,37 @@ class SqliteStore(LockStore, OperatorQueries, DeliveryTally):
 
         value: _T = self._batches.get().run(work)
         return value
+
+    def complete_in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> TransactionOutcome:
+        """``ctx.transaction`` is a ``sqlite3.Connection`` inside ``BEGIN IMMEDIATE`` on this
+        database file (see :mod:`.sqlite_transactions`)."""
+
+        def finish(connection: sqlite3.Connection, result_json: str | None) -> bool:
+            row = connection.execute(_SELECT_ONE, (run_id,)).fetchone()
+            record = _decode(row) if row else None
+            if record is None or not decisions.holds(record, attempt_id):
+                return False
+            at = resolve(now)
+            done = decisions.kept(decisions.completed(record, result_json, at), at, keep_for)
+            _write(connection, row, _encode(done))
+            return True
+
+        def transaction() -> TransactionOutcome:
+            with self._guard("run a transaction"):
+                return run_transaction(self._writing.get(), work, finish, self._writer)
+
+        try:
+            return self._batches.get().alone(transaction)
+        except HandlerDatabaseError as exc:  # The handler's own statement failed.
+            raise exc.error from exc
 
     def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
         def work(connection: sqlite3.Connection) -> _T:
@@ -316,31 +349,6 @@ class SqliteStore(LockStore, OperatorQueries, DeliveryTally):
 
         purged: int = self._batches.get().run(work)
         return purged + self.purge_delivery_counts(now - TALLY_KEPT)
-
-    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
-        self._alone("write delivery counts", lambda c: tally.write(c, instance, counts))
-
-    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
-        with self._guard("read delivery counts"):
-            return tally.read(self._connection(), since)
-
-    def purge_delivery_counts(self, before: datetime) -> int:
-        return self._alone("purge delivery counts", lambda c: tally.purge(c, before))
-
-    def _alone(self, action: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        """``work`` in a write transaction of its own, never in a batch of deliveries' writes
-        (whose commit a failure of it would roll back)."""
-        with self._guard(action), self._writer():
-            connection = self._connection()
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                value = work(connection)
-                connection.execute("COMMIT")
-            except BaseException:
-                if connection.in_transaction:
-                    connection.execute("ROLLBACK")
-                raise
-        return value
 
     def close(self) -> None:
         connection = getattr(self._local, "connection", None)

@@ -7,10 +7,15 @@ creates nothing): it is not part of the runs schema, so adding it needs no schem
 from __future__ import annotations
 
 import sqlite3
+from abc import abstractmethod
 from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
+from typing import TypeVar
 
 from tasklease.worker.stores.delivery_tally import (
+    DeliveryTally,
     MinuteCounts,
     TallyKey,
     epoch_minute,
@@ -71,3 +76,48 @@ def purge(connection: sqlite3.Connection, before: datetime) -> int:
         "DELETE FROM delivery_tally WHERE minute < ?", (epoch_minute(before),)
     )
     return cursor.rowcount
+
+
+_T = TypeVar("_T")
+
+
+class SqliteTally(DeliveryTally):
+    """The tally's primitives for :class:`~tasklease.worker.stores.sqlite.SqliteStore`, each
+    write in a transaction of its own."""
+
+    @abstractmethod
+    def _guard(self, action: str) -> AbstractContextManager[None]:
+        """Turn the database's errors into StoreUnavailable."""
+
+    @abstractmethod
+    def _writer(self) -> AbstractContextManager[None]:
+        """Hold the store's cross-process writer lock."""
+
+    @abstractmethod
+    def _connection(self) -> sqlite3.Connection:
+        """This thread's connection."""
+
+    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+        self._alone("write delivery counts", lambda c: write(c, instance, counts))
+
+    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        with self._guard("read delivery counts"):
+            return read(self._connection(), since)
+
+    def purge_delivery_counts(self, before: datetime) -> int:
+        return self._alone("purge delivery counts", lambda c: purge(c, before))
+
+    def _alone(self, action: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``work`` in a write transaction of its own, never in a batch of deliveries' writes
+        (whose commit a failure of it would roll back)."""
+        with self._guard(action), self._writer():
+            connection = self._connection()
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                value = work(connection)
+                connection.execute("COMMIT")
+            except BaseException:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                raise
+        return value

@@ -15,7 +15,10 @@ from typing import Any, ClassVar
 
 from tasklease.worker.stores.base import LeaseStore, Moment
 
-__all__ = ["TransactionOutcome", "TransactionalStore", "Work"]
+__all__ = ["TRANSACTIONAL_STORES", "TransactionOutcome", "TransactionalStore", "Work"]
+
+TRANSACTIONAL_STORES = "SqliteStore, PostgresStore, SpannerStore or FirestoreStore"
+"""The shipped stores that can run a transactional handler, for refusals to name."""
 
 Work = Callable[[Any], str | None]
 """Given the store's native transaction, do the handler's writes through it and return the
