@@ -7,7 +7,7 @@ from abc import abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, LiteralString, TypeVar
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
 from psycopg import Connection, sql
 
@@ -18,7 +18,9 @@ from tasklease.worker.stores.delivery_tally import (
     merge,
     minute_of,
 )
-from tasklease.worker.stores.postgres_options import Options
+
+if TYPE_CHECKING:  # The options module imports the schema, which imports this one.
+    from tasklease.worker.stores.postgres_options import Options
 
 _T = TypeVar("_T")
 
