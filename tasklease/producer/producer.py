@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -170,16 +170,24 @@ class Producer:
         queue: str | None = None,
         dispatch_deadline: timedelta | None = None,
         headers: Mapping[str, str] | None = None,
+        transaction: Any = None,
     ) -> EnqueueResult:
         """Create one task; raise :class:`EnqueueError` if it could not be created.
 
         With ``key``, the task ID is derived from ``(task_name, key)``: enqueueing the same key
         again (within Cloud Tasks' de-duplication window, up to 24 hours) creates nothing and
         returns ``created=False``.
+
+        With ``transaction=tx`` (see :mod:`tasklease.outbox`), nothing is sent: the task is
+        written as an outbox entry through ``tx``, so it exists exactly when ``tx`` commits,
+        and the outbox relay creates it under the same name.
         """
         options = _Options(delay, at, queue, dispatch_deadline, headers)
         with tracing.enqueue_span(task_name, self.queue_path(queue)) as span:
-            result = self._create(self._build(task_name, payload, key, options), key)
+            request = self._build(task_name, payload, key, options)
+            if transaction is not None:
+                return _stage(transaction, task_name, [(key, request)])[0]
+            result = self._create(request, key)
             tracing.enqueued(span, [result])
         return result
 
@@ -194,32 +202,34 @@ class Producer:
         queue: str | None = None,
         dispatch_deadline: timedelta | None = None,
         headers: Mapping[str, str] | None = None,
+        transaction: Any = None,
     ) -> list[EnqueueResult]:
         """Create one task per ``(key, payload)`` item, ``concurrency`` calls at a time.
 
         Items are sent in batches of up to 100 of a queue (single creates with
         ``Producer(batch=False)`` or a transport without batches). Returns one result per
         item, in order; a failed item has ``error`` set and never stops the others. Every
-        item is validated before anything is sent.
+        item is validated before anything is sent. With ``transaction=tx``, every item is
+        staged through ``tx`` instead, as :meth:`enqueue` does.
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         options = _Options(delay, at, queue, dispatch_deadline, headers)
         with tracing.enqueue_span(task_name, self.queue_path(queue)) as span:
-            results = self._create_many(task_name, items, concurrency, options)
+            requests: list[tuple[str | None, TaskRequest]] = [
+                (key, self._build(task_name, payload, key, options)) for key, payload in items
+            ]
+            if transaction is not None:
+                return _stage(transaction, task_name, requests) if requests else []
+            results = self.send(requests, concurrency)
             tracing.enqueued(span, results)
         return results
 
-    def _create_many(
-        self,
-        task_name: str,
-        items: Iterable[tuple[str, Any]],
-        concurrency: int,
-        options: _Options,
+    def send(
+        self, requests: Sequence[tuple[str | None, TaskRequest]], concurrency: int = 32
     ) -> list[EnqueueResult]:
-        requests: list[tuple[str | None, TaskRequest]] = [
-            (key, self._build(task_name, payload, key, options)) for key, payload in items
-        ]
+        """Create already built ``(key, request)`` tasks (the outbox relay's path): batched,
+        ALREADY_EXISTS taken as done, one result per request, in order."""
         if not requests:
             return []
         if self.batch and self.transport.max_batch_size > 0:
@@ -349,6 +359,14 @@ class Producer:
                 self._sleep(pause)
                 continue
             return EnqueueResult(request.name, request.task_id, key, True, attempts)
+
+
+def _stage(
+    tx: Any, task_name: str, requests: Sequence[tuple[str | None, TaskRequest]]
+) -> list[EnqueueResult]:
+    from tasklease.outbox import staging  # noqa: PLC0415 - only callers of transaction= need it.
+
+    return staging.stage(tx, task_name, requests)
 
 
 def _schedule_time(delay: timedelta | None, at: datetime | None) -> datetime | None:
