@@ -41,6 +41,9 @@ def register(commands: Subcommands) -> None:
     relay.add_argument("--url", help=f"the database (default: ${ENV_URL})")
     relay.add_argument("--follow", action="store_true", help="keep relaying until Ctrl-C")
     relay.add_argument("--poll", type=float, default=1.0, help="seconds between sweeps")
+    relay.add_argument(
+        "--lease", type=float, default=60.0, help="seconds a claim keeps entries from other relays"
+    )
     relay.add_argument("--requeue-failed", action="store_true", help="retry failed entries")
     status = add_command(actions, "status", "depth, oldest age, failed entries and why")
     status.add_argument("--url", help=f"the database (default: ${ENV_URL})")
@@ -89,7 +92,7 @@ def _relay(db: OutboxDB, args: argparse.Namespace) -> int:
 
     if args.requeue_failed:
         print(f"{db.requeue_failed()} failed entries pending again")
-    relay = Relay(db, relay_producer())
+    relay = Relay(db, relay_producer(), lease=args.lease)
     if args.follow:
         stop = stop_on_sigterm()
         thread = threading.Thread(target=relay.follow, args=(args.poll,), daemon=True)

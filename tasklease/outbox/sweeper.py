@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from tasklease.outbox.db import open_outbox
-from tasklease.outbox.relay import Relay, quick_retry
+from tasklease.outbox.relay import LEASE, Relay, quick_retry
 
 if TYPE_CHECKING:
     from tasklease.producer.producer import Producer
@@ -77,8 +77,14 @@ def register(
 class RelayThread:
     """A following relay on a daemon thread: ``with RelayThread(url):``."""
 
-    def __init__(self, url: str, producer: Producer | None = None, poll: float = 1.0) -> None:
-        self._url, self._producer, self._poll = url, producer, poll
+    def __init__(
+        self,
+        url: str,
+        producer: Producer | None = None,
+        poll: float = 1.0,
+        lease: float = LEASE,
+    ) -> None:
+        self._url, self._producer, self._poll, self._lease = url, producer, poll, lease
         self._relay: Relay | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tasklease-outbox", daemon=True)
@@ -86,7 +92,7 @@ class RelayThread:
     def _run(self) -> None:
         db = open_outbox(self._url)
         try:
-            self._relay = Relay(db, self._producer or relay_producer())
+            self._relay = Relay(db, self._producer or relay_producer(), lease=self._lease)
             self._ready.set()
             self._relay.follow(self._poll)
         finally:
