@@ -188,7 +188,10 @@ class SQLiteOutbox(OutboxDB):
     def __init__(self, path: str, timeout: float = 10.0) -> None:
         # Autocommit mode, transactions begun explicitly: BEGIN IMMEDIATE takes the write lock
         # before the claim's SELECT, so two relays never read the same due entries.
-        self._conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+        # One thread at a time uses it, not always the opening one (``relay --follow``).
+        self._conn = sqlite3.connect(
+            path, timeout=timeout, isolation_level=None, check_same_thread=False
+        )
 
     def _mark(self) -> str:
         return "?"

@@ -17,7 +17,7 @@ import pytest
 
 from tasklease.demo.ledger import Ledger
 from tasklease.emulator import CloudTasksEmulator
-from tasklease.jobs import Job
+from tasklease.emulator.scheduler import Job
 from tasklease.outbox import SWEEP_JOB, open_outbox
 from tasklease.plumbing.serve import GunicornWorker, free_port
 from tests import postgres_support
@@ -38,14 +38,7 @@ class Stack:
     env: dict[str, str]
     data_dir: Path
     port: int
-
-    def restart_emulator(self, down: float) -> None:
-        """Cloud Tasks unavailable for ``down`` seconds, then back with its state."""
-        self.emulator.stop()
-        time.sleep(down)
-        self.emulator = CloudTasksEmulator(
-            data_dir=self.data_dir, port=self.port, grpc_port=0, jobs=[sweep_job(self.worker)]
-        ).start()
+    stopped: bool = False
 
     def pending(self) -> int:
         db = open_outbox(self.url)
@@ -125,7 +118,8 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
         with worker:
             yield stack
     finally:
-        stack.emulator.stop()
+        if not stack.stopped:
+            stack.emulator.stop()
 
 
 def committed_orders(url: str) -> set[int]:
@@ -143,8 +137,15 @@ def committed_orders(url: str) -> set[int]:
 
 def web(stack: Stack, start: int, end: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.faults.outbox_web", stack.url, str(start), str(end)]
-        + [str(ROLLBACK_EVERY)],
+        [
+            sys.executable,
+            "-m",
+            "tests.faults.outbox_web",
+            stack.url,
+            str(start),
+            str(end),
+            str(ROLLBACK_EVERY),
+        ],
         env=stack.env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -205,8 +206,15 @@ def test_rolled_back_transactions_create_no_task(stack: Stack) -> None:
     process.communicate(timeout=300)
     # Every transaction rolls back (ROLLBACK_EVERY=1).
     rollback = subprocess.run(
-        [sys.executable, "-m", "tests.faults.outbox_web", stack.url, str(total), str(2 * total)]
-        + ["1"],
+        [
+            sys.executable,
+            "-m",
+            "tests.faults.outbox_web",
+            stack.url,
+            str(total),
+            str(2 * total),
+            "1",
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -235,8 +243,9 @@ def test_two_relays_and_the_sweeper_racing_create_one_task_each(stack: Stack) ->
                 "--follow",
                 "--url",
                 stack.url,
-            ]
-            + ["--poll", "0.05"],
+                "--poll",
+                "0.05",
+            ],
             env=stack.env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -263,21 +272,38 @@ def test_cloud_tasks_down_entries_wait_back_off_and_are_delivered_once_after(
 ) -> None:
     total, down = scale(200, 1000), scale(3, 30)
     relay = subprocess.Popen(
-        [sys.executable, "-m", "tasklease.cli", "outbox", "relay", "--follow", "--url", stack.url]
-        + ["--poll", "0.05"],
+        [
+            sys.executable,
+            "-m",
+            "tasklease.cli",
+            "outbox",
+            "relay",
+            "--follow",
+            "--url",
+            stack.url,
+            "--poll",
+            "0.05",
+        ],
         env=stack.env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
         stack.emulator.stop()
+        stack.stopped = True
         _stage(stack, total)
         time.sleep(down)
-        db = open_outbox(stack.url)
-        during = db.status(time.time())
-        db.close()
-        assert during.sent == 0 and during.depth == total  # Nothing marked sent.
-        assert during.retrying > 0  # The relay tried, failed and is backing off.
+        deadline = time.monotonic() + 30
+        while True:  # The relay tried, failed and backs off (its first try may take a while).
+            db = open_outbox(stack.url)
+            during = db.status(time.time())
+            db.close()
+            assert during.sent == 0 and during.depth == total  # Nothing marked sent.
+            if during.retrying == total or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert during.retrying == total
+        stack.stopped = False
         stack.emulator = CloudTasksEmulator(
             data_dir=stack.data_dir, port=stack.port, grpc_port=0, jobs=[sweep_job(stack.worker)]
         ).start()
