@@ -335,3 +335,43 @@ def test_concurrent_postgres_relays_claim_disjoint_batches(
         thread.join()
     assert sum(claimed) == 300  # No entry claimed twice, none left.
     assert len(task_names(tasks)) == 300
+
+
+def test_the_sweeper_job_relays_every_due_entry_and_purges_old_sent_ones(
+    tmp_path: Path, tasks: CloudTasksEmulator
+) -> None:
+    from tasklease.outbox import SWEEP_JOB, register  # noqa: PLC0415
+    from tasklease.worker import Router  # noqa: PLC0415
+    from tasklease.worker.core.identity import Kind  # noqa: PLC0415
+
+    url = sqlite_app_db(tmp_path / "app.db")
+    conn = sqlite3.connect(tmp_path / "app.db")
+    conn.execute("BEGIN")
+    producer(tasks.url).enqueue_many("record", [(f"k{n}", {}) for n in range(3)], transaction=conn)
+    conn.commit()
+    conn.execute("UPDATE tasklease_outbox SET state = 'sent', sent_at = 0 WHERE id LIKE '%k0'")
+    conn.commit()
+    router = Router()
+    register(router, url=url, producer=relay_producer({"TASKLEASE_TASKS_ENDPOINT": tasks.url}))
+    spec = router.handler(Kind.SCHEDULER, SWEEP_JOB)
+    assert spec is not None and spec.exclusive
+    assert spec.function(None) == {"sent": 2, "failed": 0, "retrying": 0, "purged": 1}
+    assert len(task_names(tasks)) == 2
+
+
+def test_tasklease_dev_relays_the_outbox_of_its_store_or_of_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasklease.cli.dev_outbox import outbox_url  # noqa: PLC0415
+
+    monkeypatch.delenv("TASKLEASE_OUTBOX_URL", raising=False)
+    url = sqlite_app_db(tmp_path / "app.db")
+    sqlite3.connect(tmp_path / "runs.db").close()
+    assert outbox_url(url) == url
+    assert outbox_url(f"sqlite:///{tmp_path}/runs.db") is None
+    assert outbox_url("memory://") is None
+    assert not (tmp_path / "absent.db").exists()
+    assert outbox_url(f"sqlite:///{tmp_path}/absent.db") is None
+    assert not (tmp_path / "absent.db").exists()  # The store creates it, with its own mode.
+    monkeypatch.setenv("TASKLEASE_OUTBOX_URL", "sqlite:///elsewhere.db")
+    assert outbox_url("memory://") == "sqlite:///elsewhere.db"

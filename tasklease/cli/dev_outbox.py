@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sqlite3
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 _log = logging.getLogger("tasklease.dev")
 
@@ -17,7 +19,9 @@ def outbox_url(store_url: str) -> str | None:
     url = os.environ.get("TASKLEASE_OUTBOX_URL")
     if url:
         return url
-    if not store_url.startswith(("sqlite:///", "postgresql://", "postgres://")):
+    if store_url.startswith("sqlite:///"):
+        return store_url if _sqlite_has_outbox(Path(store_url[len("sqlite:///") :])) else None
+    if not store_url.startswith(("postgresql://", "postgres://")):
         return None
     try:
         db = open_outbox(store_url)
@@ -27,6 +31,20 @@ def outbox_url(store_url: str) -> str | None:
         return store_url if db.has_outbox() else None
     finally:
         db.close()
+
+
+def _sqlite_has_outbox(path: Path) -> bool:
+    """Read-only, and only if the file exists: the store creates it, with its own mode."""
+    if not path.is_file():
+        return False
+    try:
+        with contextlib.closing(
+            sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        ) as c:
+            query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tasklease_outbox'"
+            return c.execute(query).fetchone() is not None
+    except sqlite3.Error:
+        return False
 
 
 @contextlib.contextmanager
