@@ -375,3 +375,23 @@ def test_tasklease_dev_relays_the_outbox_of_its_store_or_of_the_variable(
     assert not (tmp_path / "absent.db").exists()  # The store creates it, with its own mode.
     monkeypatch.setenv("TASKLEASE_OUTBOX_URL", "sqlite:///elsewhere.db")
     assert outbox_url("memory://") == "sqlite:///elsewhere.db"
+
+
+def test_a_sqlalchemy_session_commit_wakes_the_processs_relays_at_once(
+    tmp_path: Path, tasks: CloudTasksEmulator
+) -> None:
+    url = sqlite_app_db(tmp_path / "app.db")
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    db, relay = relay_for(url, tasks)
+    assert db.wait(0.01) is False  # Waiting from now on.
+    with Session(engine) as session:
+        with pytest.raises(ValueError, match="rolled back"), session.begin():
+            producer(tasks.url).enqueue("x", {}, key="gone", transaction=session)
+            raise ValueError("rolled back")
+        assert db.wait(0.1) is False  # A rollback wakes nobody.
+        with session.begin():
+            producer(tasks.url).enqueue("x", {}, key="woken", transaction=session)
+            assert db.wait(0.1) is False  # Not before the commit.
+        assert db.wait(5) is True
+    engine.dispose()
+    assert relay.drain().sent == 1

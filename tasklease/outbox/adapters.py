@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tasklease.outbox import wake
 from tasklease.outbox.entries import CHANNEL, COLUMNS, TABLE, Entry
 
 SUPPORTED = (
@@ -83,7 +84,8 @@ def _sqlalchemy(tx: Any, entries: Sequence[Entry]) -> list[bool]:
             f"the SQLAlchemy {type(tx).__name__} is not in a transaction: use it inside "
             "`with engine.begin() as conn:` or `with session.begin():`"
         )
-    conn = tx.connection() if hasattr(tx, "get_bind") else tx  # A Session: its connection.
+    session = hasattr(tx, "get_bind")
+    conn = tx.connection() if session else tx  # A Session: its connection.
     raw = conn.connection.dbapi_connection
     autocommit = (
         raw.isolation_level is None  # sqlite3's autocommit mode
@@ -101,4 +103,9 @@ def _sqlalchemy(tx: Any, entries: Sequence[Entry]) -> list[bool]:
     staged = [conn.execute(insert, entry.row()).rowcount == 1 for entry in entries]
     if conn.dialect.name == "postgresql":
         conn.execute(text(f"NOTIFY {CHANNEL}"))
+    if session:
+        from sqlalchemy import event  # noqa: PLC0415
+
+        # After the commit (not before, as a Connection's "commit" event is): the fast path.
+        event.listen(tx, "after_commit", wake.nudge, once=True)
     return staged

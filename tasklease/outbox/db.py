@@ -11,7 +11,7 @@ has one writer at a time (``BEGIN IMMEDIATE``).
 from __future__ import annotations
 
 import sqlite3
-import time
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from tasklease.outbox import ddl
+from tasklease.outbox import ddl, wake
 from tasklease.outbox.entries import CHANNEL, FAILED, PENDING, SENT, TABLE, Entry, from_row
 
 _SELECT_DUE = (
@@ -64,10 +64,20 @@ class OutboxDB(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    _woken: threading.Event | None = None
+
     def wait(self, timeout: float) -> bool:
-        """Block until new entries may be there (at most ``timeout`` s); True when told so."""
-        time.sleep(timeout)
-        return False
+        """Block until new entries may be there (at most ``timeout`` s); True when told so
+        (an in-process commit, :mod:`tasklease.outbox.wake`)."""
+        if self._woken is None:
+            self._woken = wake.waiter()
+        fired = self._woken.wait(timeout)
+        self._woken.clear()
+        return fired
+
+    def _forget(self) -> None:
+        if self._woken is not None:
+            wake.forget(self._woken)
 
     def migrate(self) -> None:
         with self._transaction() as cursor:
@@ -208,6 +218,7 @@ class SQLiteOutbox(OutboxDB):
         self._conn.commit()
 
     def close(self) -> None:
+        self._forget()
         self._conn.close()
 
 
@@ -253,6 +264,7 @@ class PostgresOutbox(OutboxDB):
         return False
 
     def close(self) -> None:
+        self._forget()
         if self._listener is not None:
             self._listener.close()
         self._conn.close()
