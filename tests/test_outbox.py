@@ -395,3 +395,15 @@ def test_a_sqlalchemy_session_commit_wakes_the_processs_relays_at_once(
         assert db.wait(5) is True
     engine.dispose()
     assert relay.drain().sent == 1
+
+
+def test_relay_and_status_say_what_to_do_when_there_is_no_outbox(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = f"sqlite:///{tmp_path}/missing.db"
+    assert main(["outbox", "status", "--url", missing]) == 2
+    assert "no database file" in capsys.readouterr().err
+    assert not (tmp_path / "missing.db").exists()
+    sqlite3.connect(tmp_path / "empty.db").close()
+    assert main(["outbox", "relay", "--url", f"sqlite:///{tmp_path}/empty.db"]) == 2
+    assert "tasklease outbox migrate --url" in capsys.readouterr().err

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasklease.cli.common import Subcommands, add_command, stop_on_sigterm, wait
@@ -66,6 +67,13 @@ def run(args: argparse.Namespace) -> int:
     url = _url(args)
     if url is None:
         return 2
+    if (
+        args.outbox_command != "migrate"
+        and url.startswith("sqlite:///")
+        and not Path(url[len("sqlite:///") :]).is_file()
+    ):
+        print(f"tasklease outbox: no database file at {url}", file=sys.stderr)
+        return 2
     try:
         db = open_outbox(url)
     except ValueError as exc:
@@ -79,6 +87,13 @@ def run(args: argparse.Namespace) -> int:
             db.migrate()
             print(f"tasklease_outbox ready in {url}")
             return 0
+        if not db.has_outbox():
+            print(
+                f"tasklease outbox: no tasklease_outbox table in {url}: create it with "
+                f"tasklease outbox migrate --url {url}",
+                file=sys.stderr,
+            )
+            return 2
         if args.outbox_command == "relay":
             return _relay(db, args)
         return _status(db)

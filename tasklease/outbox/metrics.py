@@ -2,7 +2,8 @@
 
 - ``tasklease.outbox.depth``: pending entries, as the relay last counted them;
 - ``tasklease.outbox.oldest_age``: seconds since the oldest pending entry was staged;
-- ``tasklease.outbox.relay_latency``: staged (committed) to task created, per entry.
+- ``tasklease.outbox.relay_latency``: the entry's staging (inside the caller's transaction,
+  just before its commit) to its task created, per entry.
 """
 
 from __future__ import annotations
