@@ -407,3 +407,23 @@ def test_relay_and_status_say_what_to_do_when_there_is_no_outbox(
     sqlite3.connect(tmp_path / "empty.db").close()
     assert main(["outbox", "relay", "--url", f"sqlite:///{tmp_path}/empty.db"]) == 2
     assert "tasklease outbox migrate --url" in capsys.readouterr().err
+
+
+def test_enqueue_by_reference_stages_through_the_transaction_too(tmp_path: Path) -> None:
+    from tasklease.worker import Router  # noqa: PLC0415
+
+    sqlite_app_db(tmp_path / "app.db")
+    router = Router()
+
+    @router.task("send_receipt")
+    def send_receipt(payload: dict[str, int], ctx: Any) -> None: ...
+
+    conn = sqlite3.connect(tmp_path / "app.db")
+    conn.execute("BEGIN")
+    result = send_receipt.enqueue(
+        {"order": 1}, key="o1", producer=producer("http://127.0.0.1:9"), transaction=conn
+    )
+    conn.commit()
+    assert result.staged
+    rows = conn.execute("SELECT task_name, task_id FROM tasklease_outbox").fetchall()
+    assert rows == [("send_receipt", task_id("send_receipt", "o1"))]

@@ -82,8 +82,10 @@ class TaskHandler(_Handle, Generic[PayloadT, ResultT]):
         dispatch_deadline: timedelta | None = None,
         headers: Mapping[str, str] | None = None,
         producer: Producer | None = None,
+        transaction: Any = None,
     ) -> EnqueueResult:
-        """Create one task for this handler: :meth:`Producer.enqueue` with its name."""
+        """Create one task for this handler: :meth:`Producer.enqueue` with its name (with
+        ``transaction=``, staged in the outbox through it)."""
         return self._producer(producer).enqueue(
             self.spec.name,
             payload,
@@ -93,6 +95,7 @@ class TaskHandler(_Handle, Generic[PayloadT, ResultT]):
             queue=queue or self.spec.queue,
             dispatch_deadline=dispatch_deadline,
             headers=headers,
+            transaction=transaction,
         )
 
     def enqueue_many(
