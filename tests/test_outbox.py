@@ -427,3 +427,21 @@ def test_enqueue_by_reference_stages_through_the_transaction_too(tmp_path: Path)
     assert result.staged
     rows = conn.execute("SELECT task_name, task_id FROM tasklease_outbox").fetchall()
     assert rows == [("send_receipt", task_id("send_receipt", "o1"))]
+
+
+def test_an_async_psycopg_connection_is_refused_by_name(pg_url: str) -> None:
+    import asyncio  # noqa: PLC0415
+
+    async def connect() -> Any:
+        base = pg_url.split("?schema=", maxsplit=1)[0]
+        return await psycopg.AsyncConnection.connect(base)
+
+    async def refused() -> None:
+        conn = await connect()
+        try:
+            with pytest.raises(TypeError, match=r"AsyncConnection.*not supported"):
+                producer("http://127.0.0.1:9").enqueue("x", {}, key="k", transaction=conn)
+        finally:
+            await conn.close()
+
+    asyncio.run(refused())

@@ -43,6 +43,11 @@ def stage(tx: Any, entries: Sequence[Entry]) -> list[bool]:
     if isinstance(tx, sqlite3.Connection):
         return _sqlite(tx, entries)
     module = type(tx).__module__
+    if type(tx).__name__.startswith("Async"):
+        raise TypeError(
+            f"transaction= got a {type(tx).__qualname__}: async connections are not supported; "
+            f"supported: {SUPPORTED}"
+        )
     if module.startswith("psycopg.") or module == "psycopg":
         return _psycopg(tx, entries)
     if module.startswith("sqlalchemy."):
