@@ -35,7 +35,17 @@ def parsers(parser: argparse.ArgumentParser, path: str = "tasklease") -> Iterato
 
 def test_each_subcommand_is_a_module_that_registers_and_runs_it() -> None:
     names = [module.NAME for module in cli.SUBCOMMANDS]
-    assert names == ["demo", "emulator", "scheduler", "dev", "deploy", "runs", "locks", "dashboard"]
+    assert names == [
+        "demo",
+        "emulator",
+        "scheduler",
+        "dev",
+        "deploy",
+        "runs",
+        "locks",
+        "dashboard",
+        "outbox",
+    ]
     for module in cli.SUBCOMMANDS:
         assert module.__name__ == f"tasklease.cli.{module.NAME}"
         assert callable(module.register) and callable(module.run)

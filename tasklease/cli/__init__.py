@@ -9,12 +9,22 @@ import sys
 from collections.abc import Sequence
 
 from tasklease import __version__
-from tasklease.cli import dashboard, demo, deploy, dev, emulator, locks, runs, scheduler
+from tasklease.cli import (
+    dashboard,
+    demo,
+    deploy,
+    dev,
+    emulator,
+    locks,
+    outbox,
+    runs,
+    scheduler,
+)
 from tasklease.cli.common import HelpFormatter
 
 # One module per subcommand, in the order ``--help`` lists them: each has ``NAME``,
 # ``register(subcommands)`` adding its parser and ``run(args)`` returning the exit code.
-SUBCOMMANDS = (demo, emulator, scheduler, dev, deploy, runs, locks, dashboard)
+SUBCOMMANDS = (demo, emulator, scheduler, dev, deploy, runs, locks, dashboard, outbox)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ from tasklease.cli.common import (
     wait,
 )
 from tasklease.cli.dashboard import serving_dashboard
+from tasklease.cli.dev_outbox import dev_relay
 from tasklease.cli.dev_router import check_router, router_reference
 from tasklease.cli.dev_stop import interrupted_message, running
 from tasklease.cli.emulator import add_emulator_options, serving_emulator
@@ -137,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             serving_dashboard(
                 store_url, "127.0.0.1", args.dashboard_port, env, declared=declared
             ) as board,
+            dev_relay(store_url, env),
         ):
             log.info("worker for %s on %s; queue %s", args.router, worker_url, queue)
             log.info("dashboard on %s", board)

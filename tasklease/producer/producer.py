@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Unpack
 
@@ -72,6 +72,8 @@ class Producer(TaskBuilder[TaskTransport, Callable[[float], None]]):
         task_name: str,
         payload: Any = None,
         key: str | None = None,
+        *,
+        transaction: Any = None,
         **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
         """Create one task; raise :class:`EnqueueError` if it could not be created.
@@ -79,9 +81,16 @@ class Producer(TaskBuilder[TaskTransport, Callable[[float], None]]):
         With ``key``, the task ID is derived from ``(task_name, key)``: enqueueing the same key
         again (within Cloud Tasks' de-duplication window, up to 24 hours) creates nothing and
         returns ``created=False``.
+
+        With ``transaction=tx`` (see :mod:`tasklease.outbox`), nothing is sent: the task is
+        written as an outbox entry through ``tx``, so it exists exactly when ``tx`` commits,
+        and the outbox relay creates it under the same name.
         """
         with tracing.enqueue_span(task_name, self.queue_path(options.get("queue"))) as span:
-            result = self._create(self._build(task_name, payload, key, Options(**options)), key)
+            request = self._build(task_name, payload, key, Options(**options))
+            if transaction is not None:
+                return _stage(transaction, task_name, [(key, request)])[0]
+            result = self._create(request, key)
             tracing.enqueued(span, [result])
         return result
 
@@ -91,6 +100,7 @@ class Producer(TaskBuilder[TaskTransport, Callable[[float], None]]):
         items: Iterable[tuple[str, Any]],
         *,
         concurrency: int = 32,
+        transaction: Any = None,
         **options: Unpack[EnqueueOptions],
     ) -> list[EnqueueResult]:
         """Create one task per ``(key, payload)`` item, ``concurrency`` calls at a time.
@@ -98,23 +108,24 @@ class Producer(TaskBuilder[TaskTransport, Callable[[float], None]]):
         Items are sent in batches of up to 100 of a queue (single creates with
         ``Producer(batch=False)`` or a transport without batches). Returns one result per
         item, in order; a failed item has ``error`` set and never stops the others. Every
-        item is validated before anything is sent.
+        item is validated before anything is sent. With ``transaction=tx``, every item is
+        staged through ``tx`` instead, as :meth:`enqueue` does.
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         with tracing.enqueue_span(task_name, self.queue_path(options.get("queue"))) as span:
-            results = self._create_many(task_name, items, concurrency, Options(**options))
+            requests = self._build_many(task_name, items, Options(**options))
+            if transaction is not None:
+                return _stage(transaction, task_name, requests) if requests else []
+            results = self.send(requests, concurrency)
             tracing.enqueued(span, results)
         return results
 
-    def _create_many(
-        self,
-        task_name: str,
-        items: Iterable[tuple[str, Any]],
-        concurrency: int,
-        options: Options,
+    def send(
+        self, requests: Sequence[tuple[str | None, TaskRequest]], concurrency: int = 32
     ) -> list[EnqueueResult]:
-        requests = self._build_many(task_name, items, options)
+        """Create already built ``(key, request)`` tasks (the outbox relay's path): batched,
+        ALREADY_EXISTS taken as done, one result per request, in order."""
         if not requests:
             return []
         if self.batch and self.transport.max_batch_size > 0:
@@ -176,3 +187,11 @@ class Producer(TaskBuilder[TaskTransport, Callable[[float], None]]):
         except EnqueueError as exc:
             return exc
         return None
+
+
+def _stage(
+    tx: Any, task_name: str, requests: Sequence[tuple[str | None, TaskRequest]]
+) -> list[EnqueueResult]:
+    from tasklease.outbox import staging  # noqa: PLC0415 - only callers of transaction= need it.
+
+    return staging.stage(tx, task_name, requests)

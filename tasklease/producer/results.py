@@ -17,7 +17,9 @@ class EnqueueResult:
 
     ``created`` is False when Cloud Tasks already had the name: a duplicate enqueue absorbed,
     not an error. In ``enqueue_many`` results, ``error`` is set for an item that failed (the
-    call can be repeated as a whole: names make that safe).
+    call can be repeated as a whole: names make that safe). With ``transaction=``, nothing is
+    created yet: ``staged`` says an outbox entry was written through the transaction (False:
+    that name was staged before), and the relay creates the task after the commit.
     """
 
     name: str
@@ -26,6 +28,7 @@ class EnqueueResult:
     created: bool
     attempts: int
     error: EnqueueError | None = None
+    staged: bool = False
 
     @property
     def ok(self) -> bool:

@@ -80,11 +80,13 @@ class TaskHandler(_Handle, Generic[PayloadT, ResultT]):
         key: str | None = None,
         *,
         producer: Producer | None = None,
+        transaction: Any = None,
         **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
-        """Create one task for this handler: :meth:`Producer.enqueue` with its name."""
+        """Create one task for this handler: :meth:`Producer.enqueue` with its name (with
+        ``transaction=``, staged in the outbox through it)."""
         return self._producer(producer).enqueue(
-            self.spec.name, payload, key, **self._routed(options)
+            self.spec.name, payload, key, transaction=transaction, **self._routed(options)
         )
 
     def enqueue_many(

@@ -1,0 +1,134 @@
+"""``tasklease outbox migrate|relay|status``: the transactional-enqueue outbox of your database.
+
+The outbox URL is ``sqlite:///PATH`` or ``postgresql://...`` (``--url``, else
+``TASKLEASE_OUTBOX_URL``). ``relay`` creates tasks through the producer's settings
+(``TASKLEASE_TASKS_ENDPOINT`` for the local emulator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tasklease.cli.common import Subcommands, add_command, stop_on_sigterm, wait
+
+if TYPE_CHECKING:
+    from tasklease.outbox.db import OutboxDB
+
+NAME = "outbox"
+ENV_URL = "TASKLEASE_OUTBOX_URL"
+
+
+def register(commands: Subcommands) -> None:
+    parser = add_command(commands, NAME, "the transactional-enqueue outbox: migrate, relay, status")
+    actions = parser.add_subparsers(dest="outbox_command", required=True)
+    migrate = add_command(actions, "migrate", "create the tasklease_outbox table")
+    migrate.add_argument("--url", help=f"the database (default: ${ENV_URL})")
+    migrate.add_argument(
+        "--print",
+        dest="print_sql",
+        metavar="DIALECT",
+        nargs="?",
+        const="",
+        help="print the SQL instead (for Alembic or Django migrations): sqlite or postgresql, "
+        "else that of --url (default: off)",
+    )
+    relay = add_command(actions, "relay", "send pending entries to Cloud Tasks")
+    relay.add_argument("--url", help=f"the database (default: ${ENV_URL})")
+    relay.add_argument("--follow", action="store_true", help="keep relaying until Ctrl-C")
+    relay.add_argument("--poll", type=float, default=1.0, help="seconds between sweeps")
+    relay.add_argument(
+        "--lease", type=float, default=60.0, help="seconds a claim keeps entries from other relays"
+    )
+    relay.add_argument("--requeue-failed", action="store_true", help="retry failed entries")
+    status = add_command(actions, "status", "depth, oldest age, failed entries and why")
+    status.add_argument("--url", help=f"the database (default: ${ENV_URL})")
+
+
+def _url(args: argparse.Namespace) -> str | None:
+    url: str | None = args.url or os.environ.get(ENV_URL)
+    if not url:
+        print(f"tasklease outbox: give --url URL or set {ENV_URL}", file=sys.stderr)
+    return url
+
+
+def run(args: argparse.Namespace) -> int:
+    from tasklease.outbox import ddl  # noqa: PLC0415 - keeps `tasklease --help` light.
+    from tasklease.outbox.db import open_outbox  # noqa: PLC0415
+
+    if args.outbox_command == "migrate" and args.print_sql:
+        print(ddl.script(args.print_sql), end="")
+        return 0
+    url = _url(args)
+    if url is None:
+        return 2
+    if (
+        args.outbox_command != "migrate"
+        and url.startswith("sqlite:///")
+        and not Path(url[len("sqlite:///") :]).is_file()
+    ):
+        print(f"tasklease outbox: no database file at {url}", file=sys.stderr)
+        return 2
+    try:
+        db = open_outbox(url)
+    except ValueError as exc:
+        print(f"tasklease outbox: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.outbox_command == "migrate":
+            if args.print_sql == "":
+                print(ddl.script(db.dialect), end="")
+                return 0
+            db.migrate()
+            print(f"tasklease_outbox ready in {url}")
+            return 0
+        if not db.has_outbox():
+            print(
+                f"tasklease outbox: no tasklease_outbox table in {url}: create it with "
+                f"tasklease outbox migrate --url {url}",
+                file=sys.stderr,
+            )
+            return 2
+        if args.outbox_command == "relay":
+            return _relay(db, args)
+        return _status(db)
+    finally:
+        db.close()
+
+
+def _relay(db: OutboxDB, args: argparse.Namespace) -> int:
+    from tasklease.outbox.relay import Relay  # noqa: PLC0415
+    from tasklease.outbox.sweeper import relay_producer  # noqa: PLC0415
+
+    if args.requeue_failed:
+        print(f"{db.requeue_failed()} failed entries pending again")
+    relay = Relay(db, relay_producer(), lease=args.lease)
+    if args.follow:
+        stop = stop_on_sigterm()
+        thread = threading.Thread(target=relay.follow, args=(args.poll,), daemon=True)
+        thread.start()
+        print("relaying until Ctrl-C", flush=True)
+        code = wait(stop)
+        relay.stop()
+        thread.join(timeout=args.poll + 10)
+        return code
+    done = relay.drain()
+    print(f"sent {done.sent}, failed {done.failed}, backing off {done.retrying}")
+    return 0 if done.retrying == 0 else 1
+
+
+def _status(db: OutboxDB) -> int:
+    status = db.status(time.time())
+    print(
+        f"pending {status.depth} (oldest {status.oldest_age:.1f} s, backing off "
+        f"{status.retrying}), sent {status.sent}, failed {len(status.failed)}"
+    )
+    for failed in status.failed:
+        tries = f"{failed.task_name}, {failed.attempts} tries"
+        print(f"  failed {failed.id} ({tries}): {failed.reason}")
+    return 0 if not status.failed else 1

@@ -1,0 +1,116 @@
+"""Write outbox entries through the caller's own transaction, whatever kind it is.
+
+Supported: ``sqlite3.Connection`` inside a transaction; psycopg 3 ``Connection`` that is not
+in autocommit mode (or is inside ``conn.transaction()``); SQLAlchemy ``Connection`` or
+``Session`` inside a transaction. Django's raw ``connection.connection`` inside
+``transaction.atomic()`` is one of the first two. A connection that would autocommit the
+insert is refused: the entry must exist exactly when the caller's transaction commits.
+psycopg and SQLAlchemy are detected by duck typing, never imported unless the caller uses them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tasklease.outbox import wake
+from tasklease.outbox.entries import CHANNEL, COLUMNS, TABLE, Entry
+
+SUPPORTED = (
+    "sqlite3.Connection (in a transaction), psycopg.Connection (not autocommit), "
+    "sqlalchemy Connection or Session (in a transaction)"
+)
+
+
+class NotInTransaction(ValueError):
+    """The transaction object given would commit the entry on its own (autocommit)."""
+
+
+def _insert(placeholder: Callable[[str], str]) -> str:
+    values = ", ".join(placeholder(column) for column in COLUMNS)
+    return (
+        f"INSERT INTO {TABLE} ({', '.join(COLUMNS)}) VALUES ({values}) ON CONFLICT (id) DO NOTHING"
+    )
+
+
+_NAMED = _insert(lambda column: f":{column}")  # sqlite3 and SQLAlchemy text()
+_PYFORMAT = _insert(lambda column: f"%({column})s")  # psycopg
+
+
+def stage(tx: Any, entries: Sequence[Entry]) -> list[bool]:
+    """Insert ``entries`` through ``tx``; True for each that is new (False: already staged)."""
+    if isinstance(tx, sqlite3.Connection):
+        return _sqlite(tx, entries)
+    module = type(tx).__module__
+    if type(tx).__name__.startswith("Async"):
+        raise TypeError(
+            f"transaction= got a {type(tx).__qualname__}: async connections are not supported; "
+            f"supported: {SUPPORTED}"
+        )
+    if module.startswith("psycopg.") or module == "psycopg":
+        return _psycopg(tx, entries)
+    if module.startswith("sqlalchemy."):
+        return _sqlalchemy(tx, entries)
+    raise TypeError(f"transaction= got a {type(tx).__qualname__}; supported: {SUPPORTED}")
+
+
+def _sqlite(conn: sqlite3.Connection, entries: Sequence[Entry]) -> list[bool]:
+    if not conn.in_transaction:
+        raise NotInTransaction(
+            "the sqlite3 connection is not in a transaction: the outbox entry would be "
+            "committed on its own; write your own rows first, or execute BEGIN"
+        )
+    return [conn.execute(_NAMED, entry.row()).rowcount == 1 for entry in entries]
+
+
+def _psycopg(conn: Any, entries: Sequence[Entry]) -> list[bool]:
+    from psycopg import pq  # noqa: PLC0415 - the caller's own psycopg.
+
+    idle = conn.info.transaction_status == pq.TransactionStatus.IDLE
+    if conn.autocommit and idle:
+        raise NotInTransaction(
+            "the psycopg connection is in autocommit mode: the outbox entry would be committed "
+            "on its own; use it inside `with conn.transaction():` or with autocommit=False"
+        )
+    staged = []
+    with conn.cursor() as cursor:
+        for entry in entries:
+            cursor.execute(_PYFORMAT, entry.row())
+            staged.append(cursor.rowcount == 1)
+        # Delivered to LISTENers only if, and when, this transaction commits.
+        cursor.execute(f"NOTIFY {CHANNEL}")
+    return staged
+
+
+def _sqlalchemy(tx: Any, entries: Sequence[Entry]) -> list[bool]:
+    if not callable(getattr(tx, "in_transaction", None)) or not tx.in_transaction():
+        raise NotInTransaction(
+            f"the SQLAlchemy {type(tx).__name__} is not in a transaction: use it inside "
+            "`with engine.begin() as conn:` or `with session.begin():`"
+        )
+    session = hasattr(tx, "get_bind")
+    conn = tx.connection() if session else tx  # A Session: its connection.
+    raw = conn.connection.dbapi_connection
+    autocommit = (
+        raw.isolation_level is None  # sqlite3's autocommit mode
+        if isinstance(raw, sqlite3.Connection)
+        else getattr(raw, "autocommit", False) is True
+    )
+    if autocommit:
+        raise NotInTransaction(
+            "the SQLAlchemy connection runs with AUTOCOMMIT isolation: the outbox entry would "
+            "be committed on its own"
+        )
+    from sqlalchemy import text  # noqa: PLC0415 - the caller's own SQLAlchemy.
+
+    insert = text(_NAMED)
+    staged = [conn.execute(insert, entry.row()).rowcount == 1 for entry in entries]
+    if conn.dialect.name == "postgresql":
+        conn.execute(text(f"NOTIFY {CHANNEL}"))
+    if session:
+        from sqlalchemy import event  # noqa: PLC0415
+
+        # After the commit (not before, as a Connection's "commit" event is): the fast path.
+        event.listen(tx, "after_commit", wake.nudge, once=True)
+    return staged

@@ -1,0 +1,288 @@
+"""The relay's own connection to the outbox table: claim, mark, report (SQLite or Postgres).
+
+Claims are short transactions, never held across a Cloud Tasks call: a claimed entry's
+``next_attempt_at`` moves ``lease`` seconds ahead, so another relay (or the sweeper) skips it
+until then, and a relay that died mid-batch leaves its entries to be claimed again after the
+lease (their re-send has the same name: ALREADY_EXISTS, taken as created). Postgres claims with
+``FOR UPDATE SKIP LOCKED``, so concurrent relays take disjoint batches without waiting; SQLite
+has one writer at a time (``BEGIN IMMEDIATE``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from tasklease.outbox import ddl, wake
+from tasklease.outbox.entries import CHANNEL, FAILED, PENDING, SENT, TABLE, Entry, from_row
+
+_SELECT_DUE = (
+    f"SELECT * FROM {TABLE} WHERE state = '{PENDING}' AND next_attempt_at <= {{p}} "
+    "ORDER BY created_at LIMIT {p}"
+)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """An entry Cloud Tasks refused for good, and why."""
+
+    id: str
+    task_name: str
+    attempts: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Status:
+    """``tasklease outbox status``: what waits, for how long, and what failed."""
+
+    depth: int  # Pending entries.
+    oldest_age: float  # Seconds since the oldest pending entry was staged (0: none).
+    sent: int
+    failed: list[Failed]
+    retrying: int  # Pending entries that have failed at least once (backing off).
+
+
+class OutboxDB(ABC):
+    """One relay's connection; not shared between threads."""
+
+    dialect: str
+
+    @abstractmethod
+    def _transaction(self, immediate: bool = False) -> Any: ...
+
+    @abstractmethod
+    def _mark(self) -> str:
+        """The placeholder of this driver."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    _woken: threading.Event | None = None
+
+    def wait(self, timeout: float) -> bool:
+        """Block until new entries may be there (at most ``timeout`` s); True when told so
+        (an in-process commit, :mod:`tasklease.outbox.wake`)."""
+        if self._woken is None:
+            self._woken = wake.waiter()
+        fired = self._woken.wait(timeout)
+        self._woken.clear()
+        return fired
+
+    def _forget(self) -> None:
+        if self._woken is not None:
+            wake.forget(self._woken)
+
+    def migrate(self) -> None:
+        with self._transaction() as cursor:
+            for statement in ddl.statements(self.dialect):
+                cursor.execute(statement)
+
+    def has_outbox(self) -> bool:
+        try:
+            with self._transaction() as cursor:
+                cursor.execute(f"SELECT 1 FROM {TABLE} LIMIT 1")
+                cursor.fetchall()
+        except Exception:  # No such table, in the driver's own words.
+            return False
+        return True
+
+    def claim(self, limit: int, now: float, lease: float) -> list[Entry]:
+        """Up to ``limit`` due pending entries, oldest first, claimed until ``now + lease``."""
+        p = self._mark()
+        with self._transaction(immediate=True) as cursor:
+            cursor.execute(_SELECT_DUE.format(p=p) + self._skip_locked(), (now, limit))
+            rows = [_mapping(cursor, row) for row in cursor.fetchall()]
+            cursor.executemany(
+                f"UPDATE {TABLE} SET next_attempt_at = {p} WHERE id = {p}",
+                [(now + lease, row["id"]) for row in rows],
+            )
+        return [from_row(row) for row in rows]
+
+    def mark_sent(self, ids: Sequence[str], now: float) -> None:
+        """Only for entries whose task Cloud Tasks created (or already had)."""
+        p = self._mark()
+        with self._transaction() as cursor:
+            cursor.executemany(
+                f"UPDATE {TABLE} SET state = '{SENT}', sent_at = {p}, attempts = attempts + 1, "
+                f"last_error = NULL WHERE id = {p} AND state = '{PENDING}'",
+                [(now, entry_id) for entry_id in ids],
+            )
+
+    def mark_failed(self, failures: Mapping[str, str]) -> None:
+        p = self._mark()
+        with self._transaction() as cursor:
+            cursor.executemany(
+                f"UPDATE {TABLE} SET state = '{FAILED}', attempts = attempts + 1, "
+                f"last_error = {p} WHERE id = {p} AND state = '{PENDING}'",
+                [(reason, entry_id) for entry_id, reason in failures.items()],
+            )
+
+    def retry_later(self, retries: Mapping[str, tuple[float, str]]) -> None:
+        """Back off: each entry id -> (when to try again, the transient error)."""
+        p = self._mark()
+        with self._transaction() as cursor:
+            cursor.executemany(
+                f"UPDATE {TABLE} SET next_attempt_at = {p}, attempts = attempts + 1, "
+                f"last_error = {p} WHERE id = {p} AND state = '{PENDING}'",
+                [(at, error, entry_id) for entry_id, (at, error) in retries.items()],
+            )
+
+    def requeue_failed(self) -> int:
+        """Failed entries back to pending (after fixing the cause, e.g. creating the queue)."""
+        with self._transaction() as cursor:
+            cursor.execute(
+                f"UPDATE {TABLE} SET state = '{PENDING}', next_attempt_at = created_at "
+                f"WHERE state = '{FAILED}'"
+            )
+            return int(cursor.rowcount)
+
+    def purge_sent(self, before: float) -> int:
+        """Delete sent entries older than ``before`` (the worker's run record keeps the rest)."""
+        with self._transaction() as cursor:
+            cursor.execute(
+                f"DELETE FROM {TABLE} WHERE state = '{SENT}' AND sent_at < {self._mark()}",
+                (before,),
+            )
+            return int(cursor.rowcount)
+
+    def pending(self, now: float) -> tuple[int, float]:
+        """(depth, oldest age in seconds): the partial index answers it."""
+        with self._transaction() as cursor:
+            cursor.execute(
+                f"SELECT COUNT(*), MIN(created_at) FROM {TABLE} WHERE state = '{PENDING}'"
+            )
+            count, oldest = cursor.fetchone()
+        return int(count), max(0.0, now - float(oldest)) if oldest is not None else 0.0
+
+    def status(self, now: float, failed_limit: int = 50) -> Status:
+        with self._transaction() as cursor:
+            cursor.execute(
+                f"SELECT state, COUNT(*), MIN(created_at), "
+                f"SUM(CASE WHEN attempts > 0 THEN 1 ELSE 0 END) FROM {TABLE} GROUP BY state"
+            )
+            counts = {row[0]: (int(row[1]), row[2], int(row[3] or 0)) for row in cursor}
+            cursor.execute(
+                f"SELECT id, task_name, attempts, last_error FROM {TABLE} "
+                f"WHERE state = '{FAILED}' ORDER BY created_at LIMIT {int(failed_limit)}"
+            )
+            failed = [Failed(r[0], r[1], int(r[2]), r[3] or "") for r in cursor.fetchall()]
+        depth, oldest, retrying = counts.get(PENDING, (0, None, 0))
+        return Status(
+            depth=depth,
+            oldest_age=max(0.0, now - float(oldest)) if oldest is not None else 0.0,
+            sent=counts.get(SENT, (0, None, 0))[0],
+            failed=failed,
+            retrying=retrying,
+        )
+
+    def _skip_locked(self) -> str:
+        return ""
+
+
+def _mapping(cursor: Any, row: Any) -> dict[str, Any]:
+    if isinstance(row, Mapping):
+        return dict(row)
+    return {column[0]: value for column, value in zip(cursor.description, row, strict=True)}
+
+
+class SQLiteOutbox(OutboxDB):
+    dialect = "sqlite"
+
+    def __init__(self, path: str, timeout: float = 10.0) -> None:
+        # Autocommit mode, transactions begun explicitly: BEGIN IMMEDIATE takes the write lock
+        # before the claim's SELECT, so two relays never read the same due entries.
+        # One thread at a time uses it, not always the opening one (``relay --follow``).
+        self._conn = sqlite3.connect(
+            path, timeout=timeout, isolation_level=None, check_same_thread=False
+        )
+
+    def _mark(self) -> str:
+        return "?"
+
+    @contextmanager
+    def _transaction(self, immediate: bool = False) -> Iterator[sqlite3.Cursor]:
+        cursor = self._conn.cursor()
+        cursor.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        try:
+            yield cursor
+        except BaseException:
+            self._conn.rollback()
+            raise
+        self._conn.commit()
+
+    def close(self) -> None:
+        self._forget()
+        self._conn.close()
+
+
+class PostgresOutbox(OutboxDB):
+    dialect = "postgresql"
+
+    def __init__(self, url: str) -> None:
+        import psycopg  # noqa: PLC0415 - the postgres extra, needed only here.
+
+        conninfo, schema = _split_schema(url)
+        self._conn = psycopg.connect(conninfo, autocommit=True)
+        self._listener: Any = None
+        self._conninfo = conninfo
+        self._schema = schema
+        if schema:
+            self._conn.execute(f'SET search_path TO "{schema}"')
+
+    def _mark(self) -> str:
+        return "%s"
+
+    def _skip_locked(self) -> str:
+        return " FOR UPDATE SKIP LOCKED"
+
+    @contextmanager
+    def _transaction(self, immediate: bool = False) -> Iterator[Any]:
+        with self._conn.transaction(), self._conn.cursor() as cursor:
+            yield cursor
+
+    def migrate(self) -> None:
+        if self._schema:
+            self._conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
+        super().migrate()
+
+    def wait(self, timeout: float) -> bool:
+        """LISTEN tasklease_outbox: an enqueue's NOTIFY arrives when its transaction commits."""
+        import psycopg  # noqa: PLC0415
+
+        if self._listener is None:
+            self._listener = psycopg.connect(self._conninfo, autocommit=True)
+            self._listener.execute(f"LISTEN {CHANNEL}")
+        for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+            return True
+        return False
+
+    def close(self) -> None:
+        self._forget()
+        if self._listener is not None:
+            self._listener.close()
+        self._conn.close()
+
+
+def _split_schema(url: str) -> tuple[str, str | None]:
+    """``?schema=NAME`` (as the Postgres store takes it) is ours, not libpq's."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query)
+    schema = next((value for name, value in query if name == "schema"), None)
+    rest = urlencode([(name, value) for name, value in query if name != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schema
+
+
+def open_outbox(url: str) -> OutboxDB:
+    """``sqlite:///PATH`` (``sqlite:////abs/path``) or ``postgresql://...[?schema=NAME]``."""
+    if url.startswith("sqlite:///"):
+        return SQLiteOutbox(url[len("sqlite:///") :])
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresOutbox(url)
+    raise ValueError(f"outbox URL {url!r}: use sqlite:///PATH or postgresql://...")

@@ -1,0 +1,111 @@
+"""An outbox entry: the full task, as the caller's transaction stores it and the relay sends it.
+
+The entry's id is the task's full resource name, derived from ``(task_name, key)`` exactly as
+the producer names a task it creates (hash first, :mod:`tasklease.producer.naming`): every
+re-send of an entry asks Cloud Tasks for the same name, and staging the same key twice keeps
+one entry. An enqueue without a key gets a random name when it is staged, stored in the
+entry, so the entry's re-sends still share it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from tasklease.producer.transport import TaskRequest
+
+TABLE = "tasklease_outbox"
+CHANNEL = "tasklease_outbox"  # Postgres NOTIFY channel: delivered only when the insert commits.
+PENDING, SENT, FAILED = "pending", "sent", "failed"
+TRACE_HEADERS = ("traceparent", "tracestate", "X-Cloud-Trace-Context")
+
+# The columns an enqueue writes, in order (the relay's own columns have defaults).
+COLUMNS = (
+    "id",
+    "task_name",
+    "queue",
+    "task_id",
+    "url",
+    "body",
+    "headers",
+    "service_account",
+    "audience",
+    "schedule_time",
+    "dispatch_deadline",
+    "trace_context",
+    "created_at",
+    "next_attempt_at",
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One staged task and what the relay has made of it so far."""
+
+    task_name: str
+    request: TaskRequest
+    created_at: float
+    state: str = PENDING
+    attempts: int = 0
+    last_error: str | None = None
+    sent_at: float | None = None
+
+    @property
+    def id(self) -> str:
+        return self.request.name
+
+    def row(self) -> dict[str, Any]:
+        """The insert's parameters, by column name."""
+        request = self.request
+        trace = {name: request.headers[name] for name in TRACE_HEADERS if name in request.headers}
+        return {
+            "id": request.name,
+            "task_name": self.task_name,
+            "queue": request.queue_path,
+            "task_id": request.task_id,
+            "url": request.url,
+            "body": request.body,
+            "headers": json.dumps(request.headers, separators=(",", ":")),
+            "service_account": request.service_account,
+            "audience": request.audience,
+            "schedule_time": (
+                request.schedule_time.timestamp() if request.schedule_time is not None else None
+            ),
+            "dispatch_deadline": (
+                request.dispatch_deadline.total_seconds()
+                if request.dispatch_deadline is not None
+                else None
+            ),
+            "trace_context": json.dumps(trace, separators=(",", ":")) if trace else None,
+            "created_at": self.created_at,
+            "next_attempt_at": self.created_at,
+        }
+
+
+def from_row(row: Mapping[str, Any]) -> Entry:
+    """An entry read back by the relay (a mapping of column name to value)."""
+    schedule = row["schedule_time"]
+    deadline = row["dispatch_deadline"]
+    request = TaskRequest(
+        queue_path=row["queue"],
+        task_id=row["task_id"],
+        url=row["url"],
+        body=bytes(row["body"]),
+        headers=dict(json.loads(row["headers"])),
+        service_account=row["service_account"],
+        audience=row["audience"],
+        schedule_time=(datetime.fromtimestamp(schedule, UTC) if schedule is not None else None),
+        dispatch_deadline=timedelta(seconds=deadline) if deadline is not None else None,
+    )
+    return Entry(
+        task_name=row["task_name"],
+        request=request,
+        created_at=float(row["created_at"]),
+        state=row["state"],
+        attempts=int(row["attempts"]),
+        last_error=row["last_error"],
+        sent_at=row["sent_at"],
+    )

@@ -1,0 +1,115 @@
+"""The sweeper: a scheduled handler relaying what the fast path missed, and a relay thread.
+
+``register(router, url=...)`` adds the job ``tasklease_outbox_sweep`` (``POST
+/jobs/tasklease_outbox_sweep``); schedule it every minute (the deploy kit's ``[[job]]``). It
+relays every due entry (a crash between commit and relay, a Cloud Tasks outage) and deletes
+sent entries older than ``keep_sent``. ``RelayThread`` runs a following relay in a process
+(``tasklease dev`` starts one).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from tasklease.outbox.db import open_outbox
+from tasklease.outbox.relay import LEASE, Relay, quick_retry
+
+if TYPE_CHECKING:
+    from tasklease.producer.producer import Producer
+    from tasklease.worker.router import Router
+
+SWEEP_JOB = "tasklease_outbox_sweep"
+ENV_OUTBOX_URL = "TASKLEASE_OUTBOX_URL"
+
+
+def relay_producer(environ: Any = None) -> Producer:
+    """The relay's producer: the ``TASKLEASE_*`` settings, retrying little (entries back off).
+
+    The entries carry their URL, queue and account; only the transport settings matter."""
+    from tasklease.producer.producer import Producer  # noqa: PLC0415
+
+    env = dict(os.environ if environ is None else environ)
+    defaults = {
+        "TASKLEASE_PROJECT": "outbox",
+        "TASKLEASE_LOCATION": "outbox",
+        "TASKLEASE_WORKER_URL": "http://outbox.invalid",
+    }
+    for name, value in defaults.items():
+        env.setdefault(name, value)
+    return Producer.from_env(env, retry=quick_retry())
+
+
+def register(
+    router: Router,
+    *,
+    url: str | None = None,
+    producer: Producer | None = None,
+    name: str = SWEEP_JOB,
+    keep_sent: timedelta = timedelta(days=7),
+) -> None:
+    """Add the sweeper job to ``router``: relays the outbox at ``url`` (default
+    ``TASKLEASE_OUTBOX_URL``) each time Cloud Scheduler runs it."""
+
+    @router.scheduled(name, exclusive=True, on_overlap="skip")
+    def tasklease_outbox_sweep(ctx: Any) -> dict[str, int]:
+        target = url or os.environ.get(ENV_OUTBOX_URL)
+        if not target:
+            raise ValueError(f"the outbox sweeper needs url= or {ENV_OUTBOX_URL}")
+        db = open_outbox(target)
+        try:
+            done = Relay(db, producer or relay_producer()).drain()
+            purged = db.purge_sent(time.time() - keep_sent.total_seconds())
+        finally:
+            db.close()
+        return {
+            "sent": done.sent,
+            "failed": done.failed,
+            "retrying": done.retrying,
+            "purged": purged,
+        }
+
+
+class RelayThread:
+    """A following relay on a daemon thread: ``with RelayThread(url):``."""
+
+    def __init__(
+        self,
+        url: str,
+        producer: Producer | None = None,
+        poll: float = 1.0,
+        lease: float = LEASE,
+    ) -> None:
+        self._url, self._producer, self._poll, self._lease = url, producer, poll, lease
+        self._relay: Relay | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tasklease-outbox", daemon=True)
+
+    def _run(self) -> None:
+        db = open_outbox(self._url)
+        try:
+            self._relay = Relay(db, self._producer or relay_producer(), lease=self._lease)
+            self._ready.set()
+            self._relay.follow(self._poll)
+        finally:
+            self._ready.set()
+            db.close()
+
+    def __enter__(self) -> RelayThread:
+        self._thread.start()
+        self._ready.wait(30)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._relay is not None:
+            self._relay.stop()
+        self._thread.join(timeout=self._poll + 10)

@@ -1,0 +1,51 @@
+"""A web process of the outbox proofs: order transactions that enqueue their task, with a relay.
+
+``python -m tests.faults.outbox_web URL START END ROLLBACK_EVERY``: for each n, one transaction
+inserts order n and enqueues ``record`` through it; every ROLLBACK_EVERY-th rolls back. A
+following relay runs in the process (the fast path), so a SIGKILL lands between commit and relay.
+Prints ``committed n`` after each commit.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import time
+from typing import Any
+
+from tasklease.outbox import RelayThread, relay_producer
+from tests.outbox_support import producer
+
+
+def connect(url: str) -> Any:
+    if url.startswith("sqlite:///"):
+        return sqlite3.connect(url[len("sqlite:///") :], timeout=30)
+    import psycopg  # noqa: PLC0415
+
+    base, schema = url.split("?schema=")
+    return psycopg.connect(base, options=f"-c search_path={schema}")
+
+
+def main() -> None:
+    url, start, end, rollback_every = sys.argv[1], *map(int, sys.argv[2:5])
+    endpoint = os.environ["TASKLEASE_TASKS_ENDPOINT"]
+    make = producer(endpoint, os.environ["TASKLEASE_WORKER_URL"])
+    conn = connect(url)
+    with RelayThread(url, relay_producer(), poll=0.02, lease=2.0):
+        for n in range(start, end):
+            cursor = conn.cursor()
+            mark = "?" if isinstance(conn, sqlite3.Connection) else "%s"
+            cursor.execute(f"INSERT INTO orders VALUES ({mark})", (str(n),))
+            make.enqueue("record", {"n": n}, key=f"order-{n}", transaction=conn)
+            if rollback_every and n % rollback_every == 0:
+                conn.rollback()
+                continue
+            conn.commit()
+            print(f"committed {n}", flush=True)
+            time.sleep(0.005)  # A request's pace: the in-process relay keeps up between them.
+        print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

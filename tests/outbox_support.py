@@ -1,0 +1,27 @@
+"""Shared by the outbox tests: an app database with an orders table and the outbox."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from tasklease.outbox.db import open_outbox
+from tasklease.producer import Producer
+
+PROJECT, LOCATION, QUEUE = "p", "us-central1", "outbox"
+QUEUE_PATH = f"projects/{PROJECT}/locations/{LOCATION}/queues/{QUEUE}"
+
+
+def sqlite_app_db(path: Path) -> str:
+    """A SQLite file with ``orders`` and ``tasklease_outbox``; its outbox URL."""
+    url = f"sqlite:///{path}"
+    db = open_outbox(url)
+    db.migrate()
+    db.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY)")
+    return url
+
+
+def producer(tasks_endpoint: str, worker_url: str = "http://127.0.0.1:9") -> Producer:
+    return Producer(PROJECT, LOCATION, QUEUE, worker_url, tasks_endpoint=tasks_endpoint)
