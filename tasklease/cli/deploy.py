@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         loaded = load_config(config)
-        if not check_source(args.source, loaded.router) and (
+        if not check_source(args.source, loaded.router, loaded.store) and (
             problems := unknown_job_handlers(
                 loaded.router, [job.name for job in loaded.jobs], args.source
             )

@@ -67,7 +67,9 @@ def run(
     if teardown:
         deployer.teardown()
         return
-    problems = check_source(source, config.router) or check_proxy_source(source, config)
+    problems = check_source(source, config.router, config.store) or check_proxy_source(
+        source, config
+    )
     if problems:
         raise DeployError(
             f"the worker built from {source} could not start:\n"
