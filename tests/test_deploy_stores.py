@@ -351,3 +351,19 @@ def written(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "init.toml"
     path.write_text(text)
     return path
+
+
+def test_the_readmes_store_examples_load_and_give_the_urls_it_names(tmp_path: Path) -> None:
+    """README's "Cloud SQL for PostgreSQL or Spanner" tables, in the kit's example, as written
+    (the how-to page repeats the section)."""
+    section = (ROOT / "README.md").read_text().split("### Cloud SQL for PostgreSQL or Spanner")[1]
+    section = section.split("\n## ", 1)[0]
+    assert section in (ROOT / "docs" / "how-to" / "deploying.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in section.split("```toml\n")[1:]]
+    assert len(blocks) == 2
+    for block in blocks:
+        top, _, tables = block.partition("\n[")
+        text = EXAMPLE.read_text().replace('"tasklease.demo.shop:router"', '"myapp.tasks:router"')
+        text = text.replace('region = "us-central1"\n', f'region = "us-central1"\n{top}\n')
+        config = load_config(written(tmp_path, f"{text}\n[{tables}"))
+        assert f"TASKLEASE_STORE={config.store_url}`" in section
