@@ -160,6 +160,55 @@ def test_a_firestore_dry_run_is_todays_plan_whether_store_is_given_or_not(
     assert default.store == "firestore" and default.store_url == env_of(deploy)["TASKLEASE_STORE"]
 
 
+@pytest.mark.parametrize(
+    ("store", "revoked"),
+    [
+        (
+            "postgresql",
+            [
+                f"projects remove-iam-policy-binding my-project --member={WORKER} "
+                "--role=roles/cloudsql.client --condition=None",
+                "secrets remove-iam-policy-binding tasklease-db-password --project=my-project "
+                f"--member={WORKER} --role=roles/secretmanager.secretAccessor",
+            ],
+        ),
+        (
+            "spanner",
+            [
+                "spanner databases remove-iam-policy-binding tasklease --instance=main "
+                f"--project=my-project --member={WORKER} --role=roles/spanner.databaseUser",
+            ],
+        ),
+    ],
+)
+def test_a_teardown_revokes_the_stores_grants_before_deleting_the_account(
+    tmp_path: Path, store: str, revoked: list[str]
+) -> None:
+    class Deployed(Recorder):
+        """Finds every resource, and every policy granting the worker the stores' roles."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.dry_run = False
+
+        def read(self, *args: str) -> Any:
+            if "get-iam-policy" in args:
+                roles = ["roles/secretmanager.secretAccessor", "roles/spanner.databaseUser"]
+                return {"bindings": [{"role": role, "members": [WORKER]} for role in roles]}
+            return {}
+
+    config = load_config(store_config(tmp_path, store))
+    gcloud = Deployed()
+    kit.run(config, user_project(tmp_path, REQUIREMENTS[store]), gcloud, teardown=True)
+    grants = [change for change in gcloud.changes if "remove-iam-policy-binding" in change]
+    assert grants == revoked
+    first_account_deletion = next(
+        n for n, change in enumerate(gcloud.changes) if change.startswith("iam service-accounts")
+    )
+    assert all(gcloud.changes.index(change) < first_account_deletion for change in revoked)
+    assert not [change for change in gcloud.changes if "datastore" in change]
+
+
 def test_the_postgres_url_the_kit_sets_is_read_by_the_store_as_the_cloud_sql_socket(
     tmp_path: Path,
 ) -> None:
@@ -367,3 +416,25 @@ def test_the_readmes_store_examples_load_and_give_the_urls_it_names(tmp_path: Pa
         text = text.replace('region = "us-central1"\n', f'region = "us-central1"\n{top}\n')
         config = load_config(written(tmp_path, f"{text}\n[{tables}"))
         assert f"TASKLEASE_STORE={config.store_url}`" in section
+
+
+def test_a_teardown_leaves_a_policy_alone_that_no_longer_grants_the_role(tmp_path: Path) -> None:
+    """gcloud fails a remove-iam-policy-binding of a binding that is not there."""
+
+    class Revoked(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dry_run = False
+
+        def read(self, *args: str) -> Any:
+            return {"bindings": []} if "get-iam-policy" in args else {}
+
+    config = load_config(store_config(tmp_path, "spanner"))
+    gcloud = Revoked()
+    kit.run(config, user_project(tmp_path, REQUIREMENTS["spanner"]), gcloud, teardown=True)
+    assert not [change for change in gcloud.changes if "remove-iam-policy-binding" in change]
+    assert (
+        "iam service-accounts delete tasklease-worker@my-project.iam.gserviceaccount.com "
+        + ("--project=my-project --quiet")
+        in gcloud.changes
+    )

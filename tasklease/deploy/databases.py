@@ -6,7 +6,7 @@ from __future__ import annotations
 from tasklease.deploy.config import Config
 from tasklease.deploy.errors import DeployError
 from tasklease.deploy.firestore import ensure_firestore
-from tasklease.deploy.gcloud import Gcloud
+from tasklease.deploy.gcloud import Gcloud, has_binding
 from tasklease.deploy.iam import NO_CONDITION, Grants
 
 STORE_APIS = {
@@ -100,7 +100,9 @@ def worker_flags(config: Config) -> list[str]:
 
 
 def teardown_store(config: Config, gcloud: Gcloud) -> str:
-    """Remove the runtime account's project role; say what is kept."""
+    """Remove the runtime account's roles on the store (before the account goes: a binding of
+    a deleted account no longer names it); say what is kept."""
+    member = f"serviceAccount:{config.worker_email}"
     role = PROJECT_ROLES.get(config.store)
     if role is not None:
         pg = config.postgresql if config.store == "postgresql" else None
@@ -109,12 +111,29 @@ def teardown_store(config: Config, gcloud: Gcloud) -> str:
             "projects",
             "remove-iam-policy-binding",
             project,
-            f"--member=serviceAccount:{config.worker_email}",
+            f"--member={member}",
             f"--role={role}",
             *NO_CONDITION,
         )
+    own = f"--project={config.project}"
     if config.store == "postgresql" and config.postgresql is not None:
+        secret = config.postgresql.password_secret
+        revoke(gcloud, ("secrets",), (secret, own), member, "roles/secretmanager.secretAccessor")
         return f"the Cloud SQL database {config.postgresql.database}, its data and its secret"
     if config.store == "spanner" and config.spanner is not None:
-        return f"the Spanner database {config.spanner.database} and its data"
+        sp = config.spanner
+        where = (sp.database, f"--instance={sp.instance}", own)
+        revoke(gcloud, ("spanner", "databases"), where, member, "roles/spanner.databaseUser")
+        return f"the Spanner database {sp.database} and its data"
     return f"the Firestore database {config.database} and its data"
+
+
+def revoke(
+    gcloud: Gcloud, kind: tuple[str, ...], where: tuple[str, ...], member: str, role: str
+) -> None:
+    """Remove ``role`` of ``member`` from the resource's policy, if it is there."""
+    policy = gcloud.read(*kind, "get-iam-policy", *where)
+    if has_binding(policy, member, role) or gcloud.dry_run:
+        gcloud.change(
+            *kind, "remove-iam-policy-binding", *where, f"--member={member}", f"--role={role}"
+        )
