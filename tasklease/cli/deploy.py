@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         handlers = router_handlers(configured_router(config), args.source, "tasklease deploy")
         loaded = load_config(config, declared=code_jobs(handlers))
-        if not check_source(args.source, loaded.router, loaded.server) and (
+        if not check_source(
+            args.source, loaded.router, store=loaded.store, server=loaded.server
+        ) and (
             problems := unknown_job_handlers(
                 loaded.router, [job.name for job in loaded.jobs], handlers
             )

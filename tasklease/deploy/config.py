@@ -13,6 +13,14 @@ from typing import Any
 
 from tasklease.deploy.errors import DeployError
 from tasklease.deploy.regions import REGIONS
+from tasklease.deploy.stores import (
+    STORE_FORMATS,
+    Postgres,
+    Spanner,
+    load_postgres,
+    load_spanner,
+    store_values,
+)
 from tasklease.jobs import PROXY_KINDS, Job, parse_jobs
 
 DEFAULT_CONFIG = Path(__file__).with_name("tasklease.toml")
@@ -39,6 +47,7 @@ NAME_FORMATS: dict[str, tuple[str, str]] = {
     "job.name": (r"[A-Za-z0-9][A-Za-z0-9_-]{0,499}", "a job ID: letters, digits, _ and -"),
     "job.schedule": (r"[A-Za-z0-9*/,-]+(?: [A-Za-z0-9*/,-]+){4}", "unix-cron"),
     "job.time_zone": (r"[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9_+-]+){0,2}", "a tz name"),
+    **STORE_FORMATS,
 }
 
 
@@ -88,6 +97,18 @@ class Config:
     jobs: tuple[Job, ...] = field(default_factory=tuple)
     allow_unlisted_region: bool = False  # A region Google added after tasklease.deploy.regions.
     server: str = "gunicorn"  # Or "uvicorn": the Procfile serves tasklease.worker.asgi.
+    store: str = "firestore"  # Where the worker keeps its runs (tasklease.deploy.stores).
+    postgresql: Postgres | None = None
+    spanner: Spanner | None = None
+
+    @property
+    def store_url(self) -> str:
+        """TASKLEASE_STORE of the deployed worker."""
+        if self.store == "postgresql" and self.postgresql is not None:
+            return self.postgresql.url
+        if self.store == "spanner" and self.spanner is not None:
+            return self.spanner.url(self.project)
+        return f"firestore://?collection={self.collection}&database={self.database}"
 
     @property
     def lock_collection(self) -> str:
@@ -146,6 +167,9 @@ def load_config(path: Path, declared: Sequence[Job] = ()) -> Config:
             jobs=deployed_jobs(raw.get("job", []), declared),
             allow_unlisted_region=raw.get("allow_unlisted_region", False) is True,
             server=worker.get("server", "gunicorn"),
+            store=raw.get("store", "firestore"),
+            postgresql=load_postgres(raw.get("postgresql")),
+            spanner=load_spanner(raw.get("spanner")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DeployError(f"{path}: missing or invalid setting: {exc}") from exc
@@ -171,7 +195,9 @@ def deployed_jobs(tables: Any, declared: Sequence[Job] = ()) -> tuple[Job, ...]:
 def check_names(config: Config) -> list[str]:
     """Every name, ID and reference in the character set its target accepts, so nothing in
     the file can add a flag or an environment variable to a gcloud call."""
+    problems, store_fields = store_values(config.store, config.postgresql, config.spanner)
     values: list[tuple[str, Any]] = [
+        *store_fields,
         ("project", config.project),
         ("region", config.region),
         ("worker.service", config.service),
@@ -187,7 +213,6 @@ def check_names(config: Config) -> list[str]:
         *(("job.schedule", job.schedule) for job in config.jobs),
         *(("job.time_zone", job.time_zone) for job in config.jobs),
     ]
-    problems = []
     for name, value in values:
         pattern, meaning = NAME_FORMATS[name]
         if not isinstance(value, str) or not re.fullmatch(pattern, value, re.ASCII):

@@ -5,7 +5,9 @@
 
 Reads one TOML file (see deploy/tasklease.toml) and, with the gcloud CLI: enables the APIs,
 creates the Firestore database with TTL policies on the runs' expire_at and the locks'
-lapses_at and the indexes the run listings need, the two service accounts (the worker's
+lapses_at and the indexes the run listings need (or, with ``store = "postgresql"`` or
+``"spanner"``, the Cloud SQL or Spanner database: tasklease.deploy.databases), the two
+service accounts (the worker's
 runtime identity, and the invoker that Cloud Tasks and Scheduler put in their OIDC tokens),
 the queues, the worker on Cloud Run from source (private: --no-allow-unauthenticated) and the
 Scheduler jobs, granting each identity only what it needs, on the narrowest resource that
@@ -68,9 +70,9 @@ def run(
     if teardown:
         deployer.teardown()
         return
-    problems = check_source(source, config.router, config.server) or check_proxy_source(
-        source, config
-    )
+    problems = check_source(
+        source, config.router, store=config.store, server=config.server
+    ) or check_proxy_source(source, config)
     if problems:
         raise DeployError(
             f"the worker built from {source} could not start:\n"

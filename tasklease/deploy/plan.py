@@ -6,8 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasklease.deploy.config import Config, Queue
+from tasklease.deploy.databases import (
+    STORE_APIS,
+    ensure_database,
+    grant_store,
+    teardown_store,
+    worker_flags,
+)
 from tasklease.deploy.errors import DeployError
-from tasklease.deploy.firestore import ensure_firestore
 from tasklease.deploy.gcloud import Gcloud
 from tasklease.deploy.iam import Grants
 from tasklease.deploy.settings import JobSettings, QueueSettings
@@ -20,7 +26,6 @@ APIS = (
     "artifactregistry.googleapis.com",
     "cloudtasks.googleapis.com",
     "cloudscheduler.googleapis.com",
-    "firestore.googleapis.com",
 )
 DIGEST_LABEL = "tasklease-digest"
 
@@ -39,9 +44,9 @@ class Deployer:
     def deploy(self) -> None:
         config, grants = self.config, self.grants
         self.enable_apis()
-        ensure_firestore(config, self.gcloud)
+        ensure_database(config, self.gcloud)
         self.service_accounts()
-        grants.on_project(f"serviceAccount:{config.worker_email}", "roles/datastore.user")
+        grant_store(config, grants)
         for queue in config.queues:
             self.queue(queue)
             for member in self.enqueuers():
@@ -67,18 +72,11 @@ class Deployer:
         for queue in config.queues:
             self.delete_if_present(("tasks", "queues"), queue.name, location)
         self.delete_if_present(("run", "services"), config.service, region)
-        self.gcloud.change(
-            "projects",
-            "remove-iam-policy-binding",
-            config.project,
-            f"--member=serviceAccount:{config.worker_email}",
-            "--role=roles/datastore.user",
-            "--condition=None",
-        )
+        kept = teardown_store(config, self.gcloud)
         for email in (config.worker_email, config.invoker_email):
             self.delete_if_present(("iam", "service-accounts"), email)
         self.grants.revoke_for_proxies()
-        print(f"kept: the Firestore database {config.database} and its data, and the enabled APIs")
+        print(f"kept: {kept}, and the enabled APIs")
 
     def delete_if_present(self, kind: tuple[str, str], name: str, *where: str) -> None:
         if self.gcloud.read(*kind, "describe", name, *where, self.project_flag) is not None:
@@ -91,7 +89,8 @@ class Deployer:
     def enable_apis(self) -> None:
         enabled = self.gcloud.read("services", "list", "--enabled", self.project_flag) or []
         names = {service.get("config", {}).get("name") for service in enabled}
-        missing = [api for api in APIS if api not in names]
+        wanted = (*APIS, *STORE_APIS[self.config.store])
+        missing = [api for api in wanted if api not in names]
         if missing:
             self.gcloud.change("services", "enable", *missing, self.project_flag)
         else:
@@ -143,6 +142,7 @@ class Deployer:
             f"--max-instances={config.max_instances}",
             # A delimiter that cannot occur in the values (the store URL holds '&' and ',').
             "--set-env-vars=^|^" + "|".join(f"{k}={v}" for k, v in worker_env(config, url).items()),
+            *worker_flags(config),
         ]
         wanted = digest(flags, self.source)
         current = gcloud.read(
@@ -183,12 +183,13 @@ class Deployer:
 
 
 def worker_env(config: Config, url: str) -> dict[str, str]:
-    """The worker's environment: the Firestore store, OIDC with the invoker as the only allowed
-    caller and the service URL as the audience, the first queue for fan-out, gunicorn's sizes."""
+    """The worker's environment: the store (``Config.store_url``), OIDC with the invoker as
+    the only allowed caller and the service URL as the audience, the first queue for fan-out,
+    gunicorn's sizes."""
     queue = config.queues[0]
     return {
         "TASKLEASE_ROUTER": config.router,
-        "TASKLEASE_STORE": f"firestore://?collection={config.collection}&database={config.database}",
+        "TASKLEASE_STORE": config.store_url,
         "TASKLEASE_AUTH": "oidc",
         "TASKLEASE_ALLOWED_SERVICE_ACCOUNTS": config.invoker_email,
         "TASKLEASE_AUDIENCE": url,

@@ -16,9 +16,22 @@ from tasklease.deploy.proxies import PROXY_LIBRARIES
 
 # What the deployed worker imports that the buildpack must install (docs/platform-facts.md, "Cloud
 # Run deploys from source"): the Procfile's server and the production store. tasklease lists
-# both as plain dependencies, so a source that installs tasklease installs them.
+# gunicorn and the Firestore client as plain dependencies, so a source that installs tasklease
+# installs them; the Postgres and Spanner clients come with its extras (pyproject.toml).
 WORKER_NEEDS = ("gunicorn", "google-cloud-firestore")
 ASGI_NEEDS = ("uvicorn", "anyio")  # server = "uvicorn": what tasklease[asgi] adds.
+TASKLEASE_EXTRAS = {
+    "firestore": ("google-cloud-firestore",),
+    "postgres": ("psycopg", "psycopg-pool"),
+    "spanner": ("google-cloud-spanner",),
+    "asgi": ASGI_NEEDS,
+}
+# Each deploy store (tasklease.toml's ``store``): the requirement that installs its client.
+STORE_REQUIREMENTS = {
+    "firestore": ("tasklease[firestore]", "the Firestore store"),
+    "postgresql": ("tasklease[postgres]", "the Postgres store"),
+    "spanner": ("tasklease[spanner]", "the Spanner store"),
+}
 PROCFILE = (
     "web: gunicorn --bind :$PORT --workers ${WEB_CONCURRENCY:-2} --threads "
     "${GUNICORN_THREADS:-8} --timeout ${GUNICORN_TIMEOUT:-0} --access-logfile - "
@@ -32,10 +45,15 @@ UVICORN_PROCFILE = (
 )
 PROCFILES = {"gunicorn": PROCFILE, "uvicorn": UVICORN_PROCFILE}
 _NOT_SOURCE = {".git", ".venv", "venv", "__pycache__", "node_modules", ".mypy_cache"}
-_REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+# A PEP 508 requirement's name and extras: ``name``, ``name[a,b]``, ``name [ a , b ] >= 1``.
+_REQUIREMENT = re.compile(
+    r"\s*(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[(?P<extras>[^\]]*)\])?"
+)
 
 
-def check_source(source: Path, router: str, server: str = "gunicorn") -> list[str]:
+def check_source(
+    source: Path, router: str, *, store: str = "firestore", server: str = "gunicorn"
+) -> list[str]:
     """What would keep the worker built from ``source`` from starting, found before any gcloud
     call: the buildpack installs ``requirements.txt`` if present, else the ``[project]``
     dependencies of ``pyproject.toml``, never extras; gunicorn imports
@@ -57,12 +75,11 @@ def check_source(source: Path, router: str, server: str = "gunicorn") -> list[st
             "no extras)"
         )
     elif what:
-        missing = [name for name in WORKER_NEEDS if name not in installed]
+        missing = [name for name in WORKER_NEEDS[:1] if name not in installed]
         if missing:
             problems.append(
-                f"{what} does not install {', '.join(missing)}: the Procfile's gunicorn and the "
-                "Firestore store need them as plain dependencies (the buildpack installs no "
-                "extras)"
+                f"{what} does not install {', '.join(missing)}: the Procfile's gunicorn needs "
+                "it as a plain dependency (the buildpack installs no extras)"
             )
         missing = [name for name in ASGI_NEEDS if name not in installed]
         if server == "uvicorn" and missing:
@@ -71,6 +88,7 @@ def check_source(source: Path, router: str, server: str = "gunicorn") -> list[st
                 "tasklease[asgi] there (an extra of tasklease itself is installed; one of your "
                 "own project is not)"
             )
+        problems += _store_problems(store, installed, what)
     module = router.partition(":")[0]
     if not _module_in_source(source, module):
         problems.append(
@@ -83,6 +101,25 @@ def check_source(source: Path, router: str, server: str = "gunicorn") -> list[st
     ):
         problems.append(f"{procfile} has no web: line, the entrypoint Cloud Run starts")
     return problems
+
+
+def _store_problems(store: str, installed: set[str], what: str) -> list[str]:
+    """The store's client library not installed: name the requirement line that installs it."""
+    line, meaning = STORE_REQUIREMENTS[store]
+    extra = line.partition("[")[2].rstrip("]")
+    missing = [name for name in TASKLEASE_EXTRAS[extra] if name not in installed]
+    if not missing:
+        return []
+    where = (
+        f'"{line}" to [project].dependencies'
+        if what.endswith("([project] dependencies)")
+        else f"the line {line}"
+    )
+    return [
+        f"{what} does not install {', '.join(missing)}, which {meaning} (store = {store!r}) "
+        f"imports: add {where} (in place of tasklease; the buildpack installs the extras of "
+        "a dependency, never your own project's)"
+    ]
 
 
 def ensure_procfile(source: Path, *, dry_run: bool, server: str = "gunicorn") -> None:
@@ -193,8 +230,9 @@ def _installed_by_buildpack(source: Path) -> tuple[set[str], str]:
     )
 
 
-def _project(directory: Path) -> set[str]:
-    """A pyproject project's own name and its [project] dependencies (extras excluded)."""
+def _project(directory: Path, extras: frozenset[str] = frozenset()) -> set[str]:
+    """A pyproject project's own name and its [project] dependencies, with those of ``extras``
+    (a local requirement such as ``.[postgres]``; the buildpack itself asks for none)."""
     try:
         project = tomllib.loads((directory / "pyproject.toml").read_text()).get("project", {})
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -205,10 +243,14 @@ def _project(directory: Path) -> set[str]:
             "dependencies from [project] (or use a requirements.txt)"
         )
     names = {_normalise(project.get("name", ""))}
-    for requirement in project.get("dependencies", []):
-        match = _REQUIREMENT_NAME.match(requirement.strip())
-        if match:
-            names |= _installs(match.group(), _extras(requirement[match.end() :]))
+    optional = project.get("optional-dependencies", {})
+    requirements = list(project.get("dependencies", []))
+    for extra in extras:
+        requirements += next(
+            (deps for key, deps in optional.items() if _normalise(key) == extra), []
+        )
+    for requirement in requirements:
+        names |= _requirement(requirement)
     return names
 
 
@@ -232,35 +274,37 @@ def _requirements(path: Path, source: Path, seen: set[Path]) -> set[str]:
         elif line.startswith("-"):
             continue  # --index-url, -c, --hash ...: no package named.
         if "#egg=" in line:
-            names |= _installs(line.split("#egg=", 1)[1].split("&")[0])
+            names |= _requirement(line.split("#egg=", 1)[1].split("&")[0])
         elif line.startswith((".", "/")):
-            local = (path.parent / line.split("[")[0]).resolve()
+            directory, _, extras = line.partition("[")
+            local = (path.parent / directory.strip()).resolve()
             if local.is_relative_to(source.resolve()) and (local / "pyproject.toml").exists():
-                names |= _project(local)
-        else:
-            match = _REQUIREMENT_NAME.match(line)
-            if match and "://" not in line.split("@")[0]:
-                names |= _installs(match.group(), _extras(line[match.end() :]))
+                names |= _project(local, _extras(extras.partition("]")[0]))
+        elif "://" not in line.split("@")[0]:
+            names |= _requirement(line)
     return names
+
+
+def _requirement(text: str) -> set[str]:
+    """What one requirement (PEP 508: ``name [extras] specifiers ; marker``) installs."""
+    match = _REQUIREMENT.match(text)
+    if match is None:
+        return set()
+    return _installs(match["name"], _extras(match["extras"] or ""))
+
+
+def _extras(text: str) -> frozenset[str]:
+    return frozenset(_normalise(extra.strip()) for extra in text.split(",") if extra.strip())
 
 
 def _installs(requirement_name: str, extras: frozenset[str] = frozenset()) -> set[str]:
     """A requirement's name, with the worker's packages when it is tasklease (they are its
-    plain dependencies; this repository's own pyproject is checked as a project, not so),
-    and the ASGI server's when it asks for tasklease[asgi]."""
+    plain dependencies, and its extras' clients; this repository's own pyproject is checked
+    as a project, not so)."""
     name = _normalise(requirement_name)
     if name != "tasklease":
         return {name}
-    return {name, *WORKER_NEEDS, *(ASGI_NEEDS if "asgi" in extras else ())}
-
-
-def _extras(rest: str) -> frozenset[str]:
-    """The extras of a requirement, from what follows its name: ``[asgi, otel] >= 1``."""
-    rest = rest.strip()
-    if not rest.startswith("["):
-        return frozenset()
-    inside = rest[1:].split("]", 1)[0]
-    return frozenset(_normalise(part.strip()) for part in inside.split(",") if part.strip())
+    return {name, *WORKER_NEEDS, *(lib for e in extras for lib in TASKLEASE_EXTRAS.get(e, ()))}
 
 
 def _normalise(name: str) -> str:

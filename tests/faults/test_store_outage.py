@@ -1,8 +1,11 @@
 """Scenario 5: the store fails during claims, renewals and finishes.
 
 Another process holds SQLite's write lock (``BEGIN EXCLUSIVE``) for several seconds, longer
-than the worker's busy timeout (0.5 s here); or Google's Firestore emulator is frozen
-(SIGSTOP) for longer than the store's call timeout, then resumed. Meanwhile running handlers
+than the worker's busy timeout (0.5 s here); or Google's Firestore emulator, a private
+PostgreSQL cluster (postmaster and backends) or a private Spanner emulator is frozen (SIGSTOP)
+for longer than the store's call timeout, then resumed; or the PostgreSQL cluster crashes
+(``pg_ctl stop -m immediate``) and starts again on the same port and data directory, after
+several seconds down (tests/faults/outages.py). Meanwhile running handlers
 cannot renew or record how they ended, and new deliveries cannot claim: they must answer 503
 without running anything. Once the store is back, retries finish every run, each effect once.
 
@@ -12,8 +15,6 @@ permissions do not stop, and the worker's open connections would keep writing an
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -23,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores import store_from_url
 from tests.faults.downstream import ALREADY_APPLIED, APPLIED, Downstream
 from tests.faults.harness import (
     Backend,
@@ -32,110 +32,33 @@ from tests.faults.harness import (
     Tally,
     overlaps,
     scale,
-    sqlite_records,
     tally,
     unclaimed,
 )
-from tests.faults.private_firestore import PROJECT, PrivateFirestore, private_firestore
+from tests.faults.outages import KINDS, Outage, store_outage
 
 pytestmark = pytest.mark.faults
 
-_HOLD_LOCK = """
-import sqlite3, sys, time
-connection = sqlite3.connect(sys.argv[1], timeout=30, isolation_level=None)
-connection.execute("BEGIN EXCLUSIVE")
-print(time.time(), flush=True)
-time.sleep(float(sys.argv[2]))
-released = time.time()
-connection.execute("ROLLBACK")
-print(released, flush=True)
-"""
-BUSY_TIMEOUT = 0.5
-OUTAGE = 6.0  # Longer than a lease (2 s) and than a finish's retries (4 x 0.5 s + pauses).
-FIRESTORE_CALL_TIMEOUT = 1.5
-FIRESTORE_OUTAGE = 10.0  # Longer than a finish's retries (4 x 1.5 s + pauses).
 
-
-class _Outage:
-    """Makes the store unavailable: ``begin()`` returns when it is, ``end()`` when it is back
-    (both return the wall-clock time it happened)."""
-
-    def begin(self) -> float:
-        raise NotImplementedError
-
-    def end(self) -> float:
-        raise NotImplementedError
-
-
-class _SqliteLocked(_Outage):
-    """Another process holds SQLite's write lock for ``seconds``."""
-
-    def __init__(self, path: Path, seconds: float) -> None:
-        self.path, self.seconds = path, seconds
-        self._holder: subprocess.Popen[str] | None = None
-
-    def begin(self) -> float:
-        self._holder = subprocess.Popen(
-            [sys.executable, "-c", _HOLD_LOCK, str(self.path), str(self.seconds)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self._holder.stdout is not None
-        return float(self._holder.stdout.readline())
-
-    def end(self) -> float:
-        assert self._holder is not None and self._holder.stdout is not None
-        released = float(self._holder.stdout.readline())
-        self._holder.wait()
-        self._holder.stdout.close()
-        return released
-
-
-class _FirestoreFrozen(_Outage):
-    """The Firestore emulator's processes are stopped (SIGSTOP) for ``seconds``: every call
-    hangs until the store's call timeout, as on a partitioned network. Then they resume,
-    with their data."""
-
-    def __init__(self, emulator: PrivateFirestore, seconds: float) -> None:
-        self.emulator, self.seconds = emulator, seconds
-        self._began = 0.0
-
-    def begin(self) -> float:
-        self.emulator.freeze()
-        self._began = time.time()
-        return self._began
-
-    def end(self) -> float:
-        time.sleep(max(0.0, self._began + self.seconds - time.time()))
-        self.emulator.thaw()
-        return time.time()
-
-
-@pytest.fixture(params=["sqlite locked", "firestore frozen"])
+@pytest.fixture(params=KINDS)
 def outage(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Backend, _Outage]]:
-    if request.param == "sqlite locked":
-        backend = Backend(
-            "sqlite locked",
-            f"sqlite:///{tmp_path}/runs.db",
-            {"TASKLEASE_FAULTS_BUSY_TIMEOUT": str(BUSY_TIMEOUT)},
-        )
-        yield backend, _SqliteLocked(tmp_path / "runs.db", OUTAGE)
-        return
-    with private_firestore() as emulator:
-        env = {"FIRESTORE_EMULATOR_HOST": emulator.host, "GOOGLE_CLOUD_PROJECT": PROJECT}
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)  # For the test's own reads of the records.
-        url = f"firestore://?collection=outage&call_timeout={FIRESTORE_CALL_TIMEOUT}"
-        warm = store_from_url("firestore://?collection=outage&call_timeout=60")
-        warm.get("warm-up")  # A fresh emulator's first calls are slow: not the outage.
-        warm.close()
-        yield Backend("firestore frozen", url, env), _FirestoreFrozen(emulator, FIRESTORE_OUTAGE)
+) -> Iterator[tuple[Backend, Outage]]:
+    with store_outage(request.param, tmp_path, monkeypatch) as backend_and_outage:
+        yield backend_and_outage
+
+
+@pytest.fixture(params=[kind for kind in KINDS if kind != "firestore frozen"])
+def lapsing(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Backend, Outage]]:
+    """The outages of the lease-lapse scenario (on Firestore: not run, for time)."""
+    with store_outage(request.param, tmp_path, monkeypatch) as backend_and_outage:
+        yield backend_and_outage
 
 
 def test_a_store_outage_runs_no_handler_without_a_claim_and_loses_nothing(
-    tmp_path: Path, outage: tuple[Backend, _Outage], report: Callable[[str, Tally], None]
+    tmp_path: Path, outage: tuple[Backend, Outage], report: Callable[[str, Tally], None]
 ) -> None:
     backend, failure = outage
     count = scale(8, 40)
@@ -211,23 +134,24 @@ def test_a_store_outage_runs_no_handler_without_a_claim_and_loses_nothing(
 
 
 def test_a_handler_whose_lease_lapses_in_an_outage_stops_before_a_retry_takes_over(
-    tmp_path: Path, report: Callable[[str, Tally], None]
+    tmp_path: Path, lapsing: tuple[Backend, Outage], report: Callable[[str, Tally], None]
 ) -> None:
     # The outage outlasts the 2 s lease of handlers that run until a time after it, checking
     # their lease every 0.25 s or so; retries keep arriving, as the queue's would, and take the
     # runs over once the store is back. The lapsed attempts must have stopped by then.
+    backend, failure = lapsing
     keys = [f"lapse-{n:04d}" for n in range(scale(6, 20))]
     deliverer = Deliverer("lapse")
     downstream = Downstream(tmp_path / "downstream.db")
     server = FaultServer(
         tmp_path,
-        store=f"sqlite:///{tmp_path}/runs.db",
+        store=backend.url,
         workers=2,
         threads=len(keys) * 2,
-        env={"TASKLEASE_FAULTS_BUSY_TIMEOUT": str(BUSY_TIMEOUT)},
+        env=backend.env,
     )
     with server:
-        slow = {"until": time.time() + OUTAGE + scale(6, 10), "steps": 48, "check": True}
+        slow = {"until": time.time() + failure.seconds + scale(6, 10), "steps": 48, "check": True}
         first = threading.Thread(
             target=deliverer.deliver_all,
             args=([(server.url, key, slow) for key in keys], len(keys)),
@@ -238,21 +162,16 @@ def test_a_handler_whose_lease_lapses_in_an_outage_stops_before_a_retry_takes_ov
         while len(downstream.executions()) < len(keys):
             assert first.is_alive() and time.monotonic() < deadline, "handlers did not start"
             time.sleep(0.05)
-        with subprocess.Popen(
-            [sys.executable, "-c", _HOLD_LOCK, str(tmp_path / "runs.db"), str(OUTAGE)],
-            stdout=subprocess.PIPE,
-            text=True,
-        ) as holder:
-            assert holder.stdout is not None
-            float(holder.stdout.readline())
-            while holder.poll() is None:
-                deliverer.deliver_all([(server.url, key, slow) for key in keys], len(keys))
-                time.sleep(0.2)
+        began = failure.begin()
+        while time.time() < began + failure.seconds:
+            deliverer.deliver_all([(server.url, key, slow) for key in keys], len(keys))
+            time.sleep(0.2)
+        failure.end()
         deliverer.until_done(keys, server.url, lambda _: slow, timeout=180)
         first.join()
 
     executions = downstream.executions()
-    records = sqlite_records(tmp_path / "runs.db")
+    records = backend.records()
     outcomes = Counter(a.outcome for a in deliverer.answers)
     found = overlaps(executions)
     counts = tally(
@@ -266,7 +185,7 @@ def test_a_handler_whose_lease_lapses_in_an_outage_stops_before_a_retry_takes_ov
         lease_checks_passed_after_expiry=sum(e.past_lease for e in executions),
         late_writes_refused=downstream.writes()["refused"],
     )
-    report("store_outage[sqlite locked] lease lapse", counts)
+    report(f"store_outage[{backend.name}] lease lapse", counts)
     assert counts.lost == 0
     assert unclaimed(executions, records) == []
     # A lease check must fail once the lease has lapsed unrenewed: from then on a retry may
