@@ -54,6 +54,7 @@ def test_run_called_directly_deploys_an_empty_project_in_order(
         "firestore databases create",
         "firestore fields ttls",
         "firestore fields ttls",
+        "firestore fields ttls",  # Runs, locks, and the delivery tally.
         "firestore indexes composite",
         "firestore indexes composite",
         "iam service-accounts create",
