@@ -29,8 +29,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, TypeVar
 
 from google.api_core import exceptions as api
 from google.api_core import retry as retries
@@ -48,11 +48,13 @@ from tasklease.worker.core.records import (
     Verdict,
 )
 from tasklease.worker.stores import firestore_locks as locks
+from tasklease.worker.stores import firestore_transactions as transactions
 from tasklease.worker.stores.base import Change, LockChange, Moment, Update, resolve
 from tasklease.worker.stores.firestore_codec import decode_run, encode_run
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
+from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
 
 _T = TypeVar("_T")
 
@@ -79,7 +81,7 @@ _UNCERTAIN = (
 log = logging.getLogger("tasklease.store.firestore")
 
 
-class FirestoreStore(LockStore, OperatorQueries):
+class FirestoreStore(TransactionalStore, LockStore, OperatorQueries):
     """Run records in ``collection`` (document id: the hashed run id, so writes spread out).
 
     ``expire_at`` is a Firestore timestamp for a TTL policy on the collection (the deploy
@@ -87,6 +89,8 @@ class FirestoreStore(LockStore, OperatorQueries):
     the store treats them as absent. Give it a client, or use :meth:`from_options`, which
     creates one lazily per process (gRPC channels must not cross a fork).
     """
+
+    transaction_reruns: ClassVar[bool] = True  # Firestore runs an aborted transaction again.
 
     def __init__(
         self,
@@ -270,6 +274,20 @@ class FirestoreStore(LockStore, OperatorQueries):
         with self._guard("change a run"):
             result: _T = apply(self.client.transaction())
             return result
+
+    def complete_in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> TransactionOutcome:
+        """``work`` gets the ``Transaction`` (see :mod:`.firestore_transactions`)."""
+        return transactions.complete_in_transaction(
+            self, run_id, attempt_id, work, now, keep_for=keep_for
+        )
 
     @property
     def lock_collection(self) -> str:
