@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from unittest import mock
 
@@ -97,8 +97,11 @@ class TransactionContract:
 
     def test_a_claim_taken_over_keeps_nothing_and_is_reported_not_held(self, store: Any) -> None:
         store.claim(claim_request(), T0)
-        store.claim(claim_request(attempt_id="attempt-2"), T0 + EXPIRED)  # Lease lapsed.
-        outcome = store.complete_in_transaction("run-1", "attempt-1", self.work("c"), T0 + EXPIRED)
+        lapsed = T0 + EXPIRED
+        store.claim(claim_request(attempt_id="attempt-2"), lambda: lapsed)  # Taken over.
+        outcome = store.complete_in_transaction(
+            "run-1", "attempt-1", self.work("c"), lambda: lapsed
+        )
         assert (outcome.held, outcome.result_json) == (False, None)
         assert self.count_effects("c") == 0
         record = store.get("run-1")
@@ -113,6 +116,11 @@ class TransactionContract:
     def test_a_contended_transaction_runs_again_and_counts_its_tries(self, store: Any) -> None:
         store.claim(claim_request(), T0)
         calls: list[int] = []
+        readings: list[datetime] = []
+
+        def clock() -> datetime:
+            readings.append(T0 + LEASE / 2 + timedelta(seconds=len(readings)))
+            return readings[-1]
 
         with self.contention(store, "run-1", "attempt-1") as provoke:
 
@@ -123,7 +131,7 @@ class TransactionContract:
                     provoke()
                 return f'"try {len(calls)}"'
 
-            outcome = store.complete_in_transaction("run-1", "attempt-1", work, T0 + LEASE / 2)
+            outcome = store.complete_in_transaction("run-1", "attempt-1", work, clock)
         assert outcome.held
         assert outcome.tries == len(calls) > 1
         assert outcome.result_json == f'"try {len(calls)}"'
@@ -132,6 +140,7 @@ class TransactionContract:
         assert (record.status, record.result_json) == (RunStatus.COMPLETED, outcome.result_json)
         # Completed from the record as renewed by the concurrent write, not the stale one.
         assert record.lease_expires == RENEWED
+        assert record.finished_at == readings[-1]  # The time read in the committed try.
 
     def test_a_finish_called_again_recognises_its_own_commit(self, store: Any) -> None:
         store.claim(claim_request(), T0)
