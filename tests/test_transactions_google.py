@@ -28,6 +28,7 @@ from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import FirestoreStore, SpannerStore, TransactionalStore
 from tasklease.worker.stores.firestore_codec import decode_run, encode_run
 from tests.firestore_support import PROJECT, RpcCounter, unique_collection
+from tests.spanner_support import Emulator
 from tests.spanner_support import RpcCounter as SpannerRpcCounter
 
 # The lease as the concurrent renewal of the contention test writes it.
@@ -236,6 +237,29 @@ class TestSpannerTransactions(TransactionContract):
             raise api.ServiceUnavailable("connection refused")
 
         monkeypatch.setattr(SpannerTransaction, "commit", unreachable)
+
+
+def test_a_frozen_spanner_answers_store_unavailable_and_keeps_nothing(
+    spanner_emulator: Emulator, spanner_database: str
+) -> None:
+    """Every RPC of the transaction has the store's deadline, and the read back of the record
+    after the failure too: the call ends, and the thawed database shows nothing kept."""
+    store = SpannerStore(spanner_database, call_timeout=1.0)
+    try:
+        store.database.update_ddl([EFFECTS_DDL]).result(60)
+        contract = TestSpannerTransactions()
+        contract._store = store
+        store.claim(claim_request(), T0)
+        spanner_emulator.freeze()
+        try:
+            with pytest.raises(StoreUnavailable):
+                store.complete_in_transaction("run-1", "attempt-1", contract.work("z"), T0)
+        finally:
+            spanner_emulator.thaw()
+        assert contract.count_effects("z") == 0
+        assert store.get("run-1").status is RunStatus.IN_PROGRESS
+    finally:
+        store.close()
 
 
 def _string() -> Any:

@@ -20,7 +20,8 @@ class NotHeld(Exception):
 
 class AlreadyCompleted(Exception):
     """This attempt's completion is committed already (an earlier call's commit landed,
-    though its answer was lost): roll back this one, the effect is there."""
+    though its answer was lost): roll back this one, the effect is there. The outcome then
+    gives the stored result, and ``tries`` 0 when ``work`` did not run in this call."""
 
     def __init__(self, record: RunRecord) -> None:
         super().__init__(record.run_id)
