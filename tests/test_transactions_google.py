@@ -357,6 +357,57 @@ class TestFirestoreTransactions(TransactionContract):
         monkeypatch.setattr(FirestoreTransaction, "_commit", unreachable)
 
 
+@pytest.fixture
+def ledger(firestore_host: str | None) -> Iterator[tuple[FirestoreStore, Any]]:
+    """A Firestore store and a collection of two accounts holding 100 each."""
+    store = FirestoreStore.from_options(collection=unique_collection(), project=PROJECT)
+    accounts = store.client.collection(f"accounts_{uuid.uuid4().hex[:8]}")
+    for name in ("alice", "bob"):
+        accounts.document(name).set({"balance": 100})
+    yield store, accounts
+    store.close()
+
+
+def test_a_firestore_handler_reads_before_it_writes_in_the_same_transaction(
+    ledger: tuple[FirestoreStore, Any],
+) -> None:
+    """A transfer: the handler reads both balances through the transaction (after the
+    store's read of the run), then writes both; the record commits with them."""
+    store, accounts = ledger
+    store.claim(claim_request(), T0)
+
+    def transfer(tx: Any) -> str | None:
+        alice, bob = (accounts.document(name) for name in ("alice", "bob"))
+        balances = {ref.id: ref.get(transaction=tx).get("balance") for ref in (alice, bob)}
+        tx.update(alice, {"balance": balances["alice"] - 30})
+        tx.update(bob, {"balance": balances["bob"] + 30})
+        return '{"moved": 30}'
+
+    assert store.complete_in_transaction("run-1", "attempt-1", transfer, T0).held
+    balances = {doc.id: doc.get("balance") for doc in accounts.stream()}
+    assert balances == {"alice": 70, "bob": 130}
+    assert store.get("run-1").result_json == '{"moved": 30}'
+
+
+def test_a_firestore_handler_reading_after_a_write_fails_and_keeps_nothing(
+    ledger: tuple[FirestoreStore, Any],
+) -> None:
+    """Firestore wants a transaction's reads before its writes: the client refuses a read
+    after one, which fails the handler (its own error) and keeps nothing."""
+    store, accounts = ledger
+    store.claim(claim_request(), T0)
+
+    def read_after_write(tx: Any) -> str | None:
+        tx.update(accounts.document("alice"), {"balance": 0})
+        accounts.document("bob").get(transaction=tx)
+        return None
+
+    with pytest.raises(firestore.ReadAfterWriteError):
+        store.complete_in_transaction("run-1", "attempt-1", read_after_write, T0)
+    assert accounts.document("alice").get().get("balance") == 100
+    assert store.get("run-1").status is RunStatus.IN_PROGRESS
+
+
 def test_firestore_rpcs_of_a_transactional_first_execution(firestore_host: str | None) -> None:
     """The claim (one create), then one transaction: BeginTransaction, the run's read, the
     Commit holding the handler's writes and the record. Printed, for the report."""
