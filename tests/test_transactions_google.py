@@ -8,6 +8,8 @@ together, or neither does.
 
 from __future__ import annotations
 
+import os
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +29,7 @@ from tasklease.worker.core import decisions
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import FirestoreStore, SpannerStore, TransactionalStore
 from tasklease.worker.stores.firestore_codec import decode_run, encode_run
+from tests.faults.private_firestore import private_firestore
 from tests.firestore_support import PROJECT, RpcCounter, unique_collection
 from tests.spanner_support import Emulator
 from tests.spanner_support import RpcCounter as SpannerRpcCounter
@@ -406,6 +409,52 @@ def test_a_firestore_handler_reading_after_a_write_fails_and_keeps_nothing(
         store.complete_in_transaction("run-1", "attempt-1", read_after_write, T0)
     assert accounts.document("alice").get().get("balance") == 100
     assert store.get("run-1").status is RunStatus.IN_PROGRESS
+
+
+def test_a_frozen_firestore_answers_store_unavailable_and_keeps_nothing() -> None:
+    """The transaction's own RPCs (BeginTransaction, Commit, Rollback) get the store's
+    deadline, not the client's 60 s each: the call ends, and the thawed database shows
+    nothing kept. On an emulator of the test's own, so freezing it disturbs no other test."""
+    with (
+        private_firestore() as emulator,
+        mock.patch.dict(os.environ, {"FIRESTORE_EMULATOR_HOST": emulator.host}),
+    ):
+        collection = unique_collection()
+        warm = FirestoreStore.from_options(collection=collection, project=PROJECT)
+        store = FirestoreStore.from_options(
+            collection=collection, project=PROJECT, call_timeout=1.0
+        )
+        contract = TestFirestoreTransactions()
+        contract._store, contract._effects = warm, f"effects_{uuid.uuid4().hex[:8]}"
+        try:
+            warm.claim(claim_request(), T0)
+            store.get("run-1")  # Connected, before the freeze.
+            outcome: list[BaseException | None] = []
+
+            def complete() -> None:
+                try:
+                    store.complete_in_transaction("run-1", "attempt-1", contract.work("z"), T0)
+                except BaseException as exc:
+                    outcome.append(exc)
+                else:
+                    outcome.append(None)
+
+            emulator.freeze()
+            try:
+                caller = threading.Thread(target=complete, daemon=True)
+                caller.start()
+                caller.join(timeout=30)  # A hang detector: the bound is 1 s per RPC.
+                ended_while_frozen = not caller.is_alive()
+            finally:
+                emulator.thaw()
+            caller.join(timeout=120)
+            assert ended_while_frozen
+            assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailable), outcome
+            assert contract.count_effects("z") == 0
+            assert warm.get("run-1").status is RunStatus.IN_PROGRESS
+        finally:
+            store.close()
+            warm.close()
 
 
 def test_firestore_rpcs_of_a_transactional_first_execution(firestore_host: str | None) -> None:

@@ -22,6 +22,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from google.api_core import exceptions as api
+from google.api_core import gapic_v1
+from google.api_core import retry as retries
 from google.cloud import firestore
 
 from tasklease.errors import StoreUnavailable
@@ -41,6 +43,9 @@ from tasklease.worker.stores.transactional import TransactionOutcome, Work
 if TYPE_CHECKING:
     from tasklease.worker.stores.firestore import FirestoreStore
 
+# The RPCs a Transaction makes with the client's defaults, and what those retry by themselves.
+_TRANSACTION_RPCS = ("begin_transaction", "commit", "rollback")
+_TRANSIENT = retries.if_exception_type(api.ServiceUnavailable, api.ResourceExhausted)
 # Transactions begun afresh after a read aborted (each one the client's own attempts at its
 # Commit, five by default), before the call reports contention.
 MAX_ROUNDS = 4
@@ -57,6 +62,7 @@ def complete_in_transaction(
 ) -> TransactionOutcome:
     """:meth:`TransactionalStore.complete_in_transaction` on ``store``."""
     ref = store._document(run_id)
+    bound_transactions(store.client, store._timeout)
     tries = 0
 
     @firestore.transactional
@@ -93,8 +99,10 @@ def complete_in_transaction(
             landed = read_back(store, run_id, attempt_id)
             if landed is not None:
                 return TransactionOutcome(held=True, result_json=landed.result_json, tries=tries)
+            # A failed rollback after the failure reports itself, not the failure: name both.
+            why = f"{exc} (after: {exc.__context__})" if exc.__context__ is not None else exc
             raise StoreUnavailable(
-                f"Firestore store: could not complete run {run_id} in a transaction: {exc}"
+                f"Firestore store: could not complete run {run_id} in a transaction: {why}"
             ) from exc
         else:
             store._forget(run_id, attempt_id)  # Finished: no later write conditions on it.
@@ -126,3 +134,43 @@ def read_back(store: FirestoreStore, run_id: str, attempt_id: str) -> RunRecord 
         return None
     store._forget(run_id, attempt_id)
     return record
+
+
+def bound_transactions(client: Any, timeout: float) -> None:
+    """Give the BeginTransaction, Commit and Rollback RPCs of ``client`` a deadline of
+    ``timeout`` seconds, their retries on UNAVAILABLE included, when a call sets none.
+
+    A ``Transaction`` makes them with the client's defaults, 60 s each
+    (``firestore_v1/services/firestore/transports/base.py``, google-cloud-firestore 2.x), so a
+    frozen database would hold the handler's request a minute per RPC past the store's
+    ``call_timeout``. The change is made once per client, to the client the store uses.
+    """
+    transport = client._firestore_api._transport
+    if getattr(transport, "_tasklease_bounded", None) == timeout:
+        return
+    retry = retries.Retry(
+        predicate=_TRANSIENT, initial=0.05, maximum=1.0, multiplier=2.0, timeout=timeout
+    )
+    for name in _TRANSACTION_RPCS:
+        method = getattr(transport, name)
+        original = getattr(transport, "_tasklease_originals", {}).get(name)
+        wrapped = original or transport._wrapped_methods[method]
+        transport._wrapped_methods[method] = _bounded(wrapped, retry, timeout)
+        transport.__dict__.setdefault("_tasklease_originals", {})[name] = wrapped
+    transport._tasklease_bounded = timeout
+
+
+def _bounded(wrapped: Any, retry: Any, timeout: float) -> Any:
+    def call(
+        *args: Any, retry: Any = gapic_v1.method.DEFAULT, timeout: Any = gapic_v1.method.DEFAULT,
+        **kwargs: Any,
+    ) -> Any:  # fmt: skip
+        return wrapped(
+            *args,
+            retry=bounded_retry if retry is gapic_v1.method.DEFAULT else retry,
+            timeout=bounded_timeout if timeout in (gapic_v1.method.DEFAULT, None) else timeout,
+            **kwargs,
+        )
+
+    bounded_retry, bounded_timeout = retry, timeout
+    return call
