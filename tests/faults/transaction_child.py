@@ -76,6 +76,7 @@ def main(backend: str, target: str, generation: int, tasks: int, mode: str) -> N
             claim = store.claim(claim_request(key, attempt), at)
             if claim.verdict is not Verdict.CLAIMED:
                 continue  # Completed by an earlier generation.
+            print(key, flush=True)  # Claimed: the test's cue to pick a moment to kill.
 
             def work(tx: Any, key: str = key) -> str | None:
                 effects.apply(tx, key)
