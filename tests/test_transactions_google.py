@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -240,6 +241,37 @@ class TestSpannerTransactions(TransactionContract):
             raise api.ServiceUnavailable("connection refused")
 
         monkeypatch.setattr(SpannerTransaction, "commit", unreachable)
+
+
+def test_a_spanner_handler_slower_than_the_call_timeout_still_runs_again_on_contention(
+    spanner_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's call_timeout bounds each RPC, not the handler's work: a try that outlasts
+    it and is then aborted still runs again (it once answered "too much contention")."""
+    store = SpannerStore(spanner_database, call_timeout=1.0)
+    try:
+        store.database.update_ddl([EFFECTS_DDL]).result(60)
+        contract = TestSpannerTransactions()
+        contract._store = store
+        store.claim(claim_request(), T0)
+        original = store.database.run_in_transaction
+        tries: list[str] = []
+
+        def abort_the_first(work: Any, **options: Any) -> Any:
+            def slow_then_aborted(transaction: Any) -> Any:
+                work(transaction)
+                time.sleep(1.3)  # Longer than the call_timeout, on purpose.
+                raise api.Aborted("contention", errors=[None])
+
+            tries.append("aborted" if not tries else "committed")
+            return original(slow_then_aborted if len(tries) == 1 else work, **options)
+
+        monkeypatch.setattr(store.database, "run_in_transaction", abort_the_first)
+        outcome = store.complete_in_transaction("run-1", "attempt-1", contract.work("s"), T0)
+        assert (outcome.held, outcome.tries, tries) == (True, 2, ["aborted", "committed"])
+        assert contract.count_effects("s") == 1
+    finally:
+        store.close()
 
 
 def test_a_frozen_spanner_answers_store_unavailable_and_keeps_nothing(

@@ -16,8 +16,11 @@ it back.
 
 from __future__ import annotations
 
+import random
+import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from google.api_core import exceptions as api
 
@@ -25,7 +28,7 @@ from tasklease.errors import StoreUnavailable
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.stores import spanner_schema as schema
 from tasklease.worker.stores.base import Moment, resolve
-from tasklease.worker.stores.spanner_calls import contended, run_transaction
+from tasklease.worker.stores.spanner_calls import FIRST_PAUSE, MAX_PAUSE, contended
 from tasklease.worker.stores.transaction_exits import (
     AlreadyCompleted,
     NotHeld,
@@ -38,6 +41,11 @@ from tasklease.worker.stores.transactional import TransactionOutcome, Work
 
 if TYPE_CHECKING:
     from tasklease.worker.stores.spanner import SpannerStore
+
+_T = TypeVar("_T")
+# Tries of one transactional completion before it reports contention (Firestore's client
+# makes 5 attempts at a Commit).
+MAX_TRIES = 8
 
 
 def complete_in_transaction(
@@ -64,7 +72,7 @@ def complete_in_transaction(
     database = store.database
     raised: Exception | None = None
     try:
-        result = run_transaction(database, attempt, store._timeout, f"complete run {run_id}")
+        result = rerun_on_contention(database, attempt, run_id)
     except NotHeld:
         return TransactionOutcome(held=False, result_json=None, tries=tries)
     except AlreadyCompleted as done:
@@ -72,7 +80,7 @@ def complete_in_transaction(
     except WorkRaised as carrier:
         raised = carrier.error
     except StoreUnavailable:
-        raise  # Contention outlasted the call's time: nothing was committed.
+        raise  # Contention outlasted every try: nothing was committed.
     except (api.GoogleAPIError, ValueError, OSError, TimeoutError) as exc:
         # The Commit may have landed before its call failed: the record tells.
         landed = read_back(store, run_id, attempt_id)
@@ -85,6 +93,24 @@ def complete_in_transaction(
         return TransactionOutcome(held=True, result_json=result, tries=tries)
     # Raised outside the except clause: the handler's own exception, its chain untouched.
     raise raised
+
+
+def rerun_on_contention(database: Any, attempt: Callable[[Any], _T], run_id: str) -> _T:
+    """``run_transaction``'s loop, bounded by tries rather than by the store's call time:
+    each try holds the handler's work, which may take longer than that on its own."""
+    pause = FIRST_PAUSE
+    for _ in range(MAX_TRIES):
+        try:
+            # timeout_secs=0: the client's own loop does not run it again (see run_transaction).
+            result: _T = database.run_in_transaction(attempt, timeout_secs=0)
+            return result
+        except api.GoogleAPICallError as exc:
+            if not contended(exc):
+                raise
+            last = exc
+        time.sleep(random.uniform(pause / 2, pause))
+        pause = min(pause * 2, MAX_PAUSE)
+    raise StoreUnavailable(f"Spanner store: too much contention to complete run {run_id}") from last
 
 
 def guarded_work(work: Work, transaction: Any) -> str | None:
