@@ -26,11 +26,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, TypeVar
 
 from google.api_core import exceptions as api
 from google.api_core import retry as retries
@@ -49,12 +49,14 @@ from tasklease.worker.core.records import (
 )
 from tasklease.worker.stores import firestore_locks as locks
 from tasklease.worker.stores import firestore_tally as tally
+from tasklease.worker.stores import firestore_transactions as transactions
 from tasklease.worker.stores.base import Change, LockChange, Moment, Update, resolve
-from tasklease.worker.stores.delivery_tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
+from tasklease.worker.stores.delivery_tally import TALLY_KEPT
 from tasklease.worker.stores.firestore_codec import decode_run, encode_run
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
+from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
 
 _T = TypeVar("_T")
 
@@ -81,7 +83,7 @@ _UNCERTAIN = (
 log = logging.getLogger("tasklease.store.firestore")
 
 
-class FirestoreStore(LockStore, OperatorQueries, DeliveryTally):
+class FirestoreStore(TransactionalStore, LockStore, OperatorQueries, tally.FirestoreTally):
     """Run records in ``collection`` (document id: the hashed run id, so writes spread out).
 
     ``expire_at`` is a Firestore timestamp for a TTL policy on the collection (the deploy
@@ -89,6 +91,8 @@ class FirestoreStore(LockStore, OperatorQueries, DeliveryTally):
     the store treats them as absent. Give it a client, or use :meth:`from_options`, which
     creates one lazily per process (gRPC channels must not cross a fork).
     """
+
+    transaction_reruns: ClassVar[bool] = True  # Firestore runs an aborted transaction again.
 
     def __init__(
         self,
@@ -273,6 +277,20 @@ class FirestoreStore(LockStore, OperatorQueries, DeliveryTally):
             result: _T = apply(self.client.transaction())
             return result
 
+    def complete_in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> TransactionOutcome:
+        """``work`` gets the ``Transaction`` (see :mod:`.firestore_transactions`)."""
+        return transactions.complete_in_transaction(
+            self, run_id, attempt_id, work, now, keep_for=keep_for
+        )
+
     @property
     def lock_collection(self) -> str:
         """Locks (exclusive jobs, concurrency keys) live beside the runs: ``<collection>_locks``."""
@@ -428,18 +446,6 @@ class FirestoreStore(LockStore, OperatorQueries, DeliveryTally):
             lock_collection = self.client.collection(self.lock_collection)
             purged += locks.purge(self.client, lock_collection, now, self._call)
         return purged + self.purge_delivery_counts(now - TALLY_KEPT)
-
-    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
-        with self._guard("write delivery counts"):
-            tally.write(self.client, self.collection, instance, counts, self._call)
-
-    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
-        with self._guard("read delivery counts"):
-            return tally.read(self.client, self.collection, since, self._timeout)
-
-    def purge_delivery_counts(self, before: datetime) -> int:
-        with self._guard("purge delivery counts"):
-            return tally.purge(self.client, self.collection, before, self._call)
 
     def close(self) -> None:
         self._orphans.close()

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from abc import abstractmethod
 from collections import Counter
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +23,7 @@ from google.cloud import firestore
 
 from tasklease.worker.stores.delivery_tally import (
     TALLY_KEPT,
+    DeliveryTally,
     MinuteCounts,
     TallyKey,
     epoch_minute,
@@ -85,3 +88,37 @@ def purge(client: Any, runs: str, before: datetime, call: dict[str, Any]) -> int
         snapshot.reference.delete(**call)
         purged += 1
     return purged
+
+
+class FirestoreTally(DeliveryTally):
+    """The tally's primitives for :class:`~tasklease.worker.stores.firestore.FirestoreStore`:
+    documents beside its collection, through its client and call options."""
+
+    collection: str
+    _timeout: float
+
+    @property
+    @abstractmethod
+    def client(self) -> firestore.Client:
+        """The store's client."""
+
+    @property
+    @abstractmethod
+    def _call(self) -> dict[str, Any]:
+        """The store's retry and timeout for one call."""
+
+    @abstractmethod
+    def _guard(self, action: str) -> AbstractContextManager[None]:
+        """Turn the client's errors into StoreUnavailable."""
+
+    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+        with self._guard("write delivery counts"):
+            write(self.client, self.collection, instance, counts, self._call)
+
+    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        with self._guard("read delivery counts"):
+            return read(self.client, self.collection, since, self._timeout)
+
+    def purge_delivery_counts(self, before: datetime) -> int:
+        with self._guard("purge delivery counts"):
+            return purge(self.client, self.collection, before, self._call)

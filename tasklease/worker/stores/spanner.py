@@ -10,6 +10,8 @@ with its first read, so a transaction costs its reads plus the Commit):
 - renew, complete, fail, release, locks, operators' changes: a read-write transaction that
   reads the row, applies the rules and writes. 2 RPCs.
 - a retried delivery's first read (the executor's ``get``): one strong read. 1 RPC.
+- a transactional handler's completion: one read-write transaction holding the handler's
+  statements too (:mod:`.spanner_transactions`). 2 RPCs beyond the handler's own.
 
 Spanner may run a transaction function again (ABORTED under contention): the function only
 reads, applies a pure rule and buffers mutations, and reads its :data:`Moment` inside, so a
@@ -23,7 +25,7 @@ import logging
 import os
 import threading
 from contextlib import suppress
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from google.api_core import exceptions as api
@@ -41,11 +43,13 @@ from tasklease.worker.core.records import (
     Verdict,
 )
 from tasklease.worker.stores import spanner_schema as schema
+from tasklease.worker.stores import spanner_transactions as transactions
 from tasklease.worker.stores.base import Change, LockChange, Moment, resolve
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.spanner_calls import bound_calls, guard, run_transaction
+from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
 
 _T = TypeVar("_T")
 
@@ -68,7 +72,7 @@ _RUNS = ", ".join(schema.RUN_COLUMNS)
 _LOCKS = ", ".join(schema.LOCK_COLUMNS)
 
 
-class SpannerStore(LockStore, OperatorQueries):
+class SpannerStore(TransactionalStore, LockStore, OperatorQueries):
     """Run records in ``table`` (locks in ``<table>_locks``) of the Spanner database
     ``projects/P/instances/I/databases/D``.
 
@@ -80,6 +84,7 @@ class SpannerStore(LockStore, OperatorQueries):
 
     DEFAULT_TABLE: ClassVar[str] = DEFAULT_TABLE
     DEFAULT_CALL_TIMEOUT: ClassVar[float] = 10.0
+    transaction_reruns: ClassVar[bool] = True  # Spanner runs an aborted transaction again.
 
     def __init__(
         self,
@@ -246,6 +251,20 @@ class SpannerStore(LockStore, OperatorQueries):
         database = self.database
         with guard("change a run"):
             return run_transaction(database, work, self._timeout, f"change run {run_id}")
+
+    def complete_in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> TransactionOutcome:
+        """``work`` gets the read-write ``Transaction`` (see :mod:`.spanner_transactions`)."""
+        return transactions.complete_in_transaction(
+            self, run_id, attempt_id, work, now, keep_for=keep_for
+        )
 
     def get(self, run_id: str) -> RunRecord | None:
         database = self.database

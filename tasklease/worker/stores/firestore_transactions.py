@@ -1,0 +1,176 @@
+"""A transactional handler's writes and its run's completion, in one Firestore transaction
+(:class:`~tasklease.worker.stores.transactional.TransactionalStore`).
+
+The transaction reads the run's document first (server clients use pessimistic transactions:
+the read locks it, so no takeover can commit between the check and the commit), checks that
+the attempt still holds the claim, runs the handler's ``work`` with the ``Transaction``, then
+sets the completed record. Firestore wants every read of a transaction before its first write:
+``work`` may read (``transaction.get``, ``ref.get(transaction=...)``) and then write, never read
+after writing (the client raises). RPCs: BeginTransaction, the run's read, the handler's
+reads, the Commit (its writes and the record together): 3 beyond the handler's reads.
+
+Firestore aborts a transaction under contention; it then runs again from the start, ``work``
+included (counted in :attr:`TransactionOutcome.tries`): ``@firestore.transactional`` runs it
+again when the Commit aborts, and this module when a read does. Every way out that must keep
+nothing (the claim gone, ``work`` raised) raises (:mod:`.transaction_exits`), and the
+transaction is rolled back.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from google.api_core import exceptions as api
+from google.api_core import gapic_v1
+from google.api_core import retry as retries
+from google.cloud import firestore
+
+from tasklease.errors import StoreUnavailable
+from tasklease.worker.core.records import RunRecord
+from tasklease.worker.stores.base import Moment, resolve
+from tasklease.worker.stores.firestore_codec import decode_run, encode_run
+from tasklease.worker.stores.transaction_exits import (
+    AlreadyCompleted,
+    NotHeld,
+    WorkRaised,
+    completed_by,
+    completion,
+    held,
+)
+from tasklease.worker.stores.transactional import TransactionOutcome, Work
+
+if TYPE_CHECKING:
+    from tasklease.worker.stores.firestore import FirestoreStore
+
+# The RPCs a Transaction makes with the client's defaults, and what those retry by themselves.
+_TRANSACTION_RPCS = ("begin_transaction", "commit", "rollback")
+_TRANSIENT = retries.if_exception_type(api.ServiceUnavailable, api.ResourceExhausted)
+# Transactions begun afresh after a read aborted (each one the client's own attempts at its
+# Commit, five by default), before the call reports contention.
+MAX_ROUNDS = 4
+
+
+def complete_in_transaction(
+    store: FirestoreStore,
+    run_id: str,
+    attempt_id: str,
+    work: Work,
+    now: Moment,
+    *,
+    keep_for: timedelta | None,
+) -> TransactionOutcome:
+    """:meth:`TransactionalStore.complete_in_transaction` on ``store``."""
+    ref = store._document(run_id)
+    bound_transactions(store.client, store._timeout)
+    tries = 0
+
+    @firestore.transactional
+    def attempt(transaction: firestore.Transaction) -> str | None:
+        nonlocal tries
+        snapshot = ref.get(transaction=transaction, **store._call)
+        stored = decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
+        record = held(stored, run_id, attempt_id)
+        tries += 1
+        result_json = guarded_work(work, transaction)
+        done = completion(record, result_json, resolve(now), keep_for)
+        transaction.set(ref, encode_run(done))
+        return result_json
+
+    raised: Exception | None = None
+    for _ in range(MAX_ROUNDS):
+        try:
+            result = attempt(store.client.transaction())
+        except api.Aborted:
+            continue  # A read aborted on contention: nothing was committed, begin again.
+        except NotHeld:
+            store._forget(run_id, attempt_id)
+            return TransactionOutcome(held=False, result_json=None, tries=tries)
+        except AlreadyCompleted as done:
+            store._forget(run_id, attempt_id)
+            return TransactionOutcome(held=True, result_json=done.record.result_json, tries=tries)
+        except WorkRaised as carrier:
+            raised = carrier.error
+            break
+        except (api.GoogleAPIError, ValueError, OSError) as exc:
+            # ValueError: the client's attempts at the Commit all aborted, or the rollback
+            # after a failed Commit found nothing to roll back. The Commit may have landed
+            # before its call failed: the record tells.
+            landed = read_back(store, run_id, attempt_id)
+            if landed is not None:
+                return TransactionOutcome(held=True, result_json=landed.result_json, tries=tries)
+            # A failed rollback after the failure reports itself, not the failure: name both.
+            why = f"{exc} (after: {exc.__context__})" if exc.__context__ is not None else exc
+            raise StoreUnavailable(
+                f"Firestore store: could not complete run {run_id} in a transaction: {why}"
+            ) from exc
+        else:
+            store._forget(run_id, attempt_id)  # Finished: no later write conditions on it.
+            return TransactionOutcome(held=True, result_json=result, tries=tries)
+    if raised is None:
+        raise StoreUnavailable(f"run {run_id}: too much contention to complete it")
+    # Raised outside the except clause: the handler's own exception, its chain untouched.
+    raise raised
+
+
+def guarded_work(work: Work, transaction: Any) -> str | None:
+    """``work(transaction)``; its exceptions carried in :class:`WorkRaised`, but for
+    contention (Firestore aborted the handler's read), which runs the transaction again."""
+    try:
+        return work(transaction)
+    except api.Aborted:
+        raise
+    except Exception as exc:
+        raise WorkRaised(exc) from exc
+
+
+def read_back(store: FirestoreStore, run_id: str, attempt_id: str) -> RunRecord | None:
+    """The run's record if it shows ``attempt_id`` completed it; None if not, or unreadable."""
+    try:
+        record = store.get(run_id)
+    except StoreUnavailable:
+        return None
+    if completed_by(record, attempt_id) is None:
+        return None
+    store._forget(run_id, attempt_id)
+    return record
+
+
+def bound_transactions(client: Any, timeout: float) -> None:
+    """Give the BeginTransaction, Commit and Rollback RPCs of ``client`` a deadline of
+    ``timeout`` seconds, their retries on UNAVAILABLE included, when a call sets none.
+
+    A ``Transaction`` makes them with the client's defaults, 60 s each
+    (``firestore_v1/services/firestore/transports/base.py``, google-cloud-firestore 2.x), so a
+    frozen database would hold the handler's request a minute per RPC past the store's
+    ``call_timeout``. The change is made once per client, to the client the store uses.
+    """
+    transport = client._firestore_api._transport
+    if getattr(transport, "_tasklease_bounded", None) == timeout:
+        return
+    retry = retries.Retry(
+        predicate=_TRANSIENT, initial=0.05, maximum=1.0, multiplier=2.0, timeout=timeout
+    )
+    for name in _TRANSACTION_RPCS:
+        method = getattr(transport, name)
+        original = getattr(transport, "_tasklease_originals", {}).get(name)
+        wrapped = original or transport._wrapped_methods[method]
+        transport._wrapped_methods[method] = _bounded(wrapped, retry, timeout)
+        transport.__dict__.setdefault("_tasklease_originals", {})[name] = wrapped
+    transport._tasklease_bounded = timeout
+
+
+def _bounded(wrapped: Any, retry: Any, timeout: float) -> Any:
+    def call(
+        *args: Any, retry: Any = gapic_v1.method.DEFAULT, timeout: Any = gapic_v1.method.DEFAULT,
+        **kwargs: Any,
+    ) -> Any:  # fmt: skip
+        return wrapped(
+            *args,
+            retry=bounded_retry if retry is gapic_v1.method.DEFAULT else retry,
+            timeout=bounded_timeout if timeout in (gapic_v1.method.DEFAULT, None) else timeout,
+            **kwargs,
+        )
+
+    bounded_retry, bounded_timeout = retry, timeout
+    return call
