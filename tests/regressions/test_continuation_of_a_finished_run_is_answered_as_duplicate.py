@@ -21,7 +21,9 @@ class CapturingProducer:
     def __init__(self) -> None:
         self.tasks: dict[str, dict[str, Any]] = {}
 
-    def enqueue(self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any) -> Any:
+    def enqueue(
+        self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any
+    ) -> Any:
         assert key is not None
         self.tasks.setdefault(key, {"payload": payload, **kw})
 
