@@ -197,7 +197,7 @@ def _max_task_bytes(configured: int | None) -> int:
         text = os.environ.get(protocol.ENV_MAX_TASK_BYTES, "").strip()
         if not text:
             return protocol.MAX_TASK_BYTES
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):
             raise ConfigurationError(f"{protocol.ENV_MAX_TASK_BYTES}={text!r}: a number of bytes")
         configured = int(text)
     if isinstance(configured, bool) or not isinstance(configured, int) or configured <= 0:

@@ -98,7 +98,7 @@ def app_from_env() -> AsgiDeliveries:
             f"set {protocol.ENV_ROUTER}=module:attribute naming your tasklease.Router"
         )
     text = os.environ.get(protocol.ENV_ASGI_THREADS, "").strip() or str(DEFAULT_THREADS)
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ConfigurationError(f"{protocol.ENV_ASGI_THREADS}={text!r}: a number of threads")
     target = load_router(reference)
     if isinstance(target, flask.Flask):

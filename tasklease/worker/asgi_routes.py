@@ -174,7 +174,7 @@ async def read_body(headers: dict[str, list[str]], receive: Receive, limit: int)
     size = None
     if lengths:
         text = lengths[0].strip()
-        if len(lengths) > 1 or not text.isdigit():
+        if len(lengths) > 1 or not (text.isascii() and text.isdigit()):
             raise BadBody(f"Content-Length {lengths[0][:40]!r} is not a number")
         size = int(text)
         if size > limit:

@@ -141,7 +141,7 @@ def _read_body(environ: Mapping[str, Any], limit: int) -> bytes | None:
     length = environ.get("CONTENT_LENGTH")
     stream = environ.get("wsgi.input")
     if length:
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit()):
             raise BadBody(f"Content-Length {length[:40]!r} is not a number")
         size = int(length)
         if size > limit:

@@ -111,7 +111,7 @@ class Views:
         """Release the attempt the confirmation page showed, and only that one."""
         form = flask.request.form
         attempt, token = form.get("attempt_id"), form.get("fencing_token", "")
-        if not attempt or not token.isdigit() or len(token) > 20:
+        if not attempt or not (token.isascii() and token.isdigit()) or len(token) > 20:
             return self.detail(run_id, "Refused: the form names no attempt. Reload the page.", 400)
         decision = self.operations.release(
             run_id, force=form.get("force") == "1", attempt_id=attempt, fencing_token=int(token)
