@@ -23,9 +23,7 @@ PATH = f"/worker/tasks/{DJANGO_TASK_HANDLER}"
 
 
 def _body(note: str) -> bytes:
-    return (
-        b'{"task": "tests.django_project.tasks.record", "args": ["' + note.encode() + b'"]}'
-    )
+    return b'{"task": "tests.django_project.tasks.record", "args": ["' + note.encode() + b'"]}'
 
 
 def _token(issuer: TokenIssuer, audience: str) -> str:
