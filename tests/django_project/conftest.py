@@ -1,11 +1,18 @@
 """Django settings for the tasklease.django tests: a SQLite database and run store in a
-temporary directory, the outbox table created by the app's own migration."""
+temporary directory, the outbox table created by the app's own migration.
+
+With ``TASKLEASE_DJANGO_TEST_POSTGRES`` set to a ``postgresql://`` URL (an empty database),
+the app's database is that one, through Django's psycopg 3 backend
+(test_django_postgres.py runs the tests so)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import django
 import pytest
@@ -14,6 +21,22 @@ from django.conf import settings
 _TMP = Path(tempfile.mkdtemp(prefix="tasklease-django-"))
 DATABASE = _TMP / "app.db"
 WORKER_URL = "http://testserver/worker"
+POSTGRES = os.environ.get("TASKLEASE_DJANGO_TEST_POSTGRES")
+OUTBOX_URL = POSTGRES or f"sqlite:///{DATABASE}"  # The relay's view of the app's database.
+
+
+def _database() -> dict[str, Any]:
+    if not POSTGRES:
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(DATABASE)}
+    url = urlsplit(POSTGRES)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": url.path.lstrip("/"),
+        "USER": url.username,
+        "HOST": url.hostname,
+        "PORT": url.port,
+    }
+
 
 if not settings.configured:
     settings.configure(
@@ -21,7 +44,7 @@ if not settings.configured:
         ALLOWED_HOSTS=["testserver"],
         USE_TZ=True,
         INSTALLED_APPS=["tasklease.django"],
-        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(DATABASE)}},
+        DATABASES={"default": _database()},
         ROOT_URLCONF="tests.django_project.urls",
         TASKS={
             "default": {

@@ -15,11 +15,12 @@ from django.utils import timezone
 
 from tasklease.django import DJANGO_TASK_HANDLER, compat
 from tasklease.outbox import Relay, open_outbox
+from tasklease.outbox.relay import Round
 from tasklease.producer import Producer
 from tasklease.producer.memory import MemoryTransport, QueuedTask
 from tasklease.worker.auth import OidcAuth
 from tests.django_project import tasks
-from tests.django_project.conftest import DATABASE, WORKER_URL
+from tests.django_project.conftest import OUTBOX_URL, WORKER_URL
 
 
 @pytest.fixture
@@ -51,6 +52,15 @@ def _deliver(client: Client, queued: QueuedTask) -> Any:
     queue = queued.request.queue_path.rsplit("/", 1)[-1]
     MemoryTransport().deliver(queued, post, queue)
     return responses[0]
+
+
+def _relay(transport: MemoryTransport) -> Round:
+    """Relay every due outbox entry of the app's database into ``transport``."""
+    db = open_outbox(OUTBOX_URL)
+    try:
+        return Relay(db, _producer(transport)).drain()
+    finally:
+        db.close()
 
 
 def _outbox_rows() -> int:
@@ -95,7 +105,7 @@ def test_an_enqueue_in_a_rolled_back_atomic_block_creates_nothing(
         raise RuntimeError("roll back")
     assert _outbox_rows() == 0
     assert queue.tasks == []
-    drained = Relay(open_outbox(f"sqlite:///{DATABASE}"), _producer(queue)).drain()
+    drained = _relay(queue)
     assert drained.sent == 0
     assert queue.tasks == []
 
@@ -108,7 +118,7 @@ def test_an_enqueue_in_a_committed_atomic_block_is_staged_and_the_relay_sends_it
         assert queue.tasks == []  # Nothing leaves before the commit.
     assert _outbox_rows() == 1
     assert queue.tasks == []
-    relayed = Relay(open_outbox(f"sqlite:///{DATABASE}"), _producer(queue)).drain()
+    relayed = _relay(queue)
     assert relayed.sent == 1
     [created] = queue.tasks
     response = _deliver(Client(), created)
