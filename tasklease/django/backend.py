@@ -83,6 +83,12 @@ class CloudTasksBackend(compat.BaseTaskBackend):  # type: ignore[misc]
                 self._producer = Producer.from_env(**self._producer_options)
             return self._producer
 
+    @producer.setter
+    def producer(self, producer: Producer) -> None:
+        """Replace the producer: tests give it a stub queue's (``StubQueue().producer``)."""
+        with self._lock:
+            self._producer = producer
+
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)
         args, kwargs = _json_arguments(list(args), dict(kwargs))

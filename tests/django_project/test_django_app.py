@@ -28,7 +28,7 @@ def queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryTransport]:
     """A fresh in-memory Cloud Tasks queue behind the default backend's producer."""
     transport = MemoryTransport()
     backend = compat.tasks.task_backends["default"]
-    monkeypatch.setattr(backend, "_producer", _producer(transport))
+    monkeypatch.setattr(backend, "producer", _producer(transport))
     tasks.CALLS.clear()
     yield transport
     with connection.cursor() as cursor:
