@@ -36,3 +36,12 @@ async def async_record(note: str) -> str:
 
 def plain() -> None:
     """Made a task with a priority by a test: refused."""
+
+
+@compat.tasks.task
+def flaky(note: str) -> str:
+    """Fails its first attempt: the queue's retry runs it again."""
+    CALLS.append(("flaky", note))
+    if len([call for call in CALLS if call == ("flaky", note)]) == 1:
+        raise ConnectionError("the mail API is down")
+    return note

@@ -178,3 +178,17 @@ def test_a_payload_naming_something_that_is_not_a_django_task_is_never_called(
     response = _deliver(Client(), created)
     assert response.status_code == 200
     assert response.headers["X-Tasklease-Outcome"] == "failed"
+
+
+def test_a_task_that_raises_is_answered_for_a_retry_which_runs_it_again(
+    queue: MemoryTransport,
+) -> None:
+    tasks.flaky.enqueue("retried")
+    [created] = queue.tasks
+    client = Client()
+    failed = _deliver(client, created)
+    assert failed.status_code >= 500
+    retried = _deliver(client, created)
+    assert retried.headers["X-Tasklease-Outcome"] == "processed"
+    assert _deliver(client, created).headers["X-Tasklease-Outcome"] == "duplicate"
+    assert tasks.CALLS == [("flaky", "retried"), ("flaky", "retried")]
