@@ -121,6 +121,13 @@ class CloudTasksBackend(compat.BaseTaskBackend):  # type: ignore[misc]
         compat.signals.task_enqueued.send(type(self), task_result=result)
         return result
 
+    def get_result(self, result_id: str) -> Any:
+        """Refused: a task's result is its run's record in the worker's store."""
+        raise NotImplementedError(
+            f"CloudTasksBackend keeps no TaskResult for {result_id!r}: the result is the run "
+            "record in the worker's store (tasklease runs, the dashboard)"
+        )
+
     def _transaction(self) -> Any:
         """The raw DB-API connection when inside ``atomic()`` on ``database``, else None."""
         connection = connections[self.database]

@@ -4,6 +4,7 @@ with Django's test client, run once under tasklease's claim."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -192,3 +193,14 @@ def test_a_task_that_raises_is_answered_for_a_retry_which_runs_it_again(
     assert retried.headers["X-Tasklease-Outcome"] == "processed"
     assert _deliver(client, created).headers["X-Tasklease-Outcome"] == "duplicate"
     assert tasks.CALLS == [("flaky", "retried"), ("flaky", "retried")]
+
+
+def test_aenqueue_creates_the_task_from_async_code(queue: MemoryTransport) -> None:
+    result = asyncio.run(tasks.record.aenqueue("from async"))
+    [created] = queue.tasks
+    assert result.id in created.request.body.decode()
+
+
+def test_get_result_says_where_results_live(queue: MemoryTransport) -> None:
+    with pytest.raises(NotImplementedError, match="run record"):
+        tasks.record.get_result("any-id")
