@@ -49,6 +49,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	cd examples/userapp && MYPYPATH=../.. ../../$(BIN)/mypy --strict --explicit-package-bases myapp tests
 	cd examples/fastapi_app && MYPYPATH=../.. ../../$(BIN)/mypy --strict --explicit-package-bases shop tests
+	cd examples/django_app && MYPYPATH=../.. ../../$(BIN)/mypy --strict --explicit-package-bases shop tests
 
 # The documentation site, warnings as errors (a broken link or reference fails), into site/.
 docs: $(STAMP)

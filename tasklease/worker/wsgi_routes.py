@@ -105,7 +105,7 @@ def _delivery(
     return Delivery(
         kind=kind,
         handler=name,
-        header=_header_lookup(environ),
+        header=header_lookup(environ),
         query=dict(parse_qsl(query, keep_blank_values=True)) if query else {},
         body=_read_body(environ, limit) if refusal is None else body,
         body_limit=limit,
@@ -116,7 +116,7 @@ def _delivery(
     )
 
 
-def _header_lookup(environ: Mapping[str, Any]) -> HeaderLookup:
+def header_lookup(environ: Mapping[str, Any]) -> HeaderLookup:
     """Header values from the environ, looked up case-insensitively (WSGI upper-cases names
     and joins repeated headers with commas, which no identity value may contain)."""
 

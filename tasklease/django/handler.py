@@ -1,0 +1,74 @@
+"""The worker side of a Django task: the one tasklease handler that runs them all.
+
+Every Django task is enqueued to ``POST /tasks/django_task`` with its module path, arguments
+and result id; the handler imports the :class:`Task` by that path (nothing that is not a
+Django Task is ever called) and runs it under tasklease's claim, so a duplicate delivery is
+answered from the run's record, not run again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from tasklease.django import compat
+from tasklease.errors import PermanentFailure
+from tasklease.worker.context import TaskContext
+from tasklease.worker.logs import instance_id
+from tasklease.worker.router import Router
+
+DJANGO_TASK_HANDLER = "django_task"  # The route: POST /tasks/django_task.
+
+
+def payload_for(module_path: str, args: list[Any], kwargs: dict[str, Any], result_id: str) -> Any:
+    """What the backend enqueues for one Django task call."""
+    return {"task": module_path, "args": args, "kwargs": kwargs, "id": result_id}
+
+
+def run_django_task(payload: Any, ctx: TaskContext) -> Any:
+    """Run the Django task ``payload`` names; its return value is the run's result."""
+    task, args, kwargs, result_id = _unpack(payload)
+    now = timezone.now()
+    result = compat.TaskResult(
+        task=task,
+        id=result_id,
+        status=compat.TaskResultStatus.RUNNING,
+        enqueued_at=None,
+        started_at=now,
+        last_attempted_at=now,
+        finished_at=None,
+        args=args,
+        kwargs=kwargs,
+        backend=task.backend,
+        errors=[],
+        # One entry per claim: Django's TaskContext.attempt counts them, as tasklease does.
+        worker_ids=[instance_id()] * ctx.attempt,
+    )
+    if task.takes_context:
+        return task.call(compat.TaskContext(task_result=result), *args, **kwargs)
+    return task.call(*args, **kwargs)
+
+
+def _unpack(payload: Any) -> tuple[Any, list[Any], dict[str, Any], str]:
+    """The task, args, kwargs and result id; a payload that can never run is permanent."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("task"), str):
+        raise PermanentFailure("not a Django task payload: no 'task' module path")
+    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise PermanentFailure("a Django task payload's args is a list, its kwargs an object")
+    try:
+        task = import_string(payload["task"])
+    except ImportError as exc:
+        raise PermanentFailure(f"no Django task {payload['task']!r}: {exc}") from exc
+    if not isinstance(task, compat.Task):
+        raise PermanentFailure(f"{payload['task']!r} is not a Django task (@task)")
+    return task, args, kwargs, str(payload.get("id", ""))
+
+
+def register(router: Router) -> Router:
+    """Add the Django task handler to ``router`` (once) and return it."""
+    if not router.has_task(DJANGO_TASK_HANDLER):
+        router.task(DJANGO_TASK_HANDLER)(run_django_task)
+    return router

@@ -1,0 +1,86 @@
+"""The delivery views: a Django request adapted to tasklease's Executor, answered and
+logged exactly as the Flask and ASGI workers answer (same OIDC, answers, log line)."""
+
+from __future__ import annotations
+
+import time
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from tasklease import protocol
+from tasklease.django import worker
+from tasklease.worker.core.identity import Kind
+from tasklease.worker.execution import Delivery
+from tasklease.worker.logs import request_fields
+from tasklease.worker.reply import Reply
+from tasklease.worker.wsgi_routes import crashed, header_lookup
+
+_PREFIXES = {Kind.TASK: protocol.TASK_ROUTE_PREFIX, Kind.SCHEDULER: protocol.SCHEDULER_ROUTE_PREFIX}
+
+
+@csrf_exempt  # type: ignore[untyped-decorator] # Deliveries carry an OIDC token, no cookie.
+def task(request: HttpRequest, name: str) -> HttpResponse:
+    """``/tasks/<name>``: a Cloud Tasks delivery."""
+    return _deliver(request, Kind.TASK, name)
+
+
+@csrf_exempt  # type: ignore[untyped-decorator]
+def job(request: HttpRequest, name: str) -> HttpResponse:
+    """``/jobs/<name>``: a Cloud Scheduler run."""
+    return _deliver(request, Kind.SCHEDULER, name)
+
+
+def _deliver(request: HttpRequest, kind: Kind, name: str) -> HttpResponse:
+    started = time.monotonic()
+    routes = worker.routes()
+    limit = routes.max_body_bytes
+    body, refusal = _body(request, limit)
+    suffix = f"{_PREFIXES[kind]}{name}"
+    # Where the URLconf includes these views: part of a handler's default OIDC audience.
+    mount = request.path[: -len(suffix)] if request.path.endswith(suffix) else ""
+    delivery = Delivery(
+        kind=kind,
+        handler=name,
+        header=header_lookup(request.META),
+        query={key: request.GET[key] for key in request.GET},
+        body=body,
+        body_limit=limit,
+        refusal=refusal,
+        url=request.get_full_path(),
+        authorization=request.META.get("HTTP_AUTHORIZATION"),
+        method=request.method or "GET",
+        mount=mount.rstrip("/"),
+    )
+    with request_fields(routes.fields):
+        try:
+            reply = routes.executor.execute(delivery)
+        except Exception as exc:  # A bug: still one line and a JSON answer.
+            reply = crashed(kind, name, delivery.method, started, exc)
+    return _respond(reply)
+
+
+def _body(request: HttpRequest, limit: int) -> tuple[bytes | None, str | None]:
+    """The body (None: over ``limit``, not read) and a refusal for a malformed length."""
+    length = request.META.get("CONTENT_LENGTH") or ""
+    if length and not length.isdigit():
+        return b"", f"Content-Length {length[:40]!r} is not a number"
+    if length and int(length) > limit:
+        return None, None
+    try:
+        body = request.body
+    except RequestDataTooBig:  # Over Django's DATA_UPLOAD_MAX_MEMORY_SIZE.
+        return None, None
+    return (None if len(body) > limit else body), None
+
+
+def _respond(reply: Reply) -> HttpResponse:
+    response = HttpResponse(
+        reply.body_bytes(), status=reply.status, content_type="application/json"
+    )
+    for key, value in reply.headers().items():
+        response[key] = value
+    if reply.status == 405:
+        response["Allow"] = "POST"
+    return response

@@ -1,0 +1,66 @@
+"""Django settings for the tasklease.django tests: a SQLite database and run store in a
+temporary directory, the outbox table created by the app's own migration.
+
+With ``TASKLEASE_DJANGO_TEST_POSTGRES`` set to a ``postgresql://`` URL (an empty database),
+the app's database is that one, through Django's psycopg 3 backend
+(test_django_postgres.py runs the tests so)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import django
+import pytest
+from django.conf import settings
+
+_TMP = Path(tempfile.mkdtemp(prefix="tasklease-django-"))
+DATABASE = _TMP / "app.db"
+WORKER_URL = "http://testserver/worker"
+POSTGRES = os.environ.get("TASKLEASE_DJANGO_TEST_POSTGRES")
+OUTBOX_URL = POSTGRES or f"sqlite:///{DATABASE}"  # The relay's view of the app's database.
+
+
+def _database() -> dict[str, Any]:
+    if not POSTGRES:
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(DATABASE)}
+    url = urlsplit(POSTGRES)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": url.path.lstrip("/"),
+        "USER": url.username,
+        "HOST": url.hostname,
+        "PORT": url.port,
+    }
+
+
+if not settings.configured:
+    settings.configure(
+        SECRET_KEY="tests-only",
+        ALLOWED_HOSTS=["testserver"],
+        USE_TZ=True,
+        INSTALLED_APPS=["tasklease.django"],
+        DATABASES={"default": _database()},
+        ROOT_URLCONF="tests.django_project.urls",
+        TASKS={
+            "default": {
+                "BACKEND": "tasklease.django.CloudTasksBackend",
+                "QUEUES": ["default", "emails"],
+                "OPTIONS": {"project": "p", "location": "l", "worker_url": WORKER_URL},
+            }
+        },
+        TASKLEASE_STORE=f"sqlite:///{_TMP / 'runs.db'}",
+        TASKLEASE_AUTH="none",
+    )
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_TMP, ignore_errors=True)
