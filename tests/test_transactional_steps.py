@@ -22,7 +22,6 @@ from tasklease.worker.attempt import Attempt
 from tasklease.worker.core import steps
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.core.steps import StepRecord
 from tasklease.worker.steps import StepRunner
 from tasklease.worker.stores.memory import MemoryStore
 from tasklease.worker.stores.postgres import PostgresStore
@@ -204,28 +203,6 @@ def test_a_stale_attempts_step_is_rolled_back_and_raises_lease_lost(ledger: Ledg
     record = store.get("run-1")
     assert record is not None and steps.steps_of(record) == {}
     assert record.attempt_id == "attempt-2"
-
-
-def test_the_store_refuses_a_step_past_the_runs_cap_and_keeps_none_of_its_writes(
-    ledger: Ledger,
-) -> None:
-    store = ledger.store
-    store.claim(claim_request(), T0)
-    big = json.dumps("x" * (steps.MAX_STEP_RESULT_BYTES - 16))
-    for name in ("one", "two"):
-
-        def work(tx: Any, name: str = name) -> StepRecord:
-            ledger.bump(tx)
-            return StepRecord(name, big, "attempt-1", T0, len(big))
-
-        if name == "one":
-            assert store.record_step_in_transaction("run-1", "attempt-1", work, T0).held
-        else:
-            with pytest.raises(steps.StepError):
-                store.record_step_in_transaction("run-1", "attempt-1", work, T0)
-    assert ledger.balance() == 1
-    record = store.get("run-1")
-    assert record is not None and list(steps.steps_of(record)) == ["one"]
 
 
 def test_an_async_handlers_transactional_step_commits_with_its_record(tmp_path: Path) -> None:
