@@ -4,6 +4,7 @@ commit together, once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tasklease.errors import LeaseLost
+from tasklease.errors import LeaseLost, StoreUnavailable
 from tasklease.testing.contract_support import EXPIRED, T0
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.attempt import Attempt
@@ -262,4 +263,110 @@ def test_a_step_inside_a_transactional_steps_function_is_refused(tmp_path: Path)
     assert answer.headers["X-Tasklease-Outcome"] == "failed"
     assert "nor inside a transactional step" in answer.get_data(as_text=True)
     assert ledger.balance() == 0
+    ledger.store.close()
+
+
+class LostAnswerStore(SqliteStore):
+    """Its transactional step commits (or, ``commit=False``, runs and is rolled back), then
+    the answer is lost: StoreUnavailable, as from a connection cut during COMMIT."""
+
+    commit = True
+
+    def record_step_in_transaction(
+        self, run_id: str, attempt_id: str, step_work: Any, now: Any
+    ) -> Any:
+        def work(tx: Any) -> Any:
+            step = step_work(tx)
+            if not self.commit:
+                raise _RolledBack
+            return step
+
+        with contextlib.suppress(_RolledBack):
+            super().record_step_in_transaction(run_id, attempt_id, work, now)
+        raise StoreUnavailable("the connection dropped during COMMIT")
+
+
+class _RolledBack(Exception):
+    pass
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_step_whose_commit_answer_was_lost_is_decided_by_the_record(
+    tmp_path: Path, committed: bool
+) -> None:
+    ledger = _sqlite(tmp_path / "runs.db")
+    store = LostAnswerStore(tmp_path / "runs.db")
+    store.commit = committed
+    router = Router()
+    calls: list[int] = []
+
+    @router.task("h")
+    def h(payload: Any, ctx: TaskContext) -> int:
+        def debit(tx: Any) -> int:
+            ledger.bump(tx)
+            calls.append(ctx.attempt)
+            return 1
+
+        result: int = ctx.step("debit", debit, transactional=True)
+        return result
+
+    app = create_app(router, store=store, auth="none")
+    answer = _post(app)
+    if committed:  # The record names this attempt's step: it landed, with its write.
+        assert answer.headers["X-Tasklease-Outcome"] == "processed"
+        assert ledger.balance() == 1
+    else:  # Not recorded: it did not commit; the run goes back for a retry.
+        assert answer.headers["X-Tasklease-Outcome"] != "processed"
+        assert ledger.balance() == 0
+        record = store.get(_run_id())
+        assert record is not None and record.status is not RunStatus.COMPLETED
+    assert calls == [1]
+    store.close()
+    ledger.store.close()
+
+
+class CountingStore(SqliteStore):
+    """Counts the store's atomic changes outside transactions, and its plain reads."""
+
+    writes = 0
+    reads = 0
+
+    def _read_modify_write(self, run_id: str, change: Any) -> Any:
+        self.writes += 1
+        return super()._read_modify_write(run_id, change)
+
+    def get(self, run_id: str) -> Any:
+        self.reads += 1
+        return super().get(run_id)
+
+
+def test_a_transactional_step_costs_its_one_transaction_and_a_replay_costs_nothing(
+    tmp_path: Path,
+) -> None:
+    ledger = _sqlite(tmp_path / "runs.db")
+    store = CountingStore(tmp_path / "runs.db")
+    router = Router()
+    costs: list[tuple[int, int]] = []
+
+    @router.task("h")
+    def h(payload: Any, ctx: TaskContext) -> int:
+        before = (store.writes, store.reads)
+
+        def debit(tx: Any) -> int:
+            ledger.bump(tx)
+            return 1
+
+        result: int = ctx.step("debit", debit, transactional=True)
+        costs.append((store.writes - before[0], store.reads - before[1]))
+        if ctx.attempt == 1:
+            raise RuntimeError("after the step")
+        return result
+
+    app = create_app(router, store=store, auth="none")
+    assert _post(app).headers["X-Tasklease-Outcome"] == "released"
+    assert _post(app, retry=1).headers["X-Tasklease-Outcome"] == "processed"
+    # Run: no change besides its own transaction; replayed: no store call at all.
+    assert costs == [(0, 0), (0, 0)]
+    assert ledger.balance() == 1
+    store.close()
     ledger.store.close()
