@@ -370,3 +370,32 @@ def test_a_transactional_step_costs_its_one_transaction_and_a_replay_costs_nothi
     assert ledger.balance() == 1
     store.close()
     ledger.store.close()
+
+
+class WithoutTransactionalSteps(SqliteStore):
+    """A transactional store that has not implemented the step primitive (as Spanner and
+    Firestore have not yet): the base class's default."""
+
+    record_step_in_transaction = TransactionalStore.record_step_in_transaction
+
+
+def test_a_transactional_step_is_refused_on_a_transactional_store_without_the_primitive(
+    tmp_path: Path,
+) -> None:
+    ledger = _sqlite(tmp_path / "runs.db")
+    store = WithoutTransactionalSteps(tmp_path / "runs.db")
+    router = Router()
+    calls: list[Any] = []
+
+    @router.task("h")
+    def h(payload: Any, ctx: TaskContext) -> Any:
+        return ctx.step("debit", calls.append, transactional=True)
+
+    answer = _post(create_app(router, store=store, auth="none"))
+    assert answer.headers["X-Tasklease-Outcome"] == "failed"
+    assert "SqliteStore or PostgresStore" in answer.get_data(as_text=True)
+    assert calls == []
+    with pytest.raises(NotImplementedError):
+        store.record_step_in_transaction("run-1", "attempt-1", calls.append, T0)
+    store.close()
+    ledger.store.close()
