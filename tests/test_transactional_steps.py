@@ -156,6 +156,29 @@ def test_a_raising_step_is_rolled_back_and_released_and_its_retry_runs_it_again(
     assert calls == [1, 2]
 
 
+def test_a_failing_statement_of_the_step_is_its_own_error_and_rolls_back(
+    ledger: Ledger,
+) -> None:
+    router = Router()
+
+    @router.task("h")
+    def h(payload: Any, ctx: TaskContext) -> int:
+        def debit(tx: Any) -> int:
+            ledger.bump(tx)
+            tx.execute("UPDATE no_such_table SET x = 1")  # Unfetched: Postgres pipelines it.
+            return 1
+
+        result: int = ctx.step("debit", debit, transactional=True)
+        return result
+
+    app = create_app(router, store=ledger.store, auth="none")
+    assert _post(app).headers["X-Tasklease-Outcome"] == "released"  # Not a store outage.
+    record = ledger.store.get(_run_id())
+    assert record is not None and record.error is not None
+    assert "no_such_table" in record.error
+    assert ledger.balance() == 0
+
+
 def test_a_replayed_step_returns_its_recorded_result_without_calling_its_function(
     ledger: Ledger,
 ) -> None:
