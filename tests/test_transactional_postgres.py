@@ -11,6 +11,7 @@ import pytest
 
 from tasklease.testing.contract_support import EXPIRED
 from tasklease.testing.transaction_contract import TransactionContract
+from tasklease.testing.transactional_step_contract import TransactionalStepContract
 from tasklease.worker import Router, create_app
 from tasklease.worker.context import TaskContext
 from tasklease.worker.core.records import Verdict
@@ -41,7 +42,7 @@ def _scalar(store: PostgresStore, sql: str, *params: Any) -> int:
     return int(row[0])
 
 
-class TestPostgresTransactions(TransactionContract):
+class TestPostgresTransactions(TransactionContract, TransactionalStepContract):
     @pytest.fixture
     def store(self, postgres_url: str) -> Iterator[PostgresStore]:
         store = _with_tables(f"{postgres_url}&server_clock=off")  # The contract's clocks.

@@ -15,6 +15,7 @@ import pytest
 
 from tasklease.errors import ConfigurationError, PermanentFailure, StoreUnavailable
 from tasklease.testing.transaction_contract import TransactionContract
+from tasklease.testing.transactional_step_contract import TransactionalStepContract
 from tasklease.worker import Router, create_app
 from tasklease.worker.context import TaskContext
 from tasklease.worker.core.records import RunStatus
@@ -40,7 +41,7 @@ def _count(path: Path, key: str) -> int:
         )
 
 
-class TestSqliteTransactions(TransactionContract):
+class TestSqliteTransactions(TransactionContract, TransactionalStepContract):
     @pytest.fixture
     def store(self, tmp_path: Path) -> Iterator[SqliteStore]:
         store = _effects_store(tmp_path / "runs.db")

@@ -19,6 +19,7 @@ from tasklease.errors import LeaseLost
 from tasklease.worker.core import steps as rules
 from tasklease.worker.core.steps import Continuation, StepRecord
 from tasklease.worker.store_retries import retry_while_unavailable
+from tasklease.worker.transactional_steps import run_transactional_step
 
 if TYPE_CHECKING:
     from tasklease.worker.attempt import Attempt
@@ -97,10 +98,19 @@ class StepRunner:
         self.ran += 1
         return step.result
 
-    def run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def run(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        transactional: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         done = self.begin(name)
         if done is not None:
             return done.result
+        if transactional:
+            return run_transactional_step(self, name, fn, args, kwargs)
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             raise rules.StepError(
@@ -108,10 +118,22 @@ class StepRunner:
             )
         return self.end(name, result)
 
-    async def arun(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def arun(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        transactional: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         done = self.begin(name)
         if done is not None:
             return done.result
+        if transactional:  # The store's transaction blocks: on a thread, fn on this loop.
+            loop = asyncio.get_running_loop()
+            return await asyncio.to_thread(
+                lambda: run_transactional_step(self, name, fn, args, kwargs, loop=loop)
+            )
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             result = await result
@@ -136,10 +158,12 @@ class StepRunner:
     def _refuse_in_transaction(self, what: str) -> None:
         # A transactional handler's record commits with its writes: a step recorded beside
         # that transaction would outlive its rollback (and on SQLite wait on its lock).
+        # The same inside a transactional step's function.
         if self.attempt is not None and self.attempt.transaction is not None:
             raise rules.StepError(
-                f"{what} is not available in a transactional=True handler: its writes "
-                "through ctx.transaction already commit with the run's record"
+                f"{what} is not available in a transactional=True handler, nor inside a "
+                "transactional step's function: its writes through ctx.transaction "
+                "already commit with the record"
             )
 
     def log_fields(self) -> dict[str, int]:
@@ -162,9 +186,25 @@ class DurableSteps:
     @overload
     def step(self, name: str, /) -> Callable[[Callable[[], _T]], _T]: ...
     @overload
-    def step(self, name: str, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T: ...
+    def step(self, name: str, /, *, transactional: bool) -> Callable[[Callable[[Any], _T]], _T]: ...
+    @overload
     def step(
-        self, name: str, fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any
+        self,
+        name: str,
+        fn: Callable[..., _T],
+        /,
+        *args: Any,
+        transactional: bool = False,
+        **kwargs: Any,
+    ) -> _T: ...
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *args: Any,
+        transactional: bool = False,
+        **kwargs: Any,
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` as the run's step ``name``, once per run: its JSON
         result is recorded (fenced by this attempt's claim), and a later attempt of the run
@@ -178,14 +218,34 @@ class DurableSteps:
 
         ``PermanentFailure`` from ``fn`` fails the run; any other exception releases it for
         a retry, which resumes at this step. A stale attempt's step is refused
-        (``LeaseLost``)."""
-        if fn is None:
-            return lambda function: self._steps.run(name, function)
-        return self._steps.run(name, fn, *args, **kwargs)
+        (``LeaseLost``).
 
-    async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """:meth:`step` for async handlers: ``fn`` may be a coroutine function."""
-        return await self._steps.arun(name, fn, *args, **kwargs)
+        ``transactional=True`` (SQLite and Postgres stores): ``fn`` is called as
+        ``fn(tx, *args, **kwargs)`` with the store's native transaction (what
+        ``ctx.transaction`` also is while it runs), and the step's record is written in
+        that transaction, only while this attempt holds the claim: its writes through
+        ``tx`` and its record commit together, exactly once, no downstream key needed. A
+        raising ``fn`` (or a stale attempt) rolls them back::
+
+            ctx.step("debit", lambda tx: tx.execute(DEBIT, (order,)), transactional=True)
+        """
+        if fn is None:
+            return lambda function: self._steps.run(name, function, transactional=transactional)
+        return self._steps.run(name, fn, *args, transactional=transactional, **kwargs)
+
+    async def astep(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        transactional: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """:meth:`step` for async handlers: ``fn`` may be a coroutine function. With
+        ``transactional=True`` the store's transaction runs on a thread of its own, an
+        async ``fn`` on the handler's loop."""
+        return await self._steps.arun(name, fn, *args, transactional=transactional, **kwargs)
 
     def step_key(self, name: str) -> str:
         """A UUID-shaped idempotency key for step ``name``, the same in every attempt of the

@@ -6,6 +6,9 @@ it through ``ctx.transaction`` (``transactional=True``); ``ledger_plain``, the c
 the same statement on a connection of its own that commits at once. Both sleep before and
 after the effect (times from the payload), so kills land on either side of it, and note each
 effect in ``TASKLEASE_FAULTS_EFFECTS`` (a line per statement run, committed or not).
+``ledger_steps`` runs the statement in three transactional durable steps
+(``ctx.step(..., transactional=True)``), each noted as ``<key>/step-<i>``: every balance
+must end at 3.
 
 A store joins the scenario with an :class:`Accounts` for its backend (``ACCOUNTS``).
 """
@@ -123,13 +126,14 @@ _own = threading.local()
 
 
 def _note(key: str, ctx: TaskContext) -> None:
-    line = f"{os.getpid()} {key} {ctx.attempt_id} {ctx.fencing_token}\n"
+    line = f"{os.getpid()} {key} {ctx.attempt_id} {ctx.fencing_token} {ctx.run_id}\n"
     with Path(os.environ[ENV_EFFECTS]).open("a") as out:
         out.write(line)
 
 
 def register(router: Router) -> None:
-    """Register ``ledger_tx`` and ``ledger_plain`` on the fault server's router."""
+    """Register ``ledger_tx``, ``ledger_plain`` and ``ledger_steps`` on the fault server's
+    router."""
     url = os.environ.get(protocol.ENV_STORE, "")
 
     def effect(payload: dict[str, Any], ctx: TaskContext, through: Any) -> dict[str, Any]:
@@ -149,3 +153,20 @@ def register(router: Router) -> None:
         if getattr(_own, "pid", None) != os.getpid():
             _own.connection, _own.pid = accounts_for(url).connect(url), os.getpid()
         return effect(payload, ctx, _own.connection)
+
+    @router.task("ledger_steps", lease=LEASE)
+    def ledger_steps(payload: dict[str, Any], ctx: TaskContext) -> list[int]:
+        key = str(payload["key"])
+        share = 1 / STEPS
+
+        def step(tx: Any, name: str) -> int:
+            time.sleep(float(payload.get("before", 0)) * share)
+            accounts_for(url).bump(tx, url, key)
+            _note(f"{key}/{name}", ctx)
+            time.sleep(float(payload.get("after", 0)) * share)
+            return os.getpid()
+
+        return [ctx.step(f"step-{i}", step, f"step-{i}", transactional=True) for i in range(STEPS)]
+
+
+STEPS = 3  # ledger_steps' transactional steps.

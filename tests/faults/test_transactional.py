@@ -5,6 +5,9 @@ row; no key) is SIGKILLed at random points, before, after and between the effect
 completion record. Registered ``transactional=True`` the effect commits with the record, so
 every row ends at exactly 1. The same handler without it is the control: a kill after its
 effect committed and before its record did makes the retry apply it again (a balance of 2).
+The same statement in three transactional durable steps (``ledger_steps``) under the same
+kills: each step's effect commits with the step's record, so every balance ends at 3 and no
+step runs again after its record.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from typing import Any
 
 import pytest
 
+from tasklease.worker.core import steps
 from tasklease.worker.core.records import RunStatus
 from tests.faults import conftest
 from tests.faults.harness import FULL, Backend, Deliverer, FaultServer, Tally, scale
-from tests.faults.ledger import ENV_EFFECTS, accounts_for
+from tests.faults.ledger import ENV_EFFECTS, STEPS, accounts_for
 
 pytestmark = pytest.mark.faults
 
@@ -91,6 +95,7 @@ def _run(tmp_path: Path, backend: Backend, handler: str) -> tuple[dict[str, int]
             server.wait_for_workers(2)
         deliverer.until_done(keys, server.url, lambda k: _payload(k, backend.name), timeout=300)
     balances = accounts.balances(backend.url)
+    once = STEPS if handler == "ledger_steps" else 1  # A balance with each effect once.
     statements = Counter(line.split()[1] for line in effects.read_text().splitlines())
     records = backend.records()
     completed = sum(1 for r in records.values() if r.status is RunStatus.COMPLETED)
@@ -100,16 +105,31 @@ def _run(tmp_path: Path, backend: Backend, handler: str) -> tuple[dict[str, int]
         duplicates_absorbed=sum(
             n for o, n in deliverer.outcomes().items() if o in ("duplicate", "in_progress")
         ),
-        lost=sum(1 for k in keys if balances.get(k, 0) < 1),
+        lost=sum(1 for k in keys if balances.get(k, 0) < once),
         extra={
             "kills": kills,
             "completed": completed,
             "effect_reruns": sum(n - 1 for n in statements.values() if n > 1),
-            "applied_twice_or_more": sum(1 for k in keys if balances.get(k, 0) > 1),
+            "applied_twice_or_more": sum(1 for k in keys if balances.get(k, 0) > once),
         },
     )
     assert completed == len(keys)
+    if handler == "ledger_steps":
+        _check_steps(effects, records)
     return balances, counts, statements
+
+
+def _check_steps(effects: Path, records: dict[str, Any]) -> None:
+    """Each step's last call is the one its record names: none ran again after it."""
+    last: dict[tuple[str, str], str] = {}
+    for line in effects.read_text().splitlines():
+        _, key_step, attempt_id, _, run_id = line.split()
+        last[run_id, key_step.rpartition("/")[2]] = attempt_id
+    for run_id, record in records.items():
+        recorded = steps.steps_of(record)
+        assert list(recorded) == [f"step-{i}" for i in range(STEPS)], run_id
+        for name, step in recorded.items():
+            assert last[run_id, name] == step.attempt_id, (run_id, name)
 
 
 def test_a_transactional_effect_is_applied_exactly_once_under_sigkills(
@@ -132,3 +152,14 @@ def test_the_same_effect_without_transactional_is_applied_twice_under_the_same_k
     assert counts.lost == 0  # At least once: every task's effect is there.
     if FULL:
         assert counts.extra["applied_twice_or_more"] >= 1, "the control never double-applied"
+
+
+def test_transactional_steps_are_each_applied_exactly_once_under_sigkills(
+    tmp_path: Path, ledger_backend: Backend, report: Callable[[str, Tally], None]
+) -> None:
+    balances, counts, _ = _run(tmp_path, ledger_backend, "ledger_steps")
+    report(f"crash_after_effect[{ledger_backend.name}, transactional steps]", counts)
+    assert set(balances.values()) == {STEPS}, "a balance other than 3: a step not exactly once"
+    assert counts.extra["kills"] > 0
+    if FULL:  # The scenario must have killed some attempts after a step's effect ran.
+        assert counts.extra["effect_reruns"] > 0

@@ -79,7 +79,6 @@ from tasklease.worker.stores.postgres_schema import (
     migrate,
 )
 from tasklease.worker.stores.postgres_watchdog import CallTimedOut, Watchdog
-from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store.postgres")
@@ -103,7 +102,9 @@ class _Process:
     writes: OrderedDict[tuple[str, str], tuple[int, RunRecord]] = field(default_factory=OrderedDict)
 
 
-class PostgresStore(LockStore, OperatorQueries, tally.PostgresTally, TransactionalStore):
+class PostgresStore(
+    LockStore, OperatorQueries, tally.PostgresTally, postgres_transactions.PostgresTransactions
+):
     """Run records and locks in a PostgreSQL schema (created and migrated on first use).
 
     ``conninfo`` is a libpq URL or key/value string (``host=/cloudsql/PROJECT:REGION:INSTANCE``
@@ -227,21 +228,6 @@ class PostgresStore(LockStore, OperatorQueries, tally.PostgresTally, Transaction
             return False
         self._remember(record, row[0])
         return True
-
-    def complete_in_transaction(
-        self,
-        run_id: str,
-        attempt_id: str,
-        work: Work,
-        now: Moment,
-        *,
-        keep_for: timedelta | None = None,
-    ) -> TransactionOutcome:
-        """``ctx.transaction`` is a pooled psycopg ``Connection`` inside a transaction, in
-        pipeline mode (see :mod:`.postgres_transactions`)."""
-        return postgres_transactions.complete_in_transaction(
-            self, run_id, attempt_id, work, now=now, keep_for=keep_for
-        )
 
     def get(self, run_id: str) -> RunRecord | None:
         row = self._call(

@@ -181,6 +181,10 @@ class Statements:
 
         cols = {"cols": run_cols}
         self.select_run = text("SELECT {cols}, version FROM {s}.runs WHERE run_id = %s", **cols)
+        # A transactional step's read of its run, in the step's transaction, after its writes.
+        self.lock_run = text(
+            "SELECT {cols}, version FROM {s}.runs WHERE run_id = %s FOR UPDATE", **cols
+        )
         # One round trip: a first claim inserts; a duplicate gets the stored row and the
         # server's time back instead.
         self.claim = text(

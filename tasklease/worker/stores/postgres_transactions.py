@@ -9,30 +9,71 @@ together. When the attempt no longer holds the claim the completion fails on pur
 
 Pipeline mode means a statement whose result the handler never fetches is checked only at
 the next fetch or at the commit: its error then ends the transaction as if raised there.
+
+A transactional step (``ctx.step(..., transactional=True)``) gets the same connection. Its
+record is added to the run's row after its function: the row read ``FOR UPDATE`` (one round
+trip; it waits for a renewal in flight, never for the step), then the conditional ``UPDATE``
+and ``COMMIT`` together (one more). A step's row lock is taken last, so the attempt's own
+renewals are not held up while the step's function runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolTimeout
 
-from tasklease.worker.core import decisions
+from tasklease.worker.core import decisions, steps
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
-from tasklease.worker.core.records import RunStatus
+from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.stores.base import Moment
+from tasklease.worker.stores.postgres_schema import RUN_COLUMNS, decode_run, encode_run
 from tasklease.worker.stores.postgres_watchdog import CallTimedOut
-from tasklease.worker.stores.transactional import TransactionOutcome, Work
+from tasklease.worker.stores.transactional import (
+    StepWork,
+    TransactionalStore,
+    TransactionOutcome,
+    Work,
+)
 
 if TYPE_CHECKING:
     from tasklease.worker.stores.postgres import PostgresStore
 
-__all__ = ["complete_in_transaction"]
+__all__ = ["PostgresTransactions", "complete_in_transaction", "record_step_in_transaction"]
+
+_T = TypeVar("_T")
+
+
+class PostgresTransactions(TransactionalStore):
+    """The :class:`TransactionalStore` methods of the Postgres store."""
+
+    def complete_in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> TransactionOutcome:
+        """``ctx.transaction`` is a pooled psycopg ``Connection`` inside a transaction, in
+        pipeline mode (see :mod:`.postgres_transactions`)."""
+        store = cast("PostgresStore", self)  # The one class this mixin is for.
+        return complete_in_transaction(store, run_id, attempt_id, work, now=now, keep_for=keep_for)
+
+    def record_step_in_transaction(
+        self, run_id: str, attempt_id: str, step_work: StepWork, now: Moment
+    ) -> TransactionOutcome:
+        """The step's function gets the connection a transactional handler would."""
+        return record_step_in_transaction(
+            cast("PostgresStore", self), run_id, attempt_id, step_work
+        )
 
 
 class _HandlerError(Exception):
@@ -55,14 +96,43 @@ def complete_in_transaction(
 ) -> TransactionOutcome:
     """See :meth:`TransactionalStore.complete_in_transaction`. Never retried here: a call
     whose commit may have landed must be decided by reading the record."""
-    process = store._ready_process()
     at = None if callable(now) and store.options.server_clock else _fixed(now)
+    committed = _transact(
+        store,
+        lambda connection: _run(
+            store, connection, work, at=at, keep_for=keep_for, run=(run_id, attempt_id)
+        ),
+    )
+    if committed is None:  # The completion found the claim gone: nothing was kept.
+        return TransactionOutcome(held=False, result_json=None)
+    store._process.get().writes.pop(
+        (run_id, attempt_id), None
+    )  # Finished: nothing to condition on.
+    return TransactionOutcome(held=True, result_json=committed[0])
+
+
+def record_step_in_transaction(
+    store: PostgresStore, run_id: str, attempt_id: str, step_work: StepWork
+) -> TransactionOutcome:
+    """See :meth:`TransactionalStore.record_step_in_transaction`. Never retried here."""
+    written = _transact(
+        store, lambda connection: _run_step(store, connection, step_work, (run_id, attempt_id))
+    )
+    if written is None:  # The claim was gone: rolled back.
+        return TransactionOutcome(held=False, result_json=None)
+    record, version, step_json = written
+    store._remember(record, version)  # The attempt's next renewal is conditional on it.
+    return TransactionOutcome(held=True, result_json=step_json)
+
+
+def _transact(store: PostgresStore, body: Callable[[Connection[Any]], _T]) -> _T:
+    """``body`` on a pooled connection, rolled back unless it committed; the database's
+    errors as StoreUnavailable, the handler's own as raised."""
+    process = store._ready_process()
     try:
         with process.pool.connection(timeout=store.options.pool_timeout) as connection:
             try:
-                committed = _run(
-                    store, connection, work, at=at, keep_for=keep_for, run=(run_id, attempt_id)
-                )
+                return body(connection)
             finally:
                 if connection.info.transaction_status is not TransactionStatus.IDLE:
                     with contextlib.suppress(psycopg.Error):
@@ -78,10 +148,41 @@ def complete_in_transaction(
         raise store._unavailable("start a transaction", f"no connection: {exc}") from exc
     except psycopg.Error as exc:
         raise store._unavailable("commit a transaction", str(exc)) from exc
-    if committed is None:  # The completion found the claim gone: nothing was kept.
-        return TransactionOutcome(held=False, result_json=None)
-    process.writes.pop((run_id, attempt_id), None)  # Finished: nothing to condition on.
-    return TransactionOutcome(held=True, result_json=committed[0])
+
+
+def _run_step(
+    store: PostgresStore, connection: Connection[Any], step_work: StepWork, run: tuple[str, str]
+) -> tuple[RunRecord, int, str] | None:
+    """The step's transaction: the new record, its version and the step's result JSON if
+    it committed, None if the claim was gone."""
+    run_id, attempt_id = run
+    bounded = store._process.get().watchdog.bounded
+    with connection.pipeline() as pipeline:
+        connection.execute("BEGIN")
+        try:
+            step = step_work(connection)
+            read = connection.execute(store._statements.lock_run, (run_id,))
+            with bounded(connection, store.options.call_timeout):
+                row = read.fetchone()  # Any error of the step's own statements shows here.
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            raise _HandlerError(exc) from exc
+        if row is None or not decisions.holds(decode_run(row), attempt_id):
+            connection.execute("ROLLBACK")
+            return None
+        record = steps.with_step(decode_run(row), step)  # StepError past the run's cap.
+        values = encode_run(record)
+        updated = connection.execute(
+            store._statements.update_run, [*values[1:], run_id, row[len(RUN_COLUMNS)]]
+        )
+        connection.execute("COMMIT")
+        with bounded(connection, store.options.call_timeout):
+            pipeline.sync()
+        version = updated.fetchone()
+    if version is None:  # Impossible under the row lock; then nothing was written.
+        raise psycopg.OperationalError(f"run {run_id} changed under its row lock")
+    return record, int(version[0]), step.result_json
 
 
 def _run(

@@ -24,7 +24,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -35,11 +35,12 @@ from tasklease.plumbing import private_files
 from tasklease.plumbing.group_commit import GroupCommit, Pending
 from tasklease.plumbing.per_process import PerProcess
 from tasklease.plumbing.writer_lock import WriterLock, WriterLockTimeout
-from tasklease.worker.core import decisions
+from tasklease.worker.core import decisions, steps
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores import sqlite_locks as locks
 from tasklease.worker.stores import sqlite_tally as tally
+from tasklease.worker.stores import sqlite_wal as wal
 from tasklease.worker.stores.base import Change, LockChange, Moment, resolve
 from tasklease.worker.stores.codec import Conversion, RecordCodec
 from tasklease.worker.stores.delivery_tally import TALLY_KEPT
@@ -47,7 +48,12 @@ from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.sqlite_locks import micros as _micros
 from tasklease.worker.stores.sqlite_transactions import HandlerDatabaseError, run_transaction
-from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
+from tasklease.worker.stores.transactional import (
+    StepWork,
+    TransactionalStore,
+    TransactionOutcome,
+    Work,
+)
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")
@@ -211,17 +217,37 @@ class SqliteStore(LockStore, OperatorQueries, tally.SqliteTally, TransactionalSt
         """``ctx.transaction`` is a ``sqlite3.Connection`` inside ``BEGIN IMMEDIATE`` on this
         database file (see :mod:`.sqlite_transactions`)."""
 
-        def finish(connection: sqlite3.Connection, result_json: str | None) -> bool:
-            row = connection.execute(_SELECT_ONE, (run_id,)).fetchone()
-            record = _decode(row) if row else None
-            if record is None or not decisions.holds(record, attempt_id):
-                return False
+        def completed(record: RunRecord, result_json: str | None) -> RunRecord:
             at = resolve(now)
-            done = decisions.kept(decisions.completed(record, result_json, at), at, keep_for)
-            _write(connection, row, _encode(done))
+            return decisions.kept(decisions.completed(record, result_json, at), at, keep_for)
+
+        held, result_json = self._in_transaction(run_id, attempt_id, work, completed)
+        return TransactionOutcome(held=held, result_json=result_json if held else None)
+
+    def record_step_in_transaction(
+        self, run_id: str, attempt_id: str, step_work: StepWork, now: Moment
+    ) -> TransactionOutcome:
+        """The step's transaction is a transactional handler's: see above."""
+        held, step = self._in_transaction(run_id, attempt_id, step_work, steps.with_step)
+        return TransactionOutcome(held=held, result_json=step.result_json if held else None)
+
+    def _in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Callable[[sqlite3.Connection], _T],
+        change: Callable[[RunRecord, _T], RunRecord],
+    ) -> tuple[bool, _T]:
+        """``work``, then the run's record changed by ``change`` if ``attempt_id`` holds it."""
+
+        def finish(connection: sqlite3.Connection, value: _T) -> bool:
+            row = connection.execute(_SELECT_ONE, (run_id,)).fetchone()
+            if row is None or not decisions.holds(_decode(row), attempt_id):
+                return False
+            _write(connection, row, _encode(change(_decode(row), value)))
             return True
 
-        def transaction() -> TransactionOutcome:
+        def transaction() -> tuple[bool, _T]:
             with self._guard("run a transaction"):
                 return run_transaction(self._writing.get(), work, finish, self._writer)
 
@@ -382,7 +408,7 @@ class SqliteStore(LockStore, OperatorQueries, tally.SqliteTally, TransactionalSt
         return connection
 
     def _open(self) -> sqlite3.Connection:
-        private_files.prepare_private_database(self.path, _start_in_wal_mode)
+        private_files.prepare_private_database(self.path, wal.start_in_wal_mode)
         timeout = self._busy_timeout.total_seconds()
         # isolation_level=None: we issue BEGIN/COMMIT ourselves.
         connection = sqlite3.connect(
@@ -402,7 +428,7 @@ class SqliteStore(LockStore, OperatorQueries, tally.SqliteTally, TransactionalSt
         with self._schema_lock:
             if self._schema_ready_pid == os.getpid():
                 return
-            self._use_wal(connection)
+            wal.use_wal(connection, self.path, self._busy_timeout)
             connection.execute("BEGIN IMMEDIATE")
             try:
                 version = connection.execute("PRAGMA user_version").fetchone()[0]
@@ -424,29 +450,6 @@ class SqliteStore(LockStore, OperatorQueries, tally.SqliteTally, TransactionalSt
                 raise
             self._schema_ready_pid = os.getpid()
 
-    def _use_wal(self, connection: sqlite3.Connection) -> None:
-        """Switch the file to WAL (a persistent setting), retrying while others hold it.
-
-        Switching needs the file alone, and SQLite can answer "database is locked" at once
-        there instead of waiting for busy_timeout: seen when several gunicorn workers open a
-        fresh file together (tests/test_store_sqlite_open.py).
-        """
-        deadline = time.monotonic() + self._busy_timeout.total_seconds()
-        pause = 0.005
-        while True:
-            try:
-                if connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
-                    return
-                if connection.execute("PRAGMA journal_mode = WAL").fetchone()[0] == "wal":
-                    return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise
-            if time.monotonic() > deadline:
-                raise StoreUnavailable(f"{self.path}: could not switch to WAL mode: file busy")
-            time.sleep(pause)
-            pause = min(pause * 2, 0.2)
-
     @contextmanager
     def _guard(self, action: str) -> Iterator[None]:
         """Turn any SQLite or file-system error into :class:`StoreUnavailable`."""
@@ -461,15 +464,6 @@ def _add_missing_columns(connection: sqlite3.Connection) -> None:
     for name, kind in _ADDED_COLUMNS.items():
         if name not in present:  # Constant names and types only: nothing from outside.
             connection.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
-
-
-def _start_in_wal_mode(path: Path) -> None:
-    """Make ``path`` a database already in WAL mode, before any other process can see it."""
-    connection = sqlite3.connect(path, isolation_level=None)
-    try:
-        connection.execute("PRAGMA journal_mode = WAL")
-    finally:
-        connection.close()
 
 
 def _write(

@@ -8,7 +8,9 @@ writing connection, under the cross-process writer lock: it holds SQLite's one w
 the handler's whole run, so other writers of the file (claims, renewals, its own attempt's
 renewals too) wait for it. Keep transactional handlers on SQLite well within their lease:
 past it the attempt reads its lease as lost by the local clock (the commit is still safe:
-no other attempt can take the run over while this one holds the write lock).
+no other attempt can take the run over while this one holds the write lock). A
+transactional step (``ctx.step(..., transactional=True)``) runs in the same kind of
+transaction, which writes the step's record instead of the completion.
 """
 
 from __future__ import annotations
@@ -16,13 +18,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-
-from tasklease.worker.stores.transactional import TransactionOutcome, Work
+from typing import TypeVar
 
 __all__ = ["HandlerDatabaseError", "run_transaction"]
 
-Finish = Callable[[sqlite3.Connection, str | None], bool]
-"""Writes the completion record in the open transaction if the attempt holds the claim."""
+_T = TypeVar("_T")
 
 
 class HandlerDatabaseError(Exception):
@@ -36,17 +36,19 @@ class HandlerDatabaseError(Exception):
 
 def run_transaction(
     connection: sqlite3.Connection,
-    work: Work,
-    finish: Finish,
+    work: Callable[[sqlite3.Connection], _T],
+    finish: Callable[[sqlite3.Connection, _T], bool],
     writer: Callable[[], AbstractContextManager[None]],
-) -> TransactionOutcome:
-    """``work`` then ``finish`` in one write transaction on ``connection``, committed only if
-    ``finish`` found the claim held; rolled back on any exception, which goes through."""
+) -> tuple[bool, _T]:
+    """``work`` then ``finish`` (which writes the run's record in the open transaction if the
+    attempt holds the claim) in one write transaction on ``connection``, committed only if
+    ``finish`` found the claim held; rolled back on any exception, which goes through.
+    Returns whether it committed, and what ``work`` returned."""
     with writer():
         connection.execute("BEGIN IMMEDIATE")
         try:
             try:
-                result_json = work(connection)
+                value = work(connection)
             except sqlite3.Error as exc:
                 raise HandlerDatabaseError(exc) from exc
             if not connection.in_transaction:
@@ -54,12 +56,12 @@ def run_transaction(
                     "the handler ended ctx.transaction itself (COMMIT or ROLLBACK): the "
                     "framework commits it, with the run's completion record"
                 )
-            if not finish(connection, result_json):
+            if not finish(connection, value):
                 connection.execute("ROLLBACK")
-                return TransactionOutcome(held=False, result_json=None)
+                return False, value
             connection.execute("COMMIT")
         except BaseException:
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
             raise
-    return TransactionOutcome(held=True, result_json=result_json)
+    return True, value

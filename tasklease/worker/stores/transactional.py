@@ -13,16 +13,32 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from tasklease.worker.core.steps import StepRecord
 from tasklease.worker.stores.base import LeaseStore, Moment
 
-__all__ = ["TRANSACTIONAL_STORES", "TransactionOutcome", "TransactionalStore", "Work"]
+__all__ = [
+    "TRANSACTIONAL_STEP_STORES",
+    "TRANSACTIONAL_STORES",
+    "StepWork",
+    "TransactionOutcome",
+    "TransactionalStore",
+    "Work",
+    "records_steps_in_transactions",
+]
 
 TRANSACTIONAL_STORES = "SqliteStore, PostgresStore, SpannerStore or FirestoreStore"
 """The shipped stores that can run a transactional handler, for refusals to name."""
 
+TRANSACTIONAL_STEP_STORES = "SqliteStore or PostgresStore"
+"""The shipped stores that can run a transactional step, for refusals to name."""
+
 Work = Callable[[Any], str | None]
 """Given the store's native transaction, do the handler's writes through it and return the
 run's serialised result (JSON text, or None)."""
+
+StepWork = Callable[[Any], StepRecord]
+"""Given the store's native transaction, do a step's writes through it and return the step's
+record to write in the same transaction (``ctx.step(..., transactional=True)``)."""
 
 
 @dataclass(frozen=True)
@@ -75,3 +91,32 @@ class TransactionalStore(LeaseStore):
         :class:`~tasklease.errors.StoreUnavailable`; when the commit's outcome is unknown,
         the record tells: completed by ``attempt_id`` means it committed, with the effect.
         """
+
+    def record_step_in_transaction(
+        self, run_id: str, attempt_id: str, step_work: StepWork, now: Moment
+    ) -> TransactionOutcome:
+        """In one transaction: run ``step_work(tx)``, then add the step record it returned to
+        the run, only if ``attempt_id`` still holds the claim (checked inside the
+        transaction); commit. The step's writes and its record commit together or not at
+        all. ``result_json`` of the outcome is the step's. ``now`` is the time of the call,
+        for a store whose write needs one.
+
+        If ``step_work`` raises (or the step would pass the run's cap: ``StepError``), roll
+        back and let the exception through. If the claim is gone, roll back and return
+        ``held=False``. If the database fails, raise ``StoreUnavailable``; when the
+        commit's outcome is unknown, the record tells (the step recorded by ``attempt_id``
+        means it committed, with its writes).
+
+        Optional: a store without it raises NotImplementedError, and a transactional step
+        is refused on it before its function runs (:func:`records_steps_in_transactions`).
+        """
+        raise NotImplementedError(f"{self!r} does not record steps in its transactions")
+
+
+def records_steps_in_transactions(store: LeaseStore | None) -> bool:
+    """Whether ``store`` can run a transactional step (implements
+    :meth:`TransactionalStore.record_step_in_transaction`)."""
+    if not isinstance(store, TransactionalStore):
+        return False
+    own = type(store).record_step_in_transaction
+    return own is not TransactionalStore.record_step_in_transaction
