@@ -140,6 +140,7 @@ def test_nested_savepoints_keep_working(
     def body(tx: Any, add: Add, take_over: Callable[[], None]) -> None:
         with tx.transaction():
             add(1)
+            tx.execute("SELECT 1").fetchone()  # Read idle again, inside the savepoint.
             with contextlib.suppress(psycopg.errors.DivisionByZero), tx.transaction():
                 add(10)
                 tx.execute("SELECT 1 / 0").fetchone()

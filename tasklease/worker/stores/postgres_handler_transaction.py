@@ -61,10 +61,13 @@ class _Savepoint(Transaction):
     """A psycopg ``Transaction`` that is never the outer one."""
 
     def _push_savepoint(self) -> None:
-        super()._push_savepoint()
-        if self._outer_transaction:  # Idle as libpq reads it in pipeline mode: see above.
-            self._outer_transaction = False
-            self._savepoint_name = self._savepoint_name or f"_pg3_{self._conn._num_transactions}"
+        # psycopg's own (psycopg/transaction.py) for a nested transaction, whatever the
+        # status libpq reports: the framework's BEGIN is the outer one.
+        self._outer_transaction = False
+        if not self._savepoint_name:
+            self._savepoint_name = f"_pg3_{self._conn._num_transactions + 1}"
+        self._stack_index = self._conn._num_transactions
+        self._conn._num_transactions += 1
 
 
 class PostgresTransaction:
