@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -124,3 +125,28 @@ def test_a_change_from_inside_alone_is_refused_rather_than_waiting_for_itself() 
     with pytest.raises(RuntimeError, match="wait for itself"):
         commits.alone(lambda: commits.run(lambda c: c))
     assert commits.run(lambda c: c) == "connection"  # The lead was handed back.
+
+
+def test_a_change_from_a_copy_of_the_alone_context_on_another_thread_is_refused() -> None:
+    """An async handler runs in a copy of the request thread's context on the loop's thread."""
+    commits: GroupCommit[str] = GroupCommit(Recorder())
+
+    def elsewhere() -> None:
+        context = contextvars.copy_context()
+        errors: list[BaseException] = []
+
+        def change() -> None:
+            try:
+                context.run(commits.run, lambda c: c)
+            except RuntimeError as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=change, daemon=True)
+        thread.start()
+        thread.join(5)
+        assert not thread.is_alive(), "the change waited for the action it was part of"
+        raise errors[0]
+
+    with pytest.raises(RuntimeError, match="wait for itself"):
+        commits.alone(elsewhere)
+    assert commits.run(lambda c: c) == "connection"

@@ -27,6 +27,14 @@ class NotInTransaction(ValueError):
     """The transaction object given would commit the entry on its own (autocommit)."""
 
 
+# A transactional handler's ``ctx.transaction`` on the SQLite and Postgres stores: the
+# driver's connection, wrapped (named here so as to import nothing of the worker).
+_HANDLER_TRANSACTIONS = {
+    "tasklease.worker.stores.sqlite_transactions.SqliteTransaction": "sqlite3",
+    "tasklease.worker.stores.postgres_handler_transaction.PostgresTransaction": "psycopg",
+}
+
+
 def _insert(placeholder: Callable[[str], str]) -> str:
     values = ", ".join(placeholder(column) for column in COLUMNS)
     return (
@@ -40,8 +48,11 @@ _PYFORMAT = _insert(lambda column: f"%({column})s")  # psycopg
 
 def stage(tx: Any, entries: Sequence[Entry]) -> list[bool]:
     """Insert ``entries`` through ``tx``; True for each that is new (False: already staged)."""
-    if isinstance(tx, sqlite3.Connection):
+    handler_transaction = _HANDLER_TRANSACTIONS.get(f"{type(tx).__module__}.{type(tx).__name__}")
+    if isinstance(tx, sqlite3.Connection) or handler_transaction == "sqlite3":
         return _sqlite(tx, entries)
+    if handler_transaction == "psycopg":
+        return _psycopg(tx, entries)
     module = type(tx).__module__
     if type(tx).__name__.startswith("Async"):
         raise TypeError(

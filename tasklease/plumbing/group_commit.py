@@ -8,13 +8,16 @@ to the number of threads waiting, and so does the number of changes per fsync.
 
 A change that must run on its caller's own thread (a transactional handler: the user's code,
 with its thread's context) takes the lead :meth:`~GroupCommit.alone`: no batch of the
-process is in flight meanwhile, and the changes queued behind it wait for it.
+process is in flight meanwhile, and the changes queued behind it wait for it. A change asked
+for from inside that action (its thread, or code running in a copy of its context: an ``async
+def`` handler on the handler loop's thread) is refused: it would wait for itself.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -23,6 +26,13 @@ _T = TypeVar("_T")
 
 # Changes per transaction at most: bounds how long one commit holds the write lock.
 MAX_BATCH = 64
+
+# The GroupCommit whose ``alone`` action this context runs in, if any. A context variable, not
+# the thread: the handler loop runs an async handler's coroutine in a copy of the request
+# thread's context but on its own thread.
+_RUNNING_ALONE: ContextVar[GroupCommit[Any] | None] = ContextVar(
+    "tasklease_group_commit_alone", default=None
+)
 
 
 @dataclass
@@ -53,7 +63,7 @@ class GroupCommit(Generic[_C]):
 
     def run(self, work: Callable[[_C], Any]) -> Any:
         """Apply ``work`` in some batch's transaction; return its value once committed."""
-        if self._alone is threading.current_thread():
+        if self._inside_alone():
             raise RuntimeError(
                 "a change of the store from inside its own transaction would wait for itself"
             )
@@ -73,7 +83,7 @@ class GroupCommit(Generic[_C]):
     def alone(self, action: Callable[[], _T]) -> _T:
         """Run ``action`` on this thread while no batch of this process is in flight: it
         makes its own transaction. Changes queued meanwhile wait for it, then batch again."""
-        if self._alone is threading.current_thread():
+        if self._inside_alone():
             raise RuntimeError("a transaction of the store inside its own transaction")
         pending: Pending[_C] = Pending(lambda _: None, solo=True)
         self._enqueue(pending)
@@ -83,12 +93,18 @@ class GroupCommit(Generic[_C]):
         with self._lock:  # The leader is the oldest queued change: this one.
             self._queue.remove(pending)
             self._alone = threading.current_thread()
+        token = _RUNNING_ALONE.set(self)
         try:
             return action()
         finally:
+            _RUNNING_ALONE.reset(token)
             with self._lock:
                 self._alone = None
                 self._hand_off()
+
+    def _inside_alone(self) -> bool:
+        """Whether the caller runs inside this instance's ``alone`` action."""
+        return self._alone is threading.current_thread() or _RUNNING_ALONE.get() is self
 
     def _enqueue(self, pending: Pending[_C]) -> None:
         with self._lock:

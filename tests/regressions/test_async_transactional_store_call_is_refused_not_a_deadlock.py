@@ -41,3 +41,8 @@ def test_a_store_write_from_an_async_transactional_handler_is_refused_not_a_dead
     thread.join(8)
     assert not thread.is_alive(), "the delivery deadlocked inside its own transaction"
     assert answers == ["released"]
+    (record,) = store.list_runs()
+    assert "RuntimeError" in (record.error or "")
+    with sqlite3.connect(store.path) as connection:  # Rolled back with the transaction.
+        assert connection.execute("SELECT count(*) FROM effects").fetchone() == (0,)
+    store.close()

@@ -7,6 +7,9 @@ the handler's first statement), one after it: the conditional completion and ``C
 together. When the attempt no longer holds the claim the completion fails on purpose
 (``Statements.complete_held``), the transaction aborts and the ``COMMIT`` rolls it back.
 
+The handler gets the connection wrapped (:mod:`.postgres_handler_transaction`): it cannot
+commit or roll back the transaction itself.
+
 Pipeline mode means a statement whose result the handler never fetches is checked only at
 the next fetch or at the commit: its error then ends the transaction as if raised there.
 
@@ -33,6 +36,7 @@ from tasklease.worker.core import decisions, steps
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.stores.base import Moment
+from tasklease.worker.stores.postgres_handler_transaction import guarded
 from tasklease.worker.stores.postgres_schema import RUN_COLUMNS, decode_run, encode_run
 from tasklease.worker.stores.postgres_watchdog import CallTimedOut
 from tasklease.worker.stores.transactional import (
@@ -160,7 +164,8 @@ def _run_step(
     with connection.pipeline() as pipeline:
         connection.execute("BEGIN")
         try:
-            step = step_work(connection)
+            with guarded(connection) as transaction:
+                step = step_work(transaction)
             read = connection.execute(store._statements.lock_run, (run_id,))
             with bounded(connection, store.options.call_timeout):
                 row = read.fetchone()  # Any error of the step's own statements shows here.
@@ -202,7 +207,8 @@ def _run(
         with connection.pipeline() as pipeline:
             connection.execute("BEGIN")
             try:
-                result_json = work(connection)
+                with guarded(connection) as transaction:
+                    result_json = work(transaction)
             except psycopg.Error as exc:
                 raise _HandlerError(exc) from exc
             params = [

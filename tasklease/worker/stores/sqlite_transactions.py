@@ -11,6 +11,13 @@ past it the attempt reads its lease as lost by the local clock (the commit is st
 no other attempt can take the run over while this one holds the write lock). A
 transactional step (``ctx.step(..., transactional=True)``) runs in the same kind of
 transaction, which writes the step's record instead of the completion.
+
+The handler gets the connection wrapped (:class:`SqliteTransaction`): SQLite itself can end
+the transaction under it (a ``UNIQUE ON CONFLICT ROLLBACK`` column, a trigger's
+``RAISE(ROLLBACK)``, SQLITE_FULL; sqlite.org/lang_conflict.html), and on a connection in
+autocommit mode every later statement would then commit on its own, without the record. The
+wrapper refuses a statement once the transaction has ended, and any call or statement that
+would end it (:mod:`.handler_transaction`).
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["HandlerDatabaseError", "run_transaction"]
+from tasklease.worker.stores.handler_transaction import ends_transaction, refused
+
+__all__ = ["HandlerDatabaseError", "SqliteTransaction", "run_transaction"]
 
 _T = TypeVar("_T")
 
@@ -34,9 +43,78 @@ class HandlerDatabaseError(Exception):
         self.error = error
 
 
+def _check(connection: sqlite3.Connection, statement: str) -> None:
+    if ends_transaction(statement):
+        raise refused(f"the statement {statement.strip()[:40]!r}")
+    if not connection.in_transaction:
+        raise RuntimeError(
+            "ctx.transaction has ended (SQLite rolled it back: ON CONFLICT ROLLBACK, "
+            "RAISE(ROLLBACK) or a full disk): no statement runs outside it"
+        )
+
+
+class _GuardedCursor(sqlite3.Cursor):
+    """A cursor of :class:`SqliteTransaction`: runs statements only inside the transaction."""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> _GuardedCursor:
+        _check(self.connection, sql)
+        return super().execute(sql, parameters)
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> _GuardedCursor:
+        _check(self.connection, sql)
+        return super().executemany(sql, seq_of_parameters)
+
+    def executescript(self, sql_script: str, /) -> _GuardedCursor:
+        raise refused("executescript() (it commits first)")
+
+
+class SqliteTransaction:
+    """``ctx.transaction`` on SQLite: the store's ``sqlite3.Connection`` inside ``BEGIN
+    IMMEDIATE``, minus the means to end the transaction; other attributes are the
+    connection's."""
+
+    __slots__ = ("_connection",)
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        object.__setattr__(self, "_connection", connection)
+
+    def cursor(self) -> sqlite3.Cursor:
+        cursor: _GuardedCursor = self._connection.cursor(_GuardedCursor)
+        return cursor
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        return self.cursor().execute(sql, parameters)
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> sqlite3.Cursor:
+        return self.cursor().executemany(sql, seq_of_parameters)
+
+    def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
+        raise refused("executescript() (it commits first)")
+
+    def commit(self) -> None:
+        raise refused("commit()")
+
+    def rollback(self) -> None:
+        raise refused("rollback()")
+
+    def __enter__(self) -> None:
+        raise refused("its use as a context manager (it commits on exit)")
+
+    def __exit__(self, *exc: object) -> None:  # pragma: no cover - __enter__ raised
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("isolation_level", "autocommit"):
+            raise refused(f"setting {name}")
+        setattr(self._connection, name, value)
+
+
 def run_transaction(
     connection: sqlite3.Connection,
-    work: Callable[[sqlite3.Connection], _T],
+    work: Callable[[SqliteTransaction], _T],
     finish: Callable[[sqlite3.Connection, _T], bool],
     writer: Callable[[], AbstractContextManager[None]],
 ) -> tuple[bool, _T]:
@@ -48,13 +126,14 @@ def run_transaction(
         connection.execute("BEGIN IMMEDIATE")
         try:
             try:
-                value = work(connection)
+                value = work(SqliteTransaction(connection))
             except sqlite3.Error as exc:
                 raise HandlerDatabaseError(exc) from exc
             if not connection.in_transaction:
                 raise RuntimeError(
-                    "the handler ended ctx.transaction itself (COMMIT or ROLLBACK): the "
-                    "framework commits it, with the run's completion record"
+                    "ctx.transaction has ended before the handler returned (SQLite rolled it "
+                    "back, or the handler ended it): the framework commits it, with the run's "
+                    "completion record"
                 )
             if not finish(connection, value):
                 connection.execute("ROLLBACK")

@@ -62,9 +62,10 @@ class TransactionalStore(LeaseStore):
     ``create_app`` refuses on a store without it.
 
     The transaction object a handler gets as ``ctx.transaction`` is the backend's own:
-    ``sqlite3.Connection`` (SQLite), a psycopg ``Connection`` inside a transaction
-    (Postgres), ``google.cloud.spanner_v1.transaction.Transaction`` (Spanner),
-    ``google.cloud.firestore.Transaction`` (Firestore).
+    ``sqlite3.Connection`` (SQLite) and a psycopg ``Connection`` inside a transaction
+    (Postgres), each wrapped so that the handler cannot end the transaction
+    (:mod:`.handler_transaction`), ``google.cloud.spanner_v1.transaction.Transaction``
+    (Spanner), ``google.cloud.firestore.Transaction`` (Firestore).
     """
 
     transaction_reruns: ClassVar[bool] = False
