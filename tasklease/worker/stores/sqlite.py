@@ -47,7 +47,11 @@ from tasklease.worker.stores.delivery_tally import TALLY_KEPT
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.sqlite_locks import micros as _micros
-from tasklease.worker.stores.sqlite_transactions import HandlerDatabaseError, run_transaction
+from tasklease.worker.stores.sqlite_transactions import (
+    HandlerDatabaseError,
+    SqliteTransaction,
+    run_transaction,
+)
 from tasklease.worker.stores.transactional import (
     StepWork,
     TransactionalStore,
@@ -235,7 +239,7 @@ class SqliteStore(LockStore, OperatorQueries, tally.SqliteTally, TransactionalSt
         self,
         run_id: str,
         attempt_id: str,
-        work: Callable[[sqlite3.Connection], _T],
+        work: Callable[[SqliteTransaction], _T],
         change: Callable[[RunRecord, _T], RunRecord],
     ) -> tuple[bool, _T]:
         """``work``, then the run's record changed by ``change`` if ``attempt_id`` holds it."""
