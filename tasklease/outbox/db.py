@@ -47,6 +47,7 @@ class Status:
     sent: int
     failed: list[Failed]
     retrying: int  # Pending entries that have failed at least once (backing off).
+    failed_total: int = 0  # Failed entries, all of them (``failed`` lists the oldest).
 
 
 class OutboxDB(ABC):
@@ -180,6 +181,7 @@ class OutboxDB(ABC):
             sent=counts.get(SENT, (0, None, 0))[0],
             failed=failed,
             retrying=retrying,
+            failed_total=counts.get(FAILED, (0, None, 0))[0],
         )
 
     def _skip_locked(self) -> str:
