@@ -1,0 +1,64 @@
+"""The outbox in Firestore: entries staged through the caller's ``Transaction``, and the relay's
+side (claim, mark, report) over the collection ``tasklease_outbox``.
+
+An entry is a document named by a hash of the task's full name (hashed IDs spread the load,
+and the name has slashes), written with ``transaction.create``: the commit fails rather than
+overwrite an entry of the same name. Before that, one read outside the transaction (it takes
+no lock) skips a name already staged by an earlier commit (``staged=False``, as the SQL
+outboxes' ``ON CONFLICT DO NOTHING``); a second enqueue of a name within one transaction is
+skipped too. Two transactions staging a new name at once: the later commit fails with
+``AlreadyExists``, never a second entry.
+
+The relay claims a batch in a transaction: a query of due pending entries, ordered by due time
+(an entry's commit time until it is backed off or claimed), each pushed ``lease`` seconds
+ahead; the server's transaction locks make concurrent relays take disjoint batches (a loser
+is retried by ``@firestore.transactional`` and re-runs the query). Its marks are transactions
+that change only entries still pending. Production needs composite indexes on
+(state, next_attempt_at), (state, created_at) and (state, attempts); the emulator needs none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from tasklease.outbox.adapters import NotInTransaction
+from tasklease.outbox.entries import PENDING, TABLE, Entry
+
+COLLECTION = TABLE
+_STAGED = "_tasklease_outbox_staged"  # Names staged so far on one Transaction object.
+_CHUNK = 500  # Writes per commit (Firestore's limit).
+
+
+def doc_id(name: str) -> str:
+    """The document ID of the entry for the task named ``name`` (its full resource name)."""
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def stage(tx: Any, entries: Sequence[Entry], collection: str = COLLECTION) -> list[bool]:
+    """``transaction.create`` one document per new entry; True for each that is new."""
+    if not getattr(tx, "in_progress", False):
+        raise NotInTransaction(
+            "the Firestore Transaction is not in progress: stage inside a function decorated "
+            "with @firestore.transactional"
+        )
+    staged_here: set[str] = getattr(tx, _STAGED, None) or set()
+    setattr(tx, _STAGED, staged_here)
+    client = tx._client
+    refs = [client.collection(collection).document(doc_id(entry.id)) for entry in entries]
+    # Outside the transaction: a read inside it would lock, and fails after its writes.
+    found = {snap.id for snap in client.get_all(refs, field_paths=["state"]) if snap.exists}
+    new: list[bool] = []
+    for entry, ref in zip(entries, refs, strict=True):
+        if ref.id in found or ref.id in staged_here:
+            new.append(False)
+            continue
+        tx.create(ref, _document(entry))
+        staged_here.add(ref.id)
+        new.append(True)
+    return new
+
+
+def _document(entry: Entry) -> dict[str, Any]:
+    return {**entry.row(), "state": PENDING, "attempts": 0, "last_error": None, "sent_at": None}
