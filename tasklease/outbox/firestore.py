@@ -27,7 +27,6 @@ from tasklease.outbox.adapters import NotInTransaction
 from tasklease.outbox.entries import PENDING, TABLE, Entry
 
 COLLECTION = TABLE
-_STAGED = "_tasklease_outbox_staged"  # Names staged so far on one Transaction object.
 _CHUNK = 500  # Writes per commit (Firestore's limit).
 
 
@@ -43,19 +42,21 @@ def stage(tx: Any, entries: Sequence[Entry], collection: str = COLLECTION) -> li
             "the Firestore Transaction is not in progress: stage inside a function decorated "
             "with @firestore.transactional"
         )
-    staged_here: set[str] = getattr(tx, _STAGED, None) or set()
-    setattr(tx, _STAGED, staged_here)
     client = tx._client
     refs = [client.collection(collection).document(doc_id(entry.id)) for entry in entries]
     # Outside the transaction: a read inside it would lock, and fails after its writes.
     found = {snap.id for snap in client.get_all(refs, field_paths=["state"]) if snap.exists}
+    # Names this attempt of the transaction writes already. Not a set kept on ``tx``:
+    # @firestore.transactional re-runs the function on the same object after an aborted
+    # commit, and the re-run must stage its entries again (its writes start empty).
+    written = {pb.update.name for pb in getattr(tx, "_write_pbs", ())} - {""}
     new: list[bool] = []
     for entry, ref in zip(entries, refs, strict=True):
-        if ref.id in found or ref.id in staged_here:
+        if ref.id in found or ref._document_path in written:
             new.append(False)
             continue
         tx.create(ref, _document(entry))
-        staged_here.add(ref.id)
+        written.add(ref._document_path)
         new.append(True)
     return new
 
