@@ -150,21 +150,23 @@ def committed_orders(url: str) -> set[int]:
 
 
 def web(stack: Stack, start: int, end: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.faults.outbox_web",
-            stack.url,
-            str(start),
-            str(end),
-            str(ROLLBACK_EVERY),
-        ],
-        env=stack.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    # Its stderr to a file that says why a web process failed (the child keeps its own fd).
+    with (stack.data_dir.parent / "web.log").open("a") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.faults.outbox_web",
+                stack.url,
+                str(start),
+                str(end),
+                str(ROLLBACK_EVERY),
+            ],
+            env=stack.env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
 
 
 def executions_once_each(stack: Stack, expected: set[int]) -> None:
