@@ -179,3 +179,14 @@ def test_a_poison_entry_fails_with_its_reason_and_can_be_requeued(
     assert db.status(0).depth == 1
     assert db.purge_sent(before=10**10) == 1  # The sent entry; the requeued one stays.
     assert db.status(0).sent == 0
+
+
+def test_a_commit_wakes_the_relays_listener_at_once(
+    client: firestore.Client, project: str, tasks: CloudTasksEmulator
+) -> None:
+    db, relay = relay_for(project, tasks)
+    db.wait(2)  # Starts the listener; its first snapshot (empty here) may or may not fire.
+    assert db.wait(0.2) is False  # Nothing committed: no wake-up.
+    place_order(client, tasks.url, 7)
+    assert db.wait(30) is True  # Woken by the commit, not by a poll.
+    assert relay.drain().sent == 1

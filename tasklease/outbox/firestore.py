@@ -9,10 +9,12 @@ outboxes' ``ON CONFLICT DO NOTHING``); a second enqueue of a name within one tra
 skipped too. Two transactions staging a new name at once: the later commit fails with
 ``AlreadyExists``, never a second entry.
 
-The relay claims a batch in a transaction: a query of due pending entries, ordered by due time
-(an entry's commit time until it is backed off or claimed), each pushed ``lease`` seconds
-ahead; the server's transaction locks make concurrent relays take disjoint batches (a loser
-is retried by ``@firestore.transactional`` and re-runs the query). Its marks are transactions
+The relay claims a batch with a query of due pending entries, ordered by due time (an
+entry's commit time until it is backed off or claimed), outside any transaction (a query's
+read locks in one would outlive a killed relay and time out the callers' commits): each entry
+is pushed ``lease`` seconds ahead on condition of the update time read, so racing relays
+claim disjoint sets. A following relay is woken by a listener on the newest pending entry
+(the fast path). Its marks are transactions
 that change only entries still pending. Production needs composite indexes on
 (state, next_attempt_at), (state, created_at) and (state, attempts); the emulator needs none.
 """

@@ -4,6 +4,7 @@ report, over ``firestore://?collection=tasklease_outbox&database=(default)&proje
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -35,6 +36,8 @@ class FirestoreOutbox(OutboxDB):
         )
         self.collection = collection
         self._entries = self._client.collection(collection)
+        self._watch: Any = None
+        self._added = threading.Event()
 
     @classmethod
     def from_url(cls, url: str) -> FirestoreOutbox:
@@ -49,8 +52,28 @@ class FirestoreOutbox(OutboxDB):
     def _transaction(self, immediate: bool = False) -> Any:
         raise TypeError("the Firestore outbox has no SQL")
 
+    def wait(self, timeout: float) -> bool:
+        """Firestore's fast path: a listener on the newest pending entry wakes the relay when
+        a commit adds one (at most ``timeout`` s). It watches one document, not the outbox."""
+        if self._watch is None:
+            from google.cloud.firestore_v1 import Query  # noqa: PLC0415
+
+            def changed(_snapshots: Any, changes: Any, _read_time: Any) -> None:
+                if any(change.type.name == "ADDED" for change in changes):
+                    self._added.set()
+
+            newest = self._where("state", "==", PENDING).order_by(
+                "created_at", direction=Query.DESCENDING
+            )
+            self._watch = newest.limit(1).on_snapshot(changed)
+        fired = self._added.wait(timeout)
+        self._added.clear()
+        return fired
+
     def close(self) -> None:
         self._forget()
+        if self._watch is not None:
+            self._watch.unsubscribe()
         self._client.close()  # type: ignore[no-untyped-call]
 
     def migrate(self) -> None:
@@ -67,22 +90,40 @@ class FirestoreOutbox(OutboxDB):
 
     def claim(self, limit: int, now: float, lease: float) -> list[Entry]:
         """Up to ``limit`` due pending entries, earliest due first, claimed until ``now +
-        lease``; one transaction (Firestore's server locks what the query read)."""
+        lease``. Optimistic, never a transaction: a query's read locks would outlive a
+        killed relay and make the callers' commits time out ("Transaction lock timeout").
+        Each entry's claim is conditional on the update time read, so of two relays that read
+        the same entries each claims only those it updated first."""
+        from google.api_core import exceptions as api  # noqa: PLC0415
+
         query = (
             self._where("state", "==", PENDING)
             .where(filter=_filter("next_attempt_at", "<=", now))
             .order_by("next_attempt_at")
             .limit(min(limit, _CHUNK))
         )
-
-        def take(tx: Any) -> list[dict[str, Any]]:
-            snapshots = list(query.stream(transaction=tx))
+        snapshots = list(query.stream())
+        if not snapshots:
+            return []
+        until = {"next_attempt_at": now + lease}
+        batch = self._client.batch()
+        for snapshot in snapshots:
+            batch.update(snapshot.reference, until, option=self._unchanged(snapshot))
+        try:
+            batch.commit()  # All or nothing: the usual case, one round trip.
+            mine = snapshots
+        except (api.FailedPrecondition, api.NotFound):  # Another relay claimed some of them.
+            mine = []
             for snapshot in snapshots:
-                tx.update(snapshot.reference, {"next_attempt_at": now + lease})
-            return [snapshot.to_dict() for snapshot in snapshots]
+                try:
+                    snapshot.reference.update(until, option=self._unchanged(snapshot))
+                except (api.FailedPrecondition, api.NotFound):
+                    continue
+                mine.append(snapshot)
+        return [from_row(snapshot.to_dict()) for snapshot in mine]
 
-        rows: list[dict[str, Any]] = self._in_transaction(take)
-        return [from_row(row) for row in rows]
+    def _unchanged(self, snapshot: Any) -> Any:
+        return self._client.write_option(last_update_time=snapshot.update_time)
 
     def _update_pending(
         self, changes: Mapping[str, Callable[[dict[str, Any]], dict[str, Any]]]
