@@ -98,6 +98,13 @@ def test_the_demo_finds_every_side_effect_exactly_once(capsys: pytest.CaptureFix
     # The transactional charges: one move per order, in the store's database, adding up.
     assert re.search(r"charges moved in the run's transaction, per order +60 x 1\.\.1", output)
     assert "balances add up" in output
+    # The checkout through the outbox: orders and their tasks committed together; the
+    # abandoned checkouts (rolled back after their enqueue) left no order and no task.
+    assert "checkout through the outbox adds up" in output
+    assert (
+        "orders committed 60, receipts created 60, rolled-back orders 6, receipts for them 0"
+        in output
+    )
     # Two timers fired the exclusive job at once: one run, the other skipped; no overlaps.
     assert "stock reconciliations (two timers fired)" in output
     assert "1 run skipped" in output and "; 0 overlapped" in output

@@ -51,6 +51,12 @@ def register(commands: Subcommands) -> None:
     board.add_argument(
         "--schedules", type=Path, help="[[job]] tables, for stuck jobs (default: ./tasklease.toml)"
     )
+    board.add_argument(
+        "--outbox",
+        default=None,
+        help="the outbox's URL for its page (default: TASKLEASE_OUTBOX_URL, else the store's "
+        "database when it has the tasklease_outbox table)",
+    )
     add_router_option(board)
 
 
@@ -83,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         args.schedules,
         allowed_hosts=args.allow_host,
         declared=declared,
+        outbox=args.outbox,
     )
     with serving as url:
         print(f"tasklease dashboard on {url} (store: {store_url})")
@@ -99,12 +106,16 @@ def serving_dashboard(
     *,
     allowed_hosts: Iterable[str] = (),
     declared: Sequence[Job] = (),
+    outbox: str | None = None,
 ) -> Iterator[str]:
     """The dashboard on ``host:port`` in a thread, for as long as the block runs, answering
     loopback ``Host`` names, ``host`` and ``allowed_hosts`` only. Its stuck jobs are the
-    ``declared`` ones (a router's schedules in code) with the ``schedules`` file's over them."""
+    ``declared`` ones (a router's schedules in code) with the ``schedules`` file's over them.
+    Its outbox page shows ``outbox``, else the one :func:`tasklease.outbox.locate.outbox_url`
+    finds for the store."""
     from werkzeug.serving import make_server  # noqa: PLC0415
 
+    from tasklease.outbox.locate import outbox_url  # noqa: PLC0415
     from tasklease.producer import Producer  # noqa: PLC0415
     from tasklease.worker.dashboard import create_dashboard_app  # noqa: PLC0415
     from tasklease.worker.schedules import default_schedules, load_schedules  # noqa: PLC0415
@@ -120,6 +131,7 @@ def serving_dashboard(
         producer=(lambda: Producer.from_env(producer_env)) if producer_env else None,
         host=host,
         allowed_hosts=allowed_hosts,
+        outbox=outbox if outbox is not None else outbox_url(store_url) or "",
     )
     server = make_server(host, port, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)

@@ -1,6 +1,9 @@
 """``tasklease demo``: the example shop end to end on one machine, with faults injected.
 
-Orders enqueue receipt tasks keyed by order id (some orders twice); a nightly Cloud
+Orders are checked out as a web app would (:mod:`tasklease.demo.orders`): each order row and
+its tasks (receipt, charge, posting) commit in one transaction of the shop's own database,
+through the outbox, and a relay thread creates the tasks; some checkouts are submitted twice,
+some rolled back after their enqueue (they must get no task). A nightly Cloud
 Scheduler job fans out one report task per customer, and its run is delivered twice. The
 emulator duplicates deliveries and drops responses at random. Each order is also posted to
 its customer's account, one posting per account at a time, and two Scheduler jobs (two timers)
@@ -23,17 +26,18 @@ from typing import Any, TextIO
 
 from tasklease.demo import has_workflows_client
 from tasklease.demo.ledger import Ledger
+from tasklease.demo.orders import ABANDON_EVERY, Checkout, OrderTally
 from tasklease.demo.transfers import Books
 from tasklease.emulator import CloudTasksEmulator, Faults, Job, RetrySettings
+from tasklease.outbox import RelayThread, relay_producer
 from tasklease.plumbing.serve import GunicornWorker, free_port
-from tasklease.producer import EnqueueResult, Producer
+from tasklease.producer import Producer
 from tasklease.testing.google_apis import FakeGoogleApis
 from tasklease.worker.targets.workflows import carried_key
 
 PROJECT, LOCATION, QUEUE = "demo-project", "us-central1", "default"
 SERVICE_ACCOUNT = "tasks@demo-project.iam.gserviceaccount.com"
 QUEUE_PATH = f"projects/{PROJECT}/locations/{LOCATION}/queues/{QUEUE}"
-ACCOUNTS = 10
 EXPORT_PAGES = 5  # The export chain: one run, this many deliveries (ctx.continue_later).
 WORKFLOWS_HINT = "pip install 'tasklease[workflows]' to include it"
 JOB_RETRY = RetrySettings(max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3)
@@ -121,25 +125,21 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                 env=worker_env,
                 log_path=workdir / "worker.log",
             )
+            checkout = Checkout(workdir / "shop.db")
+            checkout.create()
             with worker, _Progress(emulator, Ledger(workdir / "ledger.db"), out):
                 producer = Producer.from_env(producer_env)
-                say(out, f"placing {settings.orders} orders (every third one enqueued twice)")
-                receipts = []
-                for order in range(1, settings.orders + 1):
-                    copies = 2 if order % 3 == 0 else 1
-                    for _ in range(copies):
-                        receipts.append(
-                            producer.enqueue(
-                                "send_receipt", {"order_id": order}, key=f"order-{order}"
-                            )
-                        )
-                    producer.enqueue("charge_order", {"order_id": order}, key=f"charge-{order}")
-                    account = f"account-{order % ACCOUNTS}"  # Few: postings contend.
-                    producer.enqueue(
-                        "post_ledger",
-                        {"order_id": order, "account_id": account},
-                        key=f"posting-{order}",
+                say(
+                    out,
+                    f"placing {settings.orders} orders (every third one submitted twice, one in "
+                    f"{ABANDON_EVERY} more rolled back): each order and its tasks commit in one "
+                    "transaction of the shop's database (the outbox); a relay creates the tasks",
+                )
+                with RelayThread(checkout.url, relay_producer(producer_env), poll=0.05):
+                    checkout.place(
+                        producer, range(1, settings.orders + 1), abandoned_from=settings.orders + 1
                     )
+                    checkout.wait_relayed()
                 say(
                     out, f"exporting {EXPORT_PAGES} pages of orders: one run, a chain of deliveries"
                 )
@@ -158,7 +158,7 @@ def run_demo(settings: DemoSettings, out: TextIO | None = None) -> int:
                 emulator.scheduler.join(timeout=60)
                 emulator.join(QUEUE_PATH, timeout=120)
                 run_ok = first.result() and (exported is None or exported.result())
-            report = _Report.build(settings, receipts, emulator, Ledger(workdir / "ledger.db"))
+            report = _Report.build(settings, checkout, emulator, Ledger(workdir / "ledger.db"))
             report.books = Books.read(workdir / "runs.db")  # The store's own database.
             if google.workflows is not None:
                 report.count_workflow_executions(google.workflows.executions)
@@ -214,12 +214,13 @@ class _Report:
     workflows_counted: bool = False  # False: the proxy job was left out (no Workflows client).
     books: Books | None = None  # The transactional charges, read from the store's database.
     orders: int = 0
+    checkout: OrderTally | None = None  # The outbox: committed vs rolled-back orders.
 
     @classmethod
     def build(
         cls,
         settings: DemoSettings,
-        receipts: list[EnqueueResult],
+        checkout: Checkout,
         emulator: CloudTasksEmulator,
         ledger: Ledger,
     ) -> _Report:
@@ -241,9 +242,11 @@ class _Report:
         missing = {
             kind: number - len(executions.get(kind, {})) for kind, number in expected.items()
         }
+        receipts_run = {int(key.removeprefix("order-")) for key in executions.get("receipt", {})}
+        tally = checkout.tally(task_names, receipts_run)
         return cls(
             tasks_enqueued=len(task_names),
-            enqueue_duplicates=sum(not r.created for r in receipts),
+            enqueue_duplicates=tally.duplicates_absorbed,
             deliveries=len(deliveries),
             injected_duplicates=sum(d.fault == "duplicate" for d in deliveries),
             injected_lost=sum(d.fault == "lost_response" for d in deliveries),
@@ -253,6 +256,7 @@ class _Report:
             skipped_overlaps=len({d.name for d in deliveries if d.outcome == "skipped_overlap"}),
             keys_busy=sum(d.outcome == "key_busy" for d in deliveries),
             orders=settings.orders,
+            checkout=tally,
         )
 
     def count_workflow_executions(self, executions: list[Any]) -> None:
@@ -278,12 +282,17 @@ class _Report:
             not any(self.missing.values())
             and all(n == 1 for n in counts)
             and (self.books is None or self.books.adds_up(self.orders))
+            and (self.checkout is None or self.checkout.adds_up(self.orders))
             and not self.overlaps
             and workflows_once
         )
 
     def print(self, out: TextIO, seconds: float, run_ok: bool) -> None:
-        rows = [
+        rows = []
+        if self.checkout is not None:
+            verdict = "adds up" if self.checkout.adds_up(self.orders) else "DOES NOT add up"
+            rows.append((f"checkout through the outbox {verdict}", self.checkout.describe()))
+        rows += [
             ("tasks enqueued (distinct task names)", str(self.tasks_enqueued)),
             ("enqueue duplicates absorbed by task names", str(self.enqueue_duplicates)),
             ("deliveries (HTTP requests to the worker)", str(self.deliveries)),

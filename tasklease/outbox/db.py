@@ -47,6 +47,7 @@ class Status:
     sent: int
     failed: list[Failed]
     retrying: int  # Pending entries that have failed at least once (backing off).
+    failed_total: int = 0  # Failed entries, all of them (``failed`` lists the oldest).
 
 
 class OutboxDB(ABC):
@@ -180,6 +181,7 @@ class OutboxDB(ABC):
             sent=counts.get(SENT, (0, None, 0))[0],
             failed=failed,
             retrying=retrying,
+            failed_total=counts.get(FAILED, (0, None, 0))[0],
         )
 
     def _skip_locked(self) -> str:
@@ -280,9 +282,16 @@ def _split_schema(url: str) -> tuple[str, str | None]:
 
 
 def open_outbox(url: str) -> OutboxDB:
-    """``sqlite:///PATH`` (``sqlite:////abs/path``) or ``postgresql://...[?schema=NAME]``."""
+    """``sqlite:///PATH`` (``sqlite:////abs/path``), ``postgresql://...[?schema=NAME]`` or
+    ``firestore://?collection=tasklease_outbox&database=(default)&project=P``."""
     if url.startswith("sqlite:///"):
         return SQLiteOutbox(url[len("sqlite:///") :])
     if url.startswith(("postgresql://", "postgres://")):
         return PostgresOutbox(url)
-    raise ValueError(f"outbox URL {url!r}: use sqlite:///PATH or postgresql://...")
+    if url.startswith("firestore://"):
+        from tasklease.outbox.firestore_db import FirestoreOutbox  # noqa: PLC0415 - optional.
+
+        return FirestoreOutbox.from_url(url)
+    raise ValueError(
+        f"outbox URL {url!r}: use sqlite:///PATH, postgresql://... or firestore://?collection=..."
+    )

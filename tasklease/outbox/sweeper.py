@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from tasklease.outbox.db import open_outbox
+from tasklease.outbox.locate import ENV_OUTBOX_URL
 from tasklease.outbox.relay import LEASE, Relay, quick_retry
 
 if TYPE_CHECKING:
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from tasklease.worker.router import Router
 
 SWEEP_JOB = "tasklease_outbox_sweep"
-ENV_OUTBOX_URL = "TASKLEASE_OUTBOX_URL"
 
 
 def relay_producer(environ: Any = None) -> Producer:

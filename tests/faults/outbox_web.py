@@ -27,10 +27,42 @@ def connect(url: str) -> Any:
     return psycopg.connect(base, options=f"-c search_path={schema}")
 
 
+class RolledBack(Exception):
+    """Raised inside a Firestore transaction to roll it back."""
+
+
+def firestore_orders(url: str, start: int, end: int, rollback_every: int) -> None:
+    """The same orders as Firestore transactions: the order document and its entry."""
+    from google.cloud import firestore  # noqa: PLC0415
+
+    client = firestore.Client(project=url.split("project=")[1])
+    make = producer(os.environ["TASKLEASE_TASKS_ENDPOINT"], os.environ["TASKLEASE_WORKER_URL"])
+
+    @firestore.transactional
+    def order(tx: Any, n: int) -> None:
+        tx.set(client.collection("orders").document(str(n)), {"n": n})
+        make.enqueue("record", {"n": n}, key=f"order-{n}", transaction=tx)
+        if rollback_every and n % rollback_every == 0:
+            raise RolledBack
+
+    for n in range(start, end):
+        try:
+            order(client.transaction(), n)
+        except RolledBack:
+            continue
+        print(f"committed {n}", flush=True)
+        time.sleep(0.005)
+
+
 def main() -> None:
     url, start, end, rollback_every = sys.argv[1], *map(int, sys.argv[2:5])
     endpoint = os.environ["TASKLEASE_TASKS_ENDPOINT"]
     make = producer(endpoint, os.environ["TASKLEASE_WORKER_URL"])
+    if url.startswith("firestore://"):
+        with RelayThread(url, relay_producer(), poll=0.02, lease=2.0):
+            firestore_orders(url, start, end, rollback_every)
+            print("done", flush=True)
+        return
     conn = connect(url)
     with RelayThread(url, relay_producer(), poll=0.02, lease=2.0):
         for n in range(start, end):

@@ -6,7 +6,7 @@ answering loopback ``Host`` names only); inside the worker: ``create_app(...,
 dashboard="/tasklease")``, behind OIDC for the operators named.
 
 Here: the blueprint and its two mounts. The pages are :mod:`.views` (the summary's
-:mod:`.summary`, the pictures :mod:`.charts`), what each request passes
+:mod:`.summary`, the pictures :mod:`.charts`, the outbox's :mod:`.outbox`), what each request passes
 first :mod:`.guard`, the forms' tokens :mod:`.csrf`, the operators' check :mod:`.operators`.
 """
 
@@ -24,6 +24,7 @@ from tasklease.worker.auth import Authenticator
 from tasklease.worker.dashboard.csrf import CSRF_COOKIE, CSRF_FIELD, Csrf
 from tasklease.worker.dashboard.guard import Guard
 from tasklease.worker.dashboard.operators import OperatorAuth
+from tasklease.worker.dashboard.outbox import OutboxView, locate
 from tasklease.worker.dashboard.summary import SummaryView
 from tasklease.worker.dashboard.views import Views
 from tasklease.worker.operations import Operations
@@ -40,6 +41,7 @@ def dashboard_blueprint(
     name: str = "tasklease_dashboard",
     allowed_hosts: frozenset[str] | None = None,
     csrf_secret: str | None = None,
+    outbox: str | None = None,
 ) -> flask.Blueprint:
     """The dashboard as a blueprint; register it with ``url_prefix``.
 
@@ -47,7 +49,8 @@ def dashboard_blueprint(
     ``Host`` names in ``allowed_hosts`` (default: loopback names). ``producer``: a
     :class:`tasklease.producer.Producer` or a factory for replays (default: ``Producer.from_env``).
     ``csrf_secret``: signs the forms' tokens (default ``TASKLEASE_DASHBOARD_SECRET``, else
-    random per process).
+    random per process). ``outbox``: the outbox's URL for its page (default
+    ``TASKLEASE_OUTBOX_URL``, else the SQLite store's file when it has the table; "" none).
     """
     if allowed_hosts is None and auth is None:
         allowed_hosts = LOOPBACK_HOSTS
@@ -65,6 +68,12 @@ def dashboard_blueprint(
     blueprint.add_url_rule("/runs/<run_id>/<action>", "confirm", views.confirm, methods=["GET"])
     blueprint.add_url_rule("/runs/<run_id>/release", "release", views.release, methods=["POST"])
     blueprint.add_url_rule("/runs/<run_id>/replay", "replay", views.replay, methods=["POST"])
+    outbox_view = OutboxView(locate(outbox, store), csrf=csrf)
+    blueprint.add_url_rule("/outbox", "outbox", outbox_view.page, methods=["GET"])
+    blueprint.add_url_rule(
+        "/outbox/requeue", "outbox_requeue", outbox_view.requeue, methods=["POST"]
+    )
+    blueprint.context_processor(lambda: {"outbox_nav": outbox_view.configured})
     blueprint.register_error_handler(StoreUnavailable, views.unavailable)
     return blueprint
 
@@ -78,6 +87,7 @@ def create_dashboard_app(
     host: str = "127.0.0.1",
     allowed_hosts: Iterable[str] = (),
     csrf_secret: str | None = None,
+    outbox: str | None = None,
 ) -> flask.Flask:
     """The standalone dashboard (``tasklease dashboard``): the blueprint at ``/``. It answers
     only ``Host`` names that are loopback, ``host`` (its bind address) or ``allowed_hosts``."""
@@ -89,6 +99,7 @@ def create_dashboard_app(
         producer=producer,
         allowed_hosts=allowed_host_names(host, allowed_hosts),
         csrf_secret=csrf_secret,
+        outbox=outbox,
     )
     app.register_blueprint(blueprint)
     return app
