@@ -18,6 +18,7 @@ from tasklease.testing.contract_support import EXPIRED, LEASE, lock_request
 from tasklease.testing.lock_contract import LockContract
 from tasklease.testing.operations_contract import OperationsContract
 from tasklease.testing.store_contract import CrossProcessContract, StoreContract
+from tasklease.testing.tally_contract import TallyContract
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import SpannerStore, store_from_url
@@ -41,7 +42,9 @@ def _close_stores() -> Iterator[None]:
         _open.pop().close()
 
 
-class TestSpannerStore(StoreContract, LockContract, OperationsContract, CrossProcessContract):
+class TestSpannerStore(
+    StoreContract, LockContract, OperationsContract, CrossProcessContract, TallyContract
+):
     @pytest.fixture
     def store(self, spanner_database: str) -> SpannerStore:
         return new_store(spanner_database)
@@ -181,6 +184,7 @@ def test_schema_creation_is_idempotent_and_includes_the_row_deletion_policies(
     assert policies == [
         ("tasklease_runs", "OLDER_THAN(expire_at, INTERVAL 0 DAY)"),
         ("tasklease_runs_locks", "OLDER_THAN(lapses_at, INTERVAL 0 DAY)"),
+        ("tasklease_runs_tally", "OLDER_THAN(minute, INTERVAL 1 DAY)"),
     ]
     assert schema.objects("tasklease_runs") <= set(_names(first))
 

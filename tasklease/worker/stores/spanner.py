@@ -45,10 +45,12 @@ from tasklease.worker.core.records import (
 from tasklease.worker.stores import spanner_schema as schema
 from tasklease.worker.stores import spanner_transactions as transactions
 from tasklease.worker.stores.base import Change, LockChange, Moment, resolve
+from tasklease.worker.stores.delivery_tally import TALLY_KEPT
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.spanner_calls import bound_calls, guard, run_transaction
+from tasklease.worker.stores.spanner_tally import SpannerTally
 from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
 
 _T = TypeVar("_T")
@@ -72,7 +74,7 @@ _RUNS = ", ".join(schema.RUN_COLUMNS)
 _LOCKS = ", ".join(schema.LOCK_COLUMNS)
 
 
-class SpannerStore(TransactionalStore, LockStore, OperatorQueries):
+class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally):
     """Run records in ``table`` (locks in ``<table>_locks``) of the Spanner database
     ``projects/P/instances/I/databases/D``.
 
@@ -328,8 +330,10 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries):
     def purge_expired(self, now: datetime) -> int:
         """Delete expired runs and lapsed locks now, in bounded batches (in production the
         row deletion policies do this by themselves)."""
-        return self._purge(self.table, "run_id", "expire_at", now) + self._purge(
-            self.lock_table, "lock_id", "lapses_at", now
+        return (
+            self._purge(self.table, "run_id", "expire_at", now)
+            + self._purge(self.lock_table, "lock_id", "lapses_at", now)
+            + self.purge_delivery_counts(now - TALLY_KEPT)
         )
 
     def _purge(self, table: str, key: str, column: str, now: datetime) -> int:

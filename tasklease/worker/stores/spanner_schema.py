@@ -20,6 +20,7 @@ from typing import Any
 
 from tasklease.worker.core import locking
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
+from tasklease.worker.stores import spanner_tally as tally
 
 RUN_COLUMNS = (
     "run_id", "kind", "handler", "status", "attempt_id", "fencing_token", "attempts",
@@ -89,6 +90,7 @@ def ddl(table: str) -> list[str]:
             committed_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true)
         ) PRIMARY KEY (lock_id),
         ROW DELETION POLICY (OLDER_THAN(lapses_at, INTERVAL 0 DAY))""",
+        tally.ddl(table),
     ]
 
 
@@ -97,6 +99,7 @@ def objects(table: str) -> set[str]:
     return {
         table,
         f"{table}_locks",
+        tally.table_of(table),
         *(f"{table}_by_{what}" for what in ("status", "handler", "task", "job")),
     }
 
