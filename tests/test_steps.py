@@ -378,7 +378,7 @@ def test_a_continuation_state_past_the_run_cap_fails_the_run_with_a_clear_error(
     assert "per-run cap" in reply.json["message"]
 
 
-def test_a_continuation_of_another_callers_run_is_left_to_the_claim_to_refuse() -> None:
+def test_a_continuation_of_another_callers_run_is_refused_revealing_nothing_of_it() -> None:
     from tasklease.testing.contract_support import T0  # noqa: PLC0415
     from tasklease.worker import continuation  # noqa: PLC0415
     from tasklease.worker.core import decisions  # noqa: PLC0415
@@ -393,7 +393,7 @@ def test_a_continuation_of_another_callers_run_is_left_to_the_claim_to_refuse() 
     owned = decisions.continued(owned, '{"seq":3,"state":null}', T0)
     forged = DeliveryIdentity(Kind.TASK, "h", continues="r", continuation_seq=1)
     # Not "superseded by delivery 3": that would tell another caller the run exists.
-    assert continuation.refusal(owned, forged, spec, "b@x") is None
+    assert continuation.refusal(owned, forged, spec, "b@x", T0) is None
     assert decisions.decide(owned, T0, "b@x") is Verdict.FORBIDDEN
-    stale = continuation.refusal(owned, forged, spec, "a@x")
+    stale = continuation.refusal(owned, forged, spec, "a@x", T0)
     assert stale is not None and stale.outcome.value == "duplicate"
