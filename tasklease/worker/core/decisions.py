@@ -173,6 +173,10 @@ def continued(
     continuation's delivery, with its state, no error. ``attempts`` starts again: each
     delivery of a chain is allowed ``max_attempts`` (the fencing token keeps growing).
 
+    The delivery's steps are dropped: it is final (every later delivery of it is answered
+    as a duplicate, none replays them), and a chain of any length keeps to the per-run cap.
+    The next delivery starts with no steps and what ``state`` carries.
+
     The record is kept ``keep_for`` (the handler's retention) past the moment the
     continuation is due (``now`` plus its delay), not past ``now``: it holds the run's state,
     and a continuation delayed past a retention counted from ``now`` would find it expired.
@@ -185,6 +189,7 @@ def continued(
         error=None,
         attempts=0,
         continuation_json=continuation_json,
+        steps_json=None,
     )
     return kept(continued_record, continuation_due(continuation_json, now), keep_for)
 
