@@ -20,7 +20,7 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core import steps
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores.base import Change
+from tasklease.worker.stores.base import Change, LeaseStore
 from tasklease.worker.stores.sqlite import SqliteStore
 from tests.helpers import FakeClock, task_headers
 
@@ -269,7 +269,7 @@ def test_a_continuation_chain_resumes_the_same_run_until_it_returns(
     assert record is not None and record.status is RunStatus.COMPLETED
     assert record.result == {"done": 3}
     assert record.identity["task_name"] == "t-1"
-    assert list(steps.steps_of(record)) == [f"chunk-{i}" for i in range(4)]
+    assert list(steps.steps_of(record)) == ["chunk-3"]  # Each continuing delivery's dropped.
 
 
 def test_a_continuation_header_naming_no_continued_run_is_rejected(store: CountingStore) -> None:
@@ -279,30 +279,42 @@ def test_a_continuation_header_naming_no_continued_run_is_rejected(store: Counti
     assert store.get("a" * 64) is None
 
 
-def test_runs_show_lists_the_steps_and_the_continuation(
+def _continue_then_fail_after_a_step(store: LeaseStore, name: str) -> None:
+    """Delivery 0 records a step and continues; delivery 1 records step ``name`` and fails
+    (released): the record holds delivery 1's step and continuation 1."""
+    router = Router()
+
+    @router.task("h")
+    def handler(payload: Any, ctx: TaskContext) -> None:
+        ctx.step(name, lambda: {"id": ctx.continuation})
+        if ctx.continuation == 0:
+            ctx.continue_later({"page": 2}, delay=3)
+            return
+        raise RuntimeError("after the step")
+
+    router.use_producer(CapturingProducer())  # type: ignore[arg-type]
+    app = create_app(router, store=store, auth="none")
+    post(app)
+    post(app, task="c-1", **{protocol.CONTINUATION_HEADER: f"{run_id_of()}:1"})
+
+
+def test_runs_show_lists_the_current_deliverys_steps_and_the_continuation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tasklease import cli  # noqa: PLC0415
 
     store = SqliteStore(tmp_path / "shown.db")
-    router = Router()
-
-    @router.task("h")
-    def handler(payload: Any, ctx: TaskContext) -> None:
-        ctx.step("charge", lambda: {"id": 1})
-        ctx.continue_later({"page": 2})
-
-    router.use_producer(CapturingProducer())  # type: ignore[arg-type]
-    post(create_app(router, store=store, auth="none"))
+    _continue_then_fail_after_a_step(store, "charge")
     store.close()
     url = f"sqlite:///{tmp_path / 'shown.db'}"
     assert cli.main(["runs", "show", run_id_of(), "--store", url]) == 0
     text = capsys.readouterr().out
     assert "charge" in text and "8 bytes" in text
     assert "continuation       1" in text
+    assert "steps of delivery  1" in text
     assert cli.main(["runs", "show", run_id_of(), "--store", url, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert [s["name"] for s in shown["steps"]] == ["charge"]
+    assert [s["name"] for s in shown["steps"]] == ["charge"]  # Delivery 1's only.
     assert shown["continuation"]["seq"] == 1
 
 
@@ -348,23 +360,16 @@ def test_the_dashboard_run_page_lists_the_steps_and_the_continuation(tmp_path: P
     from tasklease.worker.dashboard import create_dashboard_app  # noqa: PLC0415
 
     store = SqliteStore(tmp_path / "dash.db")
-    router = Router()
-
-    @router.task("h")
-    def handler(payload: Any, ctx: TaskContext) -> None:
-        ctx.step("<charge>", lambda: {"id": 1})
-        ctx.continue_later({"page": 2}, delay=3)
-
-    router.use_producer(CapturingProducer())  # type: ignore[arg-type]
-    post(create_app(router, store=store, auth="none"))
+    _continue_then_fail_after_a_step(store, "<charge>")
     page = create_dashboard_app(store).test_client().get(f"/runs/{run_id_of()}")
     assert page.status_code == 200
     assert '<table id="steps">' in page.text
     assert "&lt;charge&gt;" in page.text and "8 bytes" in page.text  # Names are escaped.
     assert "Continuation 1 recorded" in page.text and "delay 3.0 s" in page.text
+    assert "Steps of delivery 1" in page.text
 
 
-def test_a_continuation_state_past_the_run_cap_fails_the_run_with_a_clear_error(
+def test_a_continuation_state_is_not_counted_with_the_steps_its_write_drops(
     store: CountingStore,
 ) -> None:
     half = "x" * (steps.MAX_STEP_RESULT_BYTES - 20)
@@ -373,12 +378,27 @@ def test_a_continuation_state_past_the_run_cap_fails_the_run_with_a_clear_error(
         ctx.step("one", lambda: half)
         ctx.continue_later({"more": half})
 
+    router = Router()
+    router.task("h")(handler)
+    router.use_producer(CapturingProducer())  # type: ignore[arg-type]
+    reply = post(create_app(router, store=store, auth="none"))
+    assert reply.headers[protocol.OUTCOME_HEADER] == "processed"
+    record = store.get(run_id_of())
+    assert record is not None and steps.steps_of(record) == {}
+
+
+def test_a_continuation_state_past_the_per_step_cap_fails_the_run_with_a_clear_error(
+    store: CountingStore,
+) -> None:
+    def handler(payload: Any, ctx: TaskContext) -> None:
+        ctx.continue_later({"more": "x" * steps.MAX_STEP_RESULT_BYTES})
+
     reply = post(app_with(store, handler))
     assert reply.headers[protocol.OUTCOME_HEADER] == "failed"
-    assert "per-run cap" in reply.json["message"]
+    assert "continue_later state" in reply.json["message"]
 
 
-def test_a_continuation_of_another_callers_run_is_left_to_the_claim_to_refuse() -> None:
+def test_a_continuation_of_another_callers_run_is_refused_revealing_nothing_of_it() -> None:
     from tasklease.testing.contract_support import T0  # noqa: PLC0415
     from tasklease.worker import continuation  # noqa: PLC0415
     from tasklease.worker.core import decisions  # noqa: PLC0415
@@ -393,7 +413,7 @@ def test_a_continuation_of_another_callers_run_is_left_to_the_claim_to_refuse() 
     owned = decisions.continued(owned, '{"seq":3,"state":null}', T0)
     forged = DeliveryIdentity(Kind.TASK, "h", continues="r", continuation_seq=1)
     # Not "superseded by delivery 3": that would tell another caller the run exists.
-    assert continuation.refusal(owned, forged, spec, "b@x") is None
+    assert continuation.refusal(owned, forged, spec, "b@x", T0) is None
     assert decisions.decide(owned, T0, "b@x") is Verdict.FORBIDDEN
-    stale = continuation.refusal(owned, forged, spec, "a@x")
+    stale = continuation.refusal(owned, forged, spec, "a@x", T0)
     assert stale is not None and stale.outcome.value == "duplicate"

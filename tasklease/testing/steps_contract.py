@@ -84,7 +84,30 @@ class StepsContract:
         record = store.get("run-1")
         assert record is not None and list(steps.steps_of(record)) == ["one"]
 
-    def test_a_continuation_releases_the_run_with_its_state_kept(self, store: LeaseStore) -> None:
+    def test_a_delayed_continuation_keeps_the_run_past_its_delay_and_the_retention(
+        self, store: LeaseStore
+    ) -> None:
+        keep = timedelta(hours=2)
+        store.claim(claim_request(retention=keep), T0)
+        later = steps.Continuation(1, {"cursor": 5}, T0, timedelta(hours=3).total_seconds())
+        assert store.continue_run(
+            "run-1", "attempt-1", steps.encode_continuation(later), T0, keep_for=keep
+        )
+        due = T0 + timedelta(hours=3)
+        # A late duplicate of the first delivery claims (and yields) during the delay: its
+        # claim, kept only its retention past now, must not bring the expiry forward.
+        duplicate = store.claim(claim_request(attempt_id="dup", retention=keep), T0 + keep)
+        assert duplicate.verdict is Verdict.CLAIMED
+        assert store.yield_claim("run-1", "dup", "superseded", T0 + keep)
+        last_moment = due + keep - timedelta(seconds=1)
+        assert store.purge_expired(last_moment) == 0
+        claim = store.claim(claim_request(attempt_id="attempt-2", retention=keep), last_moment)
+        assert claim.verdict is Verdict.CLAIMED
+        assert steps.continuation_of(claim.record).state == {"cursor": 5}
+
+    def test_a_continuation_releases_the_run_with_its_state_kept_and_its_steps_dropped(
+        self, store: LeaseStore
+    ) -> None:
         store.claim(claim_request(), T0)
         store.record_step("run-1", "attempt-1", _step("a", "1"))
         state = steps.encode_continuation(steps.Continuation(1, {"cursor": 5}, T0))
@@ -96,5 +119,5 @@ class StepsContract:
         assert claim.verdict is Verdict.CLAIMED
         assert steps.continuation_of(claim.record).state == {"cursor": 5}
         assert steps.continuation_of(claim.record).seq == 1
-        assert list(steps.steps_of(claim.record)) == ["a"]
+        assert steps.steps_of(claim.record) == {}  # The continued delivery's were final.
         assert not store.continue_run("run-1", "attempt-1", state, T0)  # Stale: refused.

@@ -6,18 +6,24 @@ Delivery ``n`` of a run (0: its own task; n: the continuation task the n-th
 the handler only while the record's continuation number is ``n``. An earlier delivery (a
 duplicate, or a retry whose response was lost) is answered 200 without running; a later one
 (enqueued by an attempt whose record write was then refused) waits, answered 409, until the
-run catches up with it.
+run catches up with it. Once the run has finished, every delivery of it, continuations
+included, gets the duplicate answer (200).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from tasklease import protocol
+from tasklease.worker.core import decisions
 from tasklease.worker.core import steps as rules
 from tasklease.worker.core.outcome import Outcome, Rejection
+from tasklease.worker.core.records import Verdict
 from tasklease.worker.reply import Reply
+
+# Verdicts of a run that needs no more deliveries: its continuations get the settled answer.
+FINISHED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.SKIPPED})
 
 if TYPE_CHECKING:
     from tasklease.worker.core.identity import DeliveryIdentity
@@ -27,15 +33,27 @@ if TYPE_CHECKING:
 
 
 def refusal(
-    seen: RunRecord | None, identity: DeliveryIdentity, spec: HandlerSpec, caller: str | None
+    seen: RunRecord | None,
+    identity: DeliveryIdentity,
+    spec: HandlerSpec,
+    caller: str | None,
+    now: datetime,
 ) -> Reply | None:
     """Why a continuation delivery may not claim the run it names (read before the claim),
-    or None. A continuation header names an existing continued run of the same handler.
-    Another caller's run is left to the claim, which refuses it revealing nothing."""
-    if seen is not None and seen.caller is not None and seen.caller != caller:
+    or None. A continuation header names a live run of the same handler. A finished run
+    (or another caller's) is left to the settled answer the executor gives a retry, before
+    any sequence number is compared: a stray continuation of a finished run is a duplicate
+    (200), never a 409 or a 400 that Cloud Tasks would retry until its retries ran out.
+    Another caller's run is answered as such, revealing nothing of it."""
+    verdict = decisions.decide(seen, now, caller)
+    if verdict is Verdict.FORBIDDEN:
         return None
-    if seen is None or seen.handler != spec.name or seen.kind != identity.kind.value:
+    if seen is None or not decisions.is_live(seen, now):
         return Reply.rejected(Rejection.MALFORMED, "the continuation names no run of this handler")
+    if seen.handler != spec.name or seen.kind != identity.kind.value:
+        return Reply.rejected(Rejection.MALFORMED, "the continuation names no run of this handler")
+    if verdict in FINISHED:
+        return None
     if rules.continuation_of(seen).seq == 0:
         return Reply.rejected(Rejection.MALFORMED, "the continuation names a run never continued")
     return gate(seen, identity)

@@ -177,21 +177,19 @@ class Executor:
     ) -> Reply:
         log.update(_identity_fields(identity))
         run_id = identity.run_id
-        if identity.continues is not None:
-            try:
-                refused = continuation.refusal(self.store.get(run_id), identity, spec, caller)
-            except StoreUnavailable as exc:
-                return _store_unavailable(f"lease store unavailable: {exc}", run_id)
-            if refused is not None:
-                return refused
-        elif identity.is_retry:
-            # A retry has most likely been seen before: one read answers a finished run
-            # without a write (no write lock on SQLite, one RPC on Firestore).
+        if identity.continues is not None or identity.is_retry:
+            # A retry or a continuation has most likely been seen before: one read answers a
+            # finished run without a write (no write lock on SQLite, one RPC on Firestore).
             try:
                 seen = self.store.get(run_id)
             except StoreUnavailable as exc:
                 return _store_unavailable(f"lease store unavailable: {exc}", run_id)
-            verdict = decisions.decide(seen, self.clock(), caller)
+            now = self.clock()
+            if identity.continues is not None:
+                refused = continuation.refusal(seen, identity, spec, caller, now)
+                if refused is not None:
+                    return refused
+            verdict = decisions.decide(seen, now, caller)
             if seen is not None and verdict in _SETTLED:
                 return self._settled(verdict, seen, log)
         request = ClaimRequest(

@@ -1,8 +1,9 @@
 """Durable steps of one attempt: ``ctx.step``, ``ctx.astep``, ``ctx.continue_later``.
 
 A step's result is recorded in the run record by ONE fenced write (written only while this
-attempt holds the claim); a later attempt of the run gets it back from the record its claim
-returned, without a read and without calling the step again. The rules are in
+attempt holds the claim); a later attempt of the run's delivery gets it back from the record
+its claim returned, without a read and without calling the step again. A delivery that
+continues drops its steps; the next one starts with none. The rules are in
 :mod:`tasklease.worker.core.steps`.
 """
 
@@ -62,7 +63,7 @@ class StepRunner:
         )
 
     def key(self, name: str) -> str:
-        return rules.step_key(self.run_id, name)
+        return rules.step_key(self.run_id, name, self.resumed.seq)
 
     def begin(self, name: str) -> StepRecord | None:
         """Start step ``name``: its recorded result if any (a replay), else None (run it)."""
@@ -151,8 +152,9 @@ class StepRunner:
             raise ValueError("delay must not be negative")
         now = self.clock() if self.clock is not None else None
         candidate = Continuation(self.resumed.seq + 1, state, now, seconds)
-        # Refuse a state JSON cannot hold, or one past the caps, here: in the handler.
-        rules.check_continuation_fits(self.recorded, rules.encode_continuation(candidate))
+        # Refuse a state JSON cannot hold, or one past the cap, here: in the handler. The
+        # delivery's steps do not count: the continuation's write drops them.
+        rules.encode_continuation(candidate)
         self.continuation = candidate
 
     def _refuse_in_transaction(self, what: str) -> None:
@@ -206,11 +208,12 @@ class DurableSteps:
         transactional: bool = False,
         **kwargs: Any,
     ) -> Any:
-        """Run ``fn(*args, **kwargs)`` as the run's step ``name``, once per run: its JSON
-        result is recorded (fenced by this attempt's claim), and a later attempt of the run
-        gets the recorded result back without calling ``fn``. Names are unique within a
-        run. Without ``fn``, a decorator that runs the function it decorates as the step and
-        binds its name to the result::
+        """Run ``fn(*args, **kwargs)`` as the run's step ``name``, once per run (per
+        delivery of a continued run): its JSON result is recorded (fenced by this attempt's
+        claim), and a later attempt gets the recorded result back without calling ``fn``.
+        Names are unique within a delivery (a continuation starts with no steps: names may
+        repeat across the deliveries of a chain). Without ``fn``, a decorator that runs the
+        function it decorates as the step and binds its name to the result::
 
             @ctx.step("charge")
             def charge():
@@ -248,8 +251,9 @@ class DurableSteps:
         return await self._steps.arun(name, fn, *args, transactional=transactional, **kwargs)
 
     def step_key(self, name: str) -> str:
-        """A UUID-shaped idempotency key for step ``name``, the same in every attempt of the
-        run: pass it downstream so an effect whose record was lost is de-duplicated there."""
+        """A UUID-shaped idempotency key for step ``name``, the same in every attempt of this
+        delivery of the run (and another in each continuation, where the name may be used
+        again): pass it downstream so an effect whose record was lost is de-duplicated."""
         return self._steps.key(name)
 
     @property
@@ -267,6 +271,7 @@ class DurableSteps:
         """End this delivery successfully once the handler returns (return right after
         calling it): ``state`` is recorded and the same run is enqueued again, ``delay``
         from now, under a name derived from the run and the continuation's number (created
-        once). Its delivery resumes the run with :attr:`state` and every completed step;
-        the run is completed when a delivery returns without continuing."""
+        once). Its delivery resumes the run with :attr:`state`, and no steps: this
+        delivery is final, its steps are dropped (carry what the next needs in ``state``).
+        The run is completed when a delivery returns without continuing."""
         self._steps.continue_later(state, delay)

@@ -11,6 +11,7 @@ from typing import Any
 
 from tasklease import protocol
 from tasklease.worker import Router, TaskContext, create_app
+from tasklease.worker.core import steps
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores.sqlite import SqliteStore
@@ -59,3 +60,34 @@ def test_a_chain_of_nine_hundred_one_page_deliveries_completes_its_run(tmp_path:
     assert record is not None
     assert (record.status, record.error) == (RunStatus.COMPLETED, None)
     assert record.result == {"pages": PAGES}
+
+
+def test_a_step_name_used_again_in_a_later_delivery_runs_again_under_its_own_key(
+    tmp_path: Path,
+) -> None:
+    calls: list[tuple[int, str]] = []
+
+    def handler(job: Any, ctx: TaskContext) -> Any:
+        def fetch() -> int:
+            calls.append((ctx.continuation, ctx.step_key("fetch")))
+            return ctx.continuation
+
+        got = ctx.step("fetch", fetch)
+        if ctx.continuation == 0:
+            ctx.continue_later(None)
+            return None
+        return got
+
+    router = Router()
+    router.task("h")(handler)
+    router.use_producer(CapturingProducer())  # type: ignore[arg-type]
+    store = SqliteStore(tmp_path / "runs.db")
+    client = create_app(router, store=store, auth="none", clock=FakeClock()).test_client()
+    run_id = DeliveryIdentity(Kind.TASK, "h", queue="default", task_name="t-1").run_id
+    client.post("/tasks/h", headers=task_headers(task="t-1"), data=json.dumps({}))
+    headers = task_headers(task="c-1", **{protocol.CONTINUATION_HEADER: f"{run_id}:1"})
+    reply = client.post("/tasks/h", headers=headers, data=json.dumps({}))
+    assert reply.get_json()["result"] == 1  # Not delivery 0's result replayed.
+    (first, key0), (second, key1) = calls
+    assert (first, second) == (0, 1)
+    assert key0 == steps.step_key(run_id, "fetch") != key1  # Delivery 0's key is unchanged.

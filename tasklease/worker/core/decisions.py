@@ -76,7 +76,12 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
         fencing_token=(record.fencing_token if record else 0) + 1,
         attempts=(live.attempts if live else 0) + 1,
         lease_expires=lease_expires,
-        expire_at=max(now + request.retention, lease_expires + c.MAX_CLOCK_SKEW),
+        # Never sooner than a live record's: a continuation due later relies on it.
+        expire_at=max(
+            now + request.retention,
+            lease_expires + c.MAX_CLOCK_SKEW,
+            live.expire_at if live is not None else now,
+        ),
         claimed_at=now,
         # A continued run keeps its first delivery's identity (a continuation task's own
         # queue and name are not the run's).
@@ -161,17 +166,39 @@ def failed(record: RunRecord, error: str, payload: str | None, now: datetime) ->
     )
 
 
-def continued(record: RunRecord, continuation_json: str, now: datetime) -> RunRecord:
+def continued(
+    record: RunRecord, continuation_json: str, now: datetime, keep_for: timedelta | None = None
+) -> RunRecord:
     """The record after a delivery ended with ``ctx.continue_later``: released for the
     continuation's delivery, with its state, no error. ``attempts`` starts again: each
-    delivery of a chain is allowed ``max_attempts`` (the fencing token keeps growing)."""
-    return record.replace(
+    delivery of a chain is allowed ``max_attempts`` (the fencing token keeps growing).
+
+    The delivery's steps are dropped: it is final (every later delivery of it is answered
+    as a duplicate, none replays them), and a chain of any length keeps to the per-run cap.
+    The next delivery starts with no steps and what ``state`` carries.
+
+    The record is kept ``keep_for`` (the handler's retention) past the moment the
+    continuation is due (``now`` plus its delay), not past ``now``: it holds the run's state,
+    and a continuation delayed past a retention counted from ``now`` would find it expired.
+    Each delivery attempt of the continuation that reaches the worker keeps it ``keep_for``
+    longer again (its claim, a release): the continuation's retries need only reach the
+    worker within the retention of each other, as every task's retries do."""
+    continued_record = record.replace(
         status=RunStatus.RELEASED,
         lease_expires=now,
         error=None,
         attempts=0,
         continuation_json=continuation_json,
+        steps_json=None,
     )
+    return kept(continued_record, continuation_due(continuation_json, now), keep_for)
+
+
+def continuation_due(continuation_json: str, now: datetime) -> datetime:
+    """When the continuation recorded at ``now`` as ``continuation_json`` is due: ``now``
+    plus its delay."""
+    delay = float(json.loads(continuation_json).get("delay", 0.0))
+    return now + timedelta(seconds=max(delay, 0.0))
 
 
 def released(record: RunRecord, error: str, now: datetime) -> RunRecord:

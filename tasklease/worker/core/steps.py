@@ -1,8 +1,11 @@
 """Durable steps and continuations: the pure rules. No I/O, no clock reads.
 
-A run's completed steps live in its run record (``RunRecord.steps_json``), so the claim that
-starts an attempt returns them: replaying a step reads nothing more. The field holds a JSON
-object, in the order the steps completed::
+The completed steps of a run's current delivery live in its run record
+(``RunRecord.steps_json``), so the claim that starts an attempt returns them: replaying a step
+reads nothing more. A delivery that continues (``ctx.continue_later``) is final: its steps are
+dropped with that write, and the next delivery starts with none (step names may repeat across
+deliveries; each delivery's :func:`step_key` differs). The field holds a JSON object, in the
+order the steps completed::
 
     {"charge": {"result": "<the step's result as JSON text>", "attempt": "<attempt id>",
                 "at": "<RFC 3339 time>", "size": <bytes of result>}, ...}
@@ -25,7 +28,8 @@ from tasklease.errors import PermanentFailure
 from tasklease.protocol import rfc3339
 from tasklease.worker.core.records import RunRecord
 
-# Per step result, and for all of a run's steps and its continuation state together.
+# Per step result, and for a delivery's steps and the continuation state it resumed with
+# together (all the record holds of them: a continuing delivery's steps are dropped).
 # Firestore keeps a record in one document of at most 1 MiB, which also holds a failed run's
 # payload (up to the 1 MiB Cloud Tasks allows, rarely near it): the run cap leaves it room.
 MAX_STEP_RESULT_BYTES = 256 * 1024
@@ -104,7 +108,7 @@ def check_name(name: str, used: set[str]) -> None:
         raise StepError(f"a step name is a non-empty string of at most {MAX_STEP_NAME_LENGTH}")
     if name in used:
         raise StepError(
-            f"step {name!r} is used twice in one run: step names must be unique "
+            f"step {name!r} is used twice in one delivery: step names must be unique "
             '(name the steps of a loop f"item-{i}")'
         )
 
@@ -132,18 +136,6 @@ def _entry(step: StepRecord) -> dict[str, Any]:
         "at": rfc3339(step.completed_at, "microseconds"),
         "size": step.size,
     }
-
-
-def check_continuation_fits(recorded: dict[str, StepRecord], continuation_json: str) -> None:
-    """Raise :class:`StepError` when a run's steps and this continuation state together pass
-    :data:`MAX_RUN_STEP_BYTES`."""
-    steps_json = json.dumps({n: _entry(s) for n, s in recorded.items()}, separators=(",", ":"))
-    total = len(steps_json.encode()) + len(continuation_json.encode())
-    if total > MAX_RUN_STEP_BYTES:
-        raise StepError(
-            f"continue_later: the run's steps and state would take {total} bytes, over the "
-            f"per-run cap of {MAX_RUN_STEP_BYTES} (MAX_RUN_STEP_BYTES)"
-        )
 
 
 def with_step(record: RunRecord, step: StepRecord) -> RunRecord:
@@ -174,10 +166,13 @@ def encode_continuation(continuation: Continuation) -> str:
     )
 
 
-def step_key(run_id: str, name: str) -> str:
-    """A UUID-shaped idempotency key, the same for every attempt of run ``run_id``'s step
-    ``name`` (Google APIs' ``request_id`` fields want a UUID)."""
-    digest = hashlib.sha256(f"tasklease-step\0{run_id}\0{name}".encode()).hexdigest()
+def step_key(run_id: str, name: str, delivery: int = 0) -> str:
+    """A UUID-shaped idempotency key, the same for every attempt of step ``name`` of run
+    ``run_id``'s delivery ``delivery`` (0: its own task, n: its n-th continuation), and a
+    different one in each delivery, where a name may be used again (Google APIs'
+    ``request_id`` fields want a UUID). Delivery 0 keeps the key of a run never continued."""
+    scope = f"{run_id}\0{name}" if delivery == 0 else f"{run_id}\0{delivery}\0{name}"
+    digest = hashlib.sha256(f"tasklease-step\0{scope}".encode()).hexdigest()
     return str(uuid.UUID(digest[:32]))
 
 
@@ -205,7 +200,9 @@ def parse_continuation_header(value: str) -> tuple[str, int] | None:
 
 def summary(record: RunRecord) -> dict[str, Any]:
     """A run's steps and continuation for operators (``tasklease runs show``): names,
-    attempts, times and sizes, never the results themselves."""
+    attempts, times and sizes, never the results themselves. The steps are those of the
+    delivery the continuation's ``seq`` names (0 without one), the only ones the record
+    keeps."""
     last = continuation_of(record)
     return {
         "steps": [
@@ -238,6 +235,8 @@ def summary_lines(record: RunRecord) -> list[str]:
     ]
     if shown["continuation"] is not None:
         c = shown["continuation"]
+        dropped = "(the steps of the deliveries that continued are dropped)"
+        lines.insert(0, f"{'steps of delivery':<18} {c['seq']} {dropped}")
         lines.append(
             f"{'continuation':<18} {c['seq']} at {c['at']} (delay {c['delay_seconds']} s, "
             f"{c['state_bytes']} bytes of state)"

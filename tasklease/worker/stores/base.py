@@ -229,11 +229,13 @@ class LeaseStore(ABC):
     ) -> bool:
         """End this attempt's delivery with a continuation (``ctx.continue_later``): record
         it and give the claim back, not counted as a failure, if ``attempt_id`` still holds
-        it. The run stays open (released) until a delivery returns without continuing."""
+        it. The run stays open (released) until a delivery returns without continuing. The
+        record is kept at least ``keep_for`` past the moment the continuation is due (its
+        delay from now), so that the continuation finds it."""
         return self._finish(
             run_id,
             attempt_id,
-            lambda r, at: decisions.continued(r, continuation_json, at),
+            lambda r, at: decisions.continued(r, continuation_json, at, keep_for),
             now,
             RunStatus.RELEASED,
             keep_for=keep_for,
