@@ -42,8 +42,8 @@ from tests.faults.outages import KINDS, Outage, store_outage
 pytestmark = pytest.mark.faults
 
 
-# The reduced suite keeps one outage of each store kind it shares a server with; `make faults`
-# runs them all.
+# The reduced suite runs the SQLite, Firestore and frozen-Postgres outages; `make faults` runs
+# them all (Postgres restarted and Spanner frozen each start a private server).
 _REDUCED = ("sqlite locked", "firestore frozen", "postgres frozen")
 _FULL_ONLY = pytest.mark.skipif(not FULL, reason="in the full suite only (make faults)")
 
