@@ -135,36 +135,35 @@ class _Flusher:
         self._flushing = threading.Lock()
         self._pid: int | None = None
         self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._closed = threading.Event()
 
     def watch(self, counter: DeliveryCounter) -> None:
         with self._lock:
             self._counters.add(counter)
             if self._pid != os.getpid():  # Threads do not survive a fork: start one here.
                 self._pid = os.getpid()
+                self._closing, self._closed = threading.Event(), threading.Event()
                 thread = threading.Thread(target=self._run, name="tasklease-tally", daemon=True)
                 thread.start()
         self._wake.set()  # Its interval may be shorter than the thread's current wait.
 
     def close_all(self, timeout: float = EXIT_FLUSH_TIMEOUT) -> None:
         """At exit: write what every counter of this process has left, waiting at most
-        ``timeout`` seconds (a store that is down must not hold up a shutdown)."""
+        ``timeout`` seconds (a store that is down must not hold up a shutdown). The last
+        write is made by this process's flusher thread, already running: Python 3.12 refuses
+        a new thread at interpreter shutdown (cpython#104690), so none is started here."""
         with self._lock:
-            counters = list(self._counters) if self._pid == os.getpid() else []
-        if not counters:
-            return
-
-        def close() -> None:
-            for counter in counters:
-                counter.close()
-
-        last = threading.Thread(target=close, name="tasklease-tally-exit", daemon=True)
-        last.start()
-        last.join(timeout)
-        if last.is_alive():
+            if self._pid != os.getpid() or not self._counters:
+                return
+            self._closing.set()
+        self._wake.set()
+        if not self._closed.wait(timeout):
             _log.warning("delivery counts not written within %.0f s of exit: dropped", timeout)
 
     def _run(self) -> None:
-        while True:
+        closing, closed = self._closing, self._closed
+        while not closing.is_set():
             now = time.monotonic()
             with self._lock:
                 counters = list(self._counters)
@@ -175,6 +174,11 @@ class _Flusher:
             del counters
             self._wake.wait(max(pause, 0.01))
             self._wake.clear()
+        with self._lock:
+            counters = list(self._counters)
+        for counter in counters:
+            counter.close()
+        closed.set()
 
 
 _FLUSHER = _Flusher()
