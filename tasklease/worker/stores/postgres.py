@@ -70,6 +70,7 @@ from tasklease.worker.stores.delivery_tally import TALLY_KEPT
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
+from tasklease.worker.stores.postgres_diagnosis import why_no_connection
 from tasklease.worker.stores.postgres_options import Options
 from tasklease.worker.stores.postgres_schema import (
     RUN_COLUMNS,
@@ -390,7 +391,7 @@ class PostgresStore(
                     action, f"the server did not answer within {timeout:g}s"
                 ) from exc
             except PoolTimeout as exc:
-                raise self._unavailable(action, f"no connection: {exc}") from exc
+                raise self._no_connection(action, exc) from exc
             except psycopg.OperationalError as exc:
                 if attempt == 0 and used is not None and used.broken:
                     # The server restarted since: the pool's idle connections are dead too.
@@ -401,6 +402,10 @@ class PostgresStore(
             except psycopg.Error as exc:
                 raise self._unavailable(action, str(exc)) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _no_connection(self, action: str, waited: PoolTimeout) -> StoreUnavailable:
+        why = why_no_connection(self._conninfo, waited, self.options.call_timeout)
+        return self._unavailable(action, why)
 
     def _unavailable(self, action: str, why: str) -> StoreUnavailable:
         return StoreUnavailable(
@@ -416,7 +421,9 @@ class PostgresStore(
                     process.watchdog.bounded(connection, self.options.call_timeout),
                 ):
                     migrate(connection, self.options.schema)
-            except (psycopg.Error, PoolTimeout, CallTimedOut) as exc:
+            except PoolTimeout as exc:
+                raise self._no_connection("create its tables", exc) from exc
+            except (psycopg.Error, CallTimedOut) as exc:
                 raise self._unavailable("create its tables", str(exc)) from exc
             process.ready = True
         return process

@@ -149,7 +149,7 @@ def _transact(store: PostgresStore, body: Callable[[Connection[Any]], _T]) -> _T
             f"the server did not answer within {store.options.call_timeout:g}s",
         ) from exc
     except PoolTimeout as exc:
-        raise store._unavailable("start a transaction", f"no connection: {exc}") from exc
+        raise store._no_connection("start a transaction", exc) from exc
     except psycopg.Error as exc:
         raise store._unavailable("commit a transaction", str(exc)) from exc
 
