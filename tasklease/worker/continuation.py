@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tasklease import protocol
 from tasklease.worker.core import decisions
 from tasklease.worker.core import steps as rules
+from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.outcome import Outcome, Rejection
 from tasklease.worker.core.records import Verdict
 from tasklease.worker.reply import Reply
@@ -82,15 +83,21 @@ def enqueue_next(
     router: Router, spec: HandlerSpec, runner: StepRunner, payload: Any, queue: str | None
 ) -> str:
     """Enqueue the continuation ``continue_later`` asked for (once: a name derived from the
-    run and its number); return its continuation json to record."""
+    run and its number); return its continuation json to record.
+
+    A task run's continuation goes to ``queue`` (the task's own), with its payload; a
+    scheduled run's is a task on the job's route, in the handler's declared queue (else the
+    producer's default), with no payload."""
     continuation = runner.continuation
     assert continuation is not None
+    scheduled = spec.kind is Kind.SCHEDULER
     router.producer().enqueue(
         spec.name,
-        payload,
+        None if scheduled else payload,
         key=rules.continuation_key(runner.run_id, continuation.seq),
         delay=timedelta(seconds=continuation.delay_seconds) or None,
-        queue=queue,
+        queue=spec.queue if scheduled else queue,
+        route=protocol.SCHEDULER_ROUTE_PREFIX if scheduled else protocol.TASK_ROUTE_PREFIX,
         headers={
             protocol.CONTINUATION_HEADER: rules.continuation_header(runner.run_id, continuation.seq)
         },

@@ -145,8 +145,6 @@ class StepRunner:
         self._refuse_in_transaction("ctx.continue_later")
         if self.continuation is not None:
             raise rules.StepError("continue_later is called once per delivery")
-        if self.attempt is not None and self.attempt.kind != "task":
-            raise rules.StepError("continue_later continues task runs only (not scheduled runs)")
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
         if seconds < 0:
             raise ValueError("delay must not be negative")
