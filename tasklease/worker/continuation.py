@@ -20,7 +20,7 @@ from tasklease.worker.core import decisions
 from tasklease.worker.core import steps as rules
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.outcome import Outcome, Rejection
-from tasklease.worker.core.records import Verdict
+from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.reply import Reply
 
 # Verdicts of a run that needs no more deliveries: its continuations get the settled answer.
@@ -55,9 +55,16 @@ def refusal(
         return Reply.rejected(Rejection.MALFORMED, "the continuation names no run of this handler")
     if verdict in FINISHED:
         return None
-    if rules.continuation_of(seen).seq == 0:
+    if rules.continuation_of(seen).seq == 0 and not _may_be_in_flight(seen, identity):
         return Reply.rejected(Rejection.MALFORMED, "the continuation names a run never continued")
     return gate(seen, identity)
+
+
+def _may_be_in_flight(seen: RunRecord, identity: DeliveryIdentity) -> bool:
+    """Whether continuation 1 of a run whose record names none yet may be real: the first
+    delivery enqueues it before recording it, so while that delivery holds the run (or
+    died holding it, its retry to record it) the task can arrive first. It waits (409)."""
+    return seen.status is RunStatus.IN_PROGRESS and identity.continuation_seq == 1
 
 
 def gate(record: RunRecord, identity: DeliveryIdentity) -> Reply | None:
