@@ -336,3 +336,31 @@ def test_the_dashboard_shows_a_scheduled_runs_continuation(tmp_path: Path) -> No
 
 def test_t0_is_the_slot_these_tests_fire() -> None:
     assert datetime.fromisoformat(SLOT.replace("Z", "+00:00")) == T0
+
+
+def test_a_manual_runs_continuation_resumes_the_manual_run_and_the_slot_still_runs(
+    store: SqliteStore,
+) -> None:
+    seen: list[Any] = []
+    app, producer = continuing_app(store, seen)
+    ahead = "2026-10-16T15:00:00Z"  # Three hours after the clock: "jobs run" sends this.
+    manual = app.test_client().post("/jobs/nightly", headers=job_headers(schedule_time=ahead))
+    assert outcome(manual) == "processed"
+    (key,) = producer.tasks
+    run_id = producer.tasks[key]["headers"][protocol.CONTINUATION_HEADER].split(":")[0]
+    for seq in (1, 2, 3):
+        assert outcome(resume(app, run_id, seq)) == "processed"
+    record = store.get(run_id)
+    assert record is not None and record.status is RunStatus.COMPLETED
+    assert record.identity["trigger"] == "manual"
+    assert [n for n, *_ in seen] == [0, 1, 2, 3]
+    assert {r for _, _, r, *_ in seen} == {run_id}
+    # The slot's own delivery, when it comes, is a run of its own.
+    clock_at_slot = FakeClock(datetime.fromisoformat(ahead.replace("Z", "+00:00")))
+    router = Router()
+    router.scheduled("nightly")(lambda ctx: seen.append(("slot", ctx.run_id)))
+    slot = create_app(router, store=store, auth="none", clock=clock_at_slot).test_client()
+    assert outcome(slot.post("/jobs/nightly", headers=job_headers(schedule_time=ahead))) == (
+        "processed"
+    )
+    assert seen[-1][0] == "slot" and seen[-1][1] != run_id
