@@ -1,7 +1,8 @@
 """Continuations (``ctx.continue_later``): which delivery of a run may run it, and how a
 delivery hands the run on to the next one.
 
-Delivery ``n`` of a run (0: its own task; n: the continuation task the n-th
+Delivery ``n`` of a run (0: its own task or Scheduler delivery; n: the continuation task
+(on the handler's own route, ``/jobs/<name>`` for a scheduled run) the n-th
 ``continue_later`` enqueued, carrying :data:`~tasklease.protocol.CONTINUATION_HEADER`) runs
 the handler only while the record's continuation number is ``n``. An earlier delivery (a
 duplicate, or a retry whose response was lost) is answered 200 without running; a later one
