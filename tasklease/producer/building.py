@@ -24,6 +24,7 @@ from tasklease.protocol import (
     LOCATION_HEADER,
     MAX_TASK_BYTES,
     PROJECT_HEADER,
+    SCHEDULER_ROUTE_PREFIX,
     TASK_ROUTE_PREFIX,
 )
 
@@ -54,13 +55,16 @@ class TaskRoutes(Protocol):
 class EnqueueOptions(TypedDict, total=False):
     """The options every enqueue call takes (see :meth:`Producer.enqueue`): ``delay`` or
     ``at`` (when the task runs), ``queue`` (else the producer's), ``dispatch_deadline`` (15 s
-    to 30 min) and ``headers`` (more task headers)."""
+    to 30 min), ``headers`` (more task headers) and ``route`` (the worker route the task
+    targets: ``/tasks/``, the default, or ``/jobs/`` for a scheduled handler, as a scheduled
+    run's ``continue_later`` does)."""
 
     delay: timedelta | None
     at: datetime | None
     queue: str | None
     dispatch_deadline: timedelta | None
     headers: Mapping[str, str] | None
+    route: str
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Options:
     queue: str | None = None
     dispatch_deadline: timedelta | None = None
     headers: Mapping[str, str] | None = None
+    route: str = TASK_ROUTE_PREFIX
 
 
 TransportT = TypeVar("TransportT")
@@ -137,7 +142,12 @@ class TaskBuilder(Generic[TransportT, SleepT]):
             ch.isascii() and (ch.isalnum() or ch in "-_") for ch in task_name
         ):
             raise InvalidTask(f"task_name {task_name!r}: use letters, digits, '-' or '_'")
-        if self.router is not None and not self.router.has_task(task_name):
+        if options.route not in (TASK_ROUTE_PREFIX, SCHEDULER_ROUTE_PREFIX):
+            raise InvalidTask(
+                f"route {options.route!r}: {TASK_ROUTE_PREFIX!r} or {SCHEDULER_ROUTE_PREFIX!r}"
+            )
+        routed = options.route == TASK_ROUTE_PREFIX
+        if routed and self.router is not None and not self.router.has_task(task_name):
             raise InvalidTask(
                 f"task_name {task_name!r}: the producer's router has no task handler of that "
                 "name (a typo? enqueue by reference, handler.enqueue(...), cannot misspell it)"
@@ -161,7 +171,7 @@ class TaskBuilder(Generic[TransportT, SleepT]):
         request = TaskRequest(
             queue_path=self.queue_path(options.queue),
             task_id=task_id(task_name, key) if key is not None else random_task_id(task_name),
-            url=f"{self.worker_url}{TASK_ROUTE_PREFIX}{task_name}",
+            url=f"{self.worker_url}{options.route}{task_name}",
             body=body,
             headers=task_headers,
             service_account=self.service_account,

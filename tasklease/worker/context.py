@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from tasklease.worker.attempt import Attempt
-from tasklease.worker.core.identity import DeliveryIdentity
+from tasklease.worker.core.identity import DeliveryIdentity, Kind, parse_rfc3339
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.steps import DurableSteps, StepRunner
 
@@ -167,7 +167,13 @@ def view_of(
     body: bytes,
     steps: StepRunner | None = None,
 ) -> TaskContext:
-    """The handler's view of the attempt ``live``, claimed for ``identity`` as ``record``."""
+    """The handler's view of the attempt ``live``, claimed for ``identity`` as ``record``.
+    A scheduled run's continuation (a Cloud Tasks task) sees the job and schedule time of
+    the run it resumes, from its record."""
+    job_name, schedule_time = identity.job_name, identity.schedule_time
+    if identity.continues is not None and identity.kind is Kind.SCHEDULER:
+        job_name = record.identity.get("job_name")
+        schedule_time = parse_rfc3339(record.identity.get("schedule_time", ""))
     return TaskContext(
         kind=live.kind,
         handler=live.handler,
@@ -184,8 +190,8 @@ def view_of(
         eta=identity.eta,
         previous_response=identity.previous_response,
         retry_reason=identity.retry_reason,
-        job_name=identity.job_name,
-        schedule_time=identity.schedule_time,
+        job_name=job_name,
+        schedule_time=schedule_time,
         project=identity.project,
         location=identity.location,
         live=live,

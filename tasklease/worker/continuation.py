@@ -1,7 +1,8 @@
 """Continuations (``ctx.continue_later``): which delivery of a run may run it, and how a
 delivery hands the run on to the next one.
 
-Delivery ``n`` of a run (0: its own task; n: the continuation task the n-th
+Delivery ``n`` of a run (0: its own task or Scheduler delivery; n: the continuation task
+(on the handler's own route, ``/jobs/<name>`` for a scheduled run) the n-th
 ``continue_later`` enqueued, carrying :data:`~tasklease.protocol.CONTINUATION_HEADER`) runs
 the handler only while the record's continuation number is ``n``. An earlier delivery (a
 duplicate, or a retry whose response was lost) is answered 200 without running; a later one
@@ -18,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from tasklease import protocol
 from tasklease.worker.core import decisions
 from tasklease.worker.core import steps as rules
+from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.outcome import Outcome, Rejection
-from tasklease.worker.core.records import Verdict
+from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.reply import Reply
 
 # Verdicts of a run that needs no more deliveries: its continuations get the settled answer.
@@ -54,9 +56,16 @@ def refusal(
         return Reply.rejected(Rejection.MALFORMED, "the continuation names no run of this handler")
     if verdict in FINISHED:
         return None
-    if rules.continuation_of(seen).seq == 0:
+    if rules.continuation_of(seen).seq == 0 and not _may_be_in_flight(seen, identity):
         return Reply.rejected(Rejection.MALFORMED, "the continuation names a run never continued")
     return gate(seen, identity)
+
+
+def _may_be_in_flight(seen: RunRecord, identity: DeliveryIdentity) -> bool:
+    """Whether continuation 1 of a run whose record names none yet may be real: the first
+    delivery enqueues it before recording it, so while that delivery holds the run (or
+    died holding it, its retry to record it) the task can arrive first. It waits (409)."""
+    return seen.status is RunStatus.IN_PROGRESS and identity.continuation_seq == 1
 
 
 def gate(record: RunRecord, identity: DeliveryIdentity) -> Reply | None:
@@ -82,15 +91,21 @@ def enqueue_next(
     router: Router, spec: HandlerSpec, runner: StepRunner, payload: Any, queue: str | None
 ) -> str:
     """Enqueue the continuation ``continue_later`` asked for (once: a name derived from the
-    run and its number); return its continuation json to record."""
+    run and its number); return its continuation json to record.
+
+    A task run's continuation goes to ``queue`` (the task's own), with its payload; a
+    scheduled run's is a task on the job's route, in the handler's declared queue (else the
+    producer's default), with no payload."""
     continuation = runner.continuation
     assert continuation is not None
+    scheduled = spec.kind is Kind.SCHEDULER
     router.producer().enqueue(
         spec.name,
-        payload,
+        None if scheduled else payload,
         key=rules.continuation_key(runner.run_id, continuation.seq),
         delay=timedelta(seconds=continuation.delay_seconds) or None,
-        queue=queue,
+        queue=spec.queue if scheduled else queue,
+        route=protocol.SCHEDULER_ROUTE_PREFIX if scheduled else protocol.TASK_ROUTE_PREFIX,
         headers={
             protocol.CONTINUATION_HEADER: rules.continuation_header(runner.run_id, continuation.seq)
         },

@@ -273,7 +273,7 @@ class Executor:
             return self._fail(live, lock, body)
         if lock is not None:
             try:
-                overlap = self.locks.take(spec, live, lock)
+                overlap = self.locks.take(spec, live, lock, continued=ctx.continuation > 0)
             except StoreUnavailable as exc:
                 self._give_back(live, f"could not take the lock {lock.name}: {exc}", count=False)
                 return _store_unavailable(f"lease store unavailable: {exc}", live.run_id)

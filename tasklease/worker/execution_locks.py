@@ -77,25 +77,32 @@ class ExecutionLocks:
             min_gap=spec.min_gap,
         )
 
-    def take(self, spec: HandlerSpec, live: Attempt, request: LockRequest) -> Overlap | None:
+    def take(
+        self, spec: HandlerSpec, live: Attempt, request: LockRequest, *, continued: bool = False
+    ) -> Overlap | None:
         """Acquire ``request``'s lock for the claimed ``live``: None once held, else how the
-        overlap ends. Raises :class:`StoreUnavailable` with ``live.lock`` set, so that giving
-        the claim back also releases a lock whose write may have landed unseen (fenced by
-        attempt id, so harmless if it did not)."""
+        overlap ends. A ``continued`` run (a continuation's delivery) is never skipped: the
+        lock is held per delivery, so another run may hold it between two deliveries of a
+        chain, and the continuation waits for it (409) rather than ending its run. Raises
+        :class:`StoreUnavailable` with ``live.lock`` set, so that giving the claim back also
+        releases a lock whose write may have landed unseen (fenced by attempt id, so harmless
+        if it did not)."""
         asked_at, asked = self.clock(), time.monotonic()
         live.lock = request.name
         grant = lock_store(self.store).acquire_lock(request, self.clock)
         if not grant.acquired:
             live.lock = None
-            return self._overlap(spec, live, request.name, grant)
+            return self._overlap(spec, live, request.name, grant, continued)
         live.lock_fencing_token = grant.lock.fencing_token
         deadline = local_deadline(grant.lock.lease_expires, asked_at, asked, spec.lease)
         live.confirm_lease(live.lease_expires, min(live.lease_deadline, deadline))
         return None
 
-    def _overlap(self, spec: HandlerSpec, live: Attempt, name: str, grant: LockGrant) -> Overlap:
+    def _overlap(
+        self, spec: HandlerSpec, live: Attempt, name: str, grant: LockGrant, continued: bool
+    ) -> Overlap:
         holder = grant.lock.holder_run_id
-        if spec.kind is Kind.SCHEDULER and spec.on_overlap == "skip":
+        if spec.kind is Kind.SCHEDULER and spec.on_overlap == "skip" and not continued:
             return Overlap(
                 lambda: self.store.skip(live.run_id, live.attempt_id, holder, name, self.clock),
                 Reply.of(

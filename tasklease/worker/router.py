@@ -120,7 +120,8 @@ class Router:
       runs at a time, across instances. A task whose key is busy is answered 409 (outcome
       ``key_busy``) with Retry-After, without consuming an attempt; Cloud Tasks retries it.
     - ``queue``: the queue ``handler.enqueue(...)`` creates its tasks in, unless the call
-      names one (default: the producer's).
+      names one (default: the producer's). On a scheduled handler: the queue its runs'
+      continuations (``ctx.continue_later``) go to (default: the producer's).
 
     Options of scheduled handlers, for their Cloud Scheduler job, declared in code (checked
     here: a bad one is a ConfigurationError naming the handler, at import):
@@ -210,6 +211,7 @@ class Router:
         description: str = "",
         attempt_deadline: timedelta | None = None,
         transactional: bool = False,
+        queue: str | None = None,
     ) -> JobDecorator:
         """Register ``handler(ctx)`` at ``POST /jobs/<name>``, for a Cloud Scheduler job (the
         one ``schedule=`` declares, if given)."""
@@ -234,6 +236,7 @@ class Router:
             description=description,
             attempt_deadline=attempt_deadline,
             transactional=transactional,
+            queue=queue,
         )
 
         def job_handle(function: Callable[..., Any], /) -> JobHandler[Any]:

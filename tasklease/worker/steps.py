@@ -145,8 +145,6 @@ class StepRunner:
         self._refuse_in_transaction("ctx.continue_later")
         if self.continuation is not None:
             raise rules.StepError("continue_later is called once per delivery")
-        if self.attempt is not None and self.attempt.kind != "task":
-            raise rules.StepError("continue_later continues task runs only (not scheduled runs)")
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
         if seconds < 0:
             raise ValueError("delay must not be negative")
@@ -273,5 +271,8 @@ class DurableSteps:
         from now, under a name derived from the run and the continuation's number (created
         once). Its delivery resumes the run with :attr:`state`, and no steps: this
         delivery is final, its steps are dropped (carry what the next needs in ``state``).
-        The run is completed when a delivery returns without continuing."""
+        The run is completed when a delivery returns without continuing. A scheduled run
+        continues in Cloud Tasks tasks on the job's route (``/jobs/<name>``), in the
+        handler's ``queue=`` or else the producer's default; the Scheduler's delivery is
+        answered 200."""
         self._steps.continue_later(state, delay)

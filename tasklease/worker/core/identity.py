@@ -82,7 +82,7 @@ class DeliveryIdentity:
     @property
     def key(self) -> str:
         """The normalised identity: equal for every delivery of one task or scheduled run."""
-        if self.kind is Kind.TASK:
+        if self.kind is Kind.TASK or self.schedule_time is None:  # A task, or a continuation.
             parts = [self.queue or "", self.task_name or ""]
         else:
             assert self.schedule_time is not None
@@ -165,8 +165,10 @@ def parse_identity(
     location = _optional(header, location_header, _matching(_LOCATION)) or _query(
         query, protocol.LOCATION_QUERY, _LOCATION
     )
-    if kind is Kind.TASK:
-        continued = _optional(header, protocol.CONTINUATION_HEADER, parse_continuation_header)
+    continued = _optional(header, protocol.CONTINUATION_HEADER, parse_continuation_header)
+    if kind is Kind.TASK or continued is not None:
+        # A scheduled run's continuation is a Cloud Tasks task on the job's route: its kind
+        # stays the route's, the run it resumes is the header's.
         return DeliveryIdentity(
             kind=kind,
             handler=handler,
