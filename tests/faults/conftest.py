@@ -77,10 +77,15 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
             "postgres",
             marks=pytest.mark.skipif(not FULL, reason="on Postgres in the full suite only"),
         ),
+        pytest.param(
+            "spanner",
+            marks=pytest.mark.skipif(not FULL, reason="on Spanner in the full suite only"),
+        ),
     ]
 )
 def backend_full(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    """Like ``backend``, with the Firestore variant left to ``make faults`` (time)."""
+    """Like ``backend``, with the Firestore, Postgres and Spanner variants left to ``make
+    faults`` (time)."""
     return _backend(request, tmp_path)
 
 
