@@ -31,6 +31,7 @@ Task: Any = importlib.import_module(f"{tasks.__name__}.base").Task
 TaskResult: Any = tasks.TaskResult
 TaskResultStatus: Any = tasks.TaskResultStatus
 TaskContext: Any = tasks.TaskContext
+TaskError: Any = importlib.import_module(f"{tasks.__name__}.base").TaskError
 DEFAULT_TASK_QUEUE_NAME: str = tasks.DEFAULT_TASK_QUEUE_NAME
 # Django 6 names it InvalidTask; the backport, InvalidTaskError.
 InvalidTask: type[Exception] = getattr(

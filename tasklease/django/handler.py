@@ -3,11 +3,13 @@
 Every Django task is enqueued to ``POST /tasks/django_task`` with its module path, arguments
 and result id; the handler imports the :class:`Task` by that path (nothing that is not a
 Django Task is ever called) and runs it under tasklease's claim, so a duplicate delivery is
-answered from the run's record, not run again.
+answered from the run's record, not run again. Each attempt sends Django's ``task_started``
+and ``task_finished`` signals, as Django's own backends do.
 """
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 from django.utils import timezone
@@ -46,9 +48,42 @@ def run_django_task(payload: Any, ctx: TaskContext) -> Any:
         # One entry per claim: Django's TaskContext.attempt counts them, as tasklease does.
         worker_ids=[instance_id()] * ctx.attempt,
     )
-    if task.takes_context:
-        return task.call(compat.TaskContext(task_result=result), *args, **kwargs)
-    return task.call(*args, **kwargs)
+    return _run(task, result, args, kwargs)
+
+
+def _run(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Call the task between Django's ``task_started`` and ``task_finished`` signals, the
+    result updated as Django's ImmediateBackend does (its fields are frozen: set in place)."""
+    sender = type(task.get_backend())
+    compat.signals.task_started.send(sender=sender, task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(compat.TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+    except KeyboardInterrupt:  # As Django's ImmediateBackend: no result for an interrupt.
+        raise
+    except BaseException as exc:  # Recorded as Django does, then tasklease's to handle.
+        _finish(result, compat.TaskResultStatus.FAILED)
+        kind = type(exc)
+        result.errors.append(
+            compat.TaskError(
+                exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+                traceback="".join(traceback.format_exception(exc)),
+            )
+        )
+        # In the except block: Django's own receiver logs the exception (sys.exc_info()).
+        compat.signals.task_finished.send(sender=sender, task_result=result)
+        raise
+    _finish(result, compat.TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "_return_value", value)
+    compat.signals.task_finished.send(sender=sender, task_result=result)
+    return value
+
+
+def _finish(result: Any, status: Any) -> None:
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "status", status)
 
 
 def _unpack(payload: Any) -> tuple[Any, list[Any], dict[str, Any], str]:

@@ -4,7 +4,7 @@ to a :class:`~tasklease.worker.stores.delivery_tally.DeliveryTally` store.
 A delivery only adds one to a counter in memory. One daemon thread per process (started on
 the first count in it: threads do not survive a fork) writes each counter's counts every
 ``interval`` seconds, in one write, and once more at exit (for at most
-:data:`EXIT_FLUSH_TIMEOUT` seconds). A failed write is logged and its
+:data:`EXIT_FLUSH_TIMEOUT` seconds, on that same thread). A failed write is logged and its
 counts kept for the next one; as a write holds totals, never increments, writing them again
 cannot count twice. A delivery never waits for the store here, and never fails for it.
 """
@@ -135,35 +135,36 @@ class _Flusher:
         self._flushing = threading.Lock()
         self._pid: int | None = None
         self._wake = threading.Event()
-        self._closing = threading.Event()
-        self._closed = threading.Event()
+        self._exiting = threading.Event()  # Set by close_all: the thread's last flush.
+        self._exited = threading.Event()  # Set by the thread when that flush is done.
 
     def watch(self, counter: DeliveryCounter) -> None:
         with self._lock:
             self._counters.add(counter)
             if self._pid != os.getpid():  # Threads do not survive a fork: start one here.
                 self._pid = os.getpid()
-                self._closing, self._closed = threading.Event(), threading.Event()
+                self._exiting, self._exited = threading.Event(), threading.Event()
                 thread = threading.Thread(target=self._run, name="tasklease-tally", daemon=True)
                 thread.start()
         self._wake.set()  # Its interval may be shorter than the thread's current wait.
 
     def close_all(self, timeout: float = EXIT_FLUSH_TIMEOUT) -> None:
         """At exit: write what every counter of this process has left, waiting at most
-        ``timeout`` seconds (a store that is down must not hold up a shutdown). The last
-        write is made by this process's flusher thread, already running: Python 3.12 refuses
-        a new thread at interpreter shutdown (cpython#104690), so none is started here."""
+        ``timeout`` seconds (a store that is down must not hold up a shutdown). The flusher
+        thread writes it: Python 3.12 refuses to start a thread from an atexit callback
+        (docs.python.org/3.12/whatsnew/3.12.html, "can't create new thread at interpreter
+        shutdown"), and a daemon thread still runs while the callbacks do."""
         with self._lock:
             if self._pid != os.getpid() or not self._counters:
                 return
-            self._closing.set()
+            exiting, exited = self._exiting, self._exited
+        exiting.set()
         self._wake.set()
-        if not self._closed.wait(timeout):
+        if not exited.wait(timeout):
             _log.warning("delivery counts not written within %.0f s of exit: dropped", timeout)
 
     def _run(self) -> None:
-        closing, closed = self._closing, self._closed
-        while not closing.is_set():
+        while not self._exiting.is_set():
             now = time.monotonic()
             with self._lock:
                 counters = list(self._counters)
@@ -178,7 +179,7 @@ class _Flusher:
             counters = list(self._counters)
         for counter in counters:
             counter.close()
-        closed.set()
+        self._exited.set()
 
 
 _FLUSHER = _Flusher()

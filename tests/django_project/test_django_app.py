@@ -204,3 +204,39 @@ def test_aenqueue_creates_the_task_from_async_code(queue: MemoryTransport) -> No
 def test_get_result_says_where_results_live(queue: MemoryTransport) -> None:
     with pytest.raises(NotImplementedError, match="run record"):
         tasks.record.get_result("any-id")
+
+
+def test_a_delivery_sends_djangos_task_started_and_task_finished_signals(
+    queue: MemoryTransport,
+) -> None:
+    """Django's task_started and task_finished (its own logging, and apps' monitoring, hang
+    on them) for each attempt: a failed one with its error, the retry with its result."""
+    seen: list[tuple[Any, ...]] = []
+
+    def started(sender: type, task_result: Any, **_: Any) -> None:
+        seen.append(("started", sender, task_result.status, task_result.attempts))
+
+    def finished(sender: type, task_result: Any, **_: Any) -> None:
+        errors = [error.exception_class_path for error in task_result.errors]
+        value = task_result.return_value if not errors else None
+        seen.append(("finished", task_result.status, errors, value, task_result.is_finished))
+
+    compat.signals.task_started.connect(started)
+    compat.signals.task_finished.connect(finished)
+    try:
+        tasks.flaky.enqueue("signalled")
+        [created] = queue.tasks
+        client = Client()
+        assert _deliver(client, created).status_code >= 500
+        assert _deliver(client, created).headers["X-Tasklease-Outcome"] == "processed"
+    finally:
+        compat.signals.task_started.disconnect(started)
+        compat.signals.task_finished.disconnect(finished)
+    backend = type(compat.tasks.task_backends["default"])
+    status = compat.TaskResultStatus
+    assert seen == [
+        ("started", backend, status.RUNNING, 1),
+        ("finished", status.FAILED, ["builtins.ConnectionError"], None, True),
+        ("started", backend, status.RUNNING, 2),
+        ("finished", status.SUCCESSFUL, [], "signalled", True),
+    ]
