@@ -324,4 +324,5 @@ def test_a_firestore_step_of_a_taken_over_attempt_keeps_nothing(
 
     answer = _post(create_app(router, store=firestore_store, auth="none"))
     assert answer.headers["X-Tasklease-Outcome"] == "lost_claim", answer.get_data(as_text=True)
+    assert "transactional step 'debit'" in answer.get_data(as_text=True)  # Rolled back.
     assert count("debit") == 0
