@@ -27,7 +27,7 @@ from tasklease.worker.steps import StepRunner
 from tasklease.worker.stores.memory import MemoryStore
 from tasklease.worker.stores.postgres import PostgresStore
 from tasklease.worker.stores.sqlite import SqliteStore
-from tasklease.worker.stores.transactional import TransactionalStore
+from tasklease.worker.stores.transactional import TRANSACTIONAL_STEP_STORES, TransactionalStore
 from tests.helpers import claim_request, task_headers
 
 
@@ -396,8 +396,8 @@ def test_a_transactional_step_costs_its_one_transaction_and_a_replay_costs_nothi
 
 
 class WithoutTransactionalSteps(SqliteStore):
-    """A transactional store that has not implemented the step primitive (as Spanner and
-    Firestore have not yet): the base class's default."""
+    """A transactional store that has not implemented the step primitive (a third-party
+    store's, say): the base class's default."""
 
     record_step_in_transaction = TransactionalStore.record_step_in_transaction
 
@@ -416,7 +416,7 @@ def test_a_transactional_step_is_refused_on_a_transactional_store_without_the_pr
 
     answer = _post(create_app(router, store=store, auth="none"))
     assert answer.headers["X-Tasklease-Outcome"] == "failed"
-    assert "SqliteStore or PostgresStore" in answer.get_data(as_text=True)
+    assert TRANSACTIONAL_STEP_STORES in answer.get_data(as_text=True)
     assert calls == []
     with pytest.raises(NotImplementedError):
         store.record_step_in_transaction("run-1", "attempt-1", calls.append, T0)

@@ -48,6 +48,7 @@ class StepRunner:
     used: set[str] = field(default_factory=set)
     replayed: int = 0
     ran: int = 0
+    transaction_tries: int = 0  # How often the database ran this attempt's transactional steps.
     continuation: Continuation | None = None  # Set by continue_later.
 
     @classmethod
@@ -170,7 +171,10 @@ class StepRunner:
         """The counts on the delivery's log line (none for a handler that used no step)."""
         if not (self.replayed or self.ran):
             return {}
-        return {"steps_replayed": self.replayed, "steps_run": self.ran}
+        fields = {"steps_replayed": self.replayed, "steps_run": self.ran}
+        if self.transaction_tries:  # As a transactional handler's line counts its tries.
+            fields["transaction_tries"] = self.transaction_tries
+        return fields
 
 
 def ctx_runner(ctx: DurableSteps) -> StepRunner:

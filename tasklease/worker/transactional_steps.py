@@ -55,8 +55,11 @@ def run_transactional_step(
     assert isinstance(store, TransactionalStore)  # records_steps_in_transactions said so.
     clock = runner.clock or (lambda: datetime.now().astimezone())
     written: list[StepRecord] = []
+    tries = 0
 
     def step_work(transaction: Any) -> StepRecord:
+        nonlocal tries
+        tries += 1  # More than once where the database runs an aborted transaction again.
         attempt.transaction = transaction  # ctx.transaction, and no step nested in this one.
         try:
             result = fn(transaction, *args, **kwargs)
@@ -79,6 +82,7 @@ def run_transactional_step(
             runner.run_id, attempt.attempt_id, step_work, clock
         )
     except StoreUnavailable:
+        runner.transaction_tries += tries
         # The commit's outcome may be unknown: the record tells whether it landed.
         record = retry_while_unavailable(lambda: store.get(runner.run_id))
         landed = rules.steps_of(record).get(name)
@@ -86,6 +90,7 @@ def run_transactional_step(
             raise
         written.append(landed)
     else:
+        runner.transaction_tries += tries
         if not outcome.held:
             attempt.mark_lease_lost()
             raise LeaseLost(

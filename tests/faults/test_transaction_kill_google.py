@@ -5,7 +5,9 @@ database. The plain control (effect, then completion) is printed beside it: the 
 apply effects twice.
 
 At the store level (claim, then ``complete_in_transaction``), the part of a transactional
-handler each store provides, against Google's emulators.
+handler each store provides, against Google's emulators. The same kills with transactional
+steps (``record_step_in_transaction``, three per run, each its own increment): every step's
+effect applied exactly once, and no step run again after its record.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from typing import Any
 
 import pytest
 
+from tasklease.worker.core import steps
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import FirestoreStore, SpannerStore
 from tests.faults.conftest import NEEDS_ISOLATION
 from tests.faults.harness import FULL, Tally, scale
-from tests.faults.transaction_child import PROJECT
+from tests.faults.transaction_child import PROJECT, STEPS
 from tests.firestore_support import unique_collection
 
 pytestmark = pytest.mark.faults
@@ -145,3 +148,23 @@ def test_sigkill_mid_transaction_applies_each_effect_exactly_once(
     if mode == "transactional":
         assert twice == 0
         assert all(effects[key] == 1 for key in keys)
+
+
+def test_sigkill_mid_transactional_steps_applies_each_steps_effect_exactly_once(
+    target: Target, report: Callable[[str, Tally], None]
+) -> None:
+    tasks, kills = scale(10, 200), scale(2, 25)
+    killed = _generations(target, tasks, kills, "steps", seed=tasks * 11 + kills)
+    effects = target.effects()
+    keys = [f"t-{index}-step-{step}" for index in range(tasks) for step in range(STEPS)]
+    twice = sum(1 for key in keys if effects[key] > 1)
+    missing = sum(1 for key in keys if effects[key] == 0)
+    counts = Tally(
+        delivered=tasks, executed=sum(effects.values()), duplicates_absorbed=0, lost=missing,
+        extra={"killed": killed, "steps": len(keys), "applied_twice_or_more": twice},
+    )  # fmt: skip
+    report(f"transaction kill ({target.backend}, transactional steps)", counts)
+    assert (missing, twice) == (0, 0)
+    for index in range(tasks):
+        record = target.store.get(f"t-{index}")
+        assert list(steps.steps_of(record)) == [f"step-{step}" for step in range(STEPS)]

@@ -6,7 +6,10 @@ a time past every earlier generation's leases (so a run a killed generation held
 over), and applies each run's effect: a plain increment, not idempotent. MODE
 ``transactional``: the effect and the completion in one transaction
 (``complete_in_transaction``). MODE ``plain`` (the control): the effect committed on its
-own, then ``complete``. A pause after the effect widens the window a kill can land in.
+own, then ``complete``. MODE ``steps``: the run's :data:`STEPS` steps each one effect (key
+``t-N-step-I``) committed with its step record (``record_step_in_transaction``), the steps the
+claim found recorded skipped, then ``complete``. A pause after the effect widens the window a
+kill can land in.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from typing import Any
 
 from tasklease.errors import StoreUnavailable
 from tasklease.testing.contract_support import EXPIRED, T0, claim_request
+from tasklease.worker.core import steps
 from tasklease.worker.core.records import Verdict
+from tasklease.worker.core.steps import StepRecord
 from tasklease.worker.stores import FirestoreStore, SpannerStore
 
 PROJECT = "tasklease-test"
 PAUSE = 0.02  # Seconds between the effect and its completion's commit.
+STEPS = 3  # Transactional steps per run in MODE steps.
 
 
 def moment(generation: int) -> datetime:
@@ -85,6 +91,8 @@ def main(backend: str, target: str, generation: int, tasks: int, mode: str) -> N
 
             if mode == "transactional":
                 store.complete_in_transaction(key, attempt, work, at)
+            elif mode == "steps":
+                run_steps(store, effects, key, attempt, claim.record, at)
             else:
                 effects.apply_alone(key)
                 time.sleep(PAUSE)
@@ -92,6 +100,25 @@ def main(backend: str, target: str, generation: int, tasks: int, mode: str) -> N
         except StoreUnavailable as exc:  # A 503: the queue delivers it again later.
             print(f"unavailable {key}: {exc}", file=sys.stderr, flush=True)
     store.close()
+
+
+def run_steps(store: Any, effects: Effects, key: str, attempt: str, record: Any, at: Any) -> None:
+    """The run's steps not recorded yet, each in its own transaction, then its completion;
+    stops when a step finds the claim gone."""
+    done = steps.steps_of(record)
+    for index in range(STEPS):
+        name = f"step-{index}"
+        if name in done:
+            continue  # Recorded by an earlier attempt: replayed, not run.
+
+        def step_work(tx: Any, name: str = name) -> StepRecord:
+            effects.apply(tx, f"{key}-{name}")
+            time.sleep(PAUSE)
+            return StepRecord(name, "null", attempt, at, 4)
+
+        if not store.record_step_in_transaction(key, attempt, step_work, at).held:
+            return
+    store.complete(key, attempt, None, at)
 
 
 if __name__ == "__main__":

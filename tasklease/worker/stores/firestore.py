@@ -29,7 +29,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
 from google.api_core import exceptions as api
@@ -56,7 +56,6 @@ from tasklease.worker.stores.firestore_codec import decode_run, encode_run
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
-from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
 
 _T = TypeVar("_T")
 
@@ -83,7 +82,9 @@ _UNCERTAIN = (
 log = logging.getLogger("tasklease.store.firestore")
 
 
-class FirestoreStore(TransactionalStore, LockStore, OperatorQueries, tally.FirestoreTally):
+class FirestoreStore(
+    transactions.FirestoreTransactions, LockStore, OperatorQueries, tally.FirestoreTally
+):
     """Run records in ``collection`` (document id: the hashed run id, so writes spread out).
 
     ``expire_at`` is a Firestore timestamp for a TTL policy on the collection (the deploy
@@ -276,20 +277,6 @@ class FirestoreStore(TransactionalStore, LockStore, OperatorQueries, tally.Fires
         with self._guard("change a run"):
             result: _T = apply(self.client.transaction())
             return result
-
-    def complete_in_transaction(
-        self,
-        run_id: str,
-        attempt_id: str,
-        work: Work,
-        now: Moment,
-        *,
-        keep_for: timedelta | None = None,
-    ) -> TransactionOutcome:
-        """``work`` gets the ``Transaction`` (see :mod:`.firestore_transactions`)."""
-        return transactions.complete_in_transaction(
-            self, run_id, attempt_id, work, now, keep_for=keep_for
-        )
 
     @property
     def lock_collection(self) -> str:

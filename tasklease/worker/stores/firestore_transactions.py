@@ -14,12 +14,18 @@ included (counted in :attr:`TransactionOutcome.tries`): ``@firestore.transaction
 again when the Commit aborts, and this module when a read does. Every way out that must keep
 nothing (the claim gone, ``work`` raised) raises (:mod:`.transaction_exits`), and the
 transaction is rolled back.
+
+A transactional step (``ctx.step(..., transactional=True)``; :class:`FirestoreTransactions`)
+runs in the same kind of transaction: the run's read and the claim's check first, then the
+step's function with the ``Transaction``, then the run with the step added, in the same
+Commit. RPCs the same: 3 beyond the step's own reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from google.api_core import exceptions as api
 from google.api_core import gapic_v1
@@ -27,7 +33,9 @@ from google.api_core import retry as retries
 from google.cloud import firestore
 
 from tasklease.errors import StoreUnavailable
+from tasklease.worker.core import decisions
 from tasklease.worker.core.records import RunRecord
+from tasklease.worker.core.steps import StepRecord
 from tasklease.worker.stores.base import Moment, resolve
 from tasklease.worker.stores.firestore_codec import decode_run, encode_run
 from tasklease.worker.stores.transaction_exits import (
@@ -37,18 +45,50 @@ from tasklease.worker.stores.transaction_exits import (
     completed_by,
     completion,
     held,
+    step_landed,
+    with_step,
 )
-from tasklease.worker.stores.transactional import TransactionOutcome, Work
+from tasklease.worker.stores.transactional import (
+    StepWork,
+    TransactionalStore,
+    TransactionOutcome,
+    Work,
+)
 
 if TYPE_CHECKING:
     from tasklease.worker.stores.firestore import FirestoreStore
 
+_T = TypeVar("_T")
 # The RPCs a Transaction makes with the client's defaults, and what those retry by themselves.
 _TRANSACTION_RPCS = ("begin_transaction", "commit", "rollback")
 _TRANSIENT = retries.if_exception_type(api.ServiceUnavailable, api.ResourceExhausted)
 # Transactions begun afresh after a read aborted (each one the client's own attempts at its
 # Commit, five by default), before the call reports contention.
 MAX_ROUNDS = 4
+
+
+class FirestoreTransactions(TransactionalStore):
+    """The :class:`TransactionalStore` methods of the Firestore store."""
+
+    def complete_in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> TransactionOutcome:
+        """``work`` gets the ``Transaction`` (see :mod:`.firestore_transactions`)."""
+        store = cast("FirestoreStore", self)  # The one class this mixin is for.
+        return complete_in_transaction(store, run_id, attempt_id, work, now, keep_for=keep_for)
+
+    def record_step_in_transaction(
+        self, run_id: str, attempt_id: str, step_work: StepWork, now: Moment
+    ) -> TransactionOutcome:
+        """The step's function gets the ``Transaction`` a transactional handler would."""
+        store = cast("FirestoreStore", self)  # The one class this mixin is for.
+        return record_step_in_transaction(store, run_id, attempt_id, step_work)
 
 
 def complete_in_transaction(
@@ -113,7 +153,72 @@ def complete_in_transaction(
     raise raised
 
 
-def guarded_work(work: Work, transaction: Any) -> str | None:
+def record_step_in_transaction(
+    store: FirestoreStore, run_id: str, attempt_id: str, step_work: StepWork
+) -> TransactionOutcome:
+    """:meth:`TransactionalStore.record_step_in_transaction` on ``store``."""
+    ref = store._document(run_id)
+    bound_transactions(store.client, store._timeout)
+    tries = 0
+    written: list[StepRecord] = []
+
+    @firestore.transactional
+    def attempt(transaction: firestore.Transaction) -> tuple[StepRecord, RunRecord]:
+        nonlocal tries
+        snapshot = ref.get(transaction=transaction, **store._call)
+        record = decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
+        if record is None or not decisions.holds(record, attempt_id):
+            raise NotHeld(run_id)
+        tries += 1
+        step = guarded_work(step_work, transaction)
+        written.append(step)
+        recorded = with_step(record, step)
+        transaction.set(ref, encode_run(recorded))  # The last write: its result is the run's.
+        return step, recorded
+
+    raised: Exception | None = None
+    for _ in range(MAX_ROUNDS):
+        transaction = store.client.transaction()
+        try:
+            step, recorded = attempt(transaction)
+        except api.Aborted:
+            continue  # A read aborted on contention: nothing was committed, begin again.
+        except NotHeld:
+            store._forget(run_id, attempt_id)
+            return TransactionOutcome(held=False, result_json=None, tries=tries)
+        except WorkRaised as carrier:
+            raised = carrier.error
+            break
+        except (api.GoogleAPIError, ValueError, OSError) as exc:
+            # As in complete_in_transaction: the Commit may have landed, the record tells.
+            store._forget(run_id, attempt_id)  # Its next write reads the document first.
+            landed = step_landed(store, run_id, attempt_id, written)
+            if landed is not None:
+                return TransactionOutcome(held=True, result_json=landed.result_json, tries=tries)
+            why = f"{exc} (after: {exc.__context__})" if exc.__context__ is not None else exc
+            raise StoreUnavailable(
+                f"Firestore store: could not record a step of run {run_id} in a transaction: {why}"
+            ) from exc
+        else:
+            remember_commit(store, transaction, recorded)
+            return TransactionOutcome(held=True, result_json=step.result_json, tries=tries)
+    if raised is None:
+        raise StoreUnavailable(f"run {run_id}: too much contention to record a step")
+    raise raised  # The step's own exception, outside the except clause: its chain untouched.
+
+
+def remember_commit(store: FirestoreStore, transaction: Any, record: RunRecord) -> None:
+    """Let the attempt's next write (a renewal) condition on the committed document without
+    reading it: the update time of the transaction's last write, the run's document."""
+    results = getattr(transaction, "write_results", None) or []
+    update_time = getattr(results[-1], "update_time", None) if results else None
+    if update_time is None:
+        store._forget(record.run_id, record.attempt_id)
+    else:
+        store._remember(record, update_time)
+
+
+def guarded_work(work: Callable[[Any], _T], transaction: Any) -> _T:
     """``work(transaction)``; its exceptions carried in :class:`WorkRaised`, but for
     contention (Firestore aborted the handler's read), which runs the transaction again."""
     try:

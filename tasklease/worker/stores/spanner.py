@@ -51,7 +51,12 @@ from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.spanner_calls import bound_calls, guard, run_transaction
 from tasklease.worker.stores.spanner_tally import SpannerTally
-from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome, Work
+from tasklease.worker.stores.transactional import (
+    StepWork,
+    TransactionalStore,
+    TransactionOutcome,
+    Work,
+)
 
 _T = TypeVar("_T")
 
@@ -267,6 +272,12 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         return transactions.complete_in_transaction(
             self, run_id, attempt_id, work, now, keep_for=keep_for
         )
+
+    def record_step_in_transaction(
+        self, run_id: str, attempt_id: str, step_work: StepWork, now: Moment
+    ) -> TransactionOutcome:
+        """The step's function gets the ``Transaction`` a transactional handler would."""
+        return transactions.record_step_in_transaction(self, run_id, attempt_id, step_work)
 
     def get(self, run_id: str) -> RunRecord | None:
         database = self.database

@@ -12,6 +12,11 @@ included (counted in :attr:`TransactionOutcome.tries`). A transaction function t
 normally commits what it buffered, so every way out that must keep nothing (the claim gone,
 ``work`` raised) raises (:mod:`.transaction_exits`) through ``run_in_transaction``, which rolls
 it back.
+
+A transactional step (``ctx.step(..., transactional=True)``) runs in the same kind of
+transaction: the row's read and the claim's check first, then the step's function with the
+``Transaction``, then the row with the step added (:func:`record_step_in_transaction`). RPCs
+the same: 2 beyond the step's own statements.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from google.api_core import exceptions as api
 
 from tasklease.errors import StoreUnavailable
+from tasklease.worker.core import decisions
 from tasklease.worker.core.records import RunRecord
+from tasklease.worker.core.steps import StepRecord
 from tasklease.worker.stores import spanner_schema as schema
 from tasklease.worker.stores.base import Moment, resolve
 from tasklease.worker.stores.spanner_calls import FIRST_PAUSE, MAX_PAUSE, contended
@@ -36,8 +43,10 @@ from tasklease.worker.stores.transaction_exits import (
     completed_by,
     completion,
     held,
+    step_landed,
+    with_step,
 )
-from tasklease.worker.stores.transactional import TransactionOutcome, Work
+from tasklease.worker.stores.transactional import StepWork, TransactionOutcome, Work
 
 if TYPE_CHECKING:
     from tasklease.worker.stores.spanner import SpannerStore
@@ -95,6 +104,48 @@ def complete_in_transaction(
     raise raised
 
 
+def record_step_in_transaction(
+    store: SpannerStore, run_id: str, attempt_id: str, step_work: StepWork
+) -> TransactionOutcome:
+    """:meth:`TransactionalStore.record_step_in_transaction` on ``store``."""
+    tries = 0
+    written: list[StepRecord] = []
+
+    def attempt(transaction: Any) -> StepRecord:
+        nonlocal tries
+        record = store._read_run(transaction, run_id)
+        if not decisions.holds(record, attempt_id):
+            raise NotHeld(run_id)
+        assert record is not None  # holds() said so.
+        tries += 1
+        step = guarded_work(step_work, transaction)
+        written.append(step)
+        recorded = with_step(record, step)
+        transaction.insert_or_update(store.table, schema.WRITE_COLUMNS, [store._row(recorded)])
+        return step
+
+    raised: Exception | None = None
+    try:
+        step = rerun_on_contention(store.database, attempt, run_id)
+    except NotHeld:
+        return TransactionOutcome(held=False, result_json=None, tries=tries)
+    except WorkRaised as carrier:
+        raised = carrier.error
+    except StoreUnavailable:
+        raise  # Contention outlasted every try: nothing was committed.
+    except (api.GoogleAPIError, ValueError, OSError, TimeoutError) as exc:
+        # The Commit may have landed before its call failed: the record tells.
+        landed = step_landed(store, run_id, attempt_id, written)
+        if landed is not None:
+            return TransactionOutcome(held=True, result_json=landed.result_json, tries=tries)
+        raise StoreUnavailable(
+            f"Spanner store: could not record a step of run {run_id} in a transaction: {exc}"
+        ) from exc
+    else:
+        return TransactionOutcome(held=True, result_json=step.result_json, tries=tries)
+    raise raised  # The step's own exception, outside the except clause: its chain untouched.
+
+
 def rerun_on_contention(database: Any, attempt: Callable[[Any], _T], run_id: str) -> _T:
     """``run_transaction``'s loop, bounded by tries rather than by the store's call time:
     each try holds the handler's work, which may take longer than that on its own."""
@@ -113,7 +164,7 @@ def rerun_on_contention(database: Any, attempt: Callable[[Any], _T], run_id: str
     raise StoreUnavailable(f"Spanner store: too much contention to complete run {run_id}") from last
 
 
-def guarded_work(work: Work, transaction: Any) -> str | None:
+def guarded_work(work: Callable[[Any], _T], transaction: Any) -> _T:
     """``work(transaction)``; its exceptions carried in :class:`WorkRaised`, but for
     contention (Spanner aborted the handler's statement), which runs the transaction again."""
     try:

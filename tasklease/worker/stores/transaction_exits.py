@@ -3,15 +3,21 @@ the transaction, and the exceptions that end it without keeping anything.
 
 A Spanner or Firestore transaction function that returns normally commits what it buffered,
 so each way out that must keep nothing raises one of these through the client's transaction
-runner, which rolls the transaction back.
+runner, which rolls the transaction back. A transactional step shares them too.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
-from tasklease.worker.core import decisions
+from tasklease.errors import StoreUnavailable
+from tasklease.worker.core import decisions, steps
 from tasklease.worker.core.records import RunRecord, RunStatus
+from tasklease.worker.core.steps import StepError, StepRecord
+
+if TYPE_CHECKING:
+    from tasklease.worker.stores.base import LeaseStore
 
 
 class NotHeld(Exception):
@@ -57,3 +63,26 @@ def completion(
 def completed_by(record: RunRecord | None, attempt_id: str) -> RunRecord | None:
     """``record`` if it shows ``attempt_id`` completed the run, else None."""
     return record if decisions.finished_by(record, attempt_id, RunStatus.COMPLETED) else None
+
+
+def with_step(record: RunRecord, step: StepRecord) -> RunRecord:
+    """``record`` with ``step`` added; a step past the run's cap (``StepError``) carried in
+    :class:`WorkRaised`, so the transaction rolls back with the step's writes."""
+    try:
+        return steps.with_step(record, step)
+    except StepError as exc:
+        raise WorkRaised(exc) from exc
+
+
+def step_landed(
+    store: LeaseStore, run_id: str, attempt_id: str, written: list[StepRecord]
+) -> StepRecord | None:
+    """The step last ``written`` if the run's record shows it recorded by ``attempt_id``;
+    None if not, or the record is unreadable."""
+    if not written:
+        return None
+    try:
+        landed = steps.steps_of(store.get(run_id)).get(written[-1].name)
+    except StoreUnavailable:
+        return None
+    return landed if landed is not None and landed.attempt_id == attempt_id else None

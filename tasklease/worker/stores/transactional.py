@@ -29,7 +29,7 @@ __all__ = [
 TRANSACTIONAL_STORES = "SqliteStore, PostgresStore, SpannerStore or FirestoreStore"
 """The shipped stores that can run a transactional handler, for refusals to name."""
 
-TRANSACTIONAL_STEP_STORES = "SqliteStore or PostgresStore"
+TRANSACTIONAL_STEP_STORES = "SqliteStore, PostgresStore, SpannerStore or FirestoreStore"
 """The shipped stores that can run a transactional step, for refusals to name."""
 
 Work = Callable[[Any], str | None]
