@@ -31,7 +31,12 @@ import psycopg
 from bench.common import ROOT
 from tasklease.worker.core import decisions
 from tasklease.worker.core.records import ClaimRequest
-from tasklease.worker.stores.postgres_schema import Statements, encode_run, migrate
+from tasklease.worker.stores.postgres_schema import (
+    Statements,
+    encode_run,
+    encode_run_changes,
+    migrate,
+)
 
 sys.path.insert(0, str(ROOT))
 from tests.postgres_support import Cluster, running_cluster
@@ -78,8 +83,9 @@ def execute(url: str, statements: Statements, count: int) -> None:
             ).fetchone()
             assert row is not None and row[0]
             done = decisions.kept(decisions.completed(claimed, '{"ok":true}', now), now, None)
-            values = encode_run(done)
-            connection.execute(statements.update_run, [*values[1:], done.run_id, 1]).fetchone()
+            columns, values = encode_run_changes(claimed, done)  # What the store sends.
+            update = statements.update_columns(columns)
+            connection.execute(update, [*values, done.run_id, 1]).fetchone()
 
 
 def measure(cluster: Cluster, clients: int, executions: int) -> tuple[float, float]:

@@ -7,6 +7,7 @@ unchanged, and what the stores write now is that same format.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from datetime import UTC, datetime, timedelta
@@ -193,3 +194,22 @@ def test_postgres_columns_are_the_field_names_of_the_tables_created() -> None:
         "name", "holder_run_id", "holder_attempt_id", "fencing_token", "started_at",
         "lease_expires", "safety_expires", "next_start_at", "released_at",
     )  # fmt: skip
+
+
+def test_encode_changed_gives_only_the_fields_that_differ_encoded_as_stored() -> None:
+    from tasklease.worker.stores.codec import Conversion, RecordCodec  # noqa: PLC0415
+
+    codec = RecordCodec(RunRecord, time=Conversion(encode=datetime.isoformat))
+    done = dataclasses.replace(
+        RECORD, status=RunStatus.FAILED, finished_at=None, error="boom", result_json=None
+    )
+    assert codec.encode_changed(RECORD, done) == (
+        ("status", "finished_at", "result_json", "error"),
+        ["failed", None, None, "boom"],
+    )
+    later = dataclasses.replace(RECORD, lease_expires=RECORD.lease_expires + timedelta(seconds=1))
+    assert codec.encode_changed(RECORD, later) == (
+        ("lease_expires",),
+        [later.lease_expires.isoformat()],
+    )
+    assert codec.encode_changed(RECORD, dataclasses.replace(RECORD)) == ((), [])

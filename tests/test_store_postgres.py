@@ -23,7 +23,7 @@ from tasklease.testing.store_contract import (
     TallyContract,
 )
 from tasklease.worker import Router, create_app
-from tasklease.worker.core.records import Verdict
+from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import store_from_url
 from tasklease.worker.stores.postgres import PostgresStore
 from tasklease.worker.stores.postgres_options import Options
@@ -121,6 +121,40 @@ def test_a_takeover_costs_two_round_trips_and_a_finish_elsewhere_two(
     assert counter.take() == ["SELECT", "UPDATE"]
     store.close()
     other.close()
+
+
+def test_a_finish_sends_only_the_columns_it_changes_and_the_row_reads_back_whole(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write conditional on the version of a row whose record the store holds sends only
+    what changes (fewer values to encode and send); the row is the whole record after."""
+    store = PostgresStore.from_url(f"{postgres_url}&server_clock=off")
+    _warm(store)
+    sent: list[str] = []
+    original = psycopg.Connection.execute
+
+    def execute(connection: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return original(connection, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", execute)
+    request = claim_request(caller="sa@example.com")
+    claimed = store.claim(request, T0).record
+    assert store.complete("run-1", request.attempt_id, '{"ok":true}', T0 + timedelta(seconds=1))
+    update = sent[-1]
+    assert update.startswith("UPDATE")
+    assert '"status"' in update and '"result_json"' in update and '"finished_at"' in update
+    for unchanged in ('"identity"', '"caller"', '"handler"', '"claimed_at"', '"attempt_id"'):
+        assert unchanged not in update
+    done = store.get("run-1")
+    assert done is not None and done.status is RunStatus.COMPLETED
+    assert done.result_json == '{"ok":true}' and done.finished_at == T0 + timedelta(seconds=1)
+    assert (done.identity, done.caller, done.claimed_at) == (
+        claimed.identity,
+        claimed.caller,
+        claimed.claimed_at,
+    )
+    store.close()
 
 
 # --- The server's clock ----------------------------------------------------------------

@@ -13,6 +13,9 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 _T = TypeVar("_T")
+# This process's id, kept anew at each fork: ``os.getpid`` is a system call per use.
+_process = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _process.__setitem__(0, os.getpid()))
 
 
 class PerProcess(Generic[_T]):
@@ -25,17 +28,17 @@ class PerProcess(Generic[_T]):
 
     def get(self) -> _T:
         made = self._made
-        if made is None or made[0] != os.getpid():
+        if made is None or made[0] != _process[0]:
             with self._lock:
                 made = self._made
-                if made is None or made[0] != os.getpid():
-                    made = self._made = (os.getpid(), self._make())
+                if made is None or made[0] != _process[0]:
+                    made = self._made = (_process[0], self._make())
         return made[1]
 
     def made_here(self) -> _T | None:
         """The value if this process made it (to close it), else None."""
         made = self._made
-        return made[1] if made is not None and made[0] == os.getpid() else None
+        return made[1] if made is not None and made[0] == _process[0] else None
 
     def forget(self) -> None:
         """Make the value anew on next use."""

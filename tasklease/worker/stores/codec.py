@@ -109,6 +109,18 @@ class RecordCodec(Generic[R]):
             values.append(None if value is None and f.optional else f.conversion.encode(value))
         return values
 
+    def encode_changed(self, before: R, after: R) -> tuple[tuple[str, ...], list[Any]]:
+        """The stored names and values of the fields ``after`` changes from ``before``: a
+        write conditional on the row holding ``before`` need send only these."""
+        names: list[str] = []
+        values: list[Any] = []
+        for f in self._fields:
+            value = getattr(after, f.name)
+            if value != getattr(before, f.name):
+                names.append(f.stored)
+                values.append(None if value is None and f.optional else f.conversion.encode(value))
+        return tuple(names), values
+
     def encode_map(self, record: R) -> dict[str, Any]:
         """The record as ``{stored name: stored value}`` (every field, None ones too)."""
         return dict(zip(self.names, self.encode(record), strict=True))

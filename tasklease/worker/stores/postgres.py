@@ -77,6 +77,7 @@ from tasklease.worker.stores.postgres_schema import (
     Statements,
     decode_run,
     encode_run,
+    encode_run_changes,
     migrate,
 )
 from tasklease.worker.stores.postgres_watchdog import CallTimedOut, Watchdog
@@ -165,7 +166,7 @@ class PostgresStore(
                 if outcome.verdict is not Verdict.CLAIMED:
                     return outcome
                 attempted.append(outcome.record)
-                if self._update_run(connection, outcome.record, row[_VERSION_AT]):
+                if self._update_run(connection, record, outcome.record, row[_VERSION_AT]):
                     return outcome
             raise StoreUnavailable(f"run {request.run_id}: too much contention to claim it")
 
@@ -191,7 +192,7 @@ class PostgresStore(
         if remembered is not None:  # One round trip: conditional on our own last write.
             version, record = remembered
             written = update(record, resolve(now))
-            if self._call("change a run", lambda c: self._update_run(c, written, version)):
+            if self._call("change a run", lambda c: self._update_run(c, record, written, version)):
                 return written
         return super()._if_held(run_id, attempt_id, update, now, finished)
 
@@ -201,8 +202,9 @@ class PostgresStore(
                 row = self._timed(connection, self._statements.read_run, (run_id,))
                 assert row is not None  # One row, its record's columns NULL if absent.
                 version = row[_VERSION_AT]
+                current = None if version is None else decode_run(row)
                 with self._at(row[-1]):
-                    new_record, value = change(None if version is None else decode_run(row))
+                    new_record, value = change(current)
                 if new_record is None:
                     return value
                 if version is None:
@@ -212,17 +214,22 @@ class PostgresStore(
                     if inserted is not None:
                         self._remember(new_record, inserted[0])
                         return value
-                elif self._update_run(connection, new_record, version):
+                elif current is not None and self._update_run(
+                    connection, current, new_record, version
+                ):
                     return value
             raise StoreUnavailable(f"run {run_id}: too much contention to change it")
 
         return self._call("change a run", work)
 
-    def _update_run(self, connection: Connection[Any], record: RunRecord, version: int) -> bool:
-        """Write ``record`` if its row is still at ``version``; remember the new version."""
-        values = encode_run(record)
+    def _update_run(
+        self, connection: Connection[Any], before: RunRecord, record: RunRecord, version: int
+    ) -> bool:
+        """Write ``record`` if its row is still at ``version``, where it holds ``before``
+        (sending only the columns that differ); remember the new version."""
+        columns, values = encode_run_changes(before, record)
         row = connection.execute(
-            self._statements.update_run, [*values[1:], record.run_id, version]
+            self._statements.update_columns(columns), [*values, record.run_id, version]
         ).fetchone()
         if row is None:
             self._forget(record)

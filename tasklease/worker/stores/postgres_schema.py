@@ -139,6 +139,12 @@ def encode_run(record: RunRecord) -> list[Any]:
     return _RUNS.encode(record)
 
 
+def encode_run_changes(before: RunRecord, after: RunRecord) -> tuple[tuple[str, ...], list[Any]]:
+    """The columns and values ``after`` changes from ``before`` (:meth:`RecordCodec.
+    encode_changed`)."""
+    return _RUNS.encode_changed(before, after)
+
+
 def decode_run(row: tuple[Any, ...] | list[Any]) -> RunRecord:
     """The record of a row whose first columns are :data:`RUN_COLUMNS`."""
     return _RUNS.decode(row)
@@ -185,15 +191,18 @@ class Statements:
         self.lock_run = text(
             "SELECT {cols}, version FROM {s}.runs WHERE run_id = %s FOR UPDATE", **cols
         )
-        # One round trip: a first claim inserts; a duplicate gets the stored row and the
-        # server's time back instead.
+        # One round trip: a first claim inserts (and gets its version and the server's time
+        # back, its columns NULL: the claimer holds the record); a duplicate gets the stored
+        # row and the server's time instead.
+        nulls = sql.SQL(", ").join(sql.SQL("NULL") for _ in RUN_COLUMNS)
         self.claim = text(
             "WITH ins AS (INSERT INTO {s}.runs ({cols}, version) VALUES ({values}, 1) "
-            "ON CONFLICT (run_id) DO NOTHING RETURNING {cols}, version) "
-            "SELECT true, {cols}, version, statement_timestamp() FROM ins UNION ALL "
+            "ON CONFLICT (run_id) DO NOTHING RETURNING version) "
+            "SELECT true, {nulls}, version, statement_timestamp() FROM ins UNION ALL "
             "SELECT false, {cols}, version, statement_timestamp() FROM {s}.runs "
             "WHERE run_id = %s AND NOT EXISTS (SELECT FROM ins)",
             values=run_values,
+            nulls=nulls,
             **cols,
         )
         # One row whether or not the run exists: its columns (NULL: absent) and the time.
@@ -213,6 +222,7 @@ class Statements:
             "WHERE run_id = %s AND version = %s RETURNING version",
             set=run_set,
         )
+        self._update_columns: dict[tuple[str, ...], str] = {}
         # A transactional handler's completion, conditional on the attempt holding the claim
         # (decisions.holds), at the time given or the server's; kept as decisions.kept does.
         # Not held: division by zero, which aborts the transaction, so that a COMMIT sent in
@@ -227,6 +237,7 @@ class Statements:
             "SELECT (SELECT version FROM done), 1 / (SELECT count(*)::integer FROM done)"
         )
         self.list_runs = text("SELECT {cols} FROM {s}.runs", **cols)
+        self._text = text
         self.purge_runs = text(
             "DELETE FROM {s}.runs WHERE expire_at <= %s AND run_id IN "
             "(SELECT run_id FROM {s}.runs WHERE expire_at <= %s ORDER BY expire_at LIMIT %s)"
@@ -257,3 +268,21 @@ class Statements:
             "DELETE FROM {s}.locks WHERE lapses_at <= %s AND name IN "
             "(SELECT name FROM {s}.locks WHERE lapses_at <= %s ORDER BY lapses_at LIMIT %s)"
         )
+
+    def update_columns(self, columns: tuple[str, ...]) -> str:
+        """``update_run`` setting only ``columns`` (of :data:`RUN_COLUMNS`): a write
+        conditional on the version of a row whose record the store holds sends only what
+        it changes. Composed once per set of columns (few: a finish, a renewal, ...)."""
+        statement = self._update_columns.get(columns)
+        if statement is None:
+            assigned: list[sql.Composable] = [
+                sql.SQL("{c} = {p}").format(c=sql.Identifier(c), p=sql.Placeholder())
+                for c in columns
+            ]
+            assigned.append(sql.SQL("version = version + 1"))
+            statement = self._text(
+                "UPDATE {s}.runs SET {set} WHERE run_id = %s AND version = %s RETURNING version",
+                set=sql.SQL(", ").join(assigned),
+            )
+            self._update_columns[columns] = statement
+        return statement
