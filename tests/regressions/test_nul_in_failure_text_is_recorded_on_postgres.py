@@ -28,7 +28,6 @@ def store(postgres_url: str) -> Iterator[PostgresStore]:
     store.close()
 
 
-@pytest.mark.xfail(strict=True, reason="NUL in a dead letter's text is refused by Postgres")
 def test_a_permanent_failure_quoting_a_nul_is_recorded_once(store: PostgresStore) -> None:
     router = Router()
     calls: list[int] = []
@@ -50,7 +49,6 @@ def test_a_permanent_failure_quoting_a_nul_is_recorded_once(store: PostgresStore
     assert calls == [1]
 
 
-@pytest.mark.xfail(strict=True, reason="NUL in a dead letter's payload is refused by Postgres")
 def test_a_body_with_a_nul_byte_is_dead_lettered(store: PostgresStore) -> None:
     router = Router()
 

@@ -47,12 +47,10 @@ def postgres(postgres_url: str) -> Iterator[PostgresStore]:
     store.close()
 
 
-@pytest.mark.xfail(strict=True, reason="a lone surrogate in a lock name cannot be encoded")
 def test_a_key_with_a_lone_surrogate_runs_each_task_once_on_sqlite(tmp_path: Path) -> None:
     store = SqliteStore(str(tmp_path / "runs.db"))
     assert _post_twice(store, '{"account": "acct-\\ud800"}') == [1, 1]
 
 
-@pytest.mark.xfail(strict=True, reason="NUL in a lock name is refused by Postgres")
 def test_a_key_with_a_nul_runs_each_task_once_on_postgres(postgres: PostgresStore) -> None:
     assert _post_twice(postgres, '{"account": "acct-\\u0000"}') == [1, 1]

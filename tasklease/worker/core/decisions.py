@@ -14,6 +14,7 @@ from typing import Any
 
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.records import Claim, ClaimRequest, RunRecord, RunStatus, Verdict
+from tasklease.worker.core.text import storable_text
 
 # The identity field marking a replay sent with a payload the operator corrected.
 REPLAY_PAYLOAD_FIELD = "replay_payload"
@@ -160,9 +161,13 @@ def completed(record: RunRecord, result_json: str | None, now: datetime) -> RunR
 
 
 def failed(record: RunRecord, error: str, payload: str | None, now: datetime) -> RunRecord:
-    """The dead-letter record of a run that failed permanently."""
+    """The dead-letter record of a run that failed permanently (its payload as every store
+    can keep it: a body that holds NUL or a lone surrogate is not JSON, never replayed)."""
     return record.replace(
-        status=RunStatus.FAILED, finished_at=now, error=cap_text(error), payload=payload
+        status=RunStatus.FAILED,
+        finished_at=now,
+        error=cap_text(error),
+        payload=None if payload is None else storable_text(payload),
     )
 
 
@@ -227,11 +232,10 @@ def yielded(record: RunRecord, reason: str, now: datetime) -> RunRecord:
 
 
 def cap_text(text: str, limit: int = c.MAX_ERROR_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, saying so when cut, and storable: a lone
-    surrogate (a file name decoded with os.fsdecode, say) becomes an escape, since neither
-    SQLite nor Firestore can encode one, and a finish that cannot be stored would leave the
-    run to be executed again."""
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """``text`` cut to ``limit`` characters, saying so when cut, and storable
+    (:func:`~tasklease.worker.core.text.storable_text`): a finish that cannot be stored would
+    leave the run to be executed again."""
+    text = storable_text(text)
     if len(text) <= limit:
         return text
     marker = f"... [cut: {len(text)} characters, {limit} kept]"
