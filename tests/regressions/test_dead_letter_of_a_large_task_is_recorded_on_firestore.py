@@ -14,11 +14,12 @@ import pytest
 from tasklease.errors import PermanentFailure
 from tasklease.worker.app import create_app
 from tasklease.worker.context import TaskContext
+from tasklease.worker.core import decisions
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.router import Router
 from tasklease.worker.stores.firestore import FirestoreStore
 from tests.firestore_support import PROJECT, unique_collection
-from tests.helpers import task_headers
+from tests.helpers import T0, claim_request, task_headers
 
 
 @pytest.fixture
@@ -28,7 +29,6 @@ def store(firestore_host: str | None) -> Iterator[FirestoreStore]:
     store.close()
 
 
-@pytest.mark.xfail(strict=True, reason="a 1 MiB payload does not fit in the failed record")
 def test_a_task_of_almost_a_mebibyte_that_fails_for_good_is_recorded_once(
     store: FirestoreStore,
 ) -> None:
@@ -51,3 +51,14 @@ def test_a_task_of_almost_a_mebibyte_that_fails_for_good_is_recorded_once(
     assert record.error is not None and "unknown account" in record.error
     assert record.error is not None and "payload" in record.error  # Says it was not kept.
     assert calls == [1]
+
+
+def test_a_payload_that_fits_is_kept_and_one_that_does_not_is_named_in_the_error() -> None:
+    claimed = decisions.claim(None, claim_request(), T0).record
+    small = decisions.failed(claimed, "boom", '{"a": 1}', T0, room=1_048_576)
+    assert small.payload == '{"a": 1}' and small.error == "boom"
+    big = decisions.failed(claimed, "e" * 10_000, "x" * 1_048_000, T0, room=1_048_576)
+    assert big.payload is None
+    assert big.error is not None and big.error.endswith("was not kept: the record holds 1048576]")
+    unlimited = decisions.failed(claimed, "boom", "x" * 1_048_000, T0)
+    assert unlimited.payload is not None

@@ -93,6 +93,7 @@ class FirestoreStore(TransactionalStore, LockStore, OperatorQueries, tally.Fires
     """
 
     transaction_reruns: ClassVar[bool] = True  # Firestore runs an aborted transaction again.
+    max_record_bytes: ClassVar[int | None] = 1_048_576  # A document's size limit.
 
     def __init__(
         self,
