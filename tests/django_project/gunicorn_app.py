@@ -22,7 +22,7 @@ settings.configure(
     TASKS={
         "default": {
             "BACKEND": "tasklease.django.CloudTasksBackend",
-            "QUEUES": ["default"],
+            "QUEUES": ["default", "emails"],
             "OPTIONS": {"project": "p", "location": "l", "worker_url": "http://127.0.0.1/worker"},
         }
     },
