@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import requests
 
 from tasklease.django import DJANGO_TASK_HANDLER
@@ -25,7 +24,6 @@ from tests.regressions.test_django_body_cut_short_is_not_dead_lettered import (
 PATH = f"/worker/tasks/{DJANGO_TASK_HANDLER}"
 
 
-@pytest.mark.xfail(strict=True, reason="Django reads a body without Content-Length as empty")
 def test_a_chunked_delivery_under_django_runs_its_task(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "TASKLEASE_DJANGO_TMP": str(tmp_path)}
