@@ -63,6 +63,7 @@ ENV_CLOUD_RUN_SERVICE = "K_SERVICE"  # Set by Cloud Run on every instance (docs/
 # Google's on its own).
 MAX_TASK_BYTES = 1024 * 1024
 LARGE_TASK_BYTES = 100 * 1024  # The proto comment's limit: the producer warns above it.
+MAX_TASK_HEADER_BYTES = 80 * 1024  # A task's headers, in all; so any one of them at most.
 MAX_TASK_NAME_LENGTH = 500
 MAX_QUEUE_NAME_LENGTH = 100
 MAX_JOB_NAME_LENGTH = 500

@@ -10,6 +10,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+from tasklease import protocol
 from tasklease.deploy.config import Config
 from tasklease.deploy.errors import DeployError
 from tasklease.deploy.proxies import PROXY_LIBRARIES
@@ -32,9 +33,12 @@ STORE_REQUIREMENTS = {
     "postgresql": ("tasklease[postgres]", "the Postgres store"),
     "spanner": ("tasklease[spanner]", "the Spanner store"),
 }
+# A header field as large as Cloud Tasks may deliver (a task's headers: under 80 KB in all,
+# docs/platform-facts.md); gunicorn's default, 8190 bytes, answers a larger one 400 itself.
 PROCFILE = (
     "web: gunicorn --bind :$PORT --workers ${WEB_CONCURRENCY:-2} --threads "
     "${GUNICORN_THREADS:-8} --timeout ${GUNICORN_TIMEOUT:-0} --access-logfile - "
+    f"--limit-request-field_size {protocol.MAX_TASK_HEADER_BYTES} "
     "'tasklease.worker.wsgi:app'\n"
 )
 # uvicorn with TCP_NODELAY kept under --workers (tasklease.worker.asgi_serve says why); Cloud

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, UnreadablePostError
 from django.views.decorators.csrf import csrf_exempt
 
 from tasklease import protocol
@@ -15,7 +15,7 @@ from tasklease.worker.core.identity import Kind
 from tasklease.worker.execution import Delivery
 from tasklease.worker.logs import request_fields
 from tasklease.worker.reply import Reply
-from tasklease.worker.wsgi_routes import crashed, header_lookup
+from tasklease.worker.wsgi_routes import BadBody, crashed, header_lookup, read_body
 
 _PREFIXES = {Kind.TASK: protocol.TASK_ROUTE_PREFIX, Kind.SCHEDULER: protocol.SCHEDULER_ROUTE_PREFIX}
 
@@ -62,9 +62,24 @@ def _deliver(request: HttpRequest, kind: Kind, name: str) -> HttpResponse:
 
 
 def _body(request: HttpRequest, limit: int) -> tuple[bytes | None, str | None]:
-    """The body (None: over ``limit``, not read) and a refusal for a malformed length."""
+    """The body (None: over ``limit``, not read) and a refusal for a malformed length, or
+    for a body that ended before it (the sender's connection broke: WSGI servers hand over
+    what arrived), as the Flask and ASGI routes refuse it: a cut body must never reach the
+    handler, or be dead-lettered as bad JSON, when the retry will carry the whole of it.
+
+    Under WSGI a body without Content-Length (chunked, or framed by the server:
+    ``wsgi.input_terminated``) is read from the server's stream as the Flask routes read it:
+    Django reads no further than Content-Length, and would read it as empty."""
     length = request.META.get("CONTENT_LENGTH") or ""
-    if length and not length.isdigit():
+    if not length and "wsgi.input" in request.META:
+        # Under WSGI, a body the server frames: Django would read none of it (nor has any
+        # middleware: it reads no further than Content-Length). Under ASGI Django has read
+        # the whole body, whatever its framing.
+        try:
+            return read_body(request.META, limit), None
+        except BadBody as exc:
+            return b"", str(exc)
+    if length and not (length.isascii() and length.isdigit()):
         return b"", f"Content-Length {length[:40]!r} is not a number"
     if length and int(length) > limit:
         return None, None
@@ -72,6 +87,10 @@ def _body(request: HttpRequest, limit: int) -> tuple[bytes | None, str | None]:
         body = request.body
     except RequestDataTooBig:  # Over Django's DATA_UPLOAD_MAX_MEMORY_SIZE.
         return None, None
+    except UnreadablePostError as exc:  # The connection broke while the body was read.
+        return b"", f"the body could not be read: {exc}"
+    if length and len(body) != int(length):
+        return b"", f"the body ended after {len(body)} of its {length} bytes"
     return (None if len(body) > limit else body), None
 
 

@@ -66,6 +66,7 @@ class GunicornWorker:
                 "--threads", str(threads),
                 "--timeout", "0",
                 "--graceful-timeout", "5",
+                "--limit-request-field_size", str(protocol.MAX_TASK_HEADER_BYTES),
                 *extra_args,
                 "tasklease.worker.wsgi:app",
             ]  # fmt: skip

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
+from tasklease import protocol
 from tasklease.testing.contract_support import EXPIRED, LEASE, T0, claim_request
 from tasklease.testing.lock_contract import LockContract
 from tasklease.testing.operations_contract import OperationsContract
@@ -173,6 +174,26 @@ class StoreContract(StepsContract):
         assert claim.record.error == "PermanentFailure: bad order"
         assert claim.record.payload == '{"id": 1}'
         assert [r.run_id for r in store.list_runs(RunStatus.FAILED)] == ["run-1"]
+
+    def test_a_dead_letter_of_any_body_a_task_may_carry_is_recorded(
+        self, store: LeaseStore
+    ) -> None:
+        """A NUL or a lone surrogate in the error or the payload (a body that is not JSON),
+        and a body as large as Cloud Tasks delivers: the failure is written (a payload the
+        record cannot hold is dropped, the error saying so), never refused."""
+        store.claim(claim_request(), T0)
+        assert store.fail("run-1", "attempt-1", "bad name a\x00\ud800", T0, '{"a": "\x00"}')
+        failed = store.get("run-1")
+        assert failed is not None and failed.status is RunStatus.FAILED
+        assert failed.error is not None and failed.error.startswith("bad name a")
+        large = "x" * protocol.MAX_TASK_BYTES
+        store.claim(claim_request(run_id="run-2"), T0)
+        assert store.fail("run-2", "attempt-1", "PermanentFailure: too many rows", T0, large)
+        record = store.get("run-2")
+        assert record is not None and record.status is RunStatus.FAILED
+        assert record.payload == large or (
+            record.payload is None and record.error is not None and "not kept" in record.error
+        )
 
     def test_released_run_is_claimable_at_once_and_fencing_keeps_growing(
         self, store: LeaseStore

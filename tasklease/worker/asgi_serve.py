@@ -17,7 +17,13 @@ import os
 import socket
 from collections.abc import Sequence
 
+from tasklease import protocol
+
 DEFAULT_APP = "tasklease.worker.asgi:app_from_env"
+# h11 (uvicorn's parser without httptools, as tasklease[asgi] installs it) holds 16 KiB of a
+# request head still arriving, then answers 400 itself; Cloud Tasks delivers up to 80 KB of a
+# task's headers (docs/platform-facts.md), plus the request line and the front end's own.
+MAX_REQUEST_HEAD_BYTES = protocol.MAX_TASK_HEADER_BYTES + 16 * 1024
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -45,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         timeout_graceful_shutdown=int(args.timeout_graceful_shutdown),
         log_level=args.log_level,
         access_log=not args.no_access_log,
+        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
     )
     server = uvicorn.Server(config)
     if config.workers <= 1:

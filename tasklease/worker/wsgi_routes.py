@@ -107,7 +107,7 @@ def _delivery(
         handler=name,
         header=header_lookup(environ),
         query=dict(parse_qsl(query, keep_blank_values=True)) if query else {},
-        body=_read_body(environ, limit) if refusal is None else body,
+        body=read_body(environ, limit) if refusal is None else body,
         body_limit=limit,
         refusal=refusal,
         url=_path_and_query(environ),
@@ -131,7 +131,7 @@ class BadBody(ValueError):
     """The request's body is not what its framing says: refuse it, claim nothing."""
 
 
-def _read_body(environ: Mapping[str, Any], limit: int) -> bytes | None:
+def read_body(environ: Mapping[str, Any], limit: int) -> bytes | None:
     """The body, or None if it is over ``limit`` bytes (read no further than that).
 
     Raises :class:`BadBody` for a Content-Length that is not a number, or a body that ended

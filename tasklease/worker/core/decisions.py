@@ -14,6 +14,11 @@ from typing import Any
 
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.records import Claim, ClaimRequest, RunRecord, RunStatus, Verdict
+from tasklease.worker.core.text import storable_text
+
+# What a record takes beyond its payload, steps, continuation and result, at most: its
+# identity, names, times and error (capped at MAX_ERROR_CHARS characters, 4 bytes each).
+RECORD_MARGIN = 4 * c.MAX_ERROR_CHARS + 16 * 1024
 
 # The identity field marking a replay sent with a payload the operator corrected.
 REPLAY_PAYLOAD_FIELD = "replay_payload"
@@ -159,10 +164,29 @@ def completed(record: RunRecord, result_json: str | None, now: datetime) -> RunR
     return record.replace(status=RunStatus.COMPLETED, finished_at=now, result_json=result_json)
 
 
-def failed(record: RunRecord, error: str, payload: str | None, now: datetime) -> RunRecord:
-    """The dead-letter record of a run that failed permanently."""
+def failed(
+    record: RunRecord, error: str, payload: str | None, now: datetime, *, room: int | None = None
+) -> RunRecord:
+    """The dead-letter record of a run that failed permanently (its payload as every store
+    can keep it: a body that holds NUL or a lone surrogate is not JSON, never replayed).
+
+    ``room``: the most the store's record may take. A payload that would not leave the rest
+    of the record :data:`RECORD_MARGIN` within it is not kept, and the error says so: a
+    failure that cannot be stored would run the handler again on every retry."""
+    kept_payload = None if payload is None else storable_text(payload)
+    if kept_payload is not None and room is not None:
+        size = len(kept_payload.encode())
+        rest = sum(
+            len(text.encode())
+            for text in (record.steps_json, record.continuation_json, record.result_json)
+            if text is not None
+        )
+        if size + rest + RECORD_MARGIN > room:
+            note = f" [the payload, {size} bytes, was not kept: the record holds {room}]"
+            error = cap_text(error, c.MAX_ERROR_CHARS - len(note)) + note
+            kept_payload = None
     return record.replace(
-        status=RunStatus.FAILED, finished_at=now, error=cap_text(error), payload=payload
+        status=RunStatus.FAILED, finished_at=now, error=cap_text(error), payload=kept_payload
     )
 
 
@@ -227,11 +251,10 @@ def yielded(record: RunRecord, reason: str, now: datetime) -> RunRecord:
 
 
 def cap_text(text: str, limit: int = c.MAX_ERROR_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, saying so when cut, and storable: a lone
-    surrogate (a file name decoded with os.fsdecode, say) becomes an escape, since neither
-    SQLite nor Firestore can encode one, and a finish that cannot be stored would leave the
-    run to be executed again."""
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """``text`` cut to ``limit`` characters, saying so when cut, and storable
+    (:func:`~tasklease.worker.core.text.storable_text`): a finish that cannot be stored would
+    leave the run to be executed again."""
+    text = storable_text(text)
     if len(text) <= limit:
         return text
     marker = f"... [cut: {len(text)} characters, {limit} kept]"

@@ -22,6 +22,7 @@ from enum import StrEnum
 
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.records import LockGrant, LockRecord, LockRequest, RunRecord, RunStatus
+from tasklease.worker.core.text import storable_text
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -33,8 +34,10 @@ def job_lock_name(handler: str, project: str | None, location: str | None) -> st
 
 
 def key_lock_name(handler: str, project: str | None, location: str | None, key: str) -> str:
-    """The lock of one concurrency key of a task handler."""
-    return f"key/{project or ''}/{location or ''}/{handler}/{key}"
+    """The lock of one concurrency key of a task handler, its name storable: a key from a
+    payload may hold NUL or a lone surrogate (two keys that differ only there may share a
+    lock, which only serialises them)."""
+    return f"key/{project or ''}/{location or ''}/{handler}/{storable_text(key)}"
 
 
 def lock_id(name: str) -> str:

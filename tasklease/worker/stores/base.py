@@ -79,9 +79,13 @@ class LeaseStore(ABC):
     configuration sees the same records (a database service does; a file or process memory
     does not): :func:`~tasklease.worker.stores.check_store_is_shared` refuses the latter on
     Cloud Run.
+
+    ``max_record_bytes`` is the most one run's record may take in the store (None: no limit
+    a record nears); a dead letter whose payload would pass it keeps no payload, and says so.
     """
 
     shared_across_instances: ClassVar[bool] = True
+    max_record_bytes: ClassVar[int | None] = None
 
     @abstractmethod
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
@@ -178,7 +182,7 @@ class LeaseStore(ABC):
         return self._finish(
             run_id,
             attempt_id,
-            lambda r, at: decisions.failed(r, error, payload, at),
+            lambda r, at: decisions.failed(r, error, payload, at, room=self.max_record_bytes),
             now,
             RunStatus.FAILED,
             keep_for=keep_for,

@@ -94,6 +94,7 @@ class FirestoreStore(
     """
 
     transaction_reruns: ClassVar[bool] = True  # Firestore runs an aborted transaction again.
+    max_record_bytes: ClassVar[int | None] = 1_048_576  # A document's size limit.
 
     def __init__(
         self,
