@@ -110,11 +110,10 @@ class Relay:
             try:
                 self.drain()
                 metrics.observe(*self.db.pending(self.clock()))
-            except Exception:
+                self.db.wait(poll)
+            except Exception:  # The thread must outlive any one round (or wait) that fails.
                 _log.exception("outbox relay round failed; trying again in %.1f s", poll)
                 self._stopped.wait(poll)
-                continue
-            self.db.wait(poll)
 
     def stop(self) -> None:
         self._stopped.set()

@@ -65,8 +65,6 @@ def _drop_other_connections(cluster: postgres_support.Cluster) -> int:
     return len(rows or [])
 
 
-@pytest.mark.xfail(strict=True, reason="the relay never reopens a dropped connection")
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_following_postgres_relay_relays_entries_committed_after_its_connections_dropped(
     pg_url: str, tasks: CloudTasksEmulator, postgres_cluster: postgres_support.Cluster
 ) -> None:
