@@ -13,7 +13,6 @@ from tasklease.cli import main
 from tasklease.plumbing.serve import free_port
 
 
-@pytest.mark.xfail(strict=True, reason="tracebacks on bad input")
 @pytest.mark.parametrize("command", ["migrate", "status", "relay"])
 def test_an_unreachable_postgres_outbox_is_a_one_line_error(
     command: str, capsys: pytest.CaptureFixture[str]
@@ -24,7 +23,6 @@ def test_an_unreachable_postgres_outbox_is_a_one_line_error(
     assert err.startswith("tasklease outbox: cannot open the outbox") and "Traceback" not in err
 
 
-@pytest.mark.xfail(strict=True, reason="tracebacks on bad input")
 def test_a_sqlite_outbox_in_a_missing_folder_is_a_one_line_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -33,7 +31,6 @@ def test_a_sqlite_outbox_in_a_missing_folder_is_a_one_line_error(
     assert capsys.readouterr().err.startswith("tasklease outbox: cannot open the outbox")
 
 
-@pytest.mark.xfail(strict=True, reason="tracebacks on bad input")
 def test_an_unknown_dialect_to_print_is_a_one_line_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
