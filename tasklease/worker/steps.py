@@ -147,9 +147,7 @@ class StepRunner:
             raise rules.StepError("continue_later is called once per delivery")
         if self.attempt is not None and self.attempt.kind != "task":
             raise rules.StepError("continue_later continues task runs only (not scheduled runs)")
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-        if seconds < 0:
-            raise ValueError("delay must not be negative")
+        seconds = rules.delay_seconds(delay)
         now = self.clock() if self.clock is not None else None
         candidate = Continuation(self.resumed.seq + 1, state, now, seconds)
         # Refuse a state JSON cannot hold, or one past the cap, here: in the handler. The
