@@ -110,7 +110,9 @@ def _sqlalchemy(tx: Any, entries: Sequence[Entry]) -> list[bool]:
     conn = tx.connection() if session else tx  # A Session: its connection.
     raw = conn.connection.dbapi_connection
     autocommit = (
-        raw.isolation_level is None  # sqlite3's autocommit mode
+        # sqlite3's autocommit mode, unless a BEGIN was executed (SQLAlchemy's recipe for
+        # real SQLite transactions emits it on the "begin" event; its SQLite dialect docs).
+        raw.isolation_level is None and not raw.in_transaction
         if isinstance(raw, sqlite3.Connection)
         else getattr(raw, "autocommit", False) is True
     )

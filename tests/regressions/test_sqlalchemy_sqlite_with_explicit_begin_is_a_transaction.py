@@ -38,7 +38,6 @@ def _entries(path: Path) -> int:
         return int(conn.execute("SELECT COUNT(*) FROM tasklease_outbox").fetchone()[0])
 
 
-@pytest.mark.xfail(strict=True, reason="the recipe is refused as AUTOCOMMIT")
 def test_an_explicit_begin_on_a_pysqlite_connection_stages_inside_that_transaction(
     tmp_path: Path,
 ) -> None:
