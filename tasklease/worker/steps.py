@@ -63,6 +63,7 @@ class StepRunner:
         )
 
     def key(self, name: str) -> str:
+        rules.check_key_name(name)
         return rules.step_key(self.run_id, name, self.resumed.seq)
 
     def begin(self, name: str) -> StepRecord | None:

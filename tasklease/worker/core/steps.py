@@ -104,11 +104,20 @@ def continuation_of(record: RunRecord | None) -> Continuation:
     )
 
 
+def check_key_name(name: str) -> None:
+    """Raise :class:`StepError` unless ``name`` may name a step: a non-empty string of at
+    most :data:`MAX_STEP_NAME_LENGTH` without NUL (:func:`step_key` separates its parts with
+    NUL: a name holding one could take another delivery's step key)."""
+    if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME_LENGTH:
+        raise StepError(f"a step name is a non-empty string of at most {MAX_STEP_NAME_LENGTH}")
+    if "\0" in name:
+        raise StepError(f"step name {name!r}: a step name holds no NUL character")
+
+
 def check_name(name: str, used: set[str]) -> None:
     """Raise :class:`StepError` unless ``name`` is a valid step name not yet used by this
     attempt (loops name their steps ``f"item-{i}"``)."""
-    if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME_LENGTH:
-        raise StepError(f"a step name is a non-empty string of at most {MAX_STEP_NAME_LENGTH}")
+    check_key_name(name)
     if name in used:
         raise StepError(
             f"step {name!r} is used twice in one delivery: step names must be unique "
