@@ -108,6 +108,14 @@ class StepRunner:
         transactional: bool = False,
         **kwargs: Any,
     ) -> Any:
+        if self.store is not None and _on_event_loop():
+            # Its record would be written from the loop's thread, blocking every async
+            # handler of the process, and deadlocking it when another one's transactional
+            # astep holds the store's write lock while its coroutine waits for the loop.
+            raise rules.StepError(
+                f"step {name!r}: ctx.step is called on an event loop (an async handler): "
+                "use `await ctx.astep(...)`, which writes the record off the loop"
+            )
         done = self.begin(name)
         if done is not None:
             return done.result
@@ -174,6 +182,15 @@ class StepRunner:
         return {"steps_replayed": self.replayed, "steps_run": self.ran}
 
 
+def _on_event_loop() -> bool:
+    """Whether this thread is running an event loop (an async handler's code)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def ctx_runner(ctx: DurableSteps) -> StepRunner:
     """The step runner behind a handler's context (the executor's view of it)."""
     return ctx._steps
@@ -217,6 +234,9 @@ class DurableSteps:
             @ctx.step("charge")
             def charge():
                 return payments.charge(order, request_id=ctx.step_key("charge"))
+
+        From an ``async def`` handler, use :meth:`astep`: this sync form is refused on a
+        running event loop (``StepError``), as its store write would block the loop.
 
         ``PermanentFailure`` from ``fn`` fails the run; any other exception releases it for
         a retry, which resumes at this step. A stale attempt's step is refused
