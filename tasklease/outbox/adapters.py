@@ -45,7 +45,8 @@ def _insert(placeholder: Callable[[str], str]) -> str:
 
 
 _NAMED = _insert(lambda column: f":{column}")  # sqlite3 and SQLAlchemy text()
-_PYFORMAT = _insert(lambda column: f"%({column})s")  # psycopg
+# psycopg: RETURNING, as a pipeline's rowcount is not known until its result arrives.
+_PYFORMAT = _insert(lambda column: f"%({column})s") + " RETURNING id"
 
 
 def stage(tx: Any, entries: Sequence[Entry]) -> list[bool]:
@@ -94,7 +95,7 @@ def _psycopg(conn: Any, entries: Sequence[Entry]) -> list[bool]:
     with conn.cursor() as cursor:
         for entry in entries:
             cursor.execute(_PYFORMAT, entry.row())
-            staged.append(cursor.rowcount == 1)
+            staged.append(cursor.fetchone() is not None)  # No row: staged before.
         # Delivered to LISTENers only if, and when, this transaction commits.
         cursor.execute(f"NOTIFY {CHANNEL}")
     return staged

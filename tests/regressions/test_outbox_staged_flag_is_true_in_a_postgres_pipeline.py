@@ -32,7 +32,6 @@ def store(postgres_url: str) -> Any:
     store.close()
 
 
-@pytest.mark.xfail(strict=True, reason="rowcount is read before the pipeline's result")
 @pytest.mark.service
 def test_a_transactional_handler_learns_which_of_its_entries_are_new(store: Any) -> None:
     results: list[EnqueueResult] = []
@@ -51,7 +50,6 @@ def test_a_transactional_handler_learns_which_of_its_entries_are_new(store: Any)
     assert [result.staged for result in results] == [True, False, True]
 
 
-@pytest.mark.xfail(strict=True, reason="rowcount is read before the pipeline's result")
 @pytest.mark.service
 def test_a_callers_own_pipeline_learns_which_of_its_entries_are_new(store: Any) -> None:
     make = producer("http://127.0.0.1:9")
