@@ -31,8 +31,6 @@ def _created(emulator: CloudTasksEmulator) -> set[str]:
     return {task.name.rsplit("/", 1)[1] for task in listed}
 
 
-@pytest.mark.xfail(strict=True, reason="the relay thread dies on its first open")
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_relay_thread_started_before_its_database_can_be_opened_relays_once_it_can(
     tmp_path: Path, tasks: CloudTasksEmulator
 ) -> None:
