@@ -5,13 +5,10 @@ name it, so ``mypy --strict`` rejected the documented call (``Unexpected keyword
 
 from __future__ import annotations
 
-import pytest
-
 from tests.test_handler_typing import cache, mypy
 
 __all__ = ["cache"]  # The fixture, shared with the handler typing tests.
 
 
-@pytest.mark.xfail(strict=True, reason="the handles' signatures lack transaction=")
 def test_every_enqueue_of_a_handle_takes_a_transaction_under_mypy_strict(cache: str) -> None:
     assert mypy("tests/typing/outbox_handles_ok.py", cache) == []
