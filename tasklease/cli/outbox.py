@@ -60,9 +60,14 @@ def _url(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from tasklease.outbox import ddl  # noqa: PLC0415 - keeps `tasklease --help` light.
     from tasklease.outbox.db import open_outbox  # noqa: PLC0415
+    from tasklease.outbox.locate import where  # noqa: PLC0415
 
     if args.outbox_command == "migrate" and args.print_sql:
-        print(ddl.script(args.print_sql), end="")
+        try:
+            print(ddl.script(args.print_sql), end="")
+        except ValueError as exc:
+            print(f"tasklease outbox: {exc}", file=sys.stderr)
+            return 2
         return 0
     url = _url(args)
     if url is None:
@@ -79,18 +84,21 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tasklease outbox: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # The driver's own words: unreachable, refused, no such folder.
+        print(f"tasklease outbox: cannot open the outbox at {where(url)}: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.outbox_command == "migrate":
             if args.print_sql == "":
                 print(ddl.script(db.dialect), end="")
                 return 0
             db.migrate()
-            print(f"tasklease_outbox ready in {url}")
+            print(f"tasklease_outbox ready in {where(url)}")
             return 0
         if not db.has_outbox():
             print(
-                f"tasklease outbox: no tasklease_outbox table in {url}: create it with "
-                f"tasklease outbox migrate --url {url}",
+                f"tasklease outbox: no tasklease_outbox table in {where(url)}: create it with "
+                f"tasklease outbox migrate --url {where(url)}",
                 file=sys.stderr,
             )
             return 2

@@ -45,7 +45,8 @@ def _insert(placeholder: Callable[[str], str]) -> str:
 
 
 _NAMED = _insert(lambda column: f":{column}")  # sqlite3 and SQLAlchemy text()
-_PYFORMAT = _insert(lambda column: f"%({column})s")  # psycopg
+# psycopg: RETURNING, as a pipeline's rowcount is not known until its result arrives.
+_PYFORMAT = _insert(lambda column: f"%({column})s") + " RETURNING id"
 
 
 def stage(tx: Any, entries: Sequence[Entry]) -> list[bool]:
@@ -94,7 +95,7 @@ def _psycopg(conn: Any, entries: Sequence[Entry]) -> list[bool]:
     with conn.cursor() as cursor:
         for entry in entries:
             cursor.execute(_PYFORMAT, entry.row())
-            staged.append(cursor.rowcount == 1)
+            staged.append(cursor.fetchone() is not None)  # No row: staged before.
         # Delivered to LISTENers only if, and when, this transaction commits.
         cursor.execute(f"NOTIFY {CHANNEL}")
     return staged
@@ -110,7 +111,9 @@ def _sqlalchemy(tx: Any, entries: Sequence[Entry]) -> list[bool]:
     conn = tx.connection() if session else tx  # A Session: its connection.
     raw = conn.connection.dbapi_connection
     autocommit = (
-        raw.isolation_level is None  # sqlite3's autocommit mode
+        # sqlite3's autocommit mode, unless a BEGIN was executed (SQLAlchemy's recipe for
+        # real SQLite transactions emits it on the "begin" event; its SQLite dialect docs).
+        raw.isolation_level is None and not raw.in_transaction
         if isinstance(raw, sqlite3.Connection)
         else getattr(raw, "autocommit", False) is True
     )

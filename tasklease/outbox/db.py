@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -230,13 +231,24 @@ class PostgresOutbox(OutboxDB):
     def __init__(self, url: str) -> None:
         import psycopg  # noqa: PLC0415 - the postgres extra, needed only here.
 
-        conninfo, schema = _split_schema(url)
-        self._conn = psycopg.connect(conninfo, autocommit=True)
+        self._psycopg = psycopg
+        self._conninfo, self._schema = _split_schema(url)
         self._listener: Any = None
-        self._conninfo = conninfo
-        self._schema = schema
-        if schema:
-            self._conn.execute(f'SET search_path TO "{schema}"')
+        self._conn = self._connect()
+
+    def _connect(self) -> Any:
+        conn = self._psycopg.connect(self._conninfo, autocommit=True)
+        if self._schema:
+            conn.execute(f'SET search_path TO "{self._schema}"')
+        return conn
+
+    def _connection(self) -> Any:
+        """The relay's connection, opened again when the server dropped it (a restart, a
+        failover, an idle-connection reaper): else every later round would fail on it."""
+        if self._conn.closed or self._conn.broken:
+            self._conn.close()
+            self._conn = self._connect()
+        return self._conn
 
     def _mark(self) -> str:
         return "%s"
@@ -246,22 +258,30 @@ class PostgresOutbox(OutboxDB):
 
     @contextmanager
     def _transaction(self, immediate: bool = False) -> Iterator[Any]:
-        with self._conn.transaction(), self._conn.cursor() as cursor:
+        conn = self._connection()
+        with conn.transaction(), conn.cursor() as cursor:
             yield cursor
 
     def migrate(self) -> None:
         if self._schema:
-            self._conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
+            self._connection().execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
         super().migrate()
 
     def wait(self, timeout: float) -> bool:
-        """LISTEN tasklease_outbox: an enqueue's NOTIFY arrives when its transaction commits."""
-        import psycopg  # noqa: PLC0415
-
-        if self._listener is None:
-            self._listener = psycopg.connect(self._conninfo, autocommit=True)
-            self._listener.execute(f"LISTEN {CHANNEL}")
-        for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+        """LISTEN tasklease_outbox: an enqueue's NOTIFY arrives when its transaction commits.
+        A listener the server dropped is opened again at the next wait; until then this
+        waits ``timeout`` and says True (a NOTIFY may have been missed: look)."""
+        try:
+            if self._listener is None:
+                self._listener = self._psycopg.connect(self._conninfo, autocommit=True)
+                self._listener.execute(f"LISTEN {CHANNEL}")
+            for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+                return True
+        except self._psycopg.Error:
+            if self._listener is not None:
+                self._listener.close()
+            self._listener = None
+            time.sleep(timeout)
             return True
         return False
 

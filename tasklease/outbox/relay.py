@@ -6,6 +6,8 @@ send, or another relay, got there first), then marks them sent. Only an entry wh
 created (or already existed) is marked sent. A permanent refusal (too large, no such queue,
 INVALID_ARGUMENT) marks that entry failed with the reason; the batch's other entries go on. A
 transient error backs the entry off exponentially (capped); the relay itself keeps going.
+An exception that is not an API answer is tracked down to its entries (each sent alone), so
+one entry the client library cannot build never stalls the others.
 """
 
 from __future__ import annotations
@@ -18,8 +20,16 @@ from dataclasses import dataclass, field
 
 from tasklease.outbox import metrics
 from tasklease.outbox.db import OutboxDB
-from tasklease.producer.errors import InvalidTask, PermanentEnqueueError
+from tasklease.outbox.entries import Entry
+from tasklease.producer.attempts import failed_result
+from tasklease.producer.errors import (
+    EnqueueError,
+    InvalidTask,
+    PermanentEnqueueError,
+    TransientEnqueueError,
+)
 from tasklease.producer.producer import Producer
+from tasklease.producer.results import EnqueueResult
 from tasklease.producer.retry import RetryPolicy
 
 _log = logging.getLogger("tasklease.outbox")
@@ -61,7 +71,11 @@ class Relay:
         entries = self.db.claim(self.batch, now, self.lease)
         if not entries:
             return Round()
-        results = self.producer.send([(None, entry.request) for entry in entries])
+        try:
+            results = self.producer.send([(None, entry.request) for entry in entries])
+        except Exception:  # Not an API answer: find the entries it is about, one by one.
+            _log.exception("outbox: a batch of %d entries could not be sent", len(entries))
+            results = [self._send_alone(entry) for entry in entries]
         done = self.clock()
         sent: list[str] = []
         failed: dict[str, str] = {}
@@ -89,6 +103,22 @@ class Relay:
             )
         return Round(len(entries), len(sent), len(failed), len(retries))
 
+    def _send_alone(self, entry: Entry) -> EnqueueResult:
+        """One entry's create; an exception that is not an API answer becomes its result: a
+        request the client library cannot build (``TypeError``, ``ValueError``) will never
+        be sent, so it fails for good; any other backs the entry off. Either way the
+        entry is marked, and never holds up the others."""
+        request = entry.request
+        try:
+            return self.producer.send([(None, request)])[0]
+        except (TypeError, ValueError) as exc:
+            error: EnqueueError = PermanentEnqueueError(
+                f"the client library cannot build this task: {type(exc).__name__}: {exc}"
+            )
+        except Exception as exc:
+            error = TransientEnqueueError(f"{type(exc).__name__}: {exc}")
+        return failed_result(request, None, 1, error)
+
     def drain(self, max_rounds: int = 1000) -> Round:
         """Rounds until nothing due is left (or a round only backed off); the totals."""
         total = Round()
@@ -110,11 +140,10 @@ class Relay:
             try:
                 self.drain()
                 metrics.observe(*self.db.pending(self.clock()))
-            except Exception:
+                self.db.wait(poll)
+            except Exception:  # The thread must outlive any one round (or wait) that fails.
                 _log.exception("outbox relay round failed; trying again in %.1f s", poll)
                 self._stopped.wait(poll)
-                continue
-            self.db.wait(poll)
 
     def stop(self) -> None:
         self._stopped.set()

@@ -9,6 +9,7 @@ sent entries older than ``keep_sent``. ``RelayThread`` runs a following relay in
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -16,8 +17,8 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tasklease.outbox.db import open_outbox
-from tasklease.outbox.locate import ENV_OUTBOX_URL
+from tasklease.outbox.db import OutboxDB, open_outbox
+from tasklease.outbox.locate import ENV_OUTBOX_URL, where
 from tasklease.outbox.relay import LEASE, Relay, quick_retry
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from tasklease.worker.router import Router
 
 SWEEP_JOB = "tasklease_outbox_sweep"
+_log = logging.getLogger("tasklease.outbox")
 
 
 def relay_producer(environ: Any = None) -> Producer:
@@ -87,14 +89,36 @@ class RelayThread:
         self._url, self._producer, self._poll, self._lease = url, producer, poll, lease
         self._relay: Relay | None = None
         self._ready = threading.Event()
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tasklease-outbox", daemon=True)
 
+    def _open(self) -> OutboxDB | None:
+        """The outbox, tried every ``poll`` s until it opens (a database still starting, a
+        volume not mounted yet): the thread must not end on it. None once stopped."""
+        while not self._stopped.is_set():
+            try:
+                return open_outbox(self._url)
+            except Exception as exc:
+                _log.warning(
+                    "outbox relay: cannot open %s (%s: %s); trying again in %.1f s",
+                    where(self._url),
+                    type(exc).__name__,
+                    exc,
+                    self._poll,
+                )
+                self._ready.set()  # Whoever waits for the start need not wait for this.
+                self._stopped.wait(self._poll)
+        return None
+
     def _run(self) -> None:
-        db = open_outbox(self._url)
+        db = self._open()
+        if db is None:
+            return
         try:
             self._relay = Relay(db, self._producer or relay_producer(), lease=self._lease)
             self._ready.set()
-            self._relay.follow(self._poll)
+            if not self._stopped.is_set():
+                self._relay.follow(self._poll)
         finally:
             self._ready.set()
             db.close()
@@ -110,6 +134,7 @@ class RelayThread:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._stopped.set()
         if self._relay is not None:
             self._relay.stop()
         self._thread.join(timeout=self._poll + 10)

@@ -165,6 +165,13 @@ class TaskBuilder(Generic[TransportT, SleepT]):
             **tracing.trace_headers(),  # The caller's own headers below may replace them.
         }
         for name, value in (options.headers or {}).items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                # The client library cannot send it; staged in an outbox, it would only fail
+                # in the relay.
+                raise InvalidTask(
+                    f"header {name!r}: header names and values are text (str), "
+                    f"not {type(value).__name__}"
+                )
             if name.lower().startswith(_RESERVED_HEADER_PREFIXES):
                 raise InvalidTask(f"header {name} is set by Cloud Tasks or the producer")
             task_headers[name] = value

@@ -95,11 +95,17 @@ class TaskHandler(_Handle, Generic[PayloadT, ResultT]):
         *,
         producer: Producer | None = None,
         concurrency: int = 32,
+        transaction: Any = None,
         **options: Unpack[EnqueueOptions],
     ) -> list[EnqueueResult]:
-        """One task per ``(key, payload)``: :meth:`Producer.enqueue_many` with its name."""
+        """One task per ``(key, payload)``: :meth:`Producer.enqueue_many` with its name
+        (with ``transaction=``, staged in the outbox through it)."""
         return self._producer(producer).enqueue_many(
-            self.spec.name, items, concurrency=concurrency, **self._routed(options)
+            self.spec.name,
+            items,
+            concurrency=concurrency,
+            transaction=transaction,
+            **self._routed(options),
         )
 
     def fan_out(
@@ -109,11 +115,18 @@ class TaskHandler(_Handle, Generic[PayloadT, ResultT]):
         *,
         producer: Producer | None = None,
         concurrency: int = 32,
+        transaction: Any = None,
         **options: Unpack[EnqueueOptions],
     ) -> list[EnqueueResult]:
-        """From a scheduled run, one task per item keyed by the run: :meth:`Producer.fan_out`."""
+        """From a scheduled run, one task per item keyed by the run: :meth:`Producer.fan_out`
+        (with ``transaction=``, staged in the outbox through it)."""
         return self._producer(producer).fan_out(
-            ctx, self.spec.name, items, concurrency=concurrency, **self._routed(options)
+            ctx,
+            self.spec.name,
+            items,
+            concurrency=concurrency,
+            transaction=transaction,
+            **self._routed(options),
         )
 
     async def aenqueue(

@@ -64,6 +64,7 @@ class StepRunner:
         )
 
     def key(self, name: str) -> str:
+        rules.check_key_name(name)
         return rules.step_key(self.run_id, name, self.resumed.seq)
 
     def begin(self, name: str) -> StepRecord | None:
@@ -108,6 +109,14 @@ class StepRunner:
         transactional: bool = False,
         **kwargs: Any,
     ) -> Any:
+        if self.store is not None and _on_event_loop():
+            # Its record would be written from the loop's thread, blocking every async
+            # handler of the process, and deadlocking it when another one's transactional
+            # astep holds the store's write lock while its coroutine waits for the loop.
+            raise rules.StepError(
+                f"step {name!r}: ctx.step is called on an event loop (an async handler): "
+                "use `await ctx.astep(...)`, which writes the record off the loop"
+            )
         done = self.begin(name)
         if done is not None:
             return done.result
@@ -146,9 +155,7 @@ class StepRunner:
         self._refuse_in_transaction("ctx.continue_later")
         if self.continuation is not None:
             raise rules.StepError("continue_later is called once per delivery")
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-        if seconds < 0:
-            raise ValueError("delay must not be negative")
+        seconds = rules.delay_seconds(delay)
         now = self.clock() if self.clock is not None else None
         candidate = Continuation(self.resumed.seq + 1, state, now, seconds)
         # Refuse a state JSON cannot hold, or one past the cap, here: in the handler. The
@@ -175,6 +182,15 @@ class StepRunner:
         if self.transaction_tries:  # As a transactional handler's line counts its tries.
             fields["transaction_tries"] = self.transaction_tries
         return fields
+
+
+def _on_event_loop() -> bool:
+    """Whether this thread is running an event loop (an async handler's code)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def ctx_runner(ctx: DurableSteps) -> StepRunner:
@@ -220,6 +236,9 @@ class DurableSteps:
             @ctx.step("charge")
             def charge():
                 return payments.charge(order, request_id=ctx.step_key("charge"))
+
+        From an ``async def`` handler, use :meth:`astep`: this sync form is refused on a
+        running event loop (``StepError``), as its store write would block the loop.
 
         ``PermanentFailure`` from ``fn`` fails the run; any other exception releases it for
         a retry, which resumes at this step. A stale attempt's step is refused

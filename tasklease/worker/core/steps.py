@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from tasklease.errors import PermanentFailure
@@ -35,6 +36,8 @@ from tasklease.worker.core.records import RunRecord
 MAX_STEP_RESULT_BYTES = 256 * 1024
 MAX_RUN_STEP_BYTES = 512 * 1024
 MAX_STEP_NAME_LENGTH = 200
+# Cloud Tasks schedules a task at most 30 days ahead (docs/platform-facts.md, "creating tasks").
+MAX_CONTINUATION_DELAY = timedelta(days=30)
 
 
 class StepError(PermanentFailure):
@@ -101,11 +104,20 @@ def continuation_of(record: RunRecord | None) -> Continuation:
     )
 
 
+def check_key_name(name: str) -> None:
+    """Raise :class:`StepError` unless ``name`` may name a step: a non-empty string of at
+    most :data:`MAX_STEP_NAME_LENGTH` without NUL (:func:`step_key` separates its parts with
+    NUL: a name holding one could take another delivery's step key)."""
+    if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME_LENGTH:
+        raise StepError(f"a step name is a non-empty string of at most {MAX_STEP_NAME_LENGTH}")
+    if "\0" in name:
+        raise StepError(f"step name {name!r}: a step name holds no NUL character")
+
+
 def check_name(name: str, used: set[str]) -> None:
     """Raise :class:`StepError` unless ``name`` is a valid step name not yet used by this
     attempt (loops name their steps ``f"item-{i}"``)."""
-    if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME_LENGTH:
-        raise StepError(f"a step name is a non-empty string of at most {MAX_STEP_NAME_LENGTH}")
+    check_key_name(name)
     if name in used:
         raise StepError(
             f"step {name!r} is used twice in one delivery: step names must be unique "
@@ -164,6 +176,22 @@ def encode_continuation(continuation: Continuation) -> str:
         f'{{"seq":{continuation.seq},"at":{json.dumps(at)},'
         f'"delay":{continuation.delay_seconds!r},"state":{state}}}'
     )
+
+
+def delay_seconds(delay: timedelta | float) -> float:
+    """A continuation's delay in seconds; :class:`StepError` for one no continuation can have
+    (negative, not finite, past :data:`MAX_CONTINUATION_DELAY`): retrying the run cannot
+    change it, so it fails the run rather than release it for a retry that fails alike."""
+    try:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    except (TypeError, ValueError, OverflowError):
+        seconds = math.nan
+    if not (0 <= seconds <= MAX_CONTINUATION_DELAY.total_seconds()):  # NaN fails too.
+        raise StepError(
+            f"continue_later: the delay is between 0 and {MAX_CONTINUATION_DELAY.days} days "
+            f"(Cloud Tasks schedules a task at most that far ahead), not {delay!r}"
+        )
+    return seconds
 
 
 def step_key(run_id: str, name: str, delivery: int = 0) -> str:

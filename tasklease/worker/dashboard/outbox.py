@@ -15,11 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import flask
 
-from tasklease.outbox.locate import ENV_OUTBOX_URL, outbox_url, sqlite_has_outbox
+from tasklease.outbox.locate import ENV_OUTBOX_URL, outbox_url, sqlite_has_outbox, where
 from tasklease.worker.dashboard.charts import seconds_text
 from tasklease.worker.dashboard.csrf import Csrf
 from tasklease.worker.dashboard.views import render
@@ -45,16 +44,6 @@ def locate(outbox: str | None, store: LeaseStore) -> str | None:
         if isinstance(path, Path) and sqlite_has_outbox(path):
             url = f"sqlite:///{path}"
     return url
-
-
-def where(url: str) -> str:
-    """The outbox's location for the page, without a password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return parts._replace(netloc=f"{user}:***@{netloc}" if user else netloc).geturl()
 
 
 class OutboxView:
