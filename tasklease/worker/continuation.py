@@ -68,17 +68,27 @@ def _may_be_in_flight(seen: RunRecord, identity: DeliveryIdentity) -> bool:
     return seen.status is RunStatus.IN_PROGRESS and identity.continuation_seq == 1
 
 
-def gate(record: RunRecord, identity: DeliveryIdentity) -> Reply | None:
-    """None when ``identity``'s delivery is the one that runs the run now; else its answer."""
+def behind(record: RunRecord, identity: DeliveryIdentity) -> Reply | None:
+    """The duplicate answer for a delivery the run's chain has moved past, or None. Given
+    also while a later delivery holds the run: a 409 would have the queue retry a delivery
+    that never runs (and Cloud Scheduler count a failed attempt of the job)."""
     current = rules.continuation_of(record).seq
-    if identity.continuation_seq == current:
-        return None
     if identity.continuation_seq < current:
         return Reply.of(
             Outcome.DUPLICATE,
             f"this delivery was continued by delivery {current} of the run; nothing ran",
             record.run_id,
         )
+    return None
+
+
+def gate(record: RunRecord, identity: DeliveryIdentity) -> Reply | None:
+    """None when ``identity``'s delivery is the one that runs the run now; else its answer."""
+    current = rules.continuation_of(record).seq
+    if identity.continuation_seq == current:
+        return None
+    if (earlier := behind(record, identity)) is not None:
+        return earlier
     return Reply.of(
         Outcome.IN_PROGRESS,
         f"continuation {identity.continuation_seq} is ahead of the run (at {current}); retry later",

@@ -212,6 +212,10 @@ class Executor:
         if claim.verdict is not Verdict.CLAIMED and identity.manual and identity.maybe_manual:
             # Another delivery took the waiting manual run first: this one is the slot's.
             return self._claim_and_run(spec, identity.as_slot(), body, log, caller)
+        if claim.verdict is Verdict.IN_PROGRESS and (
+            moved := continuation.behind(record, identity)
+        ):
+            return moved  # A later delivery of the chain holds the run: this one is done.
         if claim.verdict is not Verdict.CLAIMED:
             return self._settled(claim.verdict, record, log)
         log.update(
