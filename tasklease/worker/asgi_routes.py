@@ -4,7 +4,9 @@ the same :class:`~tasklease.worker.execution.Executor` as under WSGI, everything
 
 The event loop only reads the request and writes the answer. The whole of
 ``Executor.execute`` (authentication, claim, handler, finish: every store call) runs in a
-worker thread, at most ``threads`` at once, so no store call ever blocks the loop. An
+worker thread, at most ``threads`` at once, so no store call ever blocks the loop; only a
+store that never waits on I/O (MemoryStore) is read on the loop, to answer a retry of a
+settled run without the hop (:mod:`tasklease.worker.settled_answers`). An
 ``async def`` handler is awaited on tasklease's own handler loop
 (:mod:`tasklease.worker.event_loop`), exactly as under gunicorn, not on the server's loop.
 """
@@ -26,6 +28,7 @@ from tasklease.worker.core.identity import HeaderLookup, Kind
 from tasklease.worker.execution import Delivery
 from tasklease.worker.logs import request_fields
 from tasklease.worker.reply import Reply
+from tasklease.worker.settled_answers import answer_settled, answers_on_loop, may_be_settled
 from tasklease.worker.wsgi_routes import PREFIXES, BadBody, DeliveryRoutes, crashed
 
 Scope = MutableMapping[str, Any]
@@ -63,7 +66,7 @@ class AsgiDeliveries:
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid: int | None = None
 
-    async def _in_thread(self, function: Callable[[], Reply]) -> Reply:
+    async def _in_thread(self, function: Callable[[], Reply | None]) -> Reply | None:
         """``function()`` in one of this process's delivery threads, in the caller's context
         (its trace). On asyncio (uvicorn, hypercorn) a pool of its own, half the cost of
         anyio's threads per call; on another event loop (trio), anyio's, as many at once."""
@@ -126,14 +129,21 @@ class AsgiDeliveries:
             mount=root.rstrip("/"),
         )
 
-        def execute() -> Reply:
+        def execute(settled_only: bool) -> Reply | None:
             with request_fields(self.fields):
                 try:
+                    if settled_only:
+                        return answer_settled(self.executor, delivery)
                     return self.executor.execute(delivery)
                 except Exception as exc:  # A bug: still one line and a JSON answer.
                     return crashed(kind, name, delivery.method, started, exc)
 
-        reply = await self._in_thread(execute)
+        reply = None
+        if may_be_settled(delivery) and answers_on_loop(self.executor):
+            reply = execute(settled_only=True)  # Reads a store that never waits, on the loop.
+        if reply is None:
+            reply = await self._in_thread(lambda: execute(settled_only=False))
+        assert reply is not None  # execute(settled_only=False) always answers.
         extra = [
             (key.encode("latin-1"), value.encode("latin-1"))
             for key, value in reply.headers().items()

@@ -79,9 +79,13 @@ class LeaseStore(ABC):
     configuration sees the same records (a database service does; a file or process memory
     does not): :func:`~tasklease.worker.stores.check_store_is_shared` refuses the latter on
     Cloud Run.
+
+    ``nonblocking`` says that no method ever waits on I/O (process memory): only then may the
+    ASGI worker read it on its event loop (:mod:`tasklease.worker.settled_answers`).
     """
 
     shared_across_instances: ClassVar[bool] = True
+    nonblocking: ClassVar[bool] = False
 
     @abstractmethod
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
