@@ -90,6 +90,8 @@ class Worker:
         return start["status"], answer_headers, body_message["body"]
 
     def close(self) -> None:
+        if self.app._pool is not None:
+            self.app._pool.close()
         self.loop.close()
 
 

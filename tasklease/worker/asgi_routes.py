@@ -14,17 +14,16 @@ settled run without the hop (:mod:`tasklease.worker.settled_answers`). An
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qsl
 
 import anyio.to_thread
 
 from tasklease.worker.core.identity import HeaderLookup, Kind
+from tasklease.worker.delivery_threads import DeliveryThreads
 from tasklease.worker.execution import Delivery
 from tasklease.worker.logs import request_fields
 from tasklease.worker.reply import Reply
@@ -63,30 +62,30 @@ class AsgiDeliveries:
         self.fallback = fallback
         self.threads = threads
         self._limiter: anyio.CapacityLimiter | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DeliveryThreads | None = None
         self._pool_pid: int | None = None
 
     async def _in_thread(self, function: Callable[[], Reply | None]) -> Reply | None:
         """``function()`` in one of this process's delivery threads, in the caller's context
-        (its trace). On asyncio (uvicorn, hypercorn) a pool of its own, half the cost of
-        anyio's threads per call; on another event loop (trio), anyio's, as many at once."""
+        (its trace). On asyncio (uvicorn, hypercorn) threads of its own
+        (:mod:`tasklease.worker.delivery_threads`, a third of ``run_in_executor``'s cost per
+        call); on another event loop (trio), anyio's, as many at once."""
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             if self._limiter is None:
                 self._limiter = anyio.CapacityLimiter(self.threads)
             return await anyio.to_thread.run_sync(function, limiter=self._limiter)
         if self._pool is None or self._pool_pid != os.getpid():  # Made where it serves.
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tasklease-delivery")
+            self._pool = DeliveryThreads(self.threads)
             self._pool_pid = os.getpid()
-        context = contextvars.copy_context()
-        return await loop.run_in_executor(self._pool, context.run, function)
+        return await self._pool.run(function)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await _lifespan(receive, send)
             if self._pool is not None:
-                self._pool.shutdown(wait=False)
+                self._pool.close()
                 self._pool = None
             return
         if scope["type"] == "http":
