@@ -227,7 +227,7 @@ def test_only_memory_store_with_authentication_off_and_no_opentelemetry_is_read_
     assert NoAuth.nonblocking and not OidcAuth.nonblocking
 
 
-def test_a_subclass_of_memory_store_is_not_nonblocking_unless_it_says_so() -> None:
+def test_a_subclass_of_memory_store_or_no_auth_is_not_nonblocking_unless_it_says_so() -> None:
     class Slow(MemoryStore):
         def get(self, run_id: str) -> Any:
             return super().get(run_id)
@@ -235,8 +235,12 @@ def test_a_subclass_of_memory_store_is_not_nonblocking_unless_it_says_so() -> No
     class SaysSo(MemoryStore):
         nonblocking = True
 
+    class Checking(NoAuth):
+        pass
+
     assert MemoryStore.nonblocking
     assert not Slow.nonblocking
+    assert NoAuth.nonblocking and not Checking.nonblocking
     assert SaysSo.nonblocking
     assert not SqliteStore.nonblocking
 

@@ -92,6 +92,12 @@ class NoAuth(Authenticator):
 
     nonblocking: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A subclass may check something that waits: nonblocking only if it says so itself.
+        super().__init_subclass__(**kwargs)
+        if "nonblocking" not in cls.__dict__:
+            cls.nonblocking = False
+
     def authenticate(self, request: AuthRequest, spec: HandlerSpec) -> AuthResult:
         return AuthResult(200, "authentication is off")
 
