@@ -112,6 +112,39 @@ def test_a_permanent_failure_is_a_dead_letter_and_a_raise_is_released_for_a_retr
     assert retried.json()["result"] == "sent"
 
 
+def test_on_memory_store_retries_are_answered_from_the_record_and_a_released_run_runs_again(
+    tmp_path: Path,
+) -> None:
+    # MemoryStore with auth off: a retry is read on the loop (tasklease.worker.settled_answers).
+    memory = GunicornWorker(
+        "tests.asgi_apps:router",
+        store="memory://",
+        auth="none",
+        server="uvicorn",
+        workers=1,
+        env={"TEST_DIR": str(tmp_path)},
+        log_path=tmp_path / "uvicorn.log",
+    )
+    with memory:
+        first = post(memory.url, "record", task="t-mem")
+        again = post(memory.url, "record", task="t-mem", retry=1)
+        released = post(memory.url, "flaky", task="t-mem-flaky")
+        retried = post(memory.url, "flaky", task="t-mem-flaky", retry=1)
+        settled = post(memory.url, "flaky", task="t-mem-flaky", retry=2)
+    assert outcome(first) == (200, "processed")
+    assert outcome(again) == (200, "duplicate")
+    assert again.content.endswith(first.content[first.content.index(b',"result":') :])
+    assert again.headers["X-Tasklease-Run-Id"] == first.headers["X-Tasklease-Run-Id"]
+    assert [outcome(r) for r in (released, retried, settled)] == [
+        (500, "released"),
+        (200, "processed"),
+        (200, "duplicate"),
+    ]
+    assert len(executions(tmp_path)) == 1  # record ran once; flaky does not log.
+    log = (tmp_path / "uvicorn.log").read_text()
+    assert log.count('"task record: already completed"') == 1
+
+
 def test_a_body_that_is_not_json_is_a_dead_letter(server: GunicornWorker) -> None:
     answer = post(server.url, "record", body=b"{not json", task="t-json")
     assert outcome(answer) == (200, "failed")

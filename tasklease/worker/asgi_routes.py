@@ -4,7 +4,9 @@ the same :class:`~tasklease.worker.execution.Executor` as under WSGI, everything
 
 The event loop only reads the request and writes the answer. The whole of
 ``Executor.execute`` (authentication, claim, handler, finish: every store call) runs in a
-worker thread, at most ``threads`` at once, so no store call ever blocks the loop. An
+worker thread, at most ``threads`` at once, so no store call ever blocks the loop; only a
+store that never waits on I/O (MemoryStore) is read on the loop, to answer a retry of a
+settled run without the hop (:mod:`tasklease.worker.settled_answers`). An
 ``async def`` handler is awaited on tasklease's own handler loop
 (:mod:`tasklease.worker.event_loop`), exactly as under gunicorn, not on the server's loop.
 """
@@ -12,20 +14,20 @@ worker thread, at most ``threads`` at once, so no store call ever blocks the loo
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qsl
 
 import anyio.to_thread
 
 from tasklease.worker.core.identity import HeaderLookup, Kind
+from tasklease.worker.delivery_threads import DeliveryThreads
 from tasklease.worker.execution import Delivery
 from tasklease.worker.logs import request_fields
 from tasklease.worker.reply import Reply
+from tasklease.worker.settled_answers import answer_settled, answers_on_loop, may_be_settled
 from tasklease.worker.wsgi_routes import PREFIXES, BadBody, DeliveryRoutes, crashed
 
 Scope = MutableMapping[str, Any]
@@ -60,30 +62,30 @@ class AsgiDeliveries:
         self.fallback = fallback
         self.threads = threads
         self._limiter: anyio.CapacityLimiter | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DeliveryThreads | None = None
         self._pool_pid: int | None = None
 
-    async def _in_thread(self, function: Callable[[], Reply]) -> Reply:
+    async def _in_thread(self, function: Callable[[], Reply | None]) -> Reply | None:
         """``function()`` in one of this process's delivery threads, in the caller's context
-        (its trace). On asyncio (uvicorn, hypercorn) a pool of its own, half the cost of
-        anyio's threads per call; on another event loop (trio), anyio's, as many at once."""
+        (its trace). On asyncio (uvicorn, hypercorn) threads of its own
+        (:mod:`tasklease.worker.delivery_threads`, a third of ``run_in_executor``'s cost per
+        call); on another event loop (trio), anyio's, as many at once."""
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             if self._limiter is None:
                 self._limiter = anyio.CapacityLimiter(self.threads)
             return await anyio.to_thread.run_sync(function, limiter=self._limiter)
         if self._pool is None or self._pool_pid != os.getpid():  # Made where it serves.
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tasklease-delivery")
+            self._pool = DeliveryThreads(self.threads)
             self._pool_pid = os.getpid()
-        context = contextvars.copy_context()
-        return await loop.run_in_executor(self._pool, context.run, function)
+        return await self._pool.run(function)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await _lifespan(receive, send)
             if self._pool is not None:
-                self._pool.shutdown(wait=False)
+                self._pool.close()
                 self._pool = None
             return
         if scope["type"] == "http":
@@ -126,14 +128,21 @@ class AsgiDeliveries:
             mount=root.rstrip("/"),
         )
 
-        def execute() -> Reply:
+        def execute(settled_only: bool) -> Reply | None:
             with request_fields(self.fields):
                 try:
+                    if settled_only:
+                        return answer_settled(self.executor, delivery)
                     return self.executor.execute(delivery)
                 except Exception as exc:  # A bug: still one line and a JSON answer.
                     return crashed(kind, name, delivery.method, started, exc)
 
-        reply = await self._in_thread(execute)
+        reply = None
+        if may_be_settled(delivery) and answers_on_loop(self.executor):
+            reply = execute(settled_only=True)  # Reads a store that never waits, on the loop.
+        if reply is None:
+            reply = await self._in_thread(lambda: execute(settled_only=False))
+        assert reply is not None  # execute(settled_only=False) always answers.
         extra = [
             (key.encode("latin-1"), value.encode("latin-1"))
             for key, value in reply.headers().items()

@@ -31,6 +31,7 @@ from tasklease.worker.logs import instance_id, log_execution, note_error, run_lo
 from tasklease.worker.manual_runs import ManualRuns
 from tasklease.worker.reply import Reply, settled
 from tasklease.worker.router import HandlerSpec, Router
+from tasklease.worker.settled_answers import ClaimNeeded
 from tasklease.worker.steps import StepRunner, ctx_runner
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.base import LeaseStore
@@ -94,8 +95,11 @@ class Executor:
         self.locks = ExecutionLocks(store, clock)
         self.tally: DeliveryCounter | None = None  # Set by create_app on a tally store.
 
-    def execute(self, delivery: Delivery) -> Reply:
-        """Handle one delivery and write its one structured log line."""
+    def execute(self, delivery: Delivery, *, settled_only: bool = False) -> Reply:
+        """Handle one delivery and write its one structured log line.
+
+        ``settled_only``: raise :class:`ClaimNeeded`, having written and logged nothing, where
+        the delivery would need a claim (:mod:`tasklease.worker.settled_answers`)."""
         started = time.monotonic()
         # The handler name comes from the URL: cap what an unknown one can put in the log.
         handler = delivery.handler[:100]
@@ -103,7 +107,7 @@ class Executor:
         spec = self.router.handler(delivery.kind, delivery.handler)
         label = spec.name if spec is not None else telemetry.UNKNOWN_HANDLER
         with telemetry.start_delivery(delivery.header, delivery.kind.value, label) as traced:
-            reply = self._execute(delivery, log)
+            reply = self._execute(delivery, log, settled_only)
             if "held_by" in reply.details:  # An exclusive job or key held by another run.
                 log["held_by"] = reply.details["held_by"]
             seconds = time.monotonic() - started
@@ -123,7 +127,7 @@ class Executor:
         log_execution(f"{delivery.kind.value} {handler}: {reply.message}", log, level)
         return reply
 
-    def _execute(self, delivery: Delivery, log: dict[str, Any]) -> Reply:
+    def _execute(self, delivery: Delivery, log: dict[str, Any], settled_only: bool) -> Reply:
         if delivery.method != "POST":
             return Reply.rejected(
                 Rejection.NOT_POST,
@@ -163,7 +167,9 @@ class Executor:
             identity = self.manual_runs.resolve(identity, auth.principal)
         except StoreUnavailable as exc:
             return _store_unavailable(f"lease store unavailable: {exc}", identity.run_id)
-        reply = self._claim_and_run(spec, identity, delivery.body, log, auth.principal)
+        reply = self._claim_and_run(
+            spec, identity, delivery.body, log, auth.principal, settled_only=settled_only
+        )
         self.manual_runs.answered(identity, reply.status)
         return reply
 
@@ -174,6 +180,8 @@ class Executor:
         body: bytes,
         log: dict[str, Any],
         caller: str | None,
+        *,
+        settled_only: bool = False,
     ) -> Reply:
         log.update(_identity_fields(identity))
         run_id = identity.run_id
@@ -192,6 +200,8 @@ class Executor:
             verdict = decisions.decide(seen, now, caller)
             if seen is not None and verdict in _SETTLED:
                 return self._settled(verdict, seen, log)
+        if settled_only:
+            raise ClaimNeeded(run_id)
         request = ClaimRequest(
             run_id=run_id,
             kind=identity.kind.value,

@@ -60,6 +60,11 @@ class CloudLoggingFormatter(logging.Formatter):
         )
 
 
+# json.dumps(entry, default=str) builds an encoder per call (any argument but the object
+# does); one built once encodes the same text.
+_LINE_ENCODER = json.JSONEncoder(default=str)
+
+
 def json_line(
     level: int,
     message: str,
@@ -79,7 +84,7 @@ def json_line(
     }
     if stack_trace:
         entry["stack_trace"] = stack_trace
-    return json.dumps(entry, default=str)
+    return _LINE_ENCODER.encode(entry)
 
 
 class ReadableFormatter(logging.Formatter):

@@ -22,6 +22,9 @@ from tasklease.worker.core.outcome import (
 )
 from tasklease.worker.core.records import RunRecord, Verdict
 
+# One encoder for every answer: json.dumps with options builds a new one per call.
+_ENVELOPE_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+
 
 @dataclass
 class Reply:
@@ -83,11 +86,9 @@ class Reply:
 
     def body_bytes(self) -> bytes:
         """The JSON answer: the envelope, then the stored result's own bytes."""
-        envelope = json.dumps(
+        envelope = _ENVELOPE_ENCODER.encode(
             {"outcome": self.outcome.value, "message": self.message, "run_id": self.run_id}
-            | self.details,
-            separators=(",", ":"),
-            default=str,
+            | self.details
         )
         if self.result_json is None:
             return envelope.encode()

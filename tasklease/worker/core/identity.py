@@ -223,7 +223,7 @@ def _single(header: HeaderLookup, name: str) -> str | None:
     values = header(name)
     if not values:
         return None
-    if len(set(values)) > 1:
+    if len(values) > 1 and len(set(values)) > 1:
         raise InvalidDelivery(f"{name} is sent {len(values)} times with different values")
     value = values[0]
     if len(value) > c.MAX_HEADER_VALUE_LENGTH:

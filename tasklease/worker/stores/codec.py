@@ -98,15 +98,27 @@ class RecordCodec(Generic[R]):
             stored = renames.get(f.name, f.name)
             fields.append(_Field(f.name, stored, conversion, optional, has_default))
         self._fields = tuple(fields)
+        # (field name, conversion or None when the value is stored as it is, optional): the
+        # per-request loops of encode and decode read these, not the _Field objects.
+        self._encoders = tuple(
+            (f.name, None if f.conversion.encode is _same else f.conversion.encode, f.optional)
+            for f in fields
+        )
+        self._decoders = tuple(
+            (f.name, None if f.conversion.decode is _same else f.conversion.decode, f.optional)
+            for f in fields
+        )
         self.names: tuple[str, ...] = tuple(f.stored for f in fields)
         """The stored names, in field order: the order of :meth:`encode` and :meth:`decode`."""
 
     def encode(self, record: R) -> list[Any]:
         """The record's stored values, in :attr:`names` order."""
         values = []
-        for f in self._fields:
-            value = getattr(record, f.name)
-            values.append(None if value is None and f.optional else f.conversion.encode(value))
+        for name, encode, optional in self._encoders:
+            value = getattr(record, name)
+            if encode is not None and not (value is None and optional):
+                value = encode(value)
+            values.append(value)
         return values
 
     def encode_changed(self, before: R, after: R) -> tuple[tuple[str, ...], list[Any]]:
@@ -129,8 +141,11 @@ class RecordCodec(Generic[R]):
         """The record of stored ``values`` in :attr:`names` order (values past them are
         ignored: a row may carry more columns), with ``given`` for skipped fields."""
         decoded = dict(given)
-        for f, value in zip(self._fields, values, strict=False):
-            decoded[f.name] = self._decoded(f, value)
+        for (name, decode, optional), stored in zip(self._decoders, values, strict=False):
+            if decode is None or (stored is None and optional):
+                decoded[name] = stored
+            else:
+                decoded[name] = decode(stored)
         record: R = self.record_type(**decoded)
         return record
 
