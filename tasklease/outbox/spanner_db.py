@@ -1,0 +1,234 @@
+"""The relay's side of the Spanner outbox (:mod:`tasklease.outbox.spanner`): claim, mark,
+report, over ``spanner://projects/P/instances/I/databases/D``.
+
+A claim is one read-write transaction: it reads due pending entries (earliest due first,
+through the index on ``(state, next_attempt_at)``) and pushes each ``lease`` seconds ahead.
+Spanner serialises two claims that read the same entries (one aborts and runs again, reading
+the other's writes), so racing relays take disjoint batches; nothing is held across a Cloud
+Tasks call. Marks are DML that change only entries still pending. Every RPC is bounded (the
+store's :func:`~tasklease.worker.stores.spanner_calls.bound_calls`) and a transaction
+aborted by contention runs again with short pauses.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from tasklease.outbox import spanner as staging
+from tasklease.outbox.db import Failed, OutboxDB, Status
+from tasklease.outbox.entries import FAILED, PENDING, SENT, TABLE, Entry, from_row
+
+CALL_TIMEOUT = 10.0
+_READ_COLUMNS = (*staging.WRITE_COLUMNS, "last_error", "sent_at")
+
+
+class SpannerOutbox(OutboxDB):
+    """One relay's Spanner client for the outbox of ``projects/P/instances/I/databases/D``."""
+
+    dialect = "spanner"
+
+    def __init__(self, database: str, call_timeout: float = CALL_TIMEOUT) -> None:
+        from google.cloud import spanner  # noqa: PLC0415 - the spanner extra.
+
+        from tasklease.worker.stores.spanner_calls import bound_calls  # noqa: PLC0415
+
+        parts = database.split("/")
+        if len(parts) != 6 or parts[0::2] != ["projects", "instances", "databases"]:
+            raise ValueError(
+                f"Spanner outbox {database!r}: use spanner://projects/P/instances/I/databases/D"
+            )
+        self.database_path = database
+        self._spanner = spanner
+        self._client = spanner.Client(project=parts[1])
+        instance = self._client.instance(parts[3])  # type: ignore[no-untyped-call]
+        self._database = instance.database(parts[5])
+        self._timeout = call_timeout
+        bound_calls(self._database, call_timeout)
+
+    @classmethod
+    def from_url(cls, url: str) -> SpannerOutbox:
+        parts = urlsplit(url)
+        if parts.query:
+            raise ValueError(f"outbox URL {url!r}: a Spanner outbox takes no options")
+        return cls(database_of(url))
+
+    def _mark(self) -> str:
+        raise TypeError("the Spanner outbox runs its own statements")
+
+    def _transaction(self, immediate: bool = False) -> Any:
+        raise TypeError("the Spanner outbox runs its own statements")
+
+    def close(self) -> None:
+        self._forget()
+        self._database = None
+        self._client.close()  # type: ignore[no-untyped-call]
+
+    def _run(self, work: Any, what: str) -> Any:
+        from tasklease.worker.stores.spanner_calls import run_transaction  # noqa: PLC0415
+
+        return run_transaction(self._database, work, self._timeout * 3, what)
+
+    def _query(self, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
+        with self._database.snapshot() as snapshot:
+            return list(snapshot.execute_sql(sql, **self._typed(params)))
+
+    def _typed(self, params: dict[str, Any] | None) -> dict[str, Any]:
+        if not params:
+            return {}
+        types = self._spanner.param_types
+        kinds = {float: types.FLOAT64, int: types.INT64, str: types.STRING}
+        typed = {
+            name: types.Array(types.STRING) if isinstance(value, list) else kinds[type(value)]
+            for name, value in params.items()
+        }
+        return {"params": params, "param_types": typed}
+
+    def migrate(self) -> None:
+        missing = {TABLE, f"{TABLE}_due"} - self._objects()
+        if missing:
+            self._database.update_ddl(staging.statements()).result(self._timeout * 12)
+
+    def _objects(self) -> set[str]:
+        return {
+            row[0]
+            for row in self._query(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = '' "
+                "UNION ALL SELECT index_name FROM information_schema.indexes "
+                "WHERE table_schema = '' AND index_type = 'INDEX'"
+            )
+        }
+
+    def has_outbox(self) -> bool:
+        try:
+            return TABLE in self._objects()
+        except Exception:  # Not reachable, no such database: no outbox to relay.
+            return False
+
+    def claim(self, limit: int, now: float, lease: float) -> list[Entry]:
+        """Up to ``limit`` due pending entries, earliest due first, claimed until ``now +
+        lease`` (one read-write transaction)."""
+        sql = (
+            f"SELECT {', '.join(_READ_COLUMNS)} FROM {TABLE}@{{FORCE_INDEX={TABLE}_due}} "
+            f"WHERE state = '{PENDING}' AND next_attempt_at <= @now "
+            "ORDER BY next_attempt_at LIMIT @limit"
+        )
+        params = self._typed({"now": float(now), "limit": int(limit)})
+
+        def work(tx: Any) -> list[dict[str, Any]]:
+            found = tx.execute_sql(sql, **params)
+            rows = [dict(zip(_READ_COLUMNS, row, strict=True)) for row in found]
+            if rows:
+                tx.update(
+                    TABLE,
+                    ("id", "next_attempt_at"),
+                    [[row["id"], float(now + lease)] for row in rows],
+                )
+            return rows
+
+        claimed = self._run(work, "claim outbox entries")
+        # The client reads BYTES back as the wire's base64 text, still encoded.
+        return [from_row({**row, "body": base64.b64decode(row["body"])}) for row in claimed]
+
+    def _update_pending(self, sql: str, rows: Sequence[dict[str, Any]], what: str) -> None:
+        """Run ``sql`` (an UPDATE that changes only entries still pending) once per row's
+        parameters, in one batch of DML per transaction."""
+        statements = [(sql, *self._typed(row).values()) for row in rows]
+        for start in range(0, len(statements), 500):
+            chunk = statements[start : start + 500]
+
+            def work(tx: Any, chunk: list[Any] = chunk) -> None:
+                status, _counts = tx.batch_update(chunk)
+                if status.code != 0:
+                    raise RuntimeError(f"Spanner outbox: could not {what}: {status.message}")
+
+            self._run(work, what)
+
+    def mark_sent(self, ids: Sequence[str], now: float) -> None:
+        if not ids:
+            return
+        sql = (
+            f"UPDATE {TABLE} SET state = '{SENT}', sent_at = @now, "
+            "sent_time = PENDING_COMMIT_TIMESTAMP(), attempts = attempts + 1, last_error = NULL "
+            f"WHERE id IN UNNEST(@ids) AND state = '{PENDING}'"
+        )
+        for start in range(0, len(ids), 1000):
+            params = self._typed({"now": float(now), "ids": list(ids[start : start + 1000])})
+
+            def work(tx: Any, params: dict[str, Any] = params) -> None:
+                tx.execute_update(sql, **params)
+
+            self._run(work, "mark outbox entries sent")
+
+    def mark_failed(self, failures: Mapping[str, str]) -> None:
+        sql = (
+            f"UPDATE {TABLE} SET state = '{FAILED}', attempts = attempts + 1, "
+            f"last_error = @reason WHERE id = @id AND state = '{PENDING}'"
+        )
+        rows = [{"reason": reason, "id": name} for name, reason in failures.items()]
+        self._update_pending(sql, rows, "mark outbox entries failed")
+
+    def retry_later(self, retries: Mapping[str, tuple[float, str]]) -> None:
+        sql = (
+            f"UPDATE {TABLE} SET next_attempt_at = @at, attempts = attempts + 1, "
+            f"last_error = @error WHERE id = @id AND state = '{PENDING}'"
+        )
+        rows = [
+            {"at": float(at), "error": error, "id": name} for name, (at, error) in retries.items()
+        ]
+        self._update_pending(sql, rows, "back outbox entries off")
+
+    def _dml(self, sql: str, params: dict[str, Any] | None = None) -> int:
+        """A statement over many rows, outside any transaction (partitioned DML)."""
+        return int(self._database.execute_partitioned_dml(sql, **self._typed(params)))
+
+    def requeue_failed(self) -> int:
+        return self._dml(
+            f"UPDATE {TABLE} SET state = '{PENDING}', next_attempt_at = created_at "
+            f"WHERE state = '{FAILED}'"
+        )
+
+    def purge_sent(self, before: float) -> int:
+        """Delete sent entries older than ``before`` (the row deletion policy does it too)."""
+        return self._dml(
+            f"DELETE FROM {TABLE} WHERE state = '{SENT}' AND sent_at < @before",
+            {"before": float(before)},
+        )
+
+    def pending(self, now: float) -> tuple[int, float]:
+        sql = f"SELECT COUNT(*), MIN(created_at) FROM {TABLE} WHERE state = '{PENDING}'"
+        count, oldest = self._query(sql)[0]
+        return int(count), max(0.0, now - float(oldest)) if oldest is not None else 0.0
+
+    def status(self, now: float, failed_limit: int = 50) -> Status:
+        counts = {
+            row[0]: (int(row[1]), row[2], int(row[3] or 0))
+            for row in self._query(
+                f"SELECT state, COUNT(*), MIN(created_at), "
+                f"COUNTIF(attempts > 0) FROM {TABLE} GROUP BY state"
+            )
+        }
+        failed = [
+            Failed(row[0], row[1], int(row[2]), row[3] or "")
+            for row in self._query(
+                f"SELECT id, task_name, attempts, last_error FROM {TABLE} "
+                f"WHERE state = '{FAILED}' ORDER BY created_at LIMIT {int(failed_limit)}"
+            )
+        ]
+        depth, oldest, retrying = counts.get(PENDING, (0, None, 0))
+        return Status(
+            depth=depth,
+            oldest_age=max(0.0, now - float(oldest)) if oldest is not None else 0.0,
+            sent=counts.get(SENT, (0, None, 0))[0],
+            failed=failed,
+            retrying=retrying,
+            failed_total=counts.get(FAILED, (0, None, 0))[0],
+        )
+
+
+def database_of(url: str) -> str:
+    """``projects/P/instances/I/databases/D`` of a ``spanner://`` URL (options dropped)."""
+    parts = urlsplit(url)
+    return f"{parts.netloc}{parts.path}"
