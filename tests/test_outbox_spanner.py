@@ -20,6 +20,8 @@ from tasklease.outbox import NotInTransaction, Relay, open_outbox, relay_produce
 from tasklease.outbox.locate import outbox_url
 from tasklease.outbox.spanner_db import SpannerOutbox
 from tasklease.producer import EnqueueResult, task_id
+from tasklease.testing.contract_support import T0, claim_request
+from tasklease.worker.stores import SpannerStore
 from tests.outbox_support import QUEUE_PATH, producer
 
 ORDERS = "CREATE TABLE orders (id STRING(64) NOT NULL, total INT64) PRIMARY KEY (id)"
@@ -284,3 +286,37 @@ def test_the_cli_migrates_prints_relays_and_reports_a_spanner_outbox(
     relayed = cli("relay", "--url", url)
     assert relayed.returncode == 0 and "sent 1," in relayed.stdout, relayed.stderr
     assert task_names(tasks) == [task_id("send_receipt", "o9")]
+
+
+def test_a_transactional_handler_on_the_spanner_store_stages_with_its_completion(
+    url: str, tasks: CloudTasksEmulator
+) -> None:
+    """``ctx.transaction`` of a ``transactional=True`` handler on the Spanner store is the
+    Spanner ``Transaction``: the entry commits with the run's record, or not at all."""
+    store = SpannerStore(url[len("spanner://") :])
+    make = producer(tasks.url)
+
+    def work(key: str, fail: bool = False) -> Any:
+        def run(tx: Any) -> str:
+            make.enqueue("next_step", {}, key=key, transaction=tx)
+            if fail:
+                raise ValueError("the handler failed")
+            return "{}"
+
+        return run
+
+    try:
+        store.claim(claim_request(), T0)
+        with pytest.raises(ValueError, match="the handler failed"):
+            store.complete_in_transaction("run-1", "attempt-1", work("bad", fail=True), T0)
+        assert db_rows(url) == 0  # The handler raised: its entry rolled back with it.
+        assert store.complete_in_transaction("run-1", "attempt-1", work("good"), T0).held
+    finally:
+        store.close()
+    _db, relay = relay_for(url, tasks)
+    assert relay.drain().sent == 1
+    assert task_names(tasks) == [task_id("next_step", "good")]
+
+
+def db_rows(url: str) -> int:
+    return rows(database(url[len("spanner://") :]), "tasklease_outbox")
