@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from tasklease.outbox.locate import outbox_url
 from tasklease.outbox.spanner_db import SpannerOutbox
 from tasklease.producer import EnqueueResult, task_id
 from tasklease.testing.contract_support import T0, claim_request
+from tasklease.worker.dashboard import create_dashboard_app
 from tasklease.worker.stores import SpannerStore
 from tests.outbox_support import QUEUE_PATH, producer
 
@@ -320,3 +322,23 @@ def test_a_transactional_handler_on_the_spanner_store_stages_with_its_completion
 
 def db_rows(url: str) -> int:
     return rows(database(url[len("spanner://") :]), "tasklease_outbox")
+
+
+def test_the_dashboard_of_a_spanner_store_shows_its_databases_outbox(
+    url: str, app_db: Any, tasks: CloudTasksEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TASKLEASE_OUTBOX_URL", raising=False)
+    place_order(app_db, tasks.url, 1)
+    place_order(app_db, tasks.url, 2, queue="no-such-queue")
+    _db, relay = relay_for(url, tasks)
+    assert relay.drain().failed == 1
+    place_order(app_db, tasks.url, 3)
+    store = SpannerStore(url[len("spanner://") :])
+    try:
+        page = create_dashboard_app(store).test_client().get("/outbox")
+    finally:
+        store.close()
+    assert page.status_code == 200, page.text
+    assert re.search(r'id="depth">1<', page.text)
+    assert re.search(r'id="failed-total">1<', page.text)
+    assert "no-such-queue" in page.text
