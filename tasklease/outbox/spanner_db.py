@@ -5,7 +5,8 @@ A claim is one read-write transaction: it reads due pending entries (earliest du
 through the index on ``(state, next_attempt_at)``) and pushes each ``lease`` seconds ahead.
 Spanner serialises two claims that read the same entries (one aborts and runs again, reading
 the other's writes), so racing relays take disjoint batches; nothing is held across a Cloud
-Tasks call. Marks are DML that change only entries still pending. Every RPC is bounded (the
+Tasks call. A mark is a read-write transaction that reads the entries' states and updates
+only those still pending (mutations, 2 RPCs however many entries). Every RPC is bounded (the
 store's :func:`~tasklease.worker.stores.spanner_calls.bound_calls`) and a transaction
 aborted by contention runs again with short pauses.
 """
@@ -13,7 +14,7 @@ aborted by contention runs again with short pauses.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +24,7 @@ from tasklease.outbox.entries import FAILED, PENDING, SENT, TABLE, Entry, from_r
 
 CALL_TIMEOUT = 10.0
 _READ_COLUMNS = (*staging.WRITE_COLUMNS, "last_error", "sent_at")
+_CHUNK = 2000  # Entries marked per transaction (Spanner allows 80,000 mutated cells).
 
 
 class SpannerOutbox(OutboxDB):
@@ -132,53 +134,65 @@ class SpannerOutbox(OutboxDB):
         # The client reads BYTES back as the wire's base64 text, still encoded.
         return [from_row({**row, "body": base64.b64decode(row["body"])}) for row in claimed]
 
-    def _update_pending(self, sql: str, rows: Sequence[dict[str, Any]], what: str) -> None:
-        """Run ``sql`` (an UPDATE that changes only entries still pending) once per row's
-        parameters, in one batch of DML per transaction."""
-        statements = [(sql, *self._typed(row).values()) for row in rows]
-        for start in range(0, len(statements), 500):
-            chunk = statements[start : start + 500]
+    def _update_pending(
+        self, changes: Mapping[str, Callable[[int], dict[str, Any]]], what: str
+    ) -> None:
+        """Apply each entry id's change (its ``attempts`` -> the columns to write) to its row,
+        if still pending: per chunk, one read-write transaction that reads the rows' state
+        (one read) and buffers one ``update`` mutation per column set (no DML statements)."""
+        items = list(changes.items())
+        for start in range(0, len(items), _CHUNK):
+            chunk = dict(items[start : start + _CHUNK])
 
-            def work(tx: Any, chunk: list[Any] = chunk) -> None:
-                status, _counts = tx.batch_update(chunk)
-                if status.code != 0:
-                    raise RuntimeError(f"Spanner outbox: could not {what}: {status.message}")
+            def work(tx: Any, chunk: dict[str, Any] = chunk) -> None:
+                from google.cloud.spanner_v1 import KeySet  # noqa: PLC0415
+
+                keys = KeySet(keys=[[name] for name in chunk])  # type: ignore[no-untyped-call]
+                found = tx.read(TABLE, ("id", "state", "attempts"), keys)
+                groups: dict[tuple[str, ...], list[list[Any]]] = {}
+                for name, state, attempts in found:
+                    if state == PENDING:
+                        columns = chunk[name](int(attempts))
+                        values = [name, *columns.values()]
+                        groups.setdefault(("id", *columns), []).append(values)
+                for columns, values in groups.items():
+                    tx.update(TABLE, columns, values)
 
             self._run(work, what)
 
     def mark_sent(self, ids: Sequence[str], now: float) -> None:
-        if not ids:
-            return
-        sql = (
-            f"UPDATE {TABLE} SET state = '{SENT}', sent_at = @now, "
-            "sent_time = PENDING_COMMIT_TIMESTAMP(), attempts = attempts + 1, last_error = NULL "
-            f"WHERE id IN UNNEST(@ids) AND state = '{PENDING}'"
+        sent = {
+            "state": SENT,
+            "sent_at": float(now),
+            "sent_time": self._spanner.COMMIT_TIMESTAMP,
+            "last_error": None,
+        }
+        self._update_pending(
+            {name: lambda attempts: {**sent, "attempts": attempts + 1} for name in ids},
+            "mark outbox entries sent",
         )
-        for start in range(0, len(ids), 1000):
-            params = self._typed({"now": float(now), "ids": list(ids[start : start + 1000])})
-
-            def work(tx: Any, params: dict[str, Any] = params) -> None:
-                tx.execute_update(sql, **params)
-
-            self._run(work, "mark outbox entries sent")
 
     def mark_failed(self, failures: Mapping[str, str]) -> None:
-        sql = (
-            f"UPDATE {TABLE} SET state = '{FAILED}', attempts = attempts + 1, "
-            f"last_error = @reason WHERE id = @id AND state = '{PENDING}'"
-        )
-        rows = [{"reason": reason, "id": name} for name, reason in failures.items()]
-        self._update_pending(sql, rows, "mark outbox entries failed")
+        def failed(reason: str) -> Callable[[int], dict[str, Any]]:
+            return lambda attempts: {
+                "state": FAILED,
+                "attempts": attempts + 1,
+                "last_error": reason,
+            }
+
+        changes = {name: failed(reason) for name, reason in failures.items()}
+        self._update_pending(changes, "mark outbox entries failed")
 
     def retry_later(self, retries: Mapping[str, tuple[float, str]]) -> None:
-        sql = (
-            f"UPDATE {TABLE} SET next_attempt_at = @at, attempts = attempts + 1, "
-            f"last_error = @error WHERE id = @id AND state = '{PENDING}'"
-        )
-        rows = [
-            {"at": float(at), "error": error, "id": name} for name, (at, error) in retries.items()
-        ]
-        self._update_pending(sql, rows, "back outbox entries off")
+        def later(at: float, error: str) -> Callable[[int], dict[str, Any]]:
+            return lambda attempts: {
+                "next_attempt_at": float(at),
+                "attempts": attempts + 1,
+                "last_error": error,
+            }
+
+        changes = {name: later(at, error) for name, (at, error) in retries.items()}
+        self._update_pending(changes, "back outbox entries off")
 
     def _dml(self, sql: str, params: dict[str, Any] | None = None) -> int:
         """A statement over many rows, outside any transaction (partitioned DML)."""
