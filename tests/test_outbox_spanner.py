@@ -25,6 +25,7 @@ from tasklease.testing.contract_support import T0, claim_request
 from tasklease.worker.dashboard import create_dashboard_app
 from tasklease.worker.stores import SpannerStore
 from tests.outbox_support import QUEUE_PATH, producer
+from tests.spanner_support import RpcCounter
 
 ORDERS = "CREATE TABLE orders (id STRING(64) NOT NULL, total INT64) PRIMARY KEY (id)"
 
@@ -342,3 +343,33 @@ def test_the_dashboard_of_a_spanner_store_shows_its_databases_outbox(
     assert re.search(r'id="depth">1<', page.text)
     assert re.search(r'id="failed-total">1<', page.text)
     assert "no-such-queue" in page.text
+
+
+def test_an_enqueue_costs_the_callers_transaction_one_read_at_most(
+    url: str, app_db: Any, tasks: CloudTasksEmulator
+) -> None:
+    """The caller's cost in RPCs (what carries over from the emulator to Spanner): the read
+    of the entry's key, its insert riding in the caller's own Commit. A transaction of
+    mutations only pays nothing more (the read begins it, in place of BeginTransaction).
+    Printed for BENCHMARKS.md."""
+    make = producer(tasks.url)
+    place_order(app_db, tasks.url, 0)  # Warm: the session and the channel exist.
+    rpcs = RpcCounter(app_db)
+
+    def order(tx: Any, n: int, enqueue: bool, reads: bool) -> None:
+        if reads:
+            list(tx.execute_sql("SELECT COUNT(*) FROM orders"))
+        tx.insert("orders", ("id", "total"), [[str(n), 990]])
+        if enqueue:
+            make.enqueue("send_receipt", {}, key=f"o{n}", transaction=tx)
+
+    counts = {}
+    for n, (enqueue, reads) in enumerate(
+        [(False, False), (True, False), (False, True), (True, True)], start=1
+    ):
+        app_db.run_in_transaction(order, n, enqueue, reads)
+        counts[enqueue, reads] = rpcs.take()
+    print(f"spanner order transaction RPCs (enqueue, reads first): {counts}")
+    assert counts[True, False] == ["streaming_read", "commit"]
+    assert len(counts[True, False]) == len(counts[False, False])
+    assert counts[True, True] == [*counts[False, True][:-1], "streaming_read", "commit"]
