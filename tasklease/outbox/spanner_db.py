@@ -1,14 +1,16 @@
 """The relay's side of the Spanner outbox (:mod:`tasklease.outbox.spanner`): claim, mark,
 report, over ``spanner://projects/P/instances/I/databases/D``.
 
-A claim is one read-write transaction: it reads due pending entries (earliest due first,
-through the index on ``(state, next_attempt_at)``) and pushes each ``lease`` seconds ahead.
-Spanner serialises two claims that read the same entries (one aborts and runs again, reading
-the other's writes), so racing relays take disjoint batches; nothing is held across a Cloud
-Tasks call. A mark is a read-write transaction that reads the entries' states and updates
-only those still pending (mutations, 2 RPCs however many entries). Every RPC is bounded (the
-store's :func:`~tasklease.worker.stores.spanner_calls.bound_calls`) and a transaction
-aborted by contention runs again with short pauses.
+A claim finds due pending entries (earliest due first, through the index on ``(state,
+next_attempt_at)``) with a strong read that takes no locks, then pushes each ``lease`` seconds
+ahead in a read-write transaction that reads them again by key: Spanner serialises two claims
+of the same entries, and the later one skips those the other claimed, so racing relays take
+disjoint batches; nothing is held across a Cloud Tasks call, and a relay that finds nothing
+due runs no transaction (the callers' inserts never wait for an idle relay). A mark is a
+read-write transaction that reads the entries' states and updates only those still pending
+(mutations, 2 RPCs however many entries). Every RPC is bounded (the store's
+:func:`~tasklease.worker.stores.spanner_calls.bound_calls`) and a transaction aborted by
+contention runs again with short pauses.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tasklease.outbox.entries import FAILED, PENDING, SENT, TABLE, Entry, from_r
 
 CALL_TIMEOUT = 10.0
 _READ_COLUMNS = (*staging.WRITE_COLUMNS, "last_error", "sent_at")
+_CLAIM_TRIES = 3
 _CHUNK = 2000  # Entries marked per transaction (Spanner allows 80,000 mutated cells).
 
 
@@ -111,28 +114,46 @@ class SpannerOutbox(OutboxDB):
 
     def claim(self, limit: int, now: float, lease: float) -> list[Entry]:
         """Up to ``limit`` due pending entries, earliest due first, claimed until ``now +
-        lease`` (one read-write transaction)."""
+        lease``. The due entries are found by a strong read outside any transaction (no locks
+        on the index range the callers' inserts go to), then claimed in a read-write
+        transaction that reads those rows by key, keeps the ones still pending and due, and
+        pushes them ahead: of two relays that found the same entries, the one Spanner
+        serialises second reads the first's claim and skips them. Nothing due: no
+        transaction at all."""
         sql = (
-            f"SELECT {', '.join(_READ_COLUMNS)} FROM {TABLE}@{{FORCE_INDEX={TABLE}_due}} "
+            f"SELECT id FROM {TABLE}@{{FORCE_INDEX={TABLE}_due}} "
             f"WHERE state = '{PENDING}' AND next_attempt_at <= @now "
             "ORDER BY next_attempt_at LIMIT @limit"
         )
-        params = self._typed({"now": float(now), "limit": int(limit)})
+        for _ in range(_CLAIM_TRIES):  # Again while other relays claimed all it found.
+            due = [row[0] for row in self._query(sql, {"now": float(now), "limit": int(limit)})]
+            if not due:
+                return []
+            claimed = self._claim_found(due, now, lease)
+            if claimed:
+                # The client reads BYTES back as the wire's base64 text, still encoded.
+                return [from_row({**r, "body": base64.b64decode(r["body"])}) for r in claimed]
+        return []
+
+    def _claim_found(self, due: list[str], now: float, lease: float) -> list[dict[str, Any]]:
+        """Claim the entries ``due`` that are still pending and due, in one transaction."""
+        from google.cloud.spanner_v1 import KeySet  # noqa: PLC0415
+
+        keys = KeySet(keys=[[name] for name in due])  # type: ignore[no-untyped-call]
 
         def work(tx: Any) -> list[dict[str, Any]]:
-            found = tx.execute_sql(sql, **params)
-            rows = [dict(zip(_READ_COLUMNS, row, strict=True)) for row in found]
+            found = [
+                dict(zip(_READ_COLUMNS, row, strict=True))
+                for row in tx.read(TABLE, _READ_COLUMNS, keys)
+            ]
+            rows = [r for r in found if r["state"] == PENDING and r["next_attempt_at"] <= now]
             if rows:
-                tx.update(
-                    TABLE,
-                    ("id", "next_attempt_at"),
-                    [[row["id"], float(now + lease)] for row in rows],
-                )
-            return rows
+                until = float(now + lease)
+                tx.update(TABLE, ("id", "next_attempt_at"), [[r["id"], until] for r in rows])
+            return sorted(rows, key=lambda row: row["next_attempt_at"])
 
-        claimed = self._run(work, "claim outbox entries")
-        # The client reads BYTES back as the wire's base64 text, still encoded.
-        return [from_row({**row, "body": base64.b64decode(row["body"])}) for row in claimed]
+        claimed: list[dict[str, Any]] = self._run(work, "claim outbox entries")
+        return claimed
 
     def _update_pending(
         self, changes: Mapping[str, Callable[[int], dict[str, Any]]], what: str
