@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from tasklease.outbox.db import open_outbox
 from tasklease.producer import Producer
 
 PROJECT, LOCATION, QUEUE = "p", "us-central1", "outbox"
 QUEUE_PATH = f"projects/{PROJECT}/locations/{LOCATION}/queues/{QUEUE}"
+SPANNER_ORDERS = "CREATE TABLE orders (id STRING(64) NOT NULL, n INT64) PRIMARY KEY (id)"
 
 
 def sqlite_app_db(path: Path) -> str:
@@ -25,3 +27,13 @@ def sqlite_app_db(path: Path) -> str:
 
 def producer(tasks_endpoint: str, worker_url: str = "http://127.0.0.1:9") -> Producer:
     return Producer(PROJECT, LOCATION, QUEUE, worker_url, tasks_endpoint=tasks_endpoint)
+
+
+def spanner_database(url: str) -> Any:
+    """The caller's ``spanner.Database`` of a ``spanner://projects/P/instances/I/databases/D``
+    outbox URL (the emulator's, through ``SPANNER_EMULATOR_HOST``)."""
+    from google.cloud import spanner  # noqa: PLC0415 - the spanner extra.
+
+    _, project, _, instance, _, name = url[len("spanner://") :].split("/")
+    client = spanner.Client(project=project)
+    return client.instance(instance).database(name)  # type: ignore[no-untyped-call]

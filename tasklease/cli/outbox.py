@@ -1,8 +1,9 @@
 """``tasklease outbox migrate|relay|status``: the transactional-enqueue outbox of your database.
 
-The outbox URL is ``sqlite:///PATH`` or ``postgresql://...`` (``--url``, else
-``TASKLEASE_OUTBOX_URL``). ``relay`` creates tasks through the producer's settings
-(``TASKLEASE_TASKS_ENDPOINT`` for the local emulator).
+The outbox URL is ``sqlite:///PATH``, ``postgresql://...``, ``firestore://?project=P`` or
+``spanner://projects/P/instances/I/databases/D`` (``--url``, else ``TASKLEASE_OUTBOX_URL``).
+``relay`` creates tasks through the producer's settings (``TASKLEASE_TASKS_ENDPOINT`` for the
+local emulator).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def register(commands: Subcommands) -> None:
         metavar="DIALECT",
         nargs="?",
         const="",
-        help="print the SQL instead (for Alembic or Django migrations): sqlite or postgresql, "
-        "else that of --url (default: off)",
+        help="print the SQL instead (for Alembic or Django migrations, or gcloud's --ddl-file): "
+        "sqlite, postgresql or spanner, else that of --url (default: off)",
     )
     relay = add_command(actions, "relay", "send pending entries to Cloud Tasks")
     relay.add_argument("--url", help=f"the database (default: ${ENV_URL})")

@@ -3,9 +3,11 @@
 Supported: ``sqlite3.Connection`` inside a transaction; psycopg 3 ``Connection`` that is not
 in autocommit mode (or is inside ``conn.transaction()``); SQLAlchemy ``Connection`` or
 ``Session`` inside a transaction; a Firestore ``Transaction`` in progress
-(:mod:`tasklease.outbox.firestore`). Django's raw ``connection.connection`` inside
-``transaction.atomic()`` is one of the first two. A connection that would autocommit the
-insert is refused: the entry must exist exactly when the caller's transaction commits.
+(:mod:`tasklease.outbox.firestore`); a Spanner ``Transaction`` inside
+``database.run_in_transaction`` (:mod:`tasklease.outbox.spanner`). Django's raw
+``connection.connection`` inside ``transaction.atomic()`` is one of the first two. A connection
+that would autocommit the insert is refused: the entry must exist exactly when the caller's
+transaction commits.
 psycopg and SQLAlchemy are detected by duck typing, never imported unless the caller uses them.
 """
 
@@ -21,7 +23,8 @@ from tasklease.outbox.entries import CHANNEL, COLUMNS, TABLE, Entry
 SUPPORTED = (
     "sqlite3.Connection (in a transaction), psycopg.Connection (not autocommit), "
     "sqlalchemy Connection or Session (in a transaction), "
-    "google.cloud.firestore Transaction (in @firestore.transactional)"
+    "google.cloud.firestore Transaction (in @firestore.transactional), "
+    "google.cloud.spanner_v1 Transaction (in database.run_in_transaction)"
 )
 
 
@@ -70,6 +73,10 @@ def stage(tx: Any, entries: Sequence[Entry]) -> list[bool]:
         from tasklease.outbox import firestore  # noqa: PLC0415 - the caller's own Firestore.
 
         return firestore.stage(tx, entries)
+    if module == "google.cloud.spanner_v1.transaction" and type(tx).__name__ == "Transaction":
+        from tasklease.outbox import spanner  # noqa: PLC0415 - the caller's own Spanner.
+
+        return spanner.stage(tx, entries)
     raise TypeError(f"transaction= got a {type(tx).__qualname__}; supported: {SUPPORTED}")
 
 

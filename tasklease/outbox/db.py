@@ -303,7 +303,8 @@ def _split_schema(url: str) -> tuple[str, str | None]:
 
 def open_outbox(url: str) -> OutboxDB:
     """``sqlite:///PATH`` (``sqlite:////abs/path``), ``postgresql://...[?schema=NAME]`` or
-    ``firestore://?collection=tasklease_outbox&database=(default)&project=P``."""
+    ``firestore://?collection=tasklease_outbox&database=(default)&project=P`` or
+    ``spanner://projects/P/instances/I/databases/D``."""
     if url.startswith("sqlite:///"):
         return SQLiteOutbox(url[len("sqlite:///") :])
     if url.startswith(("postgresql://", "postgres://")):
@@ -312,6 +313,11 @@ def open_outbox(url: str) -> OutboxDB:
         from tasklease.outbox.firestore_db import FirestoreOutbox  # noqa: PLC0415 - optional.
 
         return FirestoreOutbox.from_url(url)
+    if url.startswith("spanner://"):
+        from tasklease.outbox.spanner_db import SpannerOutbox  # noqa: PLC0415 - optional.
+
+        return SpannerOutbox.from_url(url)
     raise ValueError(
-        f"outbox URL {url!r}: use sqlite:///PATH, postgresql://... or firestore://?collection=..."
+        f"outbox URL {url!r}: use sqlite:///PATH, postgresql://..., firestore://?collection=... "
+        "or spanner://projects/P/instances/I/databases/D"
     )

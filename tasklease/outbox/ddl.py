@@ -1,4 +1,5 @@
-"""The ``tasklease_outbox`` table, for SQLite and Postgres (``tasklease outbox migrate``).
+"""The ``tasklease_outbox`` table, for SQLite and Postgres (``tasklease outbox migrate``);
+Spanner's is in :mod:`tasklease.outbox.spanner`.
 
 Times are seconds since the epoch (double precision) so one relay serves both dialects.
 ``next_attempt_at`` is when the relay may next try an entry: its commit time at first, then a
@@ -29,11 +30,15 @@ _COMMON = """\
     last_error TEXT,
     sent_at {real}"""
 
-DIALECTS = ("sqlite", "postgresql")
+DIALECTS = ("sqlite", "postgresql", "spanner")
 
 
 def statements(dialect: str) -> list[str]:
     """The statements creating the table and its index (idempotent: IF NOT EXISTS)."""
+    if dialect == "spanner":
+        from tasklease.outbox import spanner  # noqa: PLC0415
+
+        return spanner.statements()
     if dialect == "sqlite":
         columns = _COMMON.format(blob="BLOB", real="REAL")
     elif dialect in ("postgresql", "postgres"):

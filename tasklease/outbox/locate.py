@@ -25,9 +25,12 @@ def outbox_url(store_url: str | None) -> str | None:
         return None
     if store_url.startswith("sqlite:///"):
         return store_url if sqlite_has_outbox(Path(store_url[len("sqlite:///") :])) else None
-    if not store_url.startswith(("postgresql://", "postgres://")):
+    if store_url.startswith("spanner://"):
+        # The store's own options (table=, call_timeout=) are not the outbox's.
+        store_url = store_url.split("?", 1)[0]
+    elif not store_url.startswith(("postgresql://", "postgres://")):
         return None
-    from tasklease.outbox.db import open_outbox  # noqa: PLC0415 - psycopg, on use only.
+    from tasklease.outbox.db import open_outbox  # noqa: PLC0415 - the driver, on use only.
 
     try:
         db = open_outbox(store_url)

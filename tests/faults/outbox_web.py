@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from tasklease.outbox import RelayThread, relay_producer
-from tests.outbox_support import producer
+from tests.outbox_support import producer, spanner_database
 
 
 def connect(url: str) -> Any:
@@ -28,7 +28,7 @@ def connect(url: str) -> Any:
 
 
 class RolledBack(Exception):
-    """Raised inside a Firestore transaction to roll it back."""
+    """Raised inside a Firestore or Spanner transaction to roll it back."""
 
 
 def firestore_orders(url: str, start: int, end: int, rollback_every: int) -> None:
@@ -54,6 +54,29 @@ def firestore_orders(url: str, start: int, end: int, rollback_every: int) -> Non
         time.sleep(0.005)
 
 
+def spanner_orders(url: str, start: int, end: int, rollback_every: int) -> None:
+    """The same orders as Spanner transactions: the order row and its entry. Run again on
+    contention as the Spanner store does (the emulator runs one transaction at a time)."""
+    from tasklease.worker.stores.spanner_calls import run_transaction  # noqa: PLC0415
+
+    database = spanner_database(url)
+    make = producer(os.environ["TASKLEASE_TASKS_ENDPOINT"], os.environ["TASKLEASE_WORKER_URL"])
+
+    def order(tx: Any, n: int) -> None:
+        tx.insert("orders", ("id", "n"), [[str(n), n]])
+        make.enqueue("record", {"n": n}, key=f"order-{n}", transaction=tx)
+        if rollback_every and n % rollback_every == 0:
+            raise RolledBack
+
+    for n in range(start, end):
+        try:
+            run_transaction(database, lambda tx, n=n: order(tx, n), 60, "place an order")
+        except RolledBack:
+            continue
+        print(f"committed {n}", flush=True)
+        time.sleep(0.005)
+
+
 def main() -> None:
     url, start, end, rollback_every = sys.argv[1], *map(int, sys.argv[2:5])
     endpoint = os.environ["TASKLEASE_TASKS_ENDPOINT"]
@@ -61,6 +84,11 @@ def main() -> None:
     if url.startswith("firestore://"):
         with RelayThread(url, relay_producer(), poll=0.02, lease=2.0):
             firestore_orders(url, start, end, rollback_every)
+            print("done", flush=True)
+        return
+    if url.startswith("spanner://"):
+        with RelayThread(url, relay_producer(), poll=0.02, lease=2.0):
+            spanner_orders(url, start, end, rollback_every)
             print("done", flush=True)
         return
     conn = connect(url)

@@ -1,7 +1,7 @@
 """The outbox's proofs with real processes: a web process SIGKILLed between commit and relay,
 relays racing, Cloud Tasks down; every committed order's task executed once, none for a
-rolled-back one; on SQLite, Postgres and Firestore (Google's emulator). Reduced scale by
-default; ``TASKLEASE_FAULTS=full`` runs the brief's."""
+rolled-back one; on SQLite, Postgres, Firestore and Spanner (Google's emulators). Reduced
+scale by default; ``TASKLEASE_FAULTS=full`` runs the brief's."""
 
 from __future__ import annotations
 
@@ -25,7 +25,13 @@ from tasklease.outbox import SWEEP_JOB, open_outbox
 from tasklease.plumbing.serve import GunicornWorker, free_port
 from tests import postgres_support
 from tests.faults.harness import FULL, scale
-from tests.outbox_support import QUEUE_PATH, producer, sqlite_app_db
+from tests.outbox_support import (
+    QUEUE_PATH,
+    SPANNER_ORDERS,
+    producer,
+    spanner_database,
+    sqlite_app_db,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -90,11 +96,19 @@ def sweep_job(worker: GunicornWorker) -> Job:
             "firestore",
             marks=pytest.mark.skipif(not FULL, reason="in the full suite only (make faults)"),
         ),
+        # The emulator runs one read-write transaction at a time: slow at scale; full suite
+        # only (tests/test_outbox_spanner.py covers the adapter in every run).
+        pytest.param(
+            "spanner",
+            marks=pytest.mark.skipif(not FULL, reason="in the full suite only (make faults)"),
+        ),
     ]
 )
 def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
     if request.param == "sqlite":
         url = sqlite_app_db(tmp_path / "app.db")
+    elif request.param == "spanner":
+        url = spanner_app_db(request.getfixturevalue("spanner_database"))
     elif request.param == "firestore":
         request.getfixturevalue("firestore_host")  # Sets FIRESTORE_EMULATOR_HOST for all.
         url = f"firestore://?project=outbox-{uuid.uuid4().hex[:10]}"
@@ -139,7 +153,20 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
             stack.emulator.stop()
 
 
+def spanner_app_db(database: str) -> str:
+    """The outbox and an ``orders`` table in the Spanner ``database``; its outbox URL."""
+    url = f"spanner://{database}"
+    db = open_outbox(url)
+    db.migrate()
+    db.close()
+    spanner_database(url).update_ddl([SPANNER_ORDERS]).result(120)
+    return url
+
+
 def committed_orders(url: str) -> set[int]:
+    if url.startswith("spanner://"):
+        with spanner_database(url).snapshot() as snapshot:
+            return {int(row[0]) for row in snapshot.execute_sql("SELECT id FROM orders")}
     if url.startswith("firestore://"):
         from google.cloud import firestore  # noqa: PLC0415
 
@@ -361,6 +388,14 @@ def _stage(stack: Stack, total: int) -> None:
         for start in range(0, total, 250):  # A commit's writes stay within Firestore's limit.
             stage(client.transaction(), items[start : start + 250])
         client.close()  # type: ignore[no-untyped-call]
+        return
+    if stack.url.startswith("spanner://"):
+        database = spanner_database(stack.url)
+        for start in range(0, total, 250):
+            chunk = items[start : start + 250]
+            database.run_in_transaction(
+                lambda tx, chunk=chunk: make.enqueue_many("record", chunk, transaction=tx)
+            )
         return
     if stack.url.startswith("sqlite:///"):
         import sqlite3  # noqa: PLC0415

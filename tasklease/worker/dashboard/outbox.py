@@ -1,7 +1,7 @@
 """The outbox page: what waits to be relayed, for how long, and what Cloud Tasks refused.
 
 Shown when an outbox is configured: ``outbox=`` (``tasklease dashboard --outbox URL``), else
-``TASKLEASE_OUTBOX_URL``, else the store's own SQLite database when it has the
+``TASKLEASE_OUTBOX_URL``, else the store's own SQLite or Spanner database when it has the
 ``tasklease_outbox`` table. Each view opens the outbox, reads its status (bounded: counts
 and at most :data:`FAILED_SHOWN` failed entries) and closes it. A failed entry's reason is
 text from Cloud Tasks or the relay and may echo the task's own contents: the template
@@ -35,7 +35,7 @@ REASON_CHARS = 2000  # A reason longer than this is cut (the CLI's status shows 
 
 def locate(outbox: str | None, store: LeaseStore) -> str | None:
     """``outbox`` ("": none), else ``TASKLEASE_OUTBOX_URL``, else the SQLite store's file
-    when it has the table."""
+    or the Spanner store's database when it has the table."""
     if outbox is not None:
         return outbox or None
     url = outbox_url(None)  # TASKLEASE_OUTBOX_URL
@@ -43,6 +43,9 @@ def locate(outbox: str | None, store: LeaseStore) -> str | None:
         path = getattr(store, "path", None)  # SqliteStore's file.
         if isinstance(path, Path) and sqlite_has_outbox(path):
             url = f"sqlite:///{path}"
+        database = getattr(store, "database_path", None)  # SpannerStore's database.
+        if isinstance(database, str) and database.startswith("projects/"):
+            url = outbox_url(f"spanner://{database}")
     return url
 
 
