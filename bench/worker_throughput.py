@@ -1,14 +1,14 @@
 """Throughput of the exactly-once route against a bare Flask route, under real gunicorn.
 
-Three servers, one gunicorn configuration (2 workers, 4 threads each): a bare Flask route doing
-a trivial handler's work, and tasklease serving the same work on MemoryStore and on SqliteStore
-(durable: synchronous=FULL), and with ``--stores postgres`` on PostgresStore (a private
-PostgreSQL cluster on the same cores, fsync on, started and stopped by the benchmark). Each is
-driven by wrk (Debian's package; ``make bench`` installs it) with a new task name per request
-(first executions) and one repeated name marked as a retry (duplicates). Servers are measured
-one after another within each round, so machine noise hits them all; quote the ratios of one
-round. A server is stopped, and has exited, before the next starts (a SQLite server checkpoints
-its WAL while it shuts down).
+Three servers, one gunicorn configuration (2 workers, 4 threads each, or ``--threads``): a bare
+Flask route doing a trivial handler's work, and tasklease serving the same work on MemoryStore
+and on SqliteStore (durable: synchronous=FULL), and with ``--stores postgres`` on PostgresStore
+(a private PostgreSQL cluster on the same cores, fsync on, started and stopped by the
+benchmark). Each is driven by wrk (Debian's package; ``make bench`` installs it) with a new
+task name per request (first executions) and one repeated name marked as a retry (duplicates).
+Servers are measured one after another within each round, so machine noise hits them all; quote
+the ratios of one round. A server is stopped, and has exited, before the next starts (a SQLite
+server checkpoints its WAL while it shuts down).
 
     python -m bench.worker_throughput [--rounds 2] [--seconds 8] [--stores memory,sqlite]
 
@@ -59,6 +59,10 @@ class Load:
     cpu_us: float = 0.0  # CPU (user + system) the server's workers spent per request.
 
 
+# Threads per gunicorn worker, the same for every server of a run (``--threads``).
+THREADS = 4
+
+
 class Server:
     """One gunicorn server of bench.throughput_apps, started and fully stopped."""
 
@@ -67,7 +71,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         command = [
             sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.port}",
-            "--workers", "2", "--threads", "4", "--log-level", "warning",
+            "--workers", "2", "--threads", str(THREADS), "--log-level", "warning",
             f"bench.throughput_apps:{app}",
         ]  # fmt: skip
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -232,7 +236,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--stores", default="memory,sqlite", help="of memory, sqlite, postgres")
+    parser.add_argument(
+        "--threads", type=int, default=4, help="per gunicorn worker (the Procfile's: 8)"
+    )
     args = parser.parse_args()
+    global THREADS  # noqa: PLW0603 - one setting for every server of the run.
+    THREADS = args.threads
     stores = args.stores.split(",")
     if shutil.which("wrk") is None:
         print(
@@ -241,7 +250,7 @@ def main() -> None:
             file=sys.stderr,
         )
     log = BENCH_DIR / "worker_throughput.log"
-    print("gunicorn 2 workers x 4 threads; wrk 2 threads, 16 connections; trivial handler")
+    print(f"gunicorn 2 workers x {THREADS} threads; wrk 2 threads, 16 connections; trivial handler")
     with ExitStack() as cleanup:
         postgres_url = None
         if "postgres" in stores:
