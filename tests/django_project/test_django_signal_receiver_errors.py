@@ -57,7 +57,6 @@ def _deliver(client: Client, queued: QueuedTask) -> Any:
     return responses[0]
 
 
-@pytest.mark.xfail(strict=True, reason="a raising receiver fails the delivery")
 def test_a_raising_task_finished_receiver_neither_fails_the_delivery_nor_reruns_the_task(
     queue: MemoryTransport, broken_receiver: None
 ) -> None:
@@ -73,7 +72,6 @@ def test_a_raising_task_finished_receiver_neither_fails_the_delivery_nor_reruns_
     assert again.status_code == 200
 
 
-@pytest.mark.xfail(strict=True, reason="a raising receiver fails the delivery")
 def test_a_raising_task_finished_receiver_keeps_a_permanent_failure_a_dead_letter(
     queue: MemoryTransport, broken_receiver: None
 ) -> None:
