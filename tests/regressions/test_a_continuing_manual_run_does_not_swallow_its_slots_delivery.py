@@ -39,7 +39,6 @@ def _outcome(reply: Any) -> str:
     return str(reply.headers[protocol.OUTCOME_HEADER])
 
 
-@pytest.mark.xfail(strict=True, reason="the slot's delivery is taken for the manual run's")
 @pytest.mark.parametrize("between", ["released", "lease_ran_out"])
 def test_the_slots_own_delivery_runs_while_a_manual_run_of_it_goes_on_in_continuations(
     tmp_path: Path, between: str
