@@ -39,7 +39,6 @@ def _token(issuer: TokenIssuer, audience: str) -> str:
     return jwt.encode(issuer._signer, claims).decode()  # type: ignore[no-untyped-call,no-any-return]
 
 
-@pytest.mark.xfail(strict=True, reason="the continuation carries the producer's audience")
 @pytest.mark.parametrize("kind", ["scheduled", "task"])
 def test_a_continuation_of_a_handler_with_its_own_audience_is_accepted_by_it(
     httpserver: HTTPServer, kind: str
