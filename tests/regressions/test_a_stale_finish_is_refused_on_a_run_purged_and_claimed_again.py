@@ -35,10 +35,7 @@ def _request(attempt_id: str) -> ClaimRequest:
     )
 
 
-_STALE_ACCEPTED = pytest.mark.xfail(strict=True, reason="a remembered version matches the new row")
-
-
-@pytest.fixture(params=[pytest.param("postgres", marks=_STALE_ACCEPTED), "sqlite", "memory"])
+@pytest.fixture(params=["postgres", "sqlite", "memory"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
     if request.param == "postgres":
         from tasklease.worker.stores.postgres import PostgresStore  # noqa: PLC0415
