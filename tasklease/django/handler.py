@@ -4,11 +4,14 @@ Every Django task is enqueued to ``POST /tasks/django_task`` with its module pat
 and result id; the handler imports the :class:`Task` by that path (nothing that is not a
 Django Task is ever called) and runs it under tasklease's claim, so a duplicate delivery is
 answered from the run's record, not run again. Each attempt sends Django's ``task_started``
-and ``task_finished`` signals, as Django's own backends do.
+and ``task_finished`` signals, as Django's own backends do; a receiver that raises is logged,
+never raised into the run: the task's outcome is the task's alone (a ``task_finished``
+receiver's error after the task ran would release the run, and the retry would run it again).
 """
 
 from __future__ import annotations
 
+import logging
 import traceback
 from typing import Any
 
@@ -22,6 +25,8 @@ from tasklease.worker.logs import instance_id
 from tasklease.worker.router import Router
 
 DJANGO_TASK_HANDLER = "django_task"  # The route: POST /tasks/django_task.
+
+_log = logging.getLogger("tasklease.django")
 
 
 def payload_for(module_path: str, args: list[Any], kwargs: dict[str, Any], result_id: str) -> Any:
@@ -55,7 +60,7 @@ def _run(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any
     """Call the task between Django's ``task_started`` and ``task_finished`` signals, the
     result updated as Django's ImmediateBackend does (its fields are frozen: set in place)."""
     sender = type(task.get_backend())
-    compat.signals.task_started.send(sender=sender, task_result=result)
+    _send(compat.signals.task_started, sender, result)
     try:
         if task.takes_context:
             value = task.call(compat.TaskContext(task_result=result), *args, **kwargs)
@@ -73,12 +78,23 @@ def _run(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any
             )
         )
         # In the except block: Django's own receiver logs the exception (sys.exc_info()).
-        compat.signals.task_finished.send(sender=sender, task_result=result)
+        _send(compat.signals.task_finished, sender, result)
         raise
     _finish(result, compat.TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "_return_value", value)
-    compat.signals.task_finished.send(sender=sender, task_result=result)
+    _send(compat.signals.task_finished, sender, result)
     return value
+
+
+def _send(signal: Any, sender: type, result: Any) -> None:
+    """Send ``signal`` to every receiver; one that raises is logged, not raised."""
+    for receiver, response in signal.send_robust(sender=sender, task_result=result):
+        if isinstance(response, Exception):
+            _log.error(
+                "a receiver of Django's task signal raised; the run goes on (%s)",
+                getattr(receiver, "__qualname__", receiver),
+                exc_info=response,
+            )
 
 
 def _finish(result: Any, status: Any) -> None:

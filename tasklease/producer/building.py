@@ -55,9 +55,10 @@ class TaskRoutes(Protocol):
 class EnqueueOptions(TypedDict, total=False):
     """The options every enqueue call takes (see :meth:`Producer.enqueue`): ``delay`` or
     ``at`` (when the task runs), ``queue`` (else the producer's), ``dispatch_deadline`` (15 s
-    to 30 min), ``headers`` (more task headers) and ``route`` (the worker route the task
+    to 30 min), ``headers`` (more task headers), ``route`` (the worker route the task
     targets: ``/tasks/``, the default, or ``/jobs/`` for a scheduled handler, as a scheduled
-    run's ``continue_later`` does)."""
+    run's ``continue_later`` does) and ``audience`` (its OIDC token's, else the producer's:
+    for a handler that sets its own ``audience``, as ``continue_later`` does for it)."""
 
     delay: timedelta | None
     at: datetime | None
@@ -65,6 +66,7 @@ class EnqueueOptions(TypedDict, total=False):
     dispatch_deadline: timedelta | None
     headers: Mapping[str, str] | None
     route: str
+    audience: str | None
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Options:
     dispatch_deadline: timedelta | None = None
     headers: Mapping[str, str] | None = None
     route: str = TASK_ROUTE_PREFIX
+    audience: str | None = None
 
 
 TransportT = TypeVar("TransportT")
@@ -182,7 +185,7 @@ class TaskBuilder(Generic[TransportT, SleepT]):
             body=body,
             headers=task_headers,
             service_account=self.service_account,
-            audience=self.audience,
+            audience=options.audience or self.audience,
             schedule_time=_schedule_time(options.delay, options.at),
             dispatch_deadline=_dispatch_deadline(options.dispatch_deadline)
             or self.dispatch_deadline,

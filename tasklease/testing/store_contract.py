@@ -244,6 +244,27 @@ class StoreContract(StepsContract):
         assert store.get("old") is None
         assert store.get("new") is not None
 
+    def test_a_stale_finish_is_refused_on_a_run_purged_and_claimed_again(
+        self, store: LeaseStore
+    ) -> None:
+        """A stalled attempt may outlive its run's record (purged past its lease and its
+        retention): the run's next claim starts a record its late writes must not touch."""
+        store.claim(claim_request(), T0)
+        assert store.renew("run-1", "attempt-1", LEASE, T0) is not None
+        later = T0 + timedelta(days=8)
+        assert store.purge_expired(later) == 1
+        store.claim(claim_request(attempt_id="attempt-2"), later)
+        assert store.renew("run-1", "attempt-2", LEASE, later) is not None
+        assert not store.complete("run-1", "attempt-1", '"stale"', later)
+        assert store.renew("run-1", "attempt-1", LEASE, later) is None
+        record = store.get("run-1")
+        assert record is not None
+        assert (record.attempt_id, record.status, record.result_json) == (
+            "attempt-2",
+            RunStatus.IN_PROGRESS,
+            None,
+        )
+
     def test_list_runs_filters_by_status_newest_first(self, store: LeaseStore) -> None:
         for index in range(3):
             store.claim(claim_request(f"run-{index}"), T0 + timedelta(seconds=index))

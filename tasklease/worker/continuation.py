@@ -28,6 +28,7 @@ from tasklease.worker.reply import Reply
 FINISHED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.SKIPPED})
 
 if TYPE_CHECKING:
+    from tasklease.producer.building import EnqueueOptions
     from tasklease.worker.core.identity import DeliveryIdentity
     from tasklease.worker.core.records import RunRecord
     from tasklease.worker.router import HandlerSpec, Router
@@ -105,19 +106,25 @@ def enqueue_next(
 
     A task run's continuation goes to ``queue`` (the task's own), with its payload; a
     scheduled run's is a task on the job's route, in the handler's declared queue (else the
-    producer's default), with no payload."""
+    producer's default), with no payload. Its token is for the handler's own ``audience`` when
+    it sets one."""
     continuation = runner.continuation
     assert continuation is not None
     scheduled = spec.kind is Kind.SCHEDULER
+    options: EnqueueOptions = {
+        "delay": timedelta(seconds=continuation.delay_seconds) or None,
+        "queue": spec.queue if scheduled else queue,
+        "route": protocol.SCHEDULER_ROUTE_PREFIX if scheduled else protocol.TASK_ROUTE_PREFIX,
+        "headers": {
+            protocol.CONTINUATION_HEADER: rules.continuation_header(runner.run_id, continuation.seq)
+        },
+    }
+    if spec.audience:  # A handler with an audience of its own accepts tokens for it only.
+        options["audience"] = spec.audience
     router.producer().enqueue(
         spec.name,
         None if scheduled else payload,
         key=rules.continuation_key(runner.run_id, continuation.seq),
-        delay=timedelta(seconds=continuation.delay_seconds) or None,
-        queue=spec.queue if scheduled else queue,
-        route=protocol.SCHEDULER_ROUTE_PREFIX if scheduled else protocol.TASK_ROUTE_PREFIX,
-        headers={
-            protocol.CONTINUATION_HEADER: rules.continuation_header(runner.run_id, continuation.seq)
-        },
+        **options,
     )
     return rules.encode_continuation(continuation)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasklease.django import compat
+from tasklease.errors import PermanentFailure
 
 CALLS: list[Any] = []
 
@@ -45,3 +46,10 @@ def flaky(note: str) -> str:
     if len([call for call in CALLS if call == ("flaky", note)]) == 1:
         raise ConnectionError("the mail API is down")
     return note
+
+
+@compat.tasks.task
+def doomed(note: str) -> None:
+    """Fails for good: a dead letter, never retried."""
+    CALLS.append(("doomed", note))
+    raise PermanentFailure(f"{note} can never succeed")

@@ -118,9 +118,16 @@ def takes_manual_delivery(record: RunRecord | None, now: datetime, caller: str |
     Else it is the slot's: a finished manual run needs no more deliveries, and a live one must
     not turn the slot's own delivery away (Scheduler's retry_count defaults to 0). Either way
     both runs complete: a slot's delivery taken by a waiting manual run leaves the manual run's
-    own retry, still due, to find it finished and run the slot.
+    own retry, still due, to find it finished and run the slot. A manual run that continued
+    (``continue_later``) waits for its continuation task, never for a Scheduler delivery:
+    taken for it, the slot's delivery would be behind its chain, answered as a duplicate.
     """
-    return is_live(record, now) and decide(record, now, caller) is Verdict.CLAIMED
+    return (
+        is_live(record, now)
+        and record is not None
+        and not record.continuation_json
+        and decide(record, now, caller) is Verdict.CLAIMED
+    )
 
 
 def holds(record: RunRecord | None, attempt_id: str) -> bool:

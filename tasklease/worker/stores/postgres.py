@@ -225,12 +225,12 @@ class PostgresStore(
     def _update_run(
         self, connection: Connection[Any], before: RunRecord, record: RunRecord, version: int
     ) -> bool:
-        """Write ``record`` if its row is still at ``version``, where it holds ``before``
-        (sending only the columns that differ); remember the new version."""
+        """Write ``record`` if its row is still at ``version`` and ``before``'s attempt,
+        where it holds ``before`` (sending only the columns that differ); remember the new
+        version."""
         columns, values = encode_run_changes(before, record)
-        row = connection.execute(
-            self._statements.update_columns(columns), [*values, record.run_id, version]
-        ).fetchone()
+        params = [*values, record.run_id, version, before.attempt_id]
+        row = connection.execute(self._statements.update_columns(columns), params).fetchone()
         if row is None:
             self._forget(record)
             return False

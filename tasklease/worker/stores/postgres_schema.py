@@ -272,7 +272,11 @@ class Statements:
     def update_columns(self, columns: tuple[str, ...]) -> str:
         """``update_run`` setting only ``columns`` (of :data:`RUN_COLUMNS`): a write
         conditional on the version of a row whose record the store holds sends only what
-        it changes. Composed once per set of columns (few: a finish, a renewal, ...)."""
+        it changes. Composed once per set of columns (few: a finish, a renewal, ...).
+
+        Conditional on the attempt id the row held too: a row purged and inserted again
+        starts its versions at 1 anew, so a version remembered from the old row may match
+        the new one, whose attempt id never equals the old row's (one attempt, one claim)."""
         statement = self._update_columns.get(columns)
         if statement is None:
             assigned: list[sql.Composable] = [
@@ -281,7 +285,8 @@ class Statements:
             ]
             assigned.append(sql.SQL("version = version + 1"))
             statement = self._text(
-                "UPDATE {s}.runs SET {set} WHERE run_id = %s AND version = %s RETURNING version",
+                "UPDATE {s}.runs SET {set} "
+                "WHERE run_id = %s AND version = %s AND attempt_id = %s RETURNING version",
                 set=sql.SQL(", ").join(assigned),
             )
             self._update_columns[columns] = statement
