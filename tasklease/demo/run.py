@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,6 +29,7 @@ from tasklease.demo.ledger import Ledger
 from tasklease.demo.orders import ABANDON_EVERY, Checkout, OrderTally
 from tasklease.demo.transfers import Books
 from tasklease.emulator import CloudTasksEmulator, Faults, Job, RetrySettings
+from tasklease.emulator.rows import DeliveryRecord
 from tasklease.outbox import RelayThread, relay_producer
 from tasklease.plumbing.serve import GunicornWorker, free_port
 from tasklease.producer import Producer
@@ -40,7 +41,10 @@ SERVICE_ACCOUNT = "tasks@demo-project.iam.gserviceaccount.com"
 QUEUE_PATH = f"projects/{PROJECT}/locations/{LOCATION}/queues/{QUEUE}"
 EXPORT_PAGES = 5  # The export chain: one run, this many deliveries (ctx.continue_later).
 WORKFLOWS_HINT = "pip install 'tasklease[workflows]' to include it"
-JOB_RETRY = RetrySettings(max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3)
+# A duplicate delivery that finds its run still running is answered 409 and retried: the
+# window (0.5 + 1 + 2 + 4 s) outlasts a first run that loads its client libraries (the
+# Workflows proxy's) on a loaded machine; 0.2 s doubling to 2 s (3 s in all) did not.
+JOB_RETRY = RetrySettings(max_attempts=5, min_backoff=0.5, max_backoff=4, max_doublings=3)
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,7 @@ def _jobs(worker_url: str) -> tuple[Job, Job, list[Job]]:
         schedule="0 4 * * *",
         url=f"{worker_url}/jobs/nightly_export",
         service_account=SERVICE_ACCOUNT,
-        retry=RetrySettings(max_attempts=5, min_backoff=0.2, max_backoff=2, max_doublings=3),
+        retry=JOB_RETRY,
     )
     nightly = Job(
         name="nightly_reports",
@@ -215,6 +219,8 @@ class _Report:
     books: Books | None = None  # The transactional charges, read from the store's database.
     orders: int = 0
     checkout: OrderTally | None = None  # The outbox: committed vs rolled-back orders.
+    # Cloud Scheduler's attempts, printed when Scheduler gave up on a run (why it did).
+    scheduler_attempts: list[DeliveryRecord] = field(default_factory=list)
 
     @classmethod
     def build(
@@ -257,6 +263,7 @@ class _Report:
             keys_busy=sum(d.outcome == "key_busy" for d in deliveries),
             orders=settings.orders,
             checkout=tally,
+            scheduler_attempts=[d for d in deliveries if d.kind == "scheduler"],
         )
 
     def count_workflow_executions(self, executions: list[Any]) -> None:
@@ -340,6 +347,11 @@ class _Report:
         print("", file=out)
         for label, value in rows:
             print(f"  {label:<{width}}  {value}", file=out)
+        if not run_ok:  # Why Cloud Scheduler gave up on a run.
+            print("  Cloud Scheduler's attempts (status, outcome, injected fault):", file=out)
+            for d in self.scheduler_attempts:
+                answer = f"{d.status} {d.outcome or '-'} {d.fault or ''} {d.error or ''}"
+                print(f"    {d.name} #{d.attempt}: {answer}", file=out)
         verdict = (
             "every side effect happened exactly once"
             if self.exactly_once and run_ok
