@@ -49,7 +49,6 @@ def _deliver_three(store: LeaseStore, row_factory: Any, balance: str) -> list[Ru
     return [record.status for record in store.list_runs()]
 
 
-@pytest.mark.xfail(strict=True, reason="the row factory stays on the store's writing connection")
 def test_a_row_factory_set_on_the_sqlite_transaction_lasts_for_that_transaction_only(
     tmp_path: Path,
 ) -> None:
@@ -69,7 +68,6 @@ def test_a_row_factory_set_on_the_sqlite_transaction_lasts_for_that_transaction_
 
 
 @pytest.mark.service
-@pytest.mark.xfail(strict=True, reason="the row factory stays on the pooled connection")
 def test_a_row_factory_set_on_the_postgres_transaction_lasts_for_that_transaction_only(
     postgres_url: str,
 ) -> None:

@@ -112,10 +112,13 @@ class PostgresTransaction:
 
 @contextmanager
 def guarded(connection: Connection[Any]) -> Iterator[PostgresTransaction]:
-    """``connection`` for the handler, its cursors guarded until the block ends."""
-    factory = connection.cursor_factory
+    """``connection`` for the handler, its cursors guarded until the block ends. A
+    ``row_factory`` the handler sets (psycopg's ``dict_row``) lasts until then too: the store
+    reads its own rows through the connection after the handler, and so does every later
+    user of the pooled connection."""
+    factory, rows = connection.cursor_factory, connection.row_factory
     connection.cursor_factory = _GuardedCursor
     try:
         yield PostgresTransaction(connection)
     finally:
-        connection.cursor_factory = factory
+        connection.cursor_factory, connection.row_factory = factory, rows
