@@ -30,7 +30,6 @@ def queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryTransport]:
     yield transport
 
 
-@pytest.mark.xfail(strict=True, reason="the producer refuses the naive run_after Django allows")
 def test_a_naive_run_after_without_use_tz_is_scheduled_in_the_projects_time_zone(
     queue: MemoryTransport,
 ) -> None:
