@@ -54,7 +54,6 @@ def _router(calls: list[int]) -> Router:
     return router
 
 
-@pytest.mark.xfail(strict=True, reason="SystemExit escapes the executor, the run stays held")
 @pytest.mark.parametrize("handler", ["cli", "acli", "tcli"])
 def test_a_handler_that_calls_sys_exit_is_released_and_its_retry_runs_at_once(
     tmp_path: Path, handler: str
@@ -76,7 +75,6 @@ def test_a_handler_that_calls_sys_exit_is_released_and_its_retry_runs_at_once(
     assert (retry.status_code, calls) == (200, [1, 2])
 
 
-@pytest.mark.xfail(strict=True, reason="KeyboardInterrupt leaves the run held")
 def test_an_interrupt_in_a_handler_is_raised_on_after_its_run_is_released(
     tmp_path: Path,
 ) -> None:
