@@ -47,7 +47,6 @@ def _close_then_deliver(store: LeaseStore) -> tuple[list[str], RunStatus, str]:
     return outcomes, charged.status, charged.error or ""
 
 
-@pytest.mark.xfail(strict=True, reason="close() closes the store's writing connection")
 def test_a_handler_cannot_close_the_sqlite_stores_connection(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "runs.db")
     try:
@@ -59,7 +58,6 @@ def test_a_handler_cannot_close_the_sqlite_stores_connection(tmp_path: Path) -> 
 
 
 @pytest.mark.service
-@pytest.mark.xfail(strict=True, reason="close() is answered as the store being unavailable")
 def test_a_handler_cannot_close_its_pooled_postgres_connection(postgres_url: str) -> None:
     store = PostgresStore.from_url(f"{postgres_url}&min_size=1&max_size=1")
     try:

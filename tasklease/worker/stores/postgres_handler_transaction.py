@@ -99,6 +99,9 @@ class PostgresTransaction:
     def __exit__(self, *exc: object) -> None:  # pragma: no cover - __enter__ raised
         return None
 
+    def close(self) -> None:
+        raise refused("close() (it is the store's pooled connection)")
+
     def __getattr__(self, name: str) -> Any:
         if name in _ENDING:
             raise refused(f"{name}()")

@@ -17,8 +17,9 @@ the transaction under it (a ``UNIQUE ON CONFLICT ROLLBACK`` column, a trigger's
 ``RAISE(ROLLBACK)``, SQLITE_FULL; sqlite.org/lang_conflict.html), and on a connection in
 autocommit mode every later statement would then commit on its own, without the record. The
 wrapper refuses a statement once the transaction has ended, and any call or statement that
-would end it (:mod:`.handler_transaction`). A ``row_factory`` or ``text_factory`` the handler
-sets lasts for its transaction only.
+would end it (:mod:`.handler_transaction`), and ``close()``: it is the process's one writing
+connection, every later write of the process would fail. A ``row_factory`` or
+``text_factory`` the handler sets lasts for its transaction only.
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ class SqliteTransaction:
 
     def rollback(self) -> None:
         raise refused("rollback()")
+
+    def close(self) -> None:
+        raise refused("close() (it is the store's own connection)")
 
     def __enter__(self) -> None:
         raise refused("its use as a context manager (it commits on exit)")
