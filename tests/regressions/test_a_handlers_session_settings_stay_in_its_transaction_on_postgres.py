@@ -18,7 +18,6 @@ from tests.helpers import task_headers
 pytestmark = pytest.mark.service
 
 
-@pytest.mark.xfail(strict=True, reason="a committed SET stays on the pooled connection")
 def test_a_setting_one_handler_sets_is_not_the_next_runs_on_the_same_connection(
     postgres_url: str,
 ) -> None:
