@@ -20,7 +20,6 @@ from tasklease.worker.stores.sqlite import SqliteStore
 from tests.helpers import task_headers
 
 
-@pytest.mark.xfail(strict=True, reason="a leading empty statement hides the COMMIT")
 @pytest.mark.parametrize("statement", [";COMMIT", " ; ;\n-- done\nEND", "/* */;ROLLBACK"])
 def test_a_statement_ending_the_transaction_after_empty_ones_is_refused(statement: str) -> None:
     assert ends_transaction(statement)
@@ -42,7 +41,6 @@ def _charge_then_commit(store: LeaseStore, accounts: str) -> tuple[str, str]:
     return response.headers["X-Tasklease-Outcome"], record.error or ""
 
 
-@pytest.mark.xfail(strict=True, reason="SQLite commits the handler's write on its own")
 def test_sqlite_keeps_nothing_of_a_handler_that_sends_a_commit_after_a_semicolon(
     tmp_path: Path,
 ) -> None:
@@ -63,7 +61,6 @@ def test_sqlite_keeps_nothing_of_a_handler_that_sends_a_commit_after_a_semicolon
 
 
 @pytest.mark.service
-@pytest.mark.xfail(strict=True, reason="Postgres commits the handler's write on its own")
 def test_postgres_keeps_nothing_of_a_handler_that_sends_a_commit_after_a_semicolon(
     postgres_url: str,
 ) -> None:
