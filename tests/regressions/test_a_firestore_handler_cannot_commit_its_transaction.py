@@ -33,7 +33,6 @@ def _enter(tx: Any) -> None:
         pass
 
 
-@pytest.mark.xfail(strict=True, reason="WriteBatch.commit() keeps the writes without the record")
 @pytest.mark.parametrize("end", [lambda tx: tx.commit(), _enter], ids=["commit", "with"])
 def test_a_firestore_handler_that_commits_its_transaction_keeps_its_writes_once_at_most(
     store: FirestoreStore, end: Callable[[Any], None]

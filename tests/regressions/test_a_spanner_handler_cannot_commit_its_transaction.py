@@ -36,7 +36,6 @@ def _effects(store: SpannerStore) -> int:
         return int(next(iter(snapshot.execute_sql("SELECT COUNT(*) FROM effects")))[0])
 
 
-@pytest.mark.xfail(strict=True, reason="the handler's commit() keeps its writes without the record")
 @pytest.mark.parametrize(
     "end", [lambda tx: tx.commit(), lambda tx: tx.rollback()], ids=["commit", "rollback"]
 )
