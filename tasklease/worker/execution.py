@@ -305,7 +305,7 @@ class Executor:
                     result = spec.function(payload, ctx)
                 else:
                     result = spec.function(ctx)
-                if inspect.isawaitable(result):  # An async def handler, or one returning one.
+                while inspect.isawaitable(result):  # async def, or returning one: awaited.
                     result = HANDLER_LOOP.run(result)
         except (lease.KeeperNotStarted, LoopNotStarted) as exc:  # The handler never ran.
             self._give_back(live, str(exc), count=False)

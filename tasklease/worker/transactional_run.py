@@ -61,7 +61,7 @@ def run_in_transaction(
         live.transaction = transaction
         try:
             result = spec.function(payload, ctx) if spec.kind is Kind.TASK else spec.function(ctx)
-            if inspect.isawaitable(result):  # An async def handler, or one returning one.
+            while inspect.isawaitable(result):  # async def, or returning one: awaited.
                 result = HANDLER_LOOP.run(result)
         finally:
             live.transaction = None

@@ -18,7 +18,6 @@ from tasklease.worker.stores.sqlite import SqliteStore
 from tests.helpers import task_headers
 
 
-@pytest.mark.xfail(strict=True, reason="the returned coroutine is the result: a dead letter")
 @pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
 def test_the_coroutine_an_async_handler_returns_is_awaited_for_its_result(
     tmp_path: Path, transactional: bool
