@@ -3,7 +3,8 @@
 database and then raised was answered 500 (released for a retry) by a view that *returned*,
 so Django committed the failed attempt's writes, and the retry wrote them again. (And a task
 that succeeded had its run recorded complete before its writes committed.) The delivery views
-are not atomic requests: a task runs in autocommit, as under any other Django Tasks worker."""
+are not atomic requests; the task runs in the transaction instead, rolled back if it raises,
+committed before its run is recorded."""
 
 from __future__ import annotations
 
@@ -51,7 +52,6 @@ def _deliver(client: Client, queued: QueuedTask, retry: int) -> Any:
     return responses[0]
 
 
-@pytest.mark.xfail(strict=True, reason="the view's atomic block commits the failed attempt")
 def test_with_atomic_requests_a_failed_attempts_writes_are_not_kept_for_the_retry(
     queue: MemoryTransport, monkeypatch: pytest.MonkeyPatch
 ) -> None:
