@@ -110,14 +110,15 @@ def test_a_transactional_first_execution_costs_two_framework_round_trips(
     trips = RoundTrips(monkeypatch)
     response = app.test_client().post("/tasks/charge", headers=task_headers(), data=b"{}")
     assert response.headers["X-Tasklease-Outcome"] == "processed"
-    # The claim; then BEGIN, the handler's UPDATE, the conditional completion and COMMIT,
-    # queued and sent together: one wait for the server.
+    # The claim; then BEGIN, the handler's UPDATE, the conditional completion, COMMIT and
+    # the session's RESET, queued and sent together: one wait for the server.
     assert trips.take() == [
         "WITH",
         "queued BEGIN",
         "queued UPDATE",
         "queued WITH",
         "queued COMMIT",
+        "queued RESET",
         "sync",
     ]
     retry = app.test_client().post(

@@ -42,7 +42,8 @@ OTHER_OPTIONS = ("database",)
 class CloudTasksBackend(compat.BaseTaskBackend):  # type: ignore[misc]
     """A Django Tasks backend creating Cloud Tasks run once by tasklease's worker.
 
-    Supported: ``run_after`` (the task's schedule time, at most 30 days ahead),
+    Supported: ``run_after`` (the task's schedule time, at most 30 days ahead; a naive one,
+    which Django allows when ``USE_TZ`` is False, in the project's ``TIME_ZONE``),
     ``queue_name`` (the Cloud Tasks queue; ``"default"`` is the producer's ``queue``; list
     others in ``QUEUES``), ``takes_context`` (``context.attempt`` is tasklease's count of
     claims), ``async def`` tasks. Refused, with Django's ``InvalidTask``: a ``priority``
@@ -101,7 +102,7 @@ class CloudTasksBackend(compat.BaseTaskBackend):  # type: ignore[misc]
             payload_for(task.module_path, args, kwargs, result_id),
             key=result_id,
             transaction=self._transaction(),
-            at=task.run_after,
+            at=_aware(task.run_after),
             queue=queue,
         )
         result = compat.TaskResult(
@@ -134,6 +135,14 @@ class CloudTasksBackend(compat.BaseTaskBackend):  # type: ignore[misc]
         if not connection.in_atomic_block:
             return None
         return connection.connection
+
+
+def _aware(run_after: Any) -> Any:
+    """``run_after`` as a moment: Django takes a naive one when ``USE_TZ`` is False, a time
+    in the project's ``TIME_ZONE`` (as ``timezone.now()`` gives it then)."""
+    if run_after is not None and timezone.is_naive(run_after):
+        return timezone.make_aware(run_after)
+    return run_after
 
 
 def _json_arguments(args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:

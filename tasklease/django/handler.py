@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import logging
 import traceback
+from contextlib import ExitStack
 from typing import Any
 
+from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -62,10 +64,11 @@ def _run(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any
     sender = type(task.get_backend())
     _send(compat.signals.task_started, sender, result)
     try:
-        if task.takes_context:
-            value = task.call(compat.TaskContext(task_result=result), *args, **kwargs)
-        else:
-            value = task.call(*args, **kwargs)
+        with _atomic_requests():
+            if task.takes_context:
+                value = task.call(compat.TaskContext(task_result=result), *args, **kwargs)
+            else:
+                value = task.call(*args, **kwargs)
     except KeyboardInterrupt:  # As Django's ImmediateBackend: no result for an interrupt.
         raise
     except BaseException as exc:  # Recorded as Django does, then tasklease's to handle.
@@ -84,6 +87,17 @@ def _run(task: Any, result: Any, args: list[Any], kwargs: dict[str, Any]) -> Any
     object.__setattr__(result, "_return_value", value)
     _send(compat.signals.task_finished, sender, result)
     return value
+
+
+def _atomic_requests() -> ExitStack:
+    """The task in ``transaction.atomic()`` on each database with ``ATOMIC_REQUESTS``, as
+    Django would wrap a view (the delivery views are not): its writes commit before the
+    run's record, and are rolled back when it raises, so a retry never finds them."""
+    stack = ExitStack()
+    for alias, settings in connections.settings.items():
+        if settings.get("ATOMIC_REQUESTS"):
+            stack.enter_context(transaction.atomic(using=alias))
+    return stack
 
 
 def _send(signal: Any, sender: type, result: Any) -> None:

@@ -32,6 +32,21 @@ def job(request: HttpRequest, name: str) -> HttpResponse:
     return _deliver(request, Kind.SCHEDULER, name)
 
 
+class _EveryDatabase(frozenset[str]):
+    """Every database alias, for Django's ``_non_atomic_requests`` (which it reads with
+    ``in``; django/core/handlers/base.py ``make_view_atomic``)."""
+
+    def __contains__(self, alias: object) -> bool:
+        return True
+
+
+# No ATOMIC_REQUESTS transaction around a delivery: the executor answers a task that raised
+# with a 500 from a view that returns, which Django would commit, and it records the run
+# before the view returns. The task itself runs in that transaction instead (handler.py).
+for _view in (task, job):
+    _view.__dict__["_non_atomic_requests"] = _EveryDatabase()
+
+
 def _deliver(request: HttpRequest, kind: Kind, name: str) -> HttpResponse:
     started = time.monotonic()
     routes = worker.routes()

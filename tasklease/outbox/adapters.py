@@ -32,11 +32,13 @@ class NotInTransaction(ValueError):
     """The transaction object given would commit the entry on its own (autocommit)."""
 
 
-# A transactional handler's ``ctx.transaction`` on the SQLite and Postgres stores: the
-# driver's connection, wrapped (named here so as to import nothing of the worker).
+# A transactional handler's ``ctx.transaction`` on the SQL stores: the driver's connection,
+# wrapped; on Spanner and Firestore, the client's transaction, wrapped (named here so as to
+# import nothing of the worker).
 _HANDLER_TRANSACTIONS = {
     "tasklease.worker.stores.sqlite_transactions.SqliteTransaction": "sqlite3",
     "tasklease.worker.stores.postgres_handler_transaction.PostgresTransaction": "psycopg",
+    "tasklease.worker.stores.google_handler_transaction.GoogleTransaction": "google",
 }
 
 
@@ -55,6 +57,8 @@ _PYFORMAT = _insert(lambda column: f"%({column})s") + " RETURNING id"
 def stage(tx: Any, entries: Sequence[Entry]) -> list[bool]:
     """Insert ``entries`` through ``tx``; True for each that is new (False: already staged)."""
     handler_transaction = _HANDLER_TRANSACTIONS.get(f"{type(tx).__module__}.{type(tx).__name__}")
+    if handler_transaction == "google":  # Staging writes through it, never ends it.
+        tx = tx.wrapped
     if isinstance(tx, sqlite3.Connection) or handler_transaction == "sqlite3":
         return _sqlite(tx, entries)
     if handler_transaction == "psycopg":

@@ -123,9 +123,9 @@ class TaskContext(DurableSteps):
     @property
     def transaction(self) -> Any:
         """The store's native transaction this run's completion record will be written in
-        (a handler registered with ``transactional=True``): a ``sqlite3.Connection`` (SQLite)
-        or psycopg ``Connection`` (Postgres) wrapped so that the handler cannot end the
-        transaction (RuntimeError), a Spanner or Firestore ``Transaction``. Write the
+        (a handler registered with ``transactional=True``): a ``sqlite3.Connection`` (SQLite),
+        psycopg ``Connection`` (Postgres), Spanner or Firestore ``Transaction``, each wrapped
+        so that the handler cannot end the transaction (RuntimeError). Write the
         handler's database effects through it: they are kept exactly when the run completes.
 
         Raises RuntimeError in any other handler, and outside the handler's call.

@@ -305,7 +305,7 @@ class Executor:
                     result = spec.function(payload, ctx)
                 else:
                     result = spec.function(ctx)
-                if inspect.isawaitable(result):  # An async def handler, or one returning one.
+                while inspect.isawaitable(result):  # async def, or returning one: awaited.
                     result = HANDLER_LOOP.run(result)
         except (lease.KeeperNotStarted, LoopNotStarted) as exc:  # The handler never ran.
             self._give_back(live, str(exc), count=False)
@@ -315,10 +315,10 @@ class Executor:
         except LeaseLost as exc:
             self._give_back(live, f"LeaseLost: {exc}")
             return Reply.of(Outcome.LOST_CLAIM, str(exc), live.run_id)
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit too: sys.exit(), argparse's error().
             note_error(exc)  # Its stack trace goes into the request's one log line.
             error = f"{type(exc).__name__}: {exc}"
-            return self._finish(
+            reply = self._finish(
                 live,
                 lambda: self.store.release(
                     live.run_id, live.attempt_id, error, self.clock, keep_for=spec.retention
@@ -329,6 +329,9 @@ class Executor:
                     live.run_id,
                 ),
             )
+            if isinstance(exc, KeyboardInterrupt):
+                raise  # The process is being stopped: its run was given back first.
+            return reply
         if ctx_runner(ctx).continuation is not None:
             return self._continue(spec, ctx, live, payload)
         try:

@@ -61,7 +61,7 @@ def run_in_transaction(
         live.transaction = transaction
         try:
             result = spec.function(payload, ctx) if spec.kind is Kind.TASK else spec.function(ctx)
-            if inspect.isawaitable(result):  # An async def handler, or one returning one.
+            while inspect.isawaitable(result):  # async def, or returning one: awaited.
                 result = HANDLER_LOOP.run(result)
         finally:
             live.transaction = None
@@ -91,10 +91,10 @@ def run_in_transaction(
         return Reply.of(Outcome.LOST_CLAIM, str(exc), live.run_id)
     except StoreUnavailable as exc:
         return _commit_unknown(executor, live, exc)
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit too: sys.exit(), argparse's error().
         note_error(exc)  # Its stack trace goes into the request's one log line.
         error = f"{type(exc).__name__}: {exc}"
-        return executor._finish(
+        reply = executor._finish(
             live,
             lambda: store.release(
                 live.run_id, live.attempt_id, error, executor.clock, keep_for=spec.retention
@@ -105,6 +105,9 @@ def run_in_transaction(
                 live.run_id,
             ),
         )
+        if isinstance(exc, KeyboardInterrupt):
+            raise  # The process is being stopped: its run was given back first.
+        return reply
     log["transaction_tries"] = outcome.tries
     return _answer(outcome, live)
 

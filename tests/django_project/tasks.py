@@ -53,3 +53,15 @@ def doomed(note: str) -> None:
     """Fails for good: a dead letter, never retried."""
     CALLS.append(("doomed", note))
     raise PermanentFailure(f"{note} can never succeed")
+
+
+@compat.tasks.task
+def ledger_entry(note: str) -> None:
+    """Writes a row of the app's database, then fails its first attempt (after the write)."""
+    from django.db import connection  # noqa: PLC0415 - the app's database, once configured.
+
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO ledger (note) VALUES (%s)", [note])
+    CALLS.append(("ledger", note))
+    if CALLS.count(("ledger", note)) == 1:
+        raise ConnectionError("the receipt API is down")

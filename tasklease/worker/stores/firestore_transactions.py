@@ -38,6 +38,7 @@ from tasklease.worker.core.records import RunRecord
 from tasklease.worker.core.steps import StepRecord
 from tasklease.worker.stores.base import Moment, resolve
 from tasklease.worker.stores.firestore_codec import decode_run, encode_run
+from tasklease.worker.stores.google_handler_transaction import GoogleTransaction
 from tasklease.worker.stores.transaction_exits import (
     AlreadyCompleted,
     NotHeld,
@@ -222,7 +223,7 @@ def guarded_work(work: Callable[[Any], _T], transaction: Any) -> _T:
     """``work(transaction)``; its exceptions carried in :class:`WorkRaised`, but for
     contention (Firestore aborted the handler's read), which runs the transaction again."""
     try:
-        return work(transaction)
+        return work(GoogleTransaction(transaction))  # It may not commit it.
     except api.Aborted:
         raise
     except Exception as exc:

@@ -13,11 +13,12 @@ import re
 
 __all__ = ["ends_transaction", "refused"]
 
-# A statement's first keyword, after blanks and comments. SQLite: BEGIN, COMMIT, END,
-# ROLLBACK (sqlite.org/lang_transaction.html); Postgres also START TRANSACTION, ABORT and
-# PREPARE TRANSACTION (postgresql.org/docs/current/sql-commands.html).
+# A statement's first keyword, after blanks, comments and empty statements (both databases
+# skip a leading ";"). SQLite: BEGIN, COMMIT, END, ROLLBACK
+# (sqlite.org/lang_transaction.html); Postgres also START TRANSACTION, ABORT and PREPARE
+# TRANSACTION (postgresql.org/docs/current/sql-commands.html).
 _CONTROL = re.compile(
-    r"(?:\s|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*"
+    r"(?:\s|;|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*"
     r"(?:begin|start|commit|end|abort|prepare\s+transaction"
     r"|rollback(?!(?:\s+(?:work|transaction))?\s+to\b))\b",
     re.IGNORECASE | re.DOTALL,

@@ -99,6 +99,9 @@ class PostgresTransaction:
     def __exit__(self, *exc: object) -> None:  # pragma: no cover - __enter__ raised
         return None
 
+    def close(self) -> None:
+        raise refused("close() (it is the store's pooled connection)")
+
     def __getattr__(self, name: str) -> Any:
         if name in _ENDING:
             raise refused(f"{name}()")
@@ -112,10 +115,13 @@ class PostgresTransaction:
 
 @contextmanager
 def guarded(connection: Connection[Any]) -> Iterator[PostgresTransaction]:
-    """``connection`` for the handler, its cursors guarded until the block ends."""
-    factory = connection.cursor_factory
+    """``connection`` for the handler, its cursors guarded until the block ends. A
+    ``row_factory`` the handler sets (psycopg's ``dict_row``) lasts until then too: the store
+    reads its own rows through the connection after the handler, and so does every later
+    user of the pooled connection."""
+    factory, rows = connection.cursor_factory, connection.row_factory
     connection.cursor_factory = _GuardedCursor
     try:
         yield PostgresTransaction(connection)
     finally:
-        connection.cursor_factory = factory
+        connection.cursor_factory, connection.row_factory = factory, rows

@@ -3,8 +3,9 @@
 conditional ``UPDATE`` in that transaction.
 
 Round trips beyond the handler's own: none before it (``BEGIN`` is queued and goes out with
-the handler's first statement), one after it: the conditional completion and ``COMMIT`` sent
-together. When the attempt no longer holds the claim the completion fails on purpose
+the handler's first statement), one after it: the conditional completion, ``COMMIT`` and
+``RESET ALL`` (what the handler set on the session ends with it) sent together. When the
+attempt no longer holds the claim the completion fails on purpose
 (``Statements.complete_held``), the transaction aborts and the ``COMMIT`` rolls it back.
 
 The handler gets the connection wrapped (:mod:`.postgres_handler_transaction`): it cannot
@@ -52,6 +53,13 @@ if TYPE_CHECKING:
 __all__ = ["PostgresTransactions", "complete_in_transaction", "record_step_in_transaction"]
 
 _T = TypeVar("_T")
+
+# Sent after the COMMIT, in the same pipeline (no round trip of its own): what the handler
+# SET on the session (a tenant for row-level security, a time zone, a role) ends with its
+# transaction, not carried into the next run the pool gives the connection. Every setting
+# returns to the connection's own (its startup options included: postgresql.org/docs/
+# current/sql-reset.html); a SET in a transaction that rolled back is undone already.
+RESET_SESSION = "RESET ALL"
 
 
 class PostgresTransactions(TransactionalStore):
@@ -182,6 +190,7 @@ def _run_step(
             store._statements.update_run, [*values[1:], run_id, row[len(RUN_COLUMNS)]]
         )
         connection.execute("COMMIT")
+        connection.execute(RESET_SESSION)
         with bounded(connection, store.options.call_timeout):
             pipeline.sync()
         version = updated.fetchone()
@@ -224,6 +233,7 @@ def _run(
             try:  # An error may surface at any call from here: psycopg reads results eagerly.
                 completion = connection.execute(store._statements.complete_held, params)
                 connection.execute("COMMIT")
+                connection.execute(RESET_SESSION)
                 with process.watchdog.bounded(connection, store.options.call_timeout):
                     pipeline.sync()
                 completion.fetchone()

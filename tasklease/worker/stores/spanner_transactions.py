@@ -35,6 +35,7 @@ from tasklease.worker.core.records import RunRecord
 from tasklease.worker.core.steps import StepRecord
 from tasklease.worker.stores import spanner_schema as schema
 from tasklease.worker.stores.base import Moment, resolve
+from tasklease.worker.stores.google_handler_transaction import GoogleTransaction
 from tasklease.worker.stores.spanner_calls import FIRST_PAUSE, MAX_PAUSE, contended
 from tasklease.worker.stores.transaction_exits import (
     AlreadyCompleted,
@@ -168,7 +169,7 @@ def guarded_work(work: Callable[[Any], _T], transaction: Any) -> _T:
     """``work(transaction)``; its exceptions carried in :class:`WorkRaised`, but for
     contention (Spanner aborted the handler's statement), which runs the transaction again."""
     try:
-        return work(transaction)
+        return work(GoogleTransaction(transaction))  # It may not commit or roll back.
     except Exception as exc:
         if contended(exc):
             raise

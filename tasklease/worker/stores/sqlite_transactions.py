@@ -17,7 +17,9 @@ the transaction under it (a ``UNIQUE ON CONFLICT ROLLBACK`` column, a trigger's
 ``RAISE(ROLLBACK)``, SQLITE_FULL; sqlite.org/lang_conflict.html), and on a connection in
 autocommit mode every later statement would then commit on its own, without the record. The
 wrapper refuses a statement once the transaction has ended, and any call or statement that
-would end it (:mod:`.handler_transaction`).
+would end it (:mod:`.handler_transaction`), and ``close()``: it is the process's one writing
+connection, every later write of the process would fail. A ``row_factory`` or
+``text_factory`` the handler sets lasts for its transaction only.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ class SqliteTransaction:
     def rollback(self) -> None:
         raise refused("rollback()")
 
+    def close(self) -> None:
+        raise refused("close() (it is the store's own connection)")
+
     def __enter__(self) -> None:
         raise refused("its use as a context manager (it commits on exit)")
 
@@ -125,10 +130,15 @@ def run_transaction(
     with writer():
         connection.execute("BEGIN IMMEDIATE")
         try:
+            # The handler's row and text factories are its own: the store reads its rows
+            # through this connection after the handler, and every later run through it.
+            factories = connection.row_factory, connection.text_factory
             try:
                 value = work(SqliteTransaction(connection))
             except sqlite3.Error as exc:
                 raise HandlerDatabaseError(exc) from exc
+            finally:
+                connection.row_factory, connection.text_factory = factories
             if not connection.in_transaction:
                 raise RuntimeError(
                     "ctx.transaction has ended before the handler returned (SQLite rolled it "
