@@ -279,29 +279,29 @@ def test_a_frozen_spanner_answers_store_unavailable_and_keeps_nothing(
 ) -> None:
     """Every RPC of the transaction has the store's deadline, and the read back of the record
     after the failure too: the call ends, and the thawed database shows nothing kept."""
+    # Set up with the default deadline (a loaded machine slows the emulator's DDL); only
+    # the calls made during the freeze need the short one.
+    reader = SpannerStore(spanner_database)
+    reader.database.update_ddl([EFFECTS_DDL]).result(60)
+    reader.claim(claim_request(), T0)
     store = SpannerStore(spanner_database, call_timeout=1.0)
     try:
-        store.database.update_ddl([EFFECTS_DDL]).result(60)
         contract = TestSpannerTransactions()
-        contract._store = store
-        store.claim(claim_request(), T0)
+        assert store.database is not None  # Connected, its schema found, before the freeze.
         spanner_emulator.freeze()
         try:
             with pytest.raises(StoreUnavailable):
                 store.complete_in_transaction("run-1", "attempt-1", contract.work("z"), T0)
         finally:
             spanner_emulator.thaw()
-        # Read back through a store with the default deadline: the thawed emulator works
-        # through what queued while it was stopped, and a loaded machine slows it further.
-        reader = SpannerStore(spanner_database)
-        try:
-            contract._store = reader
-            assert contract.count_effects("z") == 0
-            assert reader.get("run-1").status is RunStatus.IN_PROGRESS
-        finally:
-            reader.close()
+        # Read back with the default deadline too: the thawed emulator works through what
+        # queued while it was stopped.
+        contract._store = reader
+        assert contract.count_effects("z") == 0
+        assert reader.get("run-1").status is RunStatus.IN_PROGRESS
     finally:
         store.close()
+        reader.close()
 
 
 def _string() -> Any:
