@@ -2,13 +2,15 @@
 the same :class:`~tasklease.worker.execution.Executor` as under WSGI, everything else goes to
 ``fallback``.
 
-The event loop only reads the request and writes the answer. The whole of
-``Executor.execute`` (authentication, claim, handler, finish: every store call) runs in a
-worker thread, at most ``threads`` at once, so no store call ever blocks the loop; only a
-store that never waits on I/O (MemoryStore) is read on the loop, to answer a retry of a
-settled run without the hop (:mod:`tasklease.worker.settled_answers`). An
-``async def`` handler is awaited on tasklease's own handler loop
-(:mod:`tasklease.worker.event_loop`), exactly as under gunicorn, not on the server's loop.
+The event loop reads the request and writes the answer. The whole of ``Executor.execute``
+(authentication, claim, handler, finish: every store call) runs in a worker thread, at most
+``threads`` at once, so no store call ever blocks the loop, and an ``async def`` handler is
+awaited on tasklease's own handler loop (:mod:`tasklease.worker.event_loop`), as under
+gunicorn. Only where the store and the authenticator never wait on I/O (MemoryStore, auth
+off; :mod:`tasklease.worker.settled_answers`) is anything done on the loop: a retry of a
+settled run is answered there without the hop, and an ``async def`` handler's whole delivery
+runs there, its coroutine awaited on the server's loop (:mod:`tasklease.worker.delivery_steps`;
+the lease keeper's threads renew it as they renew every other).
 """
 
 from __future__ import annotations
@@ -23,11 +25,17 @@ from urllib.parse import parse_qsl
 import anyio.to_thread
 
 from tasklease.worker.core.identity import HeaderLookup, Kind
+from tasklease.worker.delivery_steps import run_on_loop
 from tasklease.worker.delivery_threads import DeliveryThreads
 from tasklease.worker.execution import Delivery
 from tasklease.worker.logs import request_fields
 from tasklease.worker.reply import Reply
-from tasklease.worker.settled_answers import answer_settled, answers_on_loop, may_be_settled
+from tasklease.worker.settled_answers import (
+    answer_settled,
+    answers_on_loop,
+    may_be_settled,
+    runs_on_loop,
+)
 from tasklease.worker.wsgi_routes import PREFIXES, BadBody, DeliveryRoutes, crashed
 
 Scope = MutableMapping[str, Any]
@@ -138,8 +146,11 @@ class AsgiDeliveries:
                     return crashed(kind, name, delivery.method, started, exc)
 
         reply = None
-        if may_be_settled(delivery) and answers_on_loop(self.executor):
-            reply = execute(settled_only=True)  # Reads a store that never waits, on the loop.
+        if answers_on_loop(self.executor):  # Its store never waits: it may be read here.
+            if runs_on_loop(self.executor.router.handler(kind, name)):
+                reply = await self._on_loop(delivery, started)
+            elif may_be_settled(delivery):
+                reply = execute(settled_only=True)
         if reply is None:
             reply = await self._in_thread(lambda: execute(settled_only=False))
         assert reply is not None  # execute(settled_only=False) always answers.
@@ -152,6 +163,15 @@ class AsgiDeliveries:
         await _send(
             send, reply.status, reply.body_bytes(), [(b"content-type", b"application/json"), *extra]
         )
+
+    async def _on_loop(self, delivery: Delivery, started: float) -> Reply:
+        """The whole delivery of an ``async def`` handler, on this loop: only a call that
+        waits on I/O beyond the store (a continuation's enqueue) goes to a thread."""
+        with request_fields(self.fields):
+            try:
+                return await run_on_loop(self.executor.steps(delivery), self._in_thread)
+            except Exception as exc:  # A bug: still one line and a JSON answer.
+                return crashed(delivery.kind, delivery.handler, delivery.method, started, exc)
 
 
 def _headers(scope: Scope) -> dict[str, list[str]]:
