@@ -38,6 +38,8 @@ from tasklease.worker.settled_answers import (
 )
 from tasklease.worker.wsgi_routes import PREFIXES, BadBody, DeliveryRoutes, crashed
 
+PREFIX_OF = {kind: prefix for prefix, kind in PREFIXES}
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -100,7 +102,7 @@ class AsgiDeliveries:
             path = route_path(scope)
             for prefix, kind in PREFIXES:
                 if path.startswith(prefix) and len(path) > len(prefix):
-                    await self._deliver(scope, receive, send, kind, path[len(prefix) :])
+                    await self._deliver(scope, receive, send, kind, path)
                     return
             if path == "/healthz" and scope["method"] in ("GET", "HEAD"):
                 await _send(send, 200, _HEALTH, [(b"content-type", b"application/json")])
@@ -108,9 +110,10 @@ class AsgiDeliveries:
         await self.fallback(scope, receive, send)
 
     async def _deliver(
-        self, scope: Scope, receive: Receive, send: Send, kind: Kind, name: str
+        self, scope: Scope, receive: Receive, send: Send, kind: Kind, route: str
     ) -> None:
         started = time.monotonic()
+        name = route[len(PREFIX_OF[kind]) :]
         headers = _headers(scope)
         limit = self.max_body_bytes
         refusal = None
@@ -120,7 +123,7 @@ class AsgiDeliveries:
             body, refusal = b"", str(exc)
         query = scope.get("query_string", b"").decode("latin-1")
         root: str = scope.get("root_path", "")
-        path = f"{root}{route_path(scope)}"
+        path = f"{root}{route}"
         authorization = headers.get("authorization")
         delivery = Delivery(
             kind=kind,
@@ -178,15 +181,27 @@ def _headers(scope: Scope) -> dict[str, list[str]]:
     """The request's headers by lower-case name, every value of a repeated one kept."""
     headers: dict[str, list[str]] = {}
     for raw_name, raw_value in scope.get("headers", ()):
-        headers.setdefault(raw_name.decode("latin-1").lower(), []).append(
-            raw_value.decode("latin-1")
-        )
+        name = raw_name.decode("latin-1").lower()
+        values = headers.get(name)
+        if values is None:
+            headers[name] = [raw_value.decode("latin-1")]
+        else:
+            values.append(raw_value.decode("latin-1"))
     return headers
+
+
+# The names the protocol looks up are a few constants: lower-case each once.
+_LOWER: dict[str, str] = {}
 
 
 def _lookup(headers: dict[str, list[str]]) -> HeaderLookup:
     def lookup(name: str) -> Sequence[str]:
-        return headers.get(name.lower(), ())
+        key = _LOWER.get(name)
+        if key is None:
+            key = name.lower()
+            if len(_LOWER) < 256:  # Bounded, whatever names a caller looks up.
+                _LOWER[name] = key
+        return headers.get(key, ())
 
     return lookup
 
