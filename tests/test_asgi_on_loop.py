@@ -440,3 +440,42 @@ def test_under_uvicorn_an_async_handler_on_memory_store_runs_on_the_servers_loop
     assert first.json()["result"] == {"n": 5, "thread": "MainThread"}  # uvicorn's loop.
     assert again.headers["X-Tasklease-Outcome"] == "duplicate"
     assert again.json()["result"] == {"n": 5, "thread": "MainThread"}
+
+
+class ThreadNotingProducer:
+    """Records each continuation it enqueues and the thread that enqueued it."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self.keys: list[str] = []
+
+    def enqueue(
+        self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any
+    ) -> Any:
+        self.threads.append(threading.get_ident())
+        self.keys.append(str(key))
+
+
+def test_a_continuations_enqueue_leaves_the_loop_and_the_rest_stays_on_it(
+    loops: list[Loop],
+) -> None:
+    router, store, producer = Router(), WatchedMemory(), ThreadNotingProducer()
+    router.use_producer(producer)  # type: ignore[arg-type]
+    ran_on: list[int] = []
+
+    @router.task("h")
+    async def h(payload: Any, ctx: TaskContext) -> str | None:
+        ran_on.append(threading.get_ident())
+        if ctx.state is None:
+            ctx.continue_later({"i": 1})
+            return None
+        return "done"
+
+    running = Loop(router, store)
+    loops.append(running)
+    answer = running.post(task="t-chain")
+    assert outcome(answer) == (200, "processed")
+    assert answer[2]["message"] == "continued: delivery 1 enqueued"
+    assert running.hops == 1  # The enqueue only.
+    assert len(producer.keys) == 1 and running.thread not in producer.threads
+    assert ran_on == [running.thread] and set(store.threads) == {running.thread}
