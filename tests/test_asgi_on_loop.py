@@ -479,3 +479,15 @@ def test_a_continuations_enqueue_leaves_the_loop_and_the_rest_stays_on_it(
     assert running.hops == 1  # The enqueue only.
     assert len(producer.keys) == 1 and running.thread not in producer.threads
     assert ran_on == [running.thread] and set(store.threads) == {running.thread}
+
+
+def test_only_an_asyncio_server_runs_an_async_handler_on_its_own_loop() -> None:
+    # Under trio (hypercorn --worker-class trio) no asyncio loop runs: a handler written for
+    # asyncio is awaited on tasklease's handler loop instead, as before.
+    from tasklease.worker.asgi_routes import _on_asyncio  # noqa: PLC0415 - private helper.
+
+    async def inside() -> bool:
+        return _on_asyncio()
+
+    assert not _on_asyncio()
+    assert asyncio.run(inside())

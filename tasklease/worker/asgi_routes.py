@@ -150,7 +150,7 @@ class AsgiDeliveries:
 
         reply = None
         if answers_on_loop(self.executor):  # Its store never waits: it may be read here.
-            if runs_on_loop(self.executor.router.handler(kind, name)):
+            if runs_on_loop(self.executor.router.handler(kind, name)) and _on_asyncio():
                 reply = await self._on_loop(delivery, started)
             elif may_be_settled(delivery):
                 reply = execute(settled_only=True)
@@ -175,6 +175,16 @@ class AsgiDeliveries:
                 return await run_on_loop(self.executor.steps(delivery), self._in_thread)
             except Exception as exc:  # A bug: still one line and a JSON answer.
                 return crashed(delivery.kind, delivery.handler, delivery.method, started, exc)
+
+
+def _on_asyncio() -> bool:
+    """Whether the server runs asyncio (uvicorn, hypercorn's default): a handler written for
+    asyncio is awaited on another event loop (trio) only on tasklease's handler loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _headers(scope: Scope) -> dict[str, list[str]]:
