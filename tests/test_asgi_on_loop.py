@@ -491,3 +491,20 @@ def test_only_an_asyncio_server_runs_an_async_handler_on_its_own_loop() -> None:
 
     assert not _on_asyncio()
     assert asyncio.run(inside())
+
+
+def test_a_concurrency_key_is_taken_and_freed_on_the_loop(loops: list[Loop]) -> None:
+    router, store = Router(), WatchedMemory()
+
+    @router.task("h", concurrency_key=lambda payload: str(payload["n"]))
+    async def h(payload: Any, ctx: TaskContext) -> str | None:
+        await asyncio.sleep(0)
+        return ctx.lock
+
+    running = Loop(router, store)
+    loops.append(running)
+    # The second run of the same key runs only if the first freed the key.
+    first, second = running.post(task="a"), running.post(task="b")
+    assert [outcome(answer) for answer in (first, second)] == [(200, "processed")] * 2
+    assert first[2]["result"] is not None and first[2]["result"] == second[2]["result"]
+    assert running.hops == 0 and set(store.threads) == {running.thread}
