@@ -1,19 +1,23 @@
 """CPU per request of the ASGI apps of bench/asgi_throughput.py, in process: no sockets.
 
 Sixteen concurrent requests at a time through ``bench.asgi_apps``' bare Starlette route and
-tasklease on MemoryStore (first executions, then duplicates), on one event loop. It measures
+tasklease on MemoryStore (first executions, then duplicates; ``first`` and ``duplicate`` by
+the ``async def`` handler, ``sync-first`` and ``sync-duplicate`` by the sync one), on one
+event loop. It measures
 the apps' own cost without uvicorn's. tasklease's log lines go to stderr: send them to a file,
 as the servers' are. Under ``valgrind --tool=callgrind`` at two ``--requests`` counts, the
 difference in instructions over the difference in requests (x 1.1: the warm-up grows with
 them too) is a figure a loaded machine does not move.
 
     python -m bench.asgi_in_process [--requests 16000] [--apps bare,first,duplicate] 2>log
+        (apps: bare, first, duplicate, sync-first, sync-duplicate)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 import uuid
 from collections import Counter
@@ -99,8 +103,10 @@ def main() -> None:
     parser.add_argument("--apps", default="bare,first,duplicate")
     args = parser.parse_args()
     for name in args.apps.split(","):
+        os.environ["BENCH_HANDLER"] = "sync" if name.startswith("sync-") else "async"
         app: ASGIApp = bare() if name == "bare" else tasklease()
-        seconds, statuses = asyncio.run(measure(app, name == "duplicate", args.requests))
+        duplicates = name.endswith("duplicate")
+        seconds, statuses = asyncio.run(measure(app, duplicates, args.requests))
         print(f"  {name:<10} {seconds * 1e6:8.1f} us CPU per request  {dict(statuses)}")
 
 

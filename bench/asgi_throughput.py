@@ -5,9 +5,13 @@ Python stand-in), its rounds and its table: one uvicorn configuration (the deplo
 tasklease.worker.asgi_serve: 2 worker processes, access log off) serving a bare Starlette
 route doing a trivial handler's work, then tasklease serving the same work on MemoryStore and
 on SqliteStore (synchronous=FULL), first executions (a new task name per request) and
-duplicates (one repeated name marked as a retry). Quote the ratios of one round.
+duplicates (one repeated name marked as a retry). The bare route is an ``async def``: the
+like-for-like tasklease handler is its ``async def`` twin (the rows named ``async``); the
+rows named ``sync`` serve bench.throughput_apps' sync handler (a delivery thread's work).
+Quote the ratios of one round.
 
     python -m bench.asgi_throughput [--rounds 2] [--seconds 8] [--stores memory,sqlite]
+        [--handlers async,sync]
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ class UvicornServer(Server):
         time.sleep(1.0)
 
 
-def measure_round(seconds: int, log: Path, stores: list[str]) -> dict[str, Load]:
+def measure_round(
+    seconds: int, log: Path, stores: list[str], handlers: list[str]
+) -> dict[str, Load]:
     drive = run_wrk if shutil.which("wrk") else run_python
     results: dict[str, Load] = {}
     server = UvicornServer("bare", {}, log)
@@ -57,16 +63,22 @@ def measure_round(seconds: int, log: Path, stores: list[str]) -> dict[str, Load]
     finally:
         server.stop()
     for store in stores:
-        with tempfile.TemporaryDirectory() as folder:
-            env = {"BENCH_STORE": store, "BENCH_DB": str(Path(folder) / "runs.db")}
-            server = UvicornServer("tasklease", env, log)
-            try:
-                results[f"{store} first"] = server.measure(drive, "first.lua", seconds)
-                for _ in range(4):  # Complete the repeated task in both workers' stores.
-                    post(server.port, "same-task", retry=0)
-                results[f"{store} duplicate"] = server.measure(drive, "duplicate.lua", seconds)
-            finally:
-                server.stop()
+        for handler in handlers:
+            with tempfile.TemporaryDirectory() as folder:
+                env = {
+                    "BENCH_STORE": store,
+                    "BENCH_DB": str(Path(folder) / "runs.db"),
+                    "BENCH_HANDLER": handler,
+                }
+                server = UvicornServer("tasklease", env, log)
+                name = f"{store} {handler}"
+                try:
+                    results[f"{name} first"] = server.measure(drive, "first.lua", seconds)
+                    for _ in range(4):  # Complete the repeated task in both workers' stores.
+                        post(server.port, "same-task", retry=0)
+                    results[f"{name} dup"] = server.measure(drive, "duplicate.lua", seconds)
+                finally:
+                    server.stop()
     return results
 
 
@@ -75,6 +87,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--stores", default="memory,sqlite", help="of memory, sqlite")
+    parser.add_argument("--handlers", default="async,sync", help="of async, sync")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         print(
@@ -85,7 +98,7 @@ def main() -> None:
     log = BENCH_DIR / "asgi_throughput.log"
     print("uvicorn 2 workers; wrk 2 threads, 16 connections; trivial handler")
     for round_ in range(1, args.rounds + 1):
-        results = measure_round(args.seconds, log, args.stores.split(","))
+        results = measure_round(args.seconds, log, args.stores.split(","), args.handlers.split(","))
         # print_round divides by its first entry, keyed "bare".
         print_round(round_, {"bare": results.pop("bare starlette"), **results})
 

@@ -38,6 +38,16 @@ def handler(payload: Any, ctx: TaskContext) -> dict[str, Any]:
     return work(payload)
 
 
+# The async def twin, at the same path: the like-for-like handler beside an ``async def``
+# bare route (bench.asgi_apps).
+async_router = Router()
+
+
+@async_router.task("noop")
+async def async_handler(payload: Any, ctx: TaskContext) -> dict[str, Any]:
+    return work(payload)
+
+
 def _store() -> LeaseStore:
     if os.environ.get("BENCH_STORE", "memory") == "memory":
         return MemoryStore()

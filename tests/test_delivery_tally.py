@@ -135,6 +135,29 @@ def test_a_failed_flush_keeps_its_counts_and_the_next_writes_them_once() -> None
     counter.close()
 
 
+def test_each_count_lands_in_its_own_minute_across_boundaries_and_clocks_going_back() -> None:
+    store = MemoryStore()
+    moments = [
+        datetime(2026, 10, 16, 12, minute, second, tzinfo=UTC)
+        for minute, second in ((0, 59), (1, 0), (1, 30), (0, 10), (2, 0))
+    ]
+
+    def clock() -> datetime:  # Each reading the next moment; the last one stays.
+        return moments.pop(0) if len(moments) > 1 else moments[0]
+
+    counter = DeliveryCounter(store, clock, interval=3600)
+    for _ in range(5):
+        counter.count("task", "charge", "processed")
+    assert counter.flush()
+    key = TallyKey("task", "charge", "processed")
+    since = datetime(2026, 10, 16, 12, 0, tzinfo=UTC)
+    per_minute = {
+        minute.minute: counts[key] for minute, counts in store.delivery_counts(since).items()
+    }
+    assert per_minute == {0: 2, 1: 2, 2: 1}
+    counter.close()
+
+
 def test_the_background_thread_writes_the_counts_without_being_asked() -> None:
     store = MemoryStore()
     counter = DeliveryCounter(store, lambda: datetime.now(UTC), interval=0.02)

@@ -10,8 +10,11 @@ as under WSGI (same OIDC, answers, log line, traces and metrics); every store ca
 handler runs in a worker thread, never on the server's event loop, and ``async def`` handlers
 are awaited on tasklease's own handler loop (:mod:`tasklease.worker.event_loop`), so a
 loop-bound client a handler uses must be created by the handlers, not by the server's
-lifespan. The dashboard, ``/metrics`` and the Flask app's other routes are served too, by a
-small WSGI bridge (:mod:`tasklease.worker.asgi_wsgi`).
+lifespan. The exception is a store that never waits (MemoryStore) with authentication off
+and no OpenTelemetry: there an ``async def`` handler's whole delivery runs on the server's
+loop, without a thread (:mod:`tasklease.worker.delivery_steps`). The dashboard, ``/metrics``
+and the Flask app's other routes are served too, by a small WSGI bridge
+(:mod:`tasklease.worker.asgi_wsgi`).
 """
 
 from __future__ import annotations

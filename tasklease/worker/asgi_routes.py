@@ -2,13 +2,15 @@
 the same :class:`~tasklease.worker.execution.Executor` as under WSGI, everything else goes to
 ``fallback``.
 
-The event loop only reads the request and writes the answer. The whole of
-``Executor.execute`` (authentication, claim, handler, finish: every store call) runs in a
-worker thread, at most ``threads`` at once, so no store call ever blocks the loop; only a
-store that never waits on I/O (MemoryStore) is read on the loop, to answer a retry of a
-settled run without the hop (:mod:`tasklease.worker.settled_answers`). An
-``async def`` handler is awaited on tasklease's own handler loop
-(:mod:`tasklease.worker.event_loop`), exactly as under gunicorn, not on the server's loop.
+The event loop reads the request and writes the answer. The whole of ``Executor.execute``
+(authentication, claim, handler, finish: every store call) runs in a worker thread, at most
+``threads`` at once, so no store call ever blocks the loop, and an ``async def`` handler is
+awaited on tasklease's own handler loop (:mod:`tasklease.worker.event_loop`), as under
+gunicorn. Only where the store and the authenticator never wait on I/O (MemoryStore, auth
+off; :mod:`tasklease.worker.settled_answers`) is anything done on the loop: a retry of a
+settled run is answered there without the hop, and an ``async def`` handler's whole delivery
+runs there, its coroutine awaited on the server's loop (:mod:`tasklease.worker.delivery_steps`;
+the lease keeper's threads renew it as they renew every other).
 """
 
 from __future__ import annotations
@@ -23,12 +25,20 @@ from urllib.parse import parse_qsl
 import anyio.to_thread
 
 from tasklease.worker.core.identity import HeaderLookup, Kind
+from tasklease.worker.delivery_steps import run_on_loop
 from tasklease.worker.delivery_threads import DeliveryThreads
 from tasklease.worker.execution import Delivery
 from tasklease.worker.logs import request_fields
 from tasklease.worker.reply import Reply
-from tasklease.worker.settled_answers import answer_settled, answers_on_loop, may_be_settled
+from tasklease.worker.settled_answers import (
+    answer_settled,
+    answers_on_loop,
+    may_be_settled,
+    runs_on_loop,
+)
 from tasklease.worker.wsgi_routes import PREFIXES, BadBody, DeliveryRoutes, crashed
+
+PREFIX_OF = {kind: prefix for prefix, kind in PREFIXES}
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -92,7 +102,7 @@ class AsgiDeliveries:
             path = route_path(scope)
             for prefix, kind in PREFIXES:
                 if path.startswith(prefix) and len(path) > len(prefix):
-                    await self._deliver(scope, receive, send, kind, path[len(prefix) :])
+                    await self._deliver(scope, receive, send, kind, path)
                     return
             if path == "/healthz" and scope["method"] in ("GET", "HEAD"):
                 await _send(send, 200, _HEALTH, [(b"content-type", b"application/json")])
@@ -100,9 +110,10 @@ class AsgiDeliveries:
         await self.fallback(scope, receive, send)
 
     async def _deliver(
-        self, scope: Scope, receive: Receive, send: Send, kind: Kind, name: str
+        self, scope: Scope, receive: Receive, send: Send, kind: Kind, route: str
     ) -> None:
         started = time.monotonic()
+        name = route[len(PREFIX_OF[kind]) :]
         headers = _headers(scope)
         limit = self.max_body_bytes
         refusal = None
@@ -112,7 +123,7 @@ class AsgiDeliveries:
             body, refusal = b"", str(exc)
         query = scope.get("query_string", b"").decode("latin-1")
         root: str = scope.get("root_path", "")
-        path = f"{root}{route_path(scope)}"
+        path = f"{root}{route}"
         authorization = headers.get("authorization")
         delivery = Delivery(
             kind=kind,
@@ -138,8 +149,11 @@ class AsgiDeliveries:
                     return crashed(kind, name, delivery.method, started, exc)
 
         reply = None
-        if may_be_settled(delivery) and answers_on_loop(self.executor):
-            reply = execute(settled_only=True)  # Reads a store that never waits, on the loop.
+        if answers_on_loop(self.executor):  # Its store never waits: it may be read here.
+            if runs_on_loop(self.executor.router.handler(kind, name)) and _on_asyncio():
+                reply = await self._on_loop(delivery, started)
+            elif may_be_settled(delivery):
+                reply = execute(settled_only=True)
         if reply is None:
             reply = await self._in_thread(lambda: execute(settled_only=False))
         assert reply is not None  # execute(settled_only=False) always answers.
@@ -153,20 +167,51 @@ class AsgiDeliveries:
             send, reply.status, reply.body_bytes(), [(b"content-type", b"application/json"), *extra]
         )
 
+    async def _on_loop(self, delivery: Delivery, started: float) -> Reply:
+        """The whole delivery of an ``async def`` handler, on this loop: only a call that
+        waits on I/O beyond the store (a continuation's enqueue) goes to a thread."""
+        with request_fields(self.fields):
+            try:
+                return await run_on_loop(self.executor.steps(delivery), self._in_thread)
+            except Exception as exc:  # A bug: still one line and a JSON answer.
+                return crashed(delivery.kind, delivery.handler, delivery.method, started, exc)
+
+
+def _on_asyncio() -> bool:
+    """Whether the server runs asyncio (uvicorn, hypercorn's default): a handler written for
+    asyncio is awaited on another event loop (trio) only on tasklease's handler loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
 
 def _headers(scope: Scope) -> dict[str, list[str]]:
     """The request's headers by lower-case name, every value of a repeated one kept."""
     headers: dict[str, list[str]] = {}
     for raw_name, raw_value in scope.get("headers", ()):
-        headers.setdefault(raw_name.decode("latin-1").lower(), []).append(
-            raw_value.decode("latin-1")
-        )
+        name = raw_name.decode("latin-1").lower()
+        values = headers.get(name)
+        if values is None:
+            headers[name] = [raw_value.decode("latin-1")]
+        else:
+            values.append(raw_value.decode("latin-1"))
     return headers
+
+
+# The names the protocol looks up are a few constants: lower-case each once.
+_LOWER: dict[str, str] = {}
 
 
 def _lookup(headers: dict[str, list[str]]) -> HeaderLookup:
     def lookup(name: str) -> Sequence[str]:
-        return headers.get(name.lower(), ())
+        key = _LOWER.get(name)
+        if key is None:
+            key = name.lower()
+            if len(_LOWER) < 256:  # Bounded, whatever names a caller looks up.
+                _LOWER[name] = key
+        return headers.get(key, ())
 
     return lookup
 

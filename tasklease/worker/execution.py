@@ -23,7 +23,8 @@ from tasklease.worker.core import decisions
 from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
 from tasklease.worker.core.outcome import Outcome, Rejection
 from tasklease.worker.core.records import ClaimRequest, RunRecord, Verdict
-from tasklease.worker.event_loop import HANDLER_LOOP, LoopNotStarted
+from tasklease.worker.delivery_steps import Await, Blocking, Steps, run_in_thread
+from tasklease.worker.event_loop import LoopNotStarted
 from tasklease.worker.execution_locks import ExecutionLocks
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.log_levels import execution_level, known_handlers
@@ -100,6 +101,10 @@ class Executor:
 
         ``settled_only``: raise :class:`ClaimNeeded`, having written and logged nothing, where
         the delivery would need a claim (:mod:`tasklease.worker.settled_answers`)."""
+        return run_in_thread(self.steps(delivery, settled_only=settled_only))
+
+    def steps(self, delivery: Delivery, *, settled_only: bool = False) -> Steps[Reply]:
+        """:meth:`execute` as steps for a driver (:mod:`tasklease.worker.delivery_steps`)."""
         started = time.monotonic()
         # The handler name comes from the URL: cap what an unknown one can put in the log.
         handler = delivery.handler[:100]
@@ -107,7 +112,7 @@ class Executor:
         spec = self.router.handler(delivery.kind, delivery.handler)
         label = spec.name if spec is not None else telemetry.UNKNOWN_HANDLER
         with telemetry.start_delivery(delivery.header, delivery.kind.value, label) as traced:
-            reply = self._execute(delivery, log, settled_only)
+            reply = yield from self._execute(delivery, log, settled_only)
             if "held_by" in reply.details:  # An exclusive job or key held by another run.
                 log["held_by"] = reply.details["held_by"]
             seconds = time.monotonic() - started
@@ -127,7 +132,7 @@ class Executor:
         log_execution(f"{delivery.kind.value} {handler}: {reply.message}", log, level)
         return reply
 
-    def _execute(self, delivery: Delivery, log: dict[str, Any], settled_only: bool) -> Reply:
+    def _execute(self, delivery: Delivery, log: dict[str, Any], settled_only: bool) -> Steps[Reply]:
         if delivery.method != "POST":
             return Reply.rejected(
                 Rejection.NOT_POST,
@@ -167,7 +172,7 @@ class Executor:
             identity = self.manual_runs.resolve(identity, auth.principal)
         except StoreUnavailable as exc:
             return _store_unavailable(f"lease store unavailable: {exc}", identity.run_id)
-        reply = self._claim_and_run(
+        reply = yield from self._claim_and_run(
             spec, identity, delivery.body, log, auth.principal, settled_only=settled_only
         )
         self.manual_runs.answered(identity, reply.status)
@@ -182,7 +187,7 @@ class Executor:
         caller: str | None,
         *,
         settled_only: bool = False,
-    ) -> Reply:
+    ) -> Steps[Reply]:
         log.update(_identity_fields(identity))
         run_id = identity.run_id
         if identity.continues is not None or identity.is_retry:
@@ -221,7 +226,7 @@ class Executor:
         record = claim.record
         if claim.verdict is not Verdict.CLAIMED and identity.manual and identity.maybe_manual:
             # Another delivery took the waiting manual run first: this one is the slot's.
-            return self._claim_and_run(spec, identity.as_slot(), body, log, caller)
+            return (yield from self._claim_and_run(spec, identity.as_slot(), body, log, caller))
         if claim.verdict is Verdict.IN_PROGRESS and (
             moved := continuation.behind(record, identity)
         ):
@@ -252,7 +257,7 @@ class Executor:
         if waiting is not None:  # Another delivery of the chain runs the run, or will.
             self._give_back(live, waiting.message, count=False)
             return waiting
-        reply = self._run(spec, ctx, live, body, log)
+        reply = yield from self._run(spec, ctx, live, body, log)
         log.update(runner.log_fields())
         return reply
 
@@ -271,7 +276,7 @@ class Executor:
 
     def _run(
         self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, body: bytes, log: dict[str, Any]
-    ) -> Reply:
+    ) -> Steps[Reply]:
         if spec.max_attempts is not None and ctx.attempt > spec.max_attempts:
             # Only reached through a claim: every earlier attempt's lease had run out.
             error = f"gave up after {spec.max_attempts} attempts (max_attempts)"
@@ -306,7 +311,7 @@ class Executor:
                 else:
                     result = spec.function(ctx)
                 while inspect.isawaitable(result):  # async def, or returning one: awaited.
-                    result = HANDLER_LOOP.run(result)
+                    result = yield Await(result)
         except (lease.KeeperNotStarted, LoopNotStarted) as exc:  # The handler never ran.
             self._give_back(live, str(exc), count=False)
             return _store_unavailable(str(exc), live.run_id)
@@ -333,7 +338,7 @@ class Executor:
                 raise  # The process is being stopped: its run was given back first.
             return reply
         if ctx_runner(ctx).continuation is not None:
-            return self._continue(spec, ctx, live, payload)
+            return (yield from self._continue(spec, ctx, live, payload))
         try:
             # Serialised once, here: the store keeps these bytes and every answer sends them.
             result_json = decisions.serialize_result(result)
@@ -349,13 +354,17 @@ class Executor:
             Reply.of(Outcome.PROCESSED, "processed", live.run_id, result_json=result_json),
         )
 
-    def _continue(self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, payload: Any) -> Reply:
+    def _continue(
+        self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, payload: Any
+    ) -> Steps[Reply]:
         """End the delivery with the continuation the handler asked for: enqueue it (once,
         by name), then record it, fenced. A refused record leaves the task to wait for the
         run (continuation.gate); a failed enqueue releases the run for a retry."""
         runner = ctx_runner(ctx)
         try:
-            state_json = continuation.enqueue_next(self.router, spec, runner, payload, ctx.queue)
+            state_json = yield Blocking(
+                lambda: continuation.enqueue_next(self.router, spec, runner, payload, ctx.queue)
+            )
         except Exception as exc:
             note_error(exc)
             error = f"could not enqueue the continuation: {type(exc).__name__}: {exc}"

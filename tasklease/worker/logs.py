@@ -174,13 +174,21 @@ def configure_logging(level: int = logging.INFO) -> None:
     _own_json_handler = None if text else handler
 
 
+# Loggers live as long as the process: looked up once, not under logging's lock per request.
+_EXECUTION_LOG = logging.getLogger(EXECUTION_LOGGER)
+
 # The JSON handler configure_logging installed, while it alone receives tasklease's lines.
 _own_json_handler: logging.StreamHandler[Any] | None = None
 
 
 def instance_id() -> str:
     """Which process handled a request: Cloud Run revision (if any), host and pid."""
-    return _instance_id(os.getpid())
+    return _instance_id(_PID[0])
+
+
+# This process's id, kept by a fork hook: os.getpid() is a system call on every request.
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 @functools.cache
@@ -221,7 +229,7 @@ def log_execution(
     if pending is not None:
         _PENDING_ERROR.set(None)
         error = error or pending
-    logger = logging.getLogger(EXECUTION_LOGGER)
+    logger = _EXECUTION_LOG
     handler = _own_json_handler
     if error is None and handler is not None and _only_to(handler, logger, level):
         # The line every request writes, straight to the handler's stream: the same JSON the

@@ -5,7 +5,9 @@ When the store never waits on I/O (:attr:`LeaseStore.nonblocking <tasklease.work
 base.LeaseStore.nonblocking>`: MemoryStore) and the authenticator never does either
 (:attr:`Authenticator.nonblocking <tasklease.worker.auth.Authenticator.nonblocking>`: auth
 off), that answer needs no thread: the ASGI app asks here first and hops to a delivery thread
-only when the delivery needs a claim. Every other store is read in a delivery thread, always.
+only when the delivery needs a claim; and a delivery to an ``async def`` handler
+(:func:`runs_on_loop`) is executed there whole, claim, handler and finish. Every other store
+is read in a delivery thread, always.
 
 The answer, its headers and its log line are :meth:`Executor.execute
 <tasklease.worker.execution.Executor.execute>`'s own: the same code path, stopped before
@@ -16,6 +18,7 @@ remembered between deliveries: each answer reads the record, so a run an operato
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING
 
 from tasklease import protocol
@@ -26,6 +29,7 @@ from tasklease.worker.core.identity import Kind
 if TYPE_CHECKING:
     from tasklease.worker.execution import Delivery, Executor
     from tasklease.worker.reply import Reply
+    from tasklease.worker.router import HandlerSpec
 
 _COUNTS = (constants.TASKS_RETRY_COUNT, constants.TASKS_EXECUTION_COUNT)
 
@@ -43,6 +47,16 @@ def answers_on_loop(executor: Executor) -> bool:
         and executor.authenticator.nonblocking
         and not telemetry.opentelemetry_in_use()
     )
+
+
+def runs_on_loop(spec: HandlerSpec | None) -> bool:
+    """Whether a delivery to ``spec`` runs whole on the event loop, where
+    :func:`answers_on_loop` holds: an ``async def`` handler's, unless it is transactional
+    (its transaction holds a connection that blocks). A plain function never runs there,
+    even one returning a coroutine."""
+    if spec is None or spec.transactional:
+        return False
+    return inspect.iscoroutinefunction(spec.function)
 
 
 def may_be_settled(delivery: Delivery) -> bool:

@@ -20,7 +20,7 @@ import uuid
 import weakref
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from tasklease.worker.logs import instance_id
 from tasklease.worker.stores.delivery_tally import TALLY_KEPT, DeliveryTally, TallyKey, minute_of
@@ -53,10 +53,17 @@ class DeliveryCounter:
         self.instance = ""
         self._closed = False
         self.next_flush = 0.0  # Monotonic seconds.
+        self._minute: tuple[datetime, datetime] | None = None
 
     def count(self, kind: str, handler: str, outcome: str) -> None:
         """Count one delivery now (called on the delivery's path: memory only)."""
-        minute = minute_of(self.clock())
+        now = self.clock()
+        last = self._minute  # The minute of the last count, and its end.
+        if last is not None and now.tzinfo is not None and last[0] <= now < last[1]:
+            minute = last[0]
+        else:
+            minute = minute_of(now)
+            self._minute = (minute, minute + timedelta(minutes=1))
         with self._lock:
             if self._pid != os.getpid():
                 self._start()
