@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,7 @@ from tasklease.emulator import CloudTasksEmulator
 from tests import firestore_support, postgres_support, spanner_support
 from tests.emulator_target import Target
 from tests.fake_cloud_tasks import FakeCloudTasks
+from tests.gcloud_judge import GcloudBatch, offline_env
 from tests.helpers import FakeClock
 
 
@@ -28,6 +30,36 @@ def _tasklease_logs_propagate() -> Iterator[None]:
     logger.propagate = True
     yield
     logger.propagate, logger.handlers[:] = saved[0], saved[1]
+
+
+@pytest.fixture(scope="session")
+def gcloud_verdicts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcloudBatch]:
+    """Every deploy test's gcloud commands, started at once (tests/gcloud_judge.py)."""
+    # Imported here: these modules fail or skip at import where gcloud is missing.
+    from tests import (  # noqa: PLC0415
+        test_deploy_gcloud,
+        test_deploy_proxy_gcloud,
+        test_deploy_stores_gcloud,
+    )
+
+    planned = {
+        "deploy": test_deploy_gcloud.planned_commands(tmp_path_factory.mktemp("deploy")),
+        "stores": test_deploy_stores_gcloud.store_commands(tmp_path_factory.mktemp("stores")),
+        "proxy": test_deploy_proxy_gcloud.proxy_commands(tmp_path_factory.mktemp("proxy")),
+    }
+    bad = [*test_deploy_gcloud.BAD, *test_deploy_stores_gcloud.BAD, *test_deploy_proxy_gcloud.BAD]
+    config_dir = tmp_path_factory.mktemp("gcloud-config")
+    # A loopback port bound but never listening: connections are refused, and nothing else
+    # can take the port while the batch runs.
+    with socket.socket() as refusing:
+        refusing.bind(("127.0.0.1", 0))
+        batch = GcloudBatch(
+            {**planned, "bad": bad}, offline_env(config_dir, refusing.getsockname()[1])
+        )
+        try:
+            yield batch
+        finally:
+            batch.close()
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gcloud_judge import GcloudBatch
 from tests.test_deploy import Cloud, user_config, user_project
-from tests.test_deploy_gcloud import judge, offline_env, refusing_port  # noqa: F401
 from tests.test_deploy_proxy import LIBRARIES, PROXY_JOBS
 
 pytestmark = pytest.mark.slow
@@ -24,10 +24,9 @@ def recorded(cloud: Cloud, config: Path, source: Path) -> list[list[str]]:
     return calls
 
 
-def test_every_proxy_command_is_accepted_by_the_installed_gcloud(
-    tmp_path: Path,
-    refusing_port: int,  # noqa: F811
-) -> None:
+def proxy_commands(tmp_path: Path) -> list[list[str]]:
+    """Each command a proxy job adds to a deploy and its teardown (Scheduler jobs aside:
+    tests/test_deploy_gcloud.py judges them)."""
     source = user_project(tmp_path, LIBRARIES)
     plain = user_config(tmp_path)
     config = tmp_path / "proxy.toml"
@@ -35,11 +34,21 @@ def test_every_proxy_command_is_accepted_by_the_installed_gcloud(
     (tmp_path / "base").mkdir()
     (tmp_path / "proxy").mkdir()
     base = recorded(Cloud(tmp_path / "base"), plain, source)
-    commands = [
+    return [
         call
         for call in recorded(Cloud(tmp_path / "proxy"), config, source)
-        if call not in base and call[0] != "scheduler"  # Scheduler jobs: judged elsewhere.
+        if call not in base and call[0] != "scheduler"
     ]
+
+
+# The judge must reject a wrong one in the same batch, or a pass would prove nothing.
+BAD = [["run", "jobs", "add-iam-policy-binding", "j", "--regio=us-east1", "--role=r"]]
+
+
+def test_every_proxy_command_is_accepted_by_the_installed_gcloud(
+    gcloud_verdicts: GcloudBatch,
+) -> None:
+    commands = gcloud_verdicts.planned["proxy"]
     heads = {" ".join(c[:3]) for c in commands}
     assert {
         "projects get-iam-policy data-project",
@@ -48,13 +57,10 @@ def test_every_proxy_command_is_accepted_by_the_installed_gcloud(
         "run jobs get-iam-policy",
         "run jobs add-iam-policy-binding",
     } <= heads, heads
-    # The judge must reject a wrong one in the same batch, or a pass would prove nothing.
-    bad = ["run", "jobs", "add-iam-policy-binding", "j", "--regio=us-east1", "--role=r"]
-    config_dir = tmp_path / "gcloud-config"
-    config_dir.mkdir()
-    rejected = judge([*commands, bad], offline_env(config_dir, refusing_port))
-    assert shlex.join(["gcloud", *bad]) in rejected
-    del rejected[shlex.join(["gcloud", *bad])]
+    rejected = gcloud_verdicts.rejected(commands + BAD)
+    for args in BAD:
+        assert shlex.join(["gcloud", *args]) in rejected, f"the judge accepted {args}"
+        del rejected[shlex.join(["gcloud", *args])]
     assert rejected == {}, "gcloud rejected proxy commands:\n" + "\n\n".join(
         f"{command}\n  -> {output}" for command, output in rejected.items()
     )

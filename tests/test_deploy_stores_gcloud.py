@@ -12,12 +12,14 @@ import pytest
 from tasklease.deploy import deploy as kit
 from tasklease.deploy.config import load_config
 from tasklease.deploy.gcloud import Gcloud
+from tests.gcloud_judge import GcloudBatch
 from tests.test_deploy import user_project
-from tests.test_deploy_gcloud import judge, offline_env, refusing_port  # noqa: F401 - fixture
 from tests.test_deploy_stores import REQUIREMENTS, store_config
 
 pytestmark = pytest.mark.slow
 STORE_WORDS = ("sql", "secrets", "spanner", "deploy")
+# The judge must reject a wrong one in the same batch, or a pass would prove nothing.
+BAD = [["run", "deploy", "s", "--region=us-central1", "--add-cloudsql-instance=p:r:i"]]
 
 
 class Calls(Gcloud):
@@ -57,10 +59,9 @@ def store_commands(tmp_path: Path) -> list[list[str]]:
 
 
 def test_every_command_a_database_store_adds_is_accepted_by_the_installed_gcloud(
-    tmp_path: Path,
-    refusing_port: int,  # noqa: F811 - the fixture
+    gcloud_verdicts: GcloudBatch,
 ) -> None:
-    commands = store_commands(tmp_path)
+    commands = gcloud_verdicts.planned["stores"]
     heads = {" ".join(c[:3]) for c in commands}
     assert {
         "sql instances describe",
@@ -70,11 +71,8 @@ def test_every_command_a_database_store_adds_is_accepted_by_the_installed_gcloud
         "spanner databases add-iam-policy-binding",
         "run deploy tasklease-worker",
     } <= heads
-    bad = [["run", "deploy", "s", "--region=us-central1", "--add-cloudsql-instance=p:r:i"]]
-    config_dir = tmp_path / "gcloud-config"
-    config_dir.mkdir()
-    rejected = judge(commands + bad, offline_env(config_dir, refusing_port))
-    for args in bad:
+    rejected = gcloud_verdicts.rejected(commands + BAD)
+    for args in BAD:
         assert shlex.join(["gcloud", *args]) in rejected, f"the judge accepted {args}"
         del rejected[shlex.join(["gcloud", *args])]
     assert rejected == {}, "gcloud rejected planned commands:\n" + "\n\n".join(
