@@ -1,0 +1,275 @@
+"""PostgresStore's group commit on a private cluster: concurrent claims and finishes of one
+process go in shared transactions, each ending as it would alone, whatever fails."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+from tasklease.worker import Router, create_app
+from tasklease.worker.core.records import RunStatus, Verdict
+from tasklease.worker.stores.postgres import PostgresStore
+from tasklease.worker.stores.postgres_group_commit import GroupCommit
+from tasklease.worker.stores.postgres_options import Options
+from tasklease.worker.stores.postgres_schema import Statements
+from tests import postgres_support
+from tests.helpers import T0, claim_request, task_headers
+
+pytestmark = pytest.mark.service
+
+THREADS = 16
+
+
+def group_of(store: PostgresStore) -> GroupCommit:
+    return store._process.get().group
+
+
+def in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(work, range(count)))
+
+
+def wait_for(condition: Callable[[], bool], what: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("group_commit", ["on", "off"])
+def test_concurrent_claims_and_finishes_each_end_as_they_would_one_at_a_time(
+    postgres_url: str, group_commit: str
+) -> None:
+    store = PostgresStore.from_url(
+        f"{postgres_url}&server_clock=off&max_size={THREADS}&group_commit={group_commit}"
+    )
+    store.get("warm-up")
+
+    def first_executions(thread: int) -> list[tuple[Verdict, bool]]:
+        outcomes = []
+        for n in range(15):
+            request = claim_request(f"run-{thread}-{n}", f"attempt-{thread}-{n}")
+            verdict = store.claim(request, T0).verdict
+            done = store.complete(request.run_id, request.attempt_id, f'"{thread}-{n}"', T0)
+            outcomes.append((verdict, done))
+        return outcomes
+
+    outcomes = in_threads(THREADS, first_executions)
+    assert all(outcome == [(Verdict.CLAIMED, True)] * 15 for outcome in outcomes)
+    # Every thread's duplicates, two at once on each run: answered from the record.
+    duplicates = in_threads(
+        THREADS,
+        lambda t: [
+            store.claim(claim_request(f"run-{t // 2}-{n}", f"again-{t}-{n}"), T0) for n in range(15)
+        ],
+    )
+    for thread, claims in enumerate(duplicates):
+        for n, claim in enumerate(claims):
+            assert claim.verdict is Verdict.COMPLETED
+            assert claim.record.result == f"{thread // 2}-{n}"
+    group = group_of(store)
+    if group_commit == "on":
+        assert group.batches > 0 and group.batched > group.batches, "no batch of two formed"
+    else:
+        assert group.batches == 0
+    assert group.failed == 0
+    store.close()
+
+
+def test_two_processes_racing_on_the_same_runs_claim_each_exactly_once(
+    postgres_url: str,
+) -> None:
+    """Two stores (two pools, as two processes) and their threads claim the same runs: each
+    run is claimed by one attempt, every other is told it is in progress."""
+    stores = [
+        PostgresStore.from_url(f"{postgres_url}&server_clock=off&max_size=8") for _ in range(2)
+    ]
+    for store in stores:
+        store.get("warm-up")
+    runs = [f"race-{n}" for n in range(40)]
+
+    def race(worker: int) -> list[tuple[str, Verdict]]:
+        store = stores[worker % 2]
+        order = runs if worker % 3 else list(reversed(runs))
+        return [
+            (run, store.claim(claim_request(run, f"a-{worker}-{run}"), T0).verdict) for run in order
+        ]
+
+    verdicts = [v for outcome in in_threads(12, race) for v in outcome]
+    for run in runs:
+        mine = [verdict for r, verdict in verdicts if r == run]
+        assert mine.count(Verdict.CLAIMED) == 1, (run, mine)
+        assert mine.count(Verdict.IN_PROGRESS) == 11, (run, mine)
+    assert sum(group_of(store).batches for store in stores) > 0
+    for store in stores:
+        store.close()
+
+
+# --- A batch that fails ------------------------------------------------------------------
+
+
+@contextmanager
+def held_advisory_lock(url: str, key: int) -> Iterator[Callable[[], None]]:
+    """An advisory lock held by a connection of the test's own; yields its release."""
+    with psycopg.connect(url, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        yield lambda: holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def test_a_batch_with_a_failing_statement_sends_every_member_alone(
+    postgres_cluster: postgres_support.Cluster,
+) -> None:
+    """One member's statement fails, so the batch's transaction wrote nothing: each member
+    is sent again alone, and only the failing one sees its error."""
+    url = postgres_cluster.url()
+    table = f"gc_{postgres_support.fresh_schema()}"
+    postgres_cluster.sql(f"CREATE TABLE {table} (id text PRIMARY KEY)")
+    group = GroupCommit()
+    outcomes: dict[str, Any] = {}
+    connections = [psycopg.connect(url, autocommit=True) for _ in range(6)]
+
+    def member(index: int, statement: str, params: tuple[Any, ...]) -> None:
+        try:
+            outcomes[params[0]] = group.fetch(connections[index], params[0], statement, params)[0]
+        except psycopg.Error as exc:
+            outcomes[params[0]] = exc
+
+    insert = f"INSERT INTO {table} VALUES (%s) RETURNING id"
+    with held_advisory_lock(url, 7) as release:
+        # A lone statement in flight (it waits on the lock): the others queue behind it.
+        leader = threading.Thread(
+            target=member,
+            args=(0, "SELECT %s, pg_advisory_lock(7), pg_advisory_unlock(7)", ("lead",)),
+        )
+        leader.start()
+        wait_for(lambda: group._busy, "the lone statement in flight")
+        members = [
+            threading.Thread(target=member, args=(n, insert, (f"r{n}",))) for n in range(1, 5)
+        ]
+        members.append(threading.Thread(target=member, args=(5, "SELECT %s, 1 / 0", ("z-bad",))))
+        for thread in members:
+            thread.start()
+        wait_for(lambda: len(group._queue) == 5, "five statements queued")
+        release()
+        for thread in [leader, *members]:
+            thread.join(30)
+    assert group.failed == 1 and group.batches == 0
+    assert outcomes["lead"][0] == "lead"
+    assert [outcomes[f"r{n}"] for n in range(1, 5)] == [(f"r{n}",) for n in range(1, 5)]
+    assert isinstance(outcomes["z-bad"], psycopg.errors.DivisionByZero)
+    assert postgres_cluster.sql(f"SELECT count(*) FROM {table}") == [(4,)]
+    for connection in connections:
+        connection.close()
+
+
+def test_a_batch_whose_connection_is_killed_mid_transaction_still_finishes_every_run(
+    postgres_url: str, postgres_cluster: postgres_support.Cluster
+) -> None:
+    """The batch's backend is terminated while it waits on a row lock, after some of its
+    members' writes: that transaction is gone, and every member finishes alone."""
+    store = PostgresStore.from_url(f"{postgres_url}&server_clock=off&max_size=12")
+    schema = store.options.schema
+    runs = [f"run-{n}" for n in range(9)]
+    for run in runs:
+        assert store.claim(claim_request(run, f"a-{run}"), T0).verdict is Verdict.CLAIMED
+    url = postgres_cluster.url()
+    first, blocker = (psycopg.connect(url) for _ in range(2))
+    lock_row = f"SELECT 1 FROM {schema}.runs WHERE run_id = %s FOR UPDATE"
+    first.execute(lock_row, ("run-0",))  # Holds the lone first finish.
+    blocker.execute(lock_row, ("run-5",))  # Holds the batch behind it, mid-way.
+    done: dict[str, bool] = {}
+
+    def finish(run: str) -> None:
+        done[run] = store.complete(run, f"a-{run}", '"ok"', T0)
+
+    lone = threading.Thread(target=finish, args=("run-0",))
+    lone.start()
+    wait_for(lambda: group_of(store)._busy, "the first finish in flight")
+    batch = [threading.Thread(target=finish, args=(run,)) for run in runs[1:]]
+    for thread in batch:
+        thread.start()
+    wait_for(lambda: len(group_of(store)._queue) == 8, "eight finishes queued")
+    first.commit()
+    waiting = (
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'tasklease' "
+        "AND wait_event_type = 'Lock'"
+    )
+    wait_for(lambda: bool(postgres_cluster.sql(waiting)), "the batch waiting on run-5")
+    (pid,) = postgres_cluster.sql(waiting)[0]
+    postgres_cluster.sql(f"SELECT pg_terminate_backend({pid})")
+    wait_for(lambda: group_of(store).failed == 1, "the batch failed")
+    blocker.commit()
+    for thread in [lone, *batch]:
+        thread.join(30)
+    assert done == dict.fromkeys(runs, True)
+    for run in runs:
+        record = store.get(run)
+        assert record is not None and record.status is RunStatus.COMPLETED, run
+    first.close()
+    blocker.close()
+    store.close()
+
+
+# --- Round trips --------------------------------------------------------------------------
+
+
+def test_concurrent_deliveries_cost_at_most_two_round_trips_each(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch is one round trip shared by its members: counted per delivery, a first
+    execution still sends its two statements and costs at most two round trips."""
+    router = Router()
+    router.task("send_receipt")(lambda payload, ctx: {"ok": True})
+    store = PostgresStore.from_url(f"{postgres_url}&max_size={THREADS}")
+    app = create_app(router, store=store, auth="none")
+    store.get("warm-up")
+    statements: list[str] = []
+    trips = [0]
+    execute, sync = psycopg.Connection.execute, psycopg.Pipeline.sync
+
+    def counted_execute(connection: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        # Not a delivery's: a new pooled connection's clock reading, the tally's flush.
+        if str(query) != Statements("x").now and "delivery_tally" not in str(query):
+            statements.append(str(query).split()[0].upper())
+            trips[0] += connection._pipeline is None
+        return execute(connection, query, *args, **kwargs)
+
+    def counted_sync(pipeline: Any) -> None:
+        trips[0] += 1
+        sync(pipeline)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counted_execute)
+    monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
+
+    def deliver(thread: int) -> list[str]:
+        client = app.test_client()
+        return [
+            str(
+                client.post(
+                    "/tasks/send_receipt", headers=task_headers(task=f"t-{thread}-{n}"), data=b"{}"
+                ).headers["X-Tasklease-Outcome"]
+            )
+            for n in range(10)
+        ]
+
+    outcomes = in_threads(THREADS, deliver)
+    deliveries = THREADS * 10
+    assert all(outcome == ["processed"] * 10 for outcome in outcomes)
+    assert sorted(statements) == sorted(["WITH", "UPDATE"] * deliveries)
+    group = group_of(store)
+    assert group.batches > 0
+    assert trips[0] == 2 * deliveries - group.batched + group.batches <= 2 * deliveries
+    store.close()
+
+
+def test_group_commit_is_on_unless_the_url_turns_it_off() -> None:
+    assert Options().group_commit
+    _, options = Options.from_url("postgresql://localhost/db?group_commit=off")
+    assert options == Options(group_commit=False)
