@@ -107,7 +107,8 @@ class _Process:
     own writes."""
 
     pool: ConnectionPool[Connection[Any]]
-    group: GroupCommit  # The claims and finishes of its threads, committed together.
+    claims: GroupCommit  # Its threads' claims, committed together; and their finishes.
+    finishes: GroupCommit
     watchdog: Watchdog = field(default_factory=Watchdog)
     ready: bool = False  # The schema is migrated.
     writes: OrderedDict[tuple[str, str], tuple[int, RunRecord]] = field(default_factory=OrderedDict)
@@ -247,7 +248,7 @@ class PostgresStore(
         columns, values = encode_run_changes(before, record)
         params = [*values, record.run_id, version, before.attempt_id]
         statement = self._statements.update_columns(columns)
-        batches = self._process.get().group if group else None
+        batches = self._process.get().finishes if group else None
         row = fetch(batches, connection, record.run_id, statement, params)[0]
         if row is None:
             self._forget(record)
@@ -368,7 +369,7 @@ class PostgresStore(
     ) -> Any:
         """Run a statement that returns the server's time last; measure the clock offset.
         On a ``run``, it may go with other threads' statements (group commit)."""
-        group = self._process.get().group if run else None
+        group = self._process.get().claims if run else None
         row, sent, received = fetch(group, connection, run, statement, params)
         if row is not None:
             self._offset = row[-1] - (sent + (received - sent) / 2)
@@ -446,7 +447,8 @@ class PostgresStore(
             name=f"tasklease-{self.options.schema}",
         )
         pool.open(wait=False)
-        return _Process(pool, GroupCommit(self.options.group_commit))
+        on = self.options.group_commit
+        return _Process(pool, GroupCommit(on), GroupCommit(on))
 
     def _configure(self, connection: Connection[Any]) -> None:
         """A new connection: measure the server's clock against ours."""

@@ -1,4 +1,4 @@
-"""Group commit: one process's concurrent claims and finishes, sent in one transaction.
+"""Group commit: one process's concurrent claims (or finishes), sent in one transaction.
 
 Each first claim and each finish is one statement and one commit, and the commit (the WAL
 flush) is most of what the server spends on it. So the statements that the threads of one
@@ -8,7 +8,9 @@ flight, leads. It sends its statement and every statement queued meanwhile (up t
 one commit for all of them, then hands each thread its row. Threads arriving while a batch is
 in flight queue; when it returns, the first of them leads the next. No timer: a thread
 arriving alone is sent at once, exactly as without group commit (its statement alone,
-autocommit).
+autocommit). A process has two such groups, one for claims and one for finishes: a claim
+need not wait for a batch of finishes in flight, and a batch of finishes (updates of rows
+already committed) never waits on a batch of claims.
 
 The statements between two Syncs run in one implicit transaction, committed at the Sync, or
 rolled back whole if one fails (postgresql.org/docs/current/protocol-flow.html, "Pipelining").
