@@ -3,6 +3,8 @@ process go in shared transactions, each ending as it would alone, whatever fails
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -286,3 +288,48 @@ def test_group_commit_is_on_unless_the_url_turns_it_off() -> None:
     assert Options().group_commit
     _, options = Options.from_url("postgresql://localhost/db?group_commit=off")
     assert options == Options(group_commit=False)
+
+
+def test_a_child_forked_while_a_batch_is_in_flight_claims_without_waiting_for_it(
+    postgres_url: str,
+) -> None:
+    """A process's batches are its own: a child forked while its parent's batch waits on
+    the server starts with no batch in flight (a queue and a lock do not cross a fork)."""
+    store = PostgresStore.from_url(f"{postgres_url}&server_clock=off")
+    finishes = groups_of(store)[1]
+    held = f"SELECT 1 FROM {store.options.schema}.runs WHERE run_id = %s FOR UPDATE"
+    assert store.claim(claim_request("held", "a1"), T0).verdict is Verdict.CLAIMED
+    with psycopg.connect(postgres_url.split("?", maxsplit=1)[0]) as blocker:
+        blocker.execute(held, ("held",))
+        # The parent's lone finish waits on the row lock: its finishes group is busy.
+        waiting = threading.Thread(
+            target=lambda: store.complete("held", "a1", None, T0), daemon=True
+        )
+        waiting.start()
+        wait_for(lambda: finishes._busy, "the parent's finish in flight")
+        pid = os.fork()
+        if pid == 0:  # The child: claims and finishes of its own, at once, in threads.
+            code = 1
+            try:
+
+                def first_execution(n: int) -> bool:
+                    claimed = store.claim(claim_request(f"c{n}", f"a{n}"), T0)
+                    done = store.complete(f"c{n}", f"a{n}", None, T0)
+                    return claimed.verdict is Verdict.CLAIMED and done
+
+                code = 0 if all(in_threads(4, first_execution)) else 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
+        assert finishes._busy and waiting.is_alive()  # The parent's batch waited throughout.
+        blocker.commit()
+    waiting.join(30)
+    record = store.get("held")
+    assert record is not None and record.status is RunStatus.COMPLETED
+    store.close()
