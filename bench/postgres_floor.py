@@ -103,10 +103,9 @@ def _send(connection: psycopg.Connection[Any], batch: list[tuple[str, list[Any]]
     """One statement alone (autocommit), or several in one pipeline and one Sync."""
     if len(batch) == 1:
         return [connection.execute(*batch[0]).fetchone()]
-    with connection.pipeline() as pipeline:
+    with connection.pipeline():  # Its exit sends the one Sync and reads the results.
         cursors = [connection.execute(statement, params) for statement, params in batch]
-        pipeline.sync()
-        return [cursor.fetchone() for cursor in cursors]
+    return [cursor.fetchone() for cursor in cursors]
 
 
 def measure(cluster: Cluster, clients: int, executions: int, batch: int = 1) -> tuple[float, float]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg._pipeline_base import BasePipeline
 
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import RunStatus, Verdict
@@ -247,7 +248,7 @@ def test_concurrent_deliveries_cost_at_most_two_round_trips_each(
     store.get("warm-up")
     statements: list[str] = []
     trips = [0]
-    execute, sync = psycopg.Connection.execute, psycopg.Pipeline.sync
+    execute, sync = psycopg.Connection.execute, BasePipeline._enqueue_sync
 
     def counted_execute(connection: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         # Not a delivery's: a new pooled connection's clock reading, the tally's flush.
@@ -256,12 +257,12 @@ def test_concurrent_deliveries_cost_at_most_two_round_trips_each(
             trips[0] += connection._pipeline is None
         return execute(connection, query, *args, **kwargs)
 
-    def counted_sync(pipeline: Any) -> None:
+    def counted_sync(pipeline: Any) -> None:  # Each Sync a pipeline sends: a round trip.
         trips[0] += 1
         sync(pipeline)
 
     monkeypatch.setattr(psycopg.Connection, "execute", counted_execute)
-    monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
+    monkeypatch.setattr(BasePipeline, "_enqueue_sync", counted_sync)
 
     def deliver(thread: int) -> list[str]:
         client = app.test_client()

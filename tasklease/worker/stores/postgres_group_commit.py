@@ -137,10 +137,11 @@ class GroupCommit:
         """The batch in one pipeline and one Sync: one round trip, one transaction."""
         sent = _utc_now()
         try:
-            with connection.pipeline() as pipeline:
+            # No pipeline.sync(): leaving the block sends a Sync and reads every result, and
+            # a sync() inside would cost a second round trip for that one.
+            with connection.pipeline():
                 cursors = [connection.execute(m.statement, m.params) for m in batch]
-                pipeline.sync()
-                rows = [cursor.fetchone() for cursor in cursors]
+            rows = [cursor.fetchone() for cursor in cursors]
         except Exception:  # A psycopg error, or a member's parameters that do not encode.
             self.failed += 1
             return  # Nothing fetched: every member sends its statement alone.
