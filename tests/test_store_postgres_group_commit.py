@@ -233,6 +233,44 @@ def test_a_batch_whose_connection_is_killed_mid_transaction_still_finishes_every
     store.close()
 
 
+def test_batches_whose_commit_landed_but_whose_answer_was_lost_end_every_run_right(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch commits and then its answer is lost (as when the connection breaks after
+    the Sync): every member sends its statement again alone, and the claims and finishes
+    that already landed are recognised as this attempt's own."""
+    store = PostgresStore.from_url(f"{postgres_url}&server_clock=off&max_size={THREADS}")
+    store.get("warm-up")
+    send = GroupCommit._send
+    lost = [0]
+
+    def commit_then_lose_the_answer(group: GroupCommit, connection: Any, batch: Any) -> None:
+        send(group, connection, batch)  # Committed.
+        for member in batch:
+            member.fetched = None
+        lost[0] += 1
+
+    monkeypatch.setattr(GroupCommit, "_send", commit_then_lose_the_answer)
+
+    def first_executions(thread: int) -> list[tuple[Verdict, bool]]:
+        outcomes = []
+        for n in range(10):
+            run, attempt = f"run-{thread}-{n}", f"attempt-{thread}-{n}"
+            verdict = store.claim(claim_request(run, attempt), T0).verdict
+            outcomes.append((verdict, store.complete(run, attempt, '"done"', T0)))
+        return outcomes
+
+    outcomes = in_threads(THREADS, first_executions)
+    assert lost[0] > 0, "no batch formed"
+    assert all(outcome == [(Verdict.CLAIMED, True)] * 10 for outcome in outcomes)
+    for thread in range(THREADS):
+        for n in range(10):
+            record = store.get(f"run-{thread}-{n}")
+            assert record is not None and record.status is RunStatus.COMPLETED
+            assert record.attempts == 1 and record.result == "done"
+    store.close()
+
+
 # --- Round trips --------------------------------------------------------------------------
 
 
