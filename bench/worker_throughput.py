@@ -4,8 +4,10 @@ Three servers, one gunicorn configuration (2 workers, 4 threads each, or ``--thr
 Flask route doing a trivial handler's work, and tasklease serving the same work on MemoryStore
 and on SqliteStore (durable: synchronous=FULL), and with ``--stores postgres`` on PostgresStore
 (a private PostgreSQL cluster on the same cores, fsync on, started and stopped by the
-benchmark). Each is driven by wrk (Debian's package; ``make bench`` installs it) with a new
-task name per request (first executions) and one repeated name marked as a retry (duplicates).
+benchmark; ``postgres_solo``: the same with group commit off, each statement its own commit;
+a pool of one connection per gunicorn thread). Each is driven by wrk (Debian's package;
+``make bench`` installs it) with a new task name per request (first executions) and one
+repeated name marked as a retry (duplicates).
 Servers are measured one after another within each round, so machine noise hits them all; quote
 the ratios of one round. A server is stopped, and has exited, before the next starts (a SQLite
 server checkpoints its WAL while it shuts down).
@@ -216,10 +218,15 @@ def measure_round(
     for store in stores:
         with tempfile.TemporaryDirectory() as folder:
             where = str(Path(folder) / "runs.db")
-            if store == "postgres":  # A schema of its own per round: the tables start empty.
+            kind = store
+            if store.startswith("postgres"):  # A schema of its own per round: tables empty.
                 assert postgres_url is not None
-                where = f"{postgres_url}?schema=bench_{uuid.uuid4().hex[:8]}&max_size=4"
-            env = {"BENCH_STORE": store, "BENCH_DB": where}
+                kind, group = "postgres", "off" if store == "postgres_solo" else "on"
+                where = (
+                    f"{postgres_url}?schema=bench_{uuid.uuid4().hex[:8]}&max_size={THREADS}"
+                    f"&group_commit={group}"
+                )
+            env = {"BENCH_STORE": kind, "BENCH_DB": where}
             server = Server("tasklease", env, log)
             try:
                 results[f"{store} first"] = server.measure(drive, "first.lua", seconds)
@@ -235,7 +242,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=int, default=8)
-    parser.add_argument("--stores", default="memory,sqlite", help="of memory, sqlite, postgres")
+    parser.add_argument(
+        "--stores",
+        default="memory,sqlite",
+        help="of memory, sqlite, postgres, postgres_solo (group commit off)",
+    )
     parser.add_argument(
         "--threads", type=int, default=4, help="per gunicorn worker (the Procfile's: 8)"
     )
@@ -253,7 +264,7 @@ def main() -> None:
     print(f"gunicorn 2 workers x {THREADS} threads; wrk 2 threads, 16 connections; trivial handler")
     with ExitStack() as cleanup:
         postgres_url = None
-        if "postgres" in stores:
+        if any(store.startswith("postgres") for store in stores):
             postgres_url = cleanup.enter_context(private_postgres()).url()
         for round_ in range(1, args.rounds + 1):
             results = measure_round(args.seconds, log, stores, postgres_url)

@@ -17,6 +17,11 @@ concurrent changes one wins and the other reads again. Round trips (autocommit s
 - operator actions and locks: a read (a lock's change may read its holder's run too) and a
   conditional write.
 
+Group commit (:mod:`~tasklease.worker.stores.postgres_group_commit`, ``group_commit=off``
+to turn it off): the claim statements and the finishes above that the threads of one process
+send at the same time go in one pipelined transaction, one round trip and one commit for all
+of them; a statement sent alone is sent as it would be without it.
+
 With ``server_clock`` (the default) a store call given a clock (the worker's) uses the
 database server's clock instead: the time of the statement that read the record decides a
 claim, a takeover and every change read first; a write made without a read first (a first
@@ -71,6 +76,7 @@ from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_relea
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.postgres_diagnosis import why_no_connection
+from tasklease.worker.stores.postgres_group_commit import GroupCommit, fetch
 from tasklease.worker.stores.postgres_options import Options
 from tasklease.worker.stores.postgres_schema import (
     RUN_COLUMNS,
@@ -79,6 +85,7 @@ from tasklease.worker.stores.postgres_schema import (
     encode_run,
     encode_run_changes,
     migrate,
+    scan_runs,
 )
 from tasklease.worker.stores.postgres_watchdog import CallTimedOut, Watchdog
 
@@ -96,9 +103,12 @@ def _utc_now() -> datetime:
 
 @dataclass
 class _Process:
-    """What one process holds: its pool, its watchdog, and the versions of its own writes."""
+    """What one process holds: its pool, its batches, its watchdog, and the versions of its
+    own writes."""
 
     pool: ConnectionPool[Connection[Any]]
+    claims: GroupCommit  # Its threads' claims, committed together; and their finishes.
+    finishes: GroupCommit
     watchdog: Watchdog = field(default_factory=Watchdog)
     ready: bool = False  # The schema is migrated.
     writes: OrderedDict[tuple[str, str], tuple[int, RunRecord]] = field(default_factory=OrderedDict)
@@ -148,9 +158,8 @@ class PostgresStore(
             for _ in range(MAX_ROUNDS):
                 fresh = decisions.claim(None, request, resolve(now))
                 attempted.append(fresh.record)
-                row = self._timed(
-                    connection, self._statements.claim, [*encode_run(fresh.record), request.run_id]
-                )
+                params = [*encode_run(fresh.record), request.run_id]
+                row = self._timed(connection, self._statements.claim, params, request.run_id)
                 if row is None:
                     continue  # A first claim raced ours and committed after our snapshot.
                 inserted, row = row[0], row[1:]
@@ -192,7 +201,10 @@ class PostgresStore(
         if remembered is not None:  # One round trip: conditional on our own last write.
             version, record = remembered
             written = update(record, resolve(now))
-            if self._call("change a run", lambda c: self._update_run(c, record, written, version)):
+            grouped = finished is not None  # A renewal may wait on a transactional handler.
+            if self._call(
+                "change a run", lambda c: self._update_run(c, record, written, version, grouped)
+            ):
                 return written
         return super()._if_held(run_id, attempt_id, update, now, finished)
 
@@ -223,14 +235,21 @@ class PostgresStore(
         return self._call("change a run", work)
 
     def _update_run(
-        self, connection: Connection[Any], before: RunRecord, record: RunRecord, version: int
+        self,
+        connection: Connection[Any],
+        before: RunRecord,
+        record: RunRecord,
+        version: int,
+        group: bool = False,
     ) -> bool:
         """Write ``record`` if its row is still at ``version`` and ``before``'s attempt,
-        where it holds ``before`` (sending only the columns that differ); remember the new
-        version."""
+        where it holds ``before`` (sending only the columns that differ), with other threads'
+        writes if ``group``; remember the new version."""
         columns, values = encode_run_changes(before, record)
         params = [*values, record.run_id, version, before.attempt_id]
-        row = connection.execute(self._statements.update_columns(columns), params).fetchone()
+        statement = self._statements.update_columns(columns)
+        batches = self._process.get().finishes if group else None
+        row = fetch(batches, connection, record.run_id, statement, params)[0]
         if row is None:
             self._forget(record)
             return False
@@ -249,30 +268,8 @@ class PostgresStore(
         return self._rows("list runs", sql, [*params, limit])
 
     def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        status = filters.status_to_scan
-        for column, value in (
-            ("status", status.value if status else None),
-            ("handler", filters.handler),
-            ("kind", filters.kind),
-        ):
-            if value is not None:
-                clauses.append(f"{column} = %s")
-                params.append(value)
-        if filters.older_than is not None:
-            clauses.append("claimed_at < %s")
-            params.append(filters.older_than)
-        if filters.newer_than is not None:
-            clauses.append("claimed_at >= %s")
-            params.append(filters.newer_than)
-        if after is not None:
-            clauses.append("(claimed_at, run_id) < (%s, %s)")
-            params.extend(after)
-        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        order = " ORDER BY claimed_at DESC, run_id DESC LIMIT %s"
         return self._rows(
-            "list runs", f"{self._statements.list_runs}{where}{order}", [*params, limit]
+            "list runs", *scan_runs(self._statements.list_runs, filters, after, limit)
         )
 
     def _find_by_identity(self, name: str, value: str) -> list[RunRecord]:
@@ -367,12 +364,14 @@ class PostgresStore(
         finally:
             self._statement_time.value = None
 
-    def _timed(self, connection: Connection[Any], statement: str, params: Any) -> Any:
-        """Run a statement that returns the server's time last; measure the clock offset."""
-        sent = _utc_now()
-        row = connection.execute(statement, params).fetchone()
+    def _timed(
+        self, connection: Connection[Any], statement: str, params: Any, run: str = ""
+    ) -> Any:
+        """Run a statement that returns the server's time last; measure the clock offset.
+        On a ``run``, it may go with other threads' statements (group commit)."""
+        group = self._process.get().claims if run else None
+        row, sent, received = fetch(group, connection, run, statement, params)
         if row is not None:
-            received = _utc_now()
             self._offset = row[-1] - (sent + (received - sent) / 2)
         return row
 
@@ -448,7 +447,8 @@ class PostgresStore(
             name=f"tasklease-{self.options.schema}",
         )
         pool.open(wait=False)
-        return _Process(pool)
+        on = self.options.group_commit
+        return _Process(pool, GroupCommit(on), GroupCommit(on))
 
     def _configure(self, connection: Connection[Any]) -> None:
         """A new connection: measure the server's clock against ours."""

@@ -39,6 +39,9 @@ class Options:
     - ``server_clock``: given a clock, use the database server's instead (see the store).
     - ``purge_interval``: how often a claiming process purges expired records, in batches of
       ``purge_batch`` rows.
+    - ``group_commit``: send the claims and finishes of one process's concurrent requests in
+      one transaction (:mod:`~tasklease.worker.stores.postgres_group_commit`); off, each is
+      its own.
     """
 
     schema: str = DEFAULT_SCHEMA
@@ -49,6 +52,7 @@ class Options:
     server_clock: bool = True
     purge_interval: timedelta = timedelta(minutes=10)
     purge_batch: int = 1000
+    group_commit: bool = True
 
     def __post_init__(self) -> None:
         if not _SCHEMA_NAME.fullmatch(self.schema):

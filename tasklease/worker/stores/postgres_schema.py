@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core import locking
+from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import LockRecord, RunRecord
 from tasklease.worker.stores import postgres_tally as tally
 from tasklease.worker.stores.codec import Conversion, RecordCodec
@@ -148,6 +149,36 @@ def encode_run_changes(before: RunRecord, after: RunRecord) -> tuple[tuple[str, 
 def decode_run(row: tuple[Any, ...] | list[Any]) -> RunRecord:
     """The record of a row whose first columns are :data:`RUN_COLUMNS`."""
     return _RUNS.decode(row)
+
+
+def scan_runs(
+    list_runs: str, filters: RunFilter, after: Position | None, limit: int
+) -> tuple[str, list[Any]]:
+    """The statement (``list_runs`` and its clauses) and parameters of a filtered page of
+    runs, newest first, after ``after``."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    status = filters.status_to_scan
+    for column, value in (
+        ("status", status.value if status else None),
+        ("handler", filters.handler),
+        ("kind", filters.kind),
+    ):
+        if value is not None:
+            clauses.append(f"{column} = %s")
+            params.append(value)
+    if filters.older_than is not None:
+        clauses.append("claimed_at < %s")
+        params.append(filters.older_than)
+    if filters.newer_than is not None:
+        clauses.append("claimed_at >= %s")
+        params.append(filters.newer_than)
+    if after is not None:
+        clauses.append("(claimed_at, run_id) < (%s, %s)")
+        params.extend(after)
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    order = " ORDER BY claimed_at DESC, run_id DESC LIMIT %s"
+    return f"{list_runs}{where}{order}", [*params, limit]
 
 
 def encode_lock(lock: LockRecord) -> list[Any]:
