@@ -44,10 +44,13 @@ def userapp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     created = run(sys.executable, "-m", "venv", venv, cwd=tmp)
     assert created.returncode == 0, created.stderr
     bin_dir = venv / "bin"
-    # pip's cache and this machine's configured indexes keep this to seconds after a first run.
+    # pip's cache and this machine's configured indexes keep this to seconds after a first run;
+    # --no-compile: pip's byte-compiling of every dependency is most of a cached install.
     installed = run(
-        bin_dir / "python", "-m", "pip", "install", "--quiet", checkout, f"{app}[test]", cwd=tmp
-    )
+        bin_dir / "python", "-m", "pip", "install", "--quiet", "--no-compile",
+        checkout, f"{app}[test]",
+        cwd=tmp,
+    )  # fmt: skip
     assert installed.returncode == 0, installed.stdout + installed.stderr
     return bin_dir, app
 
