@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tasklease.plumbing.serve import free_port
+from tests.process_groups import group_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "services" / "firestore_emulator.js"
@@ -172,19 +173,11 @@ def _stop_group(process: subprocess.Popen[bytes]) -> None:
         with suppress(ProcessLookupError):
             os.killpg(process.pid, sig)
         deadline = time.monotonic() + 10
-        while _group_alive(process.pid) and time.monotonic() < deadline:
+        while group_alive(process.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not _group_alive(process.pid):
+        if not group_alive(process.pid):
             break
     process.wait(timeout=5)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @contextmanager

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tasklease.plumbing.serve import free_port
+from tests.process_groups import group_alive, group_states
 
 PROJECT = "tasklease-test"
 INSTANCE = "tasklease"
@@ -48,9 +49,9 @@ class Emulator:
         (``killpg`` returns before the signal is delivered: a request may still get in)."""
         os.killpg(self.group, signal.SIGSTOP)
         deadline = time.monotonic() + 5
-        while not all(state == "T" for state in _group_states(self.group).values()):
+        while not all(state == "T" for state in group_states(self.group).values()):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the emulator did not stop: {_group_states(self.group)}")
+                raise RuntimeError(f"the emulator did not stop: {group_states(self.group)}")
             time.sleep(0.01)
 
     def thaw(self) -> None:
@@ -175,29 +176,11 @@ def stop_group(process: subprocess.Popen[bytes]) -> None:
         if sig is signal.SIGCONT:
             continue
         deadline = time.monotonic() + 10
-        while _group_alive(process.pid) and time.monotonic() < deadline:
+        while group_alive(process.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not _group_alive(process.pid):
+        if not group_alive(process.pid):
             break
     process.wait(timeout=5)
-
-
-def _group_states(group: int) -> dict[int, str]:
-    """The state letter of each process in ``group`` (proc(5): ``/proc/PID/stat``, fields
-    after the parenthesised name: state, ppid, pgrp)."""
-    states = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == group:
-                states[int(stat.parent.name)] = fields[0]
-    return states
-
-
-def _group_alive(group: int) -> bool:
-    """Whether a process of ``group`` still runs (zombies, dead but not yet waited for, do
-    not count: ``killpg(group, 0)`` would still find them)."""
-    return any(state != "Z" for state in _group_states(group).values())
 
 
 class RpcCounter:
