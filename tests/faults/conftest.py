@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,16 +46,28 @@ def server_kind(request: pytest.FixtureRequest) -> str:
     """The server a parametrized scenario's workers run under: gunicorn (tasklease.worker.
     wsgi) or uvicorn (tasklease.worker.asgi). Outside the full suite uvicorn runs on SQLite
     only: name this fixture before ``backend`` so the skip comes before any store starts."""
-    backend = getattr(request.node, "callspec", None)
-    store = backend.params.get("backend", "sqlite") if backend is not None else "sqlite"
+    callspec = getattr(request.node, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    store = params.get("backend", params.get("backend_sql", "sqlite"))
     if request.param == "uvicorn" and store != "sqlite" and not FULL:
         pytest.skip("uvicorn runs on SQLite only outside the full suite (TASKLEASE_FAULTS=full)")
     return str(request.param)
 
 
-@pytest.fixture(
-    params=["sqlite", pytest.param("firestore", marks=NEEDS_ISOLATION), "postgres", "spanner"]
-)
+def _stores(*reduced: str) -> list[Any]:
+    """The four stores as fixture params; those not in ``reduced`` run in the full suite
+    only (``make faults``), to keep ``make test`` within its time."""
+    params = []
+    for store in ("sqlite", "firestore", "postgres", "spanner"):
+        marks = [NEEDS_ISOLATION] if store == "firestore" else []
+        if store not in reduced:
+            reason = f"on {store.capitalize()} in the full suite only"
+            marks.append(pytest.mark.skipif(not FULL, reason=reason))
+        params.append(pytest.param(store, marks=marks))
+    return params
+
+
+@pytest.fixture(params=_stores("sqlite", "firestore", "postgres", "spanner"))
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """The store a parametrized scenario runs on: a SQLite file, a fresh Firestore
     collection on the session's emulator (FIRESTORE_EMULATOR_HOST is inherited), a fresh
@@ -63,26 +76,14 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     return _backend(request, tmp_path)
 
 
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param(
-            "firestore",
-            marks=[
-                NEEDS_ISOLATION,
-                pytest.mark.skipif(not FULL, reason="on Firestore in the full suite only"),
-            ],
-        ),
-        pytest.param(
-            "postgres",
-            marks=pytest.mark.skipif(not FULL, reason="on Postgres in the full suite only"),
-        ),
-        pytest.param(
-            "spanner",
-            marks=pytest.mark.skipif(not FULL, reason="on Spanner in the full suite only"),
-        ),
-    ]
-)
+@pytest.fixture(params=_stores("sqlite", "postgres"))
+def backend_sql(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Like ``backend``, with the Firestore and Spanner variants left to ``make faults``:
+    the storm and kill scenarios on Google's emulators are the slowest of the reduced run."""
+    return _backend(request, tmp_path)
+
+
+@pytest.fixture(params=_stores("sqlite"))
 def backend_full(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """Like ``backend``, with the Firestore, Postgres and Spanner variants left to ``make
     faults`` (time)."""

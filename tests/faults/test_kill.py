@@ -57,7 +57,7 @@ def _wait_for(condition: Callable[[], Any], timeout: float = 60.0) -> Any:
 
 
 def test_sigkill_at_random_points_then_restart_completes_every_run_once(
-    tmp_path: Path, server_kind: str, backend: Backend, report: Callable[[str, Tally], None]
+    tmp_path: Path, server_kind: str, backend_sql: Backend, report: Callable[[str, Tally], None]
 ) -> None:
     rng = random.Random(20261130)
     keys = [f"kill-{n:04d}" for n in range(scale(40, 200))]
@@ -66,7 +66,7 @@ def test_sigkill_at_random_points_then_restart_completes_every_run_once(
     killed_at: dict[int, float] = {}
     restarts = 0
     server = FaultServer(
-        tmp_path, store=backend.url, workers=2, env=backend.env, server=server_kind
+        tmp_path, store=backend_sql.url, workers=2, env=backend_sql.env, server=server_kind
     )
     with server:
         for round_number in range(rounds):
@@ -99,7 +99,7 @@ def test_sigkill_at_random_points_then_restart_completes_every_run_once(
     executions = downstream.executions()
     writes = downstream.writes()
     never_ended = [e for e in executions if e.ended is None]
-    records = backend.records()
+    records = backend_sql.records()
     counts = tally(
         keys,
         deliverer.answers,
@@ -112,7 +112,7 @@ def test_sigkill_at_random_points_then_restart_completes_every_run_once(
         retried_after_effect=writes[ALREADY_APPLIED],
         late_writes_refused=writes[REFUSED],
     )
-    report(scenario("kill", server_kind, backend), counts)
+    report(scenario("kill", server_kind, backend_sql), counts)
     assert counts.lost == 0
     assert writes[APPLIED] == len(keys)
     assert never_ended, "no kill landed inside a handler: the scenario tested nothing"

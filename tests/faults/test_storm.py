@@ -26,13 +26,13 @@ COPIES = 5
 
 
 def test_duplicate_storm_runs_each_task_once(
-    tmp_path: Path, server_kind: str, backend: Backend, report: Callable[[str, Tally], None]
+    tmp_path: Path, server_kind: str, backend_sql: Backend, report: Callable[[str, Tally], None]
 ) -> None:
     tasks = scale(200, 1000)
     keys = [f"storm-{n:05d}" for n in range(tasks)]
     deliverer = Deliverer("storm")
     with FaultServer(
-        tmp_path, store=backend.url, workers=4, env=backend.env, server=server_kind
+        tmp_path, store=backend_sql.url, workers=4, env=backend_sql.env, server=server_kind
     ) as server:
         # The copies of one task are adjacent in the submission order: they run concurrently.
         deliverer.deliver_all(
@@ -42,7 +42,7 @@ def test_duplicate_storm_runs_each_task_once(
         # A task none of whose copies finished (the store answered 503) is retried.
         deliverer.until_done(keys, server.url, lambda _: {"sleep": 0.05})
     downstream = Downstream(tmp_path / "downstream.db")
-    records = backend.records()
+    records = backend_sql.records()
     counts = tally(keys, deliverer.answers, downstream, records)
     outcomes = Counter(a.outcome for a in deliverer.answers)
     pids = {e.pid for e in downstream.executions()}
@@ -52,7 +52,7 @@ def test_duplicate_storm_runs_each_task_once(
         store_unavailable_503=outcomes["unavailable"],
         processes=len(pids),
     )
-    report(scenario("storm", server_kind, backend), counts)
+    report(scenario("storm", server_kind, backend_sql), counts)
     assert counts.delivered >= tasks * COPIES
     assert outcomes["processed"] == tasks
     assert counts.executed == tasks
