@@ -114,7 +114,6 @@ class RoundTrips:
         return sum(not entry.startswith("queued ") for entry in sent)
 
 
-@pytest.mark.xfail(strict=True, reason="a second Sync on leaving the pipeline")
 def test_a_transactional_first_execution_costs_two_framework_round_trips(
     store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -150,7 +149,6 @@ def test_a_transactional_first_execution_costs_two_framework_round_trips(
     assert _scalar(store, "SELECT balance FROM {s}.accounts") == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a second Sync on leaving the pipeline")
 def test_a_transactional_step_costs_two_framework_round_trips(
     store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
