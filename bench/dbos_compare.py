@@ -11,8 +11,10 @@ PyPI; DBOS 3 replaced ``@DBOS.transaction`` by a datasource's ``@ds.transaction(
 ``@DBOS.workflow()`` started with ``SetWorkflowID(key)`` that calls a transaction step
 inserting the row. Each side's units are new (first executions), with a key per unit.
 
-Round trips are counted at psycopg: each statement or command sent outside pipeline mode is
-one, each pipeline sync is one; both sides use psycopg 3.
+Round trips are counted at psycopg, as they go on the wire: each statement or command sent
+outside pipeline mode is one; in pipeline mode each Sync is one (``Pipeline.sync()``, and the
+one psycopg sends itself on leaving a ``pipeline()`` block or in ``executemany``) and each
+fetch that must flush and wait for its result is one. Both sides use psycopg 3.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from dbos import DBOS, SetWorkflowID, SQLAlchemyDatasource
+from psycopg._pipeline_base import BasePipeline
 
 from bench.common import ROOT
 from tasklease.worker.auth import NoAuth
@@ -58,7 +61,8 @@ class RoundTrips:
     def installed(self) -> Iterator[None]:
         cursor_execute = psycopg.Cursor.execute
         exec_command = psycopg.Connection._exec_command
-        sync = psycopg.Pipeline.sync
+        enqueue_sync = BasePipeline._enqueue_sync
+        fetch_pipeline = psycopg.Cursor._fetch_pipeline
         counter = self
 
         def execute(cursor: Any, *args: Any, **kwargs: Any) -> Any:
@@ -72,18 +76,27 @@ class RoundTrips:
             return exec_command(connection, *args, **kwargs)
 
         def synced(pipeline: Any) -> None:
-            counter.add()
-            sync(pipeline)
+            counter.add()  # Pipeline.sync(), leaving a pipeline() block, executemany.
+            enqueue_sync(pipeline)
+
+        def fetched(cursor: Any) -> None:
+            # The condition under which psycopg's Cursor._fetch_pipeline flushes and waits.
+            pending = cursor._execmany_returning is not False and not cursor.pgresult
+            if pending and cursor.connection._pipeline is not None:
+                counter.add()
+            fetch_pipeline(cursor)
 
         psycopg.Cursor.execute = execute  # type: ignore[method-assign,assignment]
         psycopg.Connection._exec_command = command  # type: ignore[method-assign,assignment]
-        psycopg.Pipeline.sync = synced  # type: ignore[method-assign,assignment]
+        BasePipeline._enqueue_sync = synced  # type: ignore[method-assign,assignment]
+        psycopg.Cursor._fetch_pipeline = fetched  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:
             psycopg.Cursor.execute = cursor_execute  # type: ignore[method-assign]
             psycopg.Connection._exec_command = exec_command  # type: ignore[method-assign]
-            psycopg.Pipeline.sync = sync  # type: ignore[method-assign]
+            BasePipeline._enqueue_sync = enqueue_sync  # type: ignore[method-assign]
+            psycopg.Cursor._fetch_pipeline = fetch_pipeline  # type: ignore[method-assign]
 
 
 def tasklease_unit(url: str) -> tuple[Callable[[str], None], Callable[[], None]]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg._pipeline_base import BasePipeline
 
 from tasklease.testing.contract_support import EXPIRED
 from tasklease.testing.transaction_contract import TransactionContract
@@ -71,12 +72,16 @@ def store(postgres_url: str) -> Iterator[PostgresStore]:
 
 
 class RoundTrips:
-    """Records what the store sends: each statement (``Connection.execute``) and each
-    pipeline sync, the one wait for the server a pipelined batch costs."""
+    """Records what the store puts on the wire and waits for: each statement
+    (``Connection.execute``; alone it is a round trip, in a pipeline it is queued), each
+    pipeline Sync (psycopg sends one on ``Pipeline.sync()`` and another on leaving the
+    ``pipeline()`` block, and waits for each) and each fetch in a pipeline whose result has
+    not arrived (psycopg sends a Flush and waits)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sent: list[str] = []
-        execute, sync = psycopg.Connection.execute, psycopg.Pipeline.sync
+        execute, sync = psycopg.Connection.execute, BasePipeline._enqueue_sync
+        fetch = psycopg.Cursor._fetch_pipeline
 
         def counted_execute(connection: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
             if str(query) != _SETUP:
@@ -88,12 +93,25 @@ class RoundTrips:
             self.sent.append("sync")
             sync(pipeline)
 
+        def counted_fetch(cursor: Any) -> None:
+            # The condition under which psycopg's Cursor._fetch_pipeline flushes and waits.
+            pending = cursor._execmany_returning is not False and not cursor.pgresult
+            if pending and cursor.connection._pipeline is not None:
+                self.sent.append("flush")
+            fetch(cursor)
+
         monkeypatch.setattr(psycopg.Connection, "execute", counted_execute)
-        monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
+        monkeypatch.setattr(BasePipeline, "_enqueue_sync", counted_sync)
+        monkeypatch.setattr(psycopg.Cursor, "_fetch_pipeline", counted_fetch)
 
     def take(self) -> list[str]:
         taken, self.sent = self.sent, []
         return taken
+
+    @staticmethod
+    def waits(sent: list[str]) -> int:
+        """Round trips: what is sent alone, each Sync, each Flush."""
+        return sum(not entry.startswith("queued ") for entry in sent)
 
 
 def test_a_transactional_first_execution_costs_two_framework_round_trips(
@@ -112,7 +130,8 @@ def test_a_transactional_first_execution_costs_two_framework_round_trips(
     assert response.headers["X-Tasklease-Outcome"] == "processed"
     # The claim; then BEGIN, the handler's UPDATE, the conditional completion, COMMIT and
     # the session's RESET, queued and sent together: one wait for the server.
-    assert trips.take() == [
+    sent = trips.take()
+    assert sent == [
         "WITH",
         "queued BEGIN",
         "queued UPDATE",
@@ -121,11 +140,49 @@ def test_a_transactional_first_execution_costs_two_framework_round_trips(
         "queued RESET",
         "sync",
     ]
+    assert RoundTrips.waits(sent) == 2
     retry = app.test_client().post(
         "/tasks/charge", headers=task_headers(retry=1, execution=1), data=b"{}"
     )
     assert retry.headers["X-Tasklease-Outcome"] == "duplicate"
     assert trips.take() == ["SELECT"]
+    assert _scalar(store, "SELECT balance FROM {s}.accounts") == 1
+
+
+def test_a_transactional_step_costs_two_framework_round_trips(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schema = store.options.schema
+    router = Router()
+
+    @router.task("charge")
+    def charge(payload: Any, ctx: TaskContext) -> int:
+        def debit(tx: psycopg.Connection[Any]) -> int:
+            tx.execute(f'UPDATE "{schema}".accounts SET balance = balance + 1')
+            return 1
+
+        result: int = ctx.step("debit", debit, transactional=True)
+        return result
+
+    app = create_app(router, store=store, auth="none")
+    trips = RoundTrips(monkeypatch)
+    response = app.test_client().post("/tasks/charge", headers=task_headers(), data=b"{}")
+    assert response.headers["X-Tasklease-Outcome"] == "processed"
+    sent = trips.take()
+    # The claim, the step, the run's completion; the step's transaction: BEGIN and the
+    # step's UPDATE queued, the run's row read FOR UPDATE (one wait), then the record's
+    # UPDATE, COMMIT and the session's RESET sent together (one more).
+    assert sent[1:-1] == [
+        "queued BEGIN",
+        "queued UPDATE",
+        "queued SELECT",
+        "flush",
+        "queued UPDATE",
+        "queued COMMIT",
+        "queued RESET",
+        "sync",
+    ], sent
+    assert RoundTrips.waits(sent[1:-1]) == 2
     assert _scalar(store, "SELECT balance FROM {s}.accounts") == 1
 
 

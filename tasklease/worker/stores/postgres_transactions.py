@@ -169,7 +169,8 @@ def _run_step(
     it committed, None if the claim was gone."""
     run_id, attempt_id = run
     bounded = store._process.get().watchdog.bounded
-    with connection.pipeline() as pipeline:
+    with contextlib.ExitStack() as pipeline:
+        pipeline.enter_context(connection.pipeline())
         connection.execute("BEGIN")
         try:
             with guarded(connection) as transaction:
@@ -192,8 +193,8 @@ def _run_step(
         connection.execute("COMMIT")
         connection.execute(RESET_SESSION)
         with bounded(connection, store.options.call_timeout):
-            pipeline.sync()
-        version = updated.fetchone()
+            pipeline.close()  # The one Sync (see _run).
+    version = updated.fetchone()
     if version is None:  # Impossible under the row lock; then nothing was written.
         raise psycopg.OperationalError(f"run {run_id} changed under its row lock")
     return record, int(version[0]), step.result_json
@@ -213,7 +214,8 @@ def _run(
     process = store._process.get()
     refused: psycopg.Error | None = None
     try:
-        with connection.pipeline() as pipeline:
+        with contextlib.ExitStack() as pipeline:
+            pipeline.enter_context(connection.pipeline())
             connection.execute("BEGIN")
             try:
                 with guarded(connection) as transaction:
@@ -234,8 +236,12 @@ def _run(
                 completion = connection.execute(store._statements.complete_held, params)
                 connection.execute("COMMIT")
                 connection.execute(RESET_SESSION)
+                # Leaving the pipeline sends its Sync and reads every result: a
+                # Pipeline.sync() before it would send a second Sync and wait for it, a
+                # round trip of its own (psycopg's BasePipeline._exit_gen). Entered on an
+                # ExitStack, the pipeline is left here, under the call's time bound.
                 with process.watchdog.bounded(connection, store.options.call_timeout):
-                    pipeline.sync()
+                    pipeline.close()
                 completion.fetchone()
             except (psycopg.errors.DivisionByZero, psycopg.errors.PipelineAborted) as exc:
                 # The completion refused (the claim is gone), or an earlier statement of the
