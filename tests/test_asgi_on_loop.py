@@ -508,3 +508,72 @@ def test_a_concurrency_key_is_taken_and_freed_on_the_loop(loops: list[Loop]) -> 
     assert [outcome(answer) for answer in (first, second)] == [(200, "processed")] * 2
     assert first[2]["result"] is not None and first[2]["result"] == second[2]["result"]
     assert running.hops == 0 and set(store.threads) == {running.thread}
+
+
+class HeldProducer:
+    """A producer whose enqueue waits until the test lets it finish (a slow Cloud Tasks)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.proceed = threading.Event()
+        self.keys: list[str] = []
+
+    def enqueue(
+        self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any
+    ) -> Any:
+        self.entered.set()
+        self.proceed.wait(10)
+        self.keys.append(str(key))
+
+
+@pytest.mark.xfail(strict=True, reason="the run is released while its enqueue still runs")
+def test_a_request_cancelled_during_a_continuations_enqueue_waits_for_it_before_ending(
+    loops: list[Loop],
+) -> None:
+    """The enqueue goes on in its thread whatever the loop does: a run released under it
+    could run again (its retry) while the first delivery still enqueues its continuation.
+    As in a delivery thread, the delivery ends once the enqueue has, then stays cancelled."""
+    router, store, producer = Router(), WatchedMemory(), HeldProducer()
+    router.use_producer(producer)  # type: ignore[arg-type]
+
+    @router.task("h")
+    async def h(payload: Any, ctx: TaskContext) -> None:
+        ctx.continue_later({"i": 1})
+
+    running = Loop(router, store)
+    loops.append(running)
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/tasks/h",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in task_headers().items()],
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        raise AssertionError("nobody is there to answer")
+
+    async def cancel_during_the_enqueue() -> tuple[list[RunStatus | None], bool]:
+        request = asyncio.ensure_future(running.app(scope, receive, send))
+        while not producer.entered.is_set():
+            await asyncio.sleep(0.01)
+        request.cancel()
+        await asyncio.wait({request}, timeout=0.3)  # Time for a wrong release to happen.
+        during = [r.status if r else None for r in map(store.get, list(store._records))]
+        producer.proceed.set()
+        try:
+            await request
+        except asyncio.CancelledError:
+            return during, True
+        return during, False
+
+    during, cancelled = running.loop.run_until_complete(cancel_during_the_enqueue())
+    assert during == [RunStatus.IN_PROGRESS]
+    assert cancelled
+    assert len(producer.keys) == 1
+    (record,) = [store.get(run_id) for run_id in list(store._records)]
+    assert record is not None and record.continuation_json is not None  # As in a thread.
