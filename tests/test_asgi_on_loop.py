@@ -526,7 +526,6 @@ class HeldProducer:
         self.keys.append(str(key))
 
 
-@pytest.mark.xfail(strict=True, reason="the run is released while its enqueue still runs")
 def test_a_request_cancelled_during_a_continuations_enqueue_waits_for_it_before_ending(
     loops: list[Loop],
 ) -> None:

@@ -73,7 +73,8 @@ async def run_on_loop(steps: Steps[T], hop: Hop) -> T:
     """Drive ``steps`` on the running event loop: await each coroutine here, ``hop`` each
     blocking call to a thread. A handler that cancels itself is a :class:`HandlerCancelled`
     failure, as on the handler loop; when the request itself is cancelled (the server shuts
-    down), the handler's run is released for a retry and the cancellation raised again."""
+    down), the handler's run is released for a retry and the cancellation raised again; a
+    blocking call in its thread is waited for first, and the delivery ends as it would."""
     cancelled: asyncio.CancelledError | None = None
     try:
         step = next(steps)
@@ -82,7 +83,9 @@ async def run_on_loop(steps: Steps[T], hop: Hop) -> T:
                 if isinstance(step, Await):
                     value = await step.awaitable
                 else:
-                    value = await hop(step.function)
+                    done, cut = await _hop_to_its_end(hop, step.function)
+                    cancelled = cancelled or cut
+                    value = done.result()  # Raises the call's error here.
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -97,3 +100,20 @@ async def run_on_loop(steps: Steps[T], hop: Hop) -> T:
             raise cancelled from None
         result: T = stop.value
         return result
+
+
+async def _hop_to_its_end(
+    hop: Hop, function: Callable[[], Any]
+) -> tuple[asyncio.Future[Any], asyncio.CancelledError | None]:
+    """``function()`` through ``hop``, done, and the request's cancellation if one came
+    meanwhile: a thread's call is not stopped by a cancel, so the delivery waits for its
+    end (as it would in a delivery thread) rather than release a run still being worked
+    on (a continuation's enqueue landing after the release, while the retry runs)."""
+    pending = asyncio.ensure_future(hop(function))
+    cancelled: asyncio.CancelledError | None = None
+    while not pending.done():
+        try:
+            await asyncio.wait({pending})  # Never cancels ``pending``, never raises its error.
+        except asyncio.CancelledError as exc:
+            cancelled = exc  # The request's: wait on.
+    return pending, cancelled
