@@ -594,7 +594,6 @@ class HeldStepMemory(WatchedMemory):
         return super().record_step(*args, **kwargs)
 
 
-@pytest.mark.xfail(strict=True, reason="the run is released before its step is recorded")
 def test_a_request_cancelled_while_a_step_is_recorded_keeps_the_step_for_the_retry(
     loops: list[Loop],
 ) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
 from tasklease.worker.event_loop import HANDLER_LOOP, HandlerCancelled
+from tasklease.worker.thread_wait import to_its_end
 
 T = TypeVar("T")
 
@@ -83,7 +84,7 @@ async def run_on_loop(steps: Steps[T], hop: Hop) -> T:
                 if isinstance(step, Await):
                     value = await step.awaitable
                 else:
-                    done, cut = await _hop_to_its_end(hop, step.function)
+                    done, cut = await to_its_end(hop(step.function))
                     cancelled = cancelled or cut
                     value = done.result()  # Raises the call's error here.
             except asyncio.CancelledError as exc:
@@ -100,20 +101,3 @@ async def run_on_loop(steps: Steps[T], hop: Hop) -> T:
             raise cancelled from None
         result: T = stop.value
         return result
-
-
-async def _hop_to_its_end(
-    hop: Hop, function: Callable[[], Any]
-) -> tuple[asyncio.Future[Any], asyncio.CancelledError | None]:
-    """``function()`` through ``hop``, done, and the request's cancellation if one came
-    meanwhile: a thread's call is not stopped by a cancel, so the delivery waits for its
-    end (as it would in a delivery thread) rather than release a run still being worked
-    on (a continuation's enqueue landing after the release, while the retry runs)."""
-    pending = asyncio.ensure_future(hop(function))
-    cancelled: asyncio.CancelledError | None = None
-    while not pending.done():
-        try:
-            await asyncio.wait({pending})  # Never cancels ``pending``, never raises its error.
-        except asyncio.CancelledError as exc:
-            cancelled = exc  # The request's: wait on.
-    return pending, cancelled
