@@ -33,7 +33,6 @@ def wait_for(condition: Callable[[], bool], what: str, seconds: float = 20) -> N
         time.sleep(0.01)
 
 
-@pytest.mark.xfail(strict=True, reason="a batch waits on one member's row lock")
 def test_a_claim_sent_while_another_waits_on_a_row_lock_is_claimed_at_once(
     postgres_url: str, postgres_cluster: postgres_support.Cluster
 ) -> None:

@@ -19,6 +19,10 @@ the batch's start. A batch locks its rows in run id order, as every batch does, 
 processes' batches cannot deadlock; a second statement on a run already in the batch waits
 for the next batch (then it runs after the first, as sent one at a time).
 
+A batch waits on a lock no longer than :data:`BATCH_LOCK_WAIT_MS`: a member whose row
+another transaction is writing would otherwise hold every member (and the queue behind) up
+to ``statement_timeout``, past their own deadlines. Past it the batch fails.
+
 A batch that fails (a member's statement raised, a deadlock, a timeout, the connection
 broken, even after the commit was sent) has each member send its statement again alone, on
 its own connection, in its own thread: that is the path without group commit, so every
@@ -37,6 +41,13 @@ from typing import Any
 from psycopg import Connection
 
 MAX_BATCH = 32
+# How long a batch may wait on a lock (a row another transaction is writing: a duplicate's
+# claim, a finish behind a transactional step). Past it the batch fails and each member is
+# sent alone: a member waiting on a lock waits alone, as without group commit, and holds up
+# none of the others. Milliseconds.
+BATCH_LOCK_WAIT_MS = 100
+# Local to the batch's implicit transaction: gone at its Sync, committed or not.
+LOCK_WAIT = "SELECT set_config('lock_timeout', %s, true)"
 
 # A statement's row (None: no row), the time it was sent, and the time its answer came.
 Fetched = tuple[Any, datetime, datetime]
@@ -78,6 +89,7 @@ class GroupCommit:
         self.batches = 0
         self.batched = 0
         self.failed = 0
+        self.lock_wait_ms = BATCH_LOCK_WAIT_MS
 
     def fetch(
         self, connection: Connection[Any], run_id: str, statement: str, params: Any
@@ -140,6 +152,7 @@ class GroupCommit:
             # No pipeline.sync(): leaving the block sends a Sync and reads every result, and
             # a sync() inside would cost a second round trip for that one.
             with connection.pipeline():
+                connection.execute(LOCK_WAIT, (f"{self.lock_wait_ms}ms",))
                 cursors = [connection.execute(m.statement, m.params) for m in batch]
             rows = [cursor.fetchone() for cursor in cursors]
         except Exception:  # A psycopg error, or a member's parameters that do not encode.
