@@ -149,6 +149,7 @@ def test_a_batch_with_a_failing_statement_sends_every_member_alone(
     table = f"gc_{postgres_support.fresh_schema()}"
     postgres_cluster.sql(f"CREATE TABLE {table} (id text PRIMARY KEY)")
     group = GroupCommit()
+    group.queue_wait_ms = 60_000  # The queue waits on the lone statement throughout.
     outcomes: dict[str, Any] = {}
     connections = [psycopg.connect(url, autocommit=True) for _ in range(6)]
 
@@ -195,6 +196,7 @@ def test_a_batchs_bound_on_lock_waits_ends_with_the_batch(
     table = f"gc_{postgres_support.fresh_schema()}"
     postgres_cluster.sql(f"CREATE TABLE {table} (id text PRIMARY KEY)")
     group = GroupCommit()
+    group.queue_wait_ms = 60_000  # The queue waits on the lone statement throughout.
     connections = [psycopg.connect(url, autocommit=True) for _ in range(4)]
     insert = f"INSERT INTO {table} VALUES (%s) RETURNING id"
 
@@ -228,7 +230,9 @@ def test_a_batch_whose_connection_is_killed_mid_transaction_still_finishes_every
 ) -> None:
     """The batch's backend is terminated while it waits on a row lock, after some of its
     members' writes: that transaction is gone, and every member finishes alone."""
-    monkeypatch.setattr(postgres_group_commit, "BATCH_LOCK_WAIT_MS", 60_000)  # It waits.
+    # The queue waits on the lone finish, then the batch on the row lock.
+    monkeypatch.setattr(postgres_group_commit, "QUEUE_WAIT_MS", 60_000)
+    monkeypatch.setattr(postgres_group_commit, "BATCH_LOCK_WAIT_MS", 60_000)
     store = PostgresStore.from_url(f"{postgres_url}&server_clock=off&max_size=12")
     schema = store.options.schema
     runs = [f"run-{n}" for n in range(9)]

@@ -34,7 +34,6 @@ def wait_for(condition: Callable[[], bool], what: str, seconds: float = 20) -> N
         time.sleep(0.01)
 
 
-@pytest.mark.xfail(strict=True, reason="a lone claim waiting on a lock holds the group")
 def test_claims_sent_while_one_waits_on_a_row_lock_are_claimed_on_a_small_pool(
     postgres_url: str, postgres_cluster: postgres_support.Cluster
 ) -> None:
