@@ -508,3 +508,142 @@ def test_a_concurrency_key_is_taken_and_freed_on_the_loop(loops: list[Loop]) -> 
     assert [outcome(answer) for answer in (first, second)] == [(200, "processed")] * 2
     assert first[2]["result"] is not None and first[2]["result"] == second[2]["result"]
     assert running.hops == 0 and set(store.threads) == {running.thread}
+
+
+class HeldProducer:
+    """A producer whose enqueue waits until the test lets it finish (a slow Cloud Tasks)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.proceed = threading.Event()
+        self.keys: list[str] = []
+
+    def enqueue(
+        self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any
+    ) -> Any:
+        self.entered.set()
+        self.proceed.wait(10)
+        self.keys.append(str(key))
+
+
+def test_a_request_cancelled_during_a_continuations_enqueue_waits_for_it_before_ending(
+    loops: list[Loop],
+) -> None:
+    """The enqueue goes on in its thread whatever the loop does: a run released under it
+    could run again (its retry) while the first delivery still enqueues its continuation.
+    As in a delivery thread, the delivery ends once the enqueue has, then stays cancelled."""
+    router, store, producer = Router(), WatchedMemory(), HeldProducer()
+    router.use_producer(producer)  # type: ignore[arg-type]
+
+    @router.task("h")
+    async def h(payload: Any, ctx: TaskContext) -> None:
+        ctx.continue_later({"i": 1})
+
+    running = Loop(router, store)
+    loops.append(running)
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/tasks/h",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in task_headers().items()],
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        raise AssertionError("nobody is there to answer")
+
+    async def cancel_during_the_enqueue() -> tuple[list[RunStatus | None], bool]:
+        request = asyncio.ensure_future(running.app(scope, receive, send))
+        while not producer.entered.is_set():
+            await asyncio.sleep(0.01)
+        request.cancel()
+        await asyncio.wait({request}, timeout=0.3)  # Time for a wrong release to happen.
+        during = [r.status if r else None for r in map(store.get, list(store._records))]
+        producer.proceed.set()
+        try:
+            await request
+        except asyncio.CancelledError:
+            return during, True
+        return during, False
+
+    during, cancelled = running.loop.run_until_complete(cancel_during_the_enqueue())
+    assert during == [RunStatus.IN_PROGRESS]
+    assert cancelled
+    assert len(producer.keys) == 1
+    (record,) = [store.get(run_id) for run_id in list(store._records)]
+    assert record is not None and record.continuation_json is not None  # As in a thread.
+
+
+class HeldStepMemory(WatchedMemory):
+    """A store whose step records wait until the test lets them be written."""
+
+    nonblocking = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.proceed = threading.Event()
+
+    def record_step(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        self.proceed.wait(10)
+        return super().record_step(*args, **kwargs)
+
+
+def test_a_request_cancelled_while_a_step_is_recorded_keeps_the_step_for_the_retry(
+    loops: list[Loop],
+) -> None:
+    """``astep`` writes its record in a thread, which a cancel does not stop: released
+    first, the run refuses the record, and the retry runs the step's effect again."""
+    router, store = Router(), HeldStepMemory()
+    charges: list[int] = []
+
+    @router.task("h")
+    async def h(payload: Any, ctx: TaskContext) -> str:
+        await ctx.astep("charge", lambda: charges.append(ctx.attempt) or "charged")
+        if ctx.attempt == 1:
+            await asyncio.sleep(30)
+        return "done"
+
+    running = Loop(router, store)
+    loops.append(running)
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/tasks/h",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (k.lower().encode(), v.encode()) for k, v in task_headers(task="t-step").items()
+        ],
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        raise AssertionError("nobody is there to answer")
+
+    async def cancel_while_recording() -> bool:
+        request = asyncio.ensure_future(running.app(scope, receive, send))
+        while not store.entered.is_set():
+            await asyncio.sleep(0.01)
+        request.cancel()
+        await asyncio.wait({request}, timeout=0.3)  # Time for a wrong release to happen.
+        store.proceed.set()
+        try:
+            await request
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert running.loop.run_until_complete(cancel_while_recording())
+    (record,) = [store.get(run_id) for run_id in list(store._records)]
+    assert record is not None and record.status is RunStatus.RELEASED
+    again = running.post(task="t-step", retry=1, execution=1)
+    assert outcome(again) == (200, "processed")
+    assert charges == [1]  # Replayed from its record, not charged again.

@@ -18,8 +18,9 @@ from psycopg._pipeline_base import BasePipeline
 
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import RunStatus, Verdict
+from tasklease.worker.stores import postgres_group_commit
 from tasklease.worker.stores.postgres import PostgresStore
-from tasklease.worker.stores.postgres_group_commit import GroupCommit
+from tasklease.worker.stores.postgres_group_commit import LOCK_WAIT, GroupCommit
 from tasklease.worker.stores.postgres_options import Options
 from tasklease.worker.stores.postgres_schema import Statements
 from tests import postgres_support
@@ -148,6 +149,7 @@ def test_a_batch_with_a_failing_statement_sends_every_member_alone(
     table = f"gc_{postgres_support.fresh_schema()}"
     postgres_cluster.sql(f"CREATE TABLE {table} (id text PRIMARY KEY)")
     group = GroupCommit()
+    group.queue_wait_ms = 60_000  # The queue waits on the lone statement throughout.
     outcomes: dict[str, Any] = {}
     connections = [psycopg.connect(url, autocommit=True) for _ in range(6)]
 
@@ -185,11 +187,52 @@ def test_a_batch_with_a_failing_statement_sends_every_member_alone(
         connection.close()
 
 
+def test_a_batchs_bound_on_lock_waits_ends_with_the_batch(
+    postgres_cluster: postgres_support.Cluster,
+) -> None:
+    """The batch bounds its lock waits for its own transaction only: every connection it
+    went out on is back at the session's setting after it."""
+    url = postgres_cluster.url()
+    table = f"gc_{postgres_support.fresh_schema()}"
+    postgres_cluster.sql(f"CREATE TABLE {table} (id text PRIMARY KEY)")
+    group = GroupCommit()
+    group.queue_wait_ms = 60_000  # The queue waits on the lone statement throughout.
+    connections = [psycopg.connect(url, autocommit=True) for _ in range(4)]
+    insert = f"INSERT INTO {table} VALUES (%s) RETURNING id"
+
+    def member(index: int, statement: str, params: tuple[Any, ...]) -> None:
+        group.fetch(connections[index], params[0], statement, params)
+
+    with held_advisory_lock(url, 8) as release:
+        leader = threading.Thread(
+            target=member,
+            args=(0, "SELECT %s, pg_advisory_lock(8), pg_advisory_unlock(8)", ("lead",)),
+        )
+        leader.start()
+        wait_for(lambda: group._busy, "the lone statement in flight")
+        members = [
+            threading.Thread(target=member, args=(n, insert, (f"r{n}",))) for n in range(1, 4)
+        ]
+        for thread in members:
+            thread.start()
+        wait_for(lambda: len(group._queue) == 3, "three statements queued")
+        release()
+        for thread in [leader, *members]:
+            thread.join(30)
+    assert group.batches == 1 and group.failed == 0
+    for connection in connections:
+        assert connection.execute("SHOW lock_timeout").fetchone() == ("0",)
+        connection.close()
+
+
 def test_a_batch_whose_connection_is_killed_mid_transaction_still_finishes_every_run(
-    postgres_url: str, postgres_cluster: postgres_support.Cluster
+    postgres_url: str, postgres_cluster: postgres_support.Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The batch's backend is terminated while it waits on a row lock, after some of its
     members' writes: that transaction is gone, and every member finishes alone."""
+    # The queue waits on the lone finish, then the batch on the row lock.
+    monkeypatch.setattr(postgres_group_commit, "QUEUE_WAIT_MS", 60_000)
+    monkeypatch.setattr(postgres_group_commit, "BATCH_LOCK_WAIT_MS", 60_000)
     store = PostgresStore.from_url(f"{postgres_url}&server_clock=off&max_size=12")
     schema = store.options.schema
     runs = [f"run-{n}" for n in range(9)]
@@ -290,7 +333,10 @@ def test_concurrent_deliveries_cost_at_most_two_round_trips_each(
 
     def counted_execute(connection: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         # Not a delivery's: a new pooled connection's clock reading, the tally's flush.
-        if str(query) != Statements("x").now and "delivery_tally" not in str(query):
+        # Nor a batch's bound on its lock waits, sent in the batch's round trip.
+        if str(query) not in (Statements("x").now, LOCK_WAIT) and "delivery_tally" not in str(
+            query
+        ):
             statements.append(str(query).split()[0].upper())
             trips[0] += connection._pipeline is None
         return execute(connection, query, *args, **kwargs)

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
 from tasklease.worker.event_loop import HANDLER_LOOP, HandlerCancelled
+from tasklease.worker.thread_wait import to_its_end
 
 T = TypeVar("T")
 
@@ -73,7 +74,8 @@ async def run_on_loop(steps: Steps[T], hop: Hop) -> T:
     """Drive ``steps`` on the running event loop: await each coroutine here, ``hop`` each
     blocking call to a thread. A handler that cancels itself is a :class:`HandlerCancelled`
     failure, as on the handler loop; when the request itself is cancelled (the server shuts
-    down), the handler's run is released for a retry and the cancellation raised again."""
+    down), the handler's run is released for a retry and the cancellation raised again; a
+    blocking call in its thread is waited for first, and the delivery ends as it would."""
     cancelled: asyncio.CancelledError | None = None
     try:
         step = next(steps)
@@ -82,7 +84,9 @@ async def run_on_loop(steps: Steps[T], hop: Hop) -> T:
                 if isinstance(step, Await):
                     value = await step.awaitable
                 else:
-                    value = await hop(step.function)
+                    done, cut = await to_its_end(hop(step.function))
+                    cancelled = cancelled or cut
+                    value = done.result()  # Raises the call's error here.
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():

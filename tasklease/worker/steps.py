@@ -20,6 +20,7 @@ from tasklease.errors import LeaseLost
 from tasklease.worker.core import steps as rules
 from tasklease.worker.core.steps import Continuation, StepRecord
 from tasklease.worker.store_retries import retry_while_unavailable
+from tasklease.worker.thread_wait import thread_result
 from tasklease.worker.transactional_steps import run_transactional_step
 
 if TYPE_CHECKING:
@@ -148,8 +149,9 @@ class StepRunner:
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             result = await result
-        # The store call blocks: off the handler loop, so other handlers keep running.
-        return await asyncio.to_thread(self.end, name, result)
+        # The store call blocks: off the handler loop, so other handlers keep running. A
+        # cancel waits for its record, which the retry replays.
+        return await thread_result(asyncio.to_thread(self.end, name, result))
 
     def continue_later(self, state: Any, delay: timedelta | float = 0.0) -> None:
         self._refuse_in_transaction("ctx.continue_later")

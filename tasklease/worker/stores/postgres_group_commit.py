@@ -19,6 +19,13 @@ the batch's start. A batch locks its rows in run id order, as every batch does, 
 processes' batches cannot deadlock; a second statement on a run already in the batch waits
 for the next batch (then it runs after the first, as sent one at a time).
 
+A batch waits on a lock no longer than :data:`BATCH_LOCK_WAIT_MS`: a member whose row
+another transaction is writing would otherwise hold every member (and the queue behind) up
+to ``statement_timeout``, past their own deadlines. Past it the batch fails. A lone
+statement is not bounded (it is sent as without group commit), so a statement queued behind
+one waits :data:`QUEUE_WAIT_MS` at most, then leaves the queue and is sent alone: a lone
+statement waiting on a lock holds neither the queue nor the connections queued on it.
+
 A batch that fails (a member's statement raised, a deadlock, a timeout, the connection
 broken, even after the commit was sent) has each member send its statement again alone, on
 its own connection, in its own thread: that is the path without group commit, so every
@@ -37,6 +44,19 @@ from typing import Any
 from psycopg import Connection
 
 MAX_BATCH = 32
+# How long a batch may wait on a lock (a row another transaction is writing: a duplicate's
+# claim, a finish behind a transactional step). Past it the batch fails and each member is
+# sent alone: a member waiting on a lock waits alone, as without group commit, and holds up
+# none of the others. Milliseconds.
+BATCH_LOCK_WAIT_MS = 100
+# Local to the batch's implicit transaction: gone at its Sync, committed or not.
+LOCK_WAIT = "SELECT set_config('lock_timeout', %s, true)"
+# How long a statement waits in the queue (a lone statement in flight may wait on a lock up
+# to statement_timeout, on a connection of its own). Past it the statement leaves the queue
+# and is sent alone: the queue never holds the pool's other connections idle behind a
+# statement waiting on a lock. Milliseconds: a batch's bound on its lock waits, and as much
+# for its round trip.
+QUEUE_WAIT_MS = 2 * BATCH_LOCK_WAIT_MS
 
 # A statement's row (None: no row), the time it was sent, and the time its answer came.
 Fetched = tuple[Any, datetime, datetime]
@@ -78,6 +98,8 @@ class GroupCommit:
         self.batches = 0
         self.batched = 0
         self.failed = 0
+        self.lock_wait_ms = BATCH_LOCK_WAIT_MS
+        self.queue_wait_ms = QUEUE_WAIT_MS
 
     def fetch(
         self, connection: Connection[Any], run_id: str, statement: str, params: Any
@@ -91,8 +113,14 @@ class GroupCommit:
                 self._queue.append(member)
             else:
                 self._busy = member.lead = True
-        if not member.lead:
-            member.done.wait()  # Bounded: the leader's call is (its watchdog).
+        if not member.lead and not member.done.wait(self.queue_wait_ms / 1000):
+            with self._lock:
+                left = member in self._queue  # Not yet in a batch, nor to lead the next.
+                if left:
+                    self._queue.remove(member)
+            if left:
+                return fetch_alone(connection, statement, params)
+            member.done.wait()  # In a batch (its lock waits bounded), or to lead: soon.
         if member.lead:
             self._lead(connection, member)
         if member.fetched is None:
@@ -140,6 +168,7 @@ class GroupCommit:
             # No pipeline.sync(): leaving the block sends a Sync and reads every result, and
             # a sync() inside would cost a second round trip for that one.
             with connection.pipeline():
+                connection.execute(LOCK_WAIT, (f"{self.lock_wait_ms}ms",))
                 cursors = [connection.execute(m.statement, m.params) for m in batch]
             rows = [cursor.fetchone() for cursor in cursors]
         except Exception:  # A psycopg error, or a member's parameters that do not encode.
