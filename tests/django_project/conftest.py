@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -60,6 +62,21 @@ if not settings.configured:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+
+
+@pytest.fixture(autouse=True)
+def _process_time_zone_kept() -> Iterator[None]:
+    """Put the process's time zone back after each test. ``override_settings(TIME_ZONE=...)``
+    sets ``TZ`` and calls ``time.tzset()`` (Django's setting_changed handler), and on exit
+    sets it to the settings' own TIME_ZONE, Django's default ``America/Chicago``, not back to
+    unset: every later test in the session read naive local times 6 hours off."""
+    saved = os.environ.get("TZ")
+    yield
+    if saved is None:
+        os.environ.pop("TZ", None)
+    else:
+        os.environ["TZ"] = saved
+    time.tzset()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
