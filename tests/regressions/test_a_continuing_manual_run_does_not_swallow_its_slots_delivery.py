@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from tasklease import protocol
-from tasklease.worker import Router, TaskContext, create_app
+from tasklease.errors import StoreUnavailable
+from tasklease.worker import Router, TaskContext, create_app, store_retries
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores.sqlite import SqliteStore
 from tests.helpers import FakeClock, job_headers, task_headers
@@ -41,7 +42,7 @@ def _outcome(reply: Any) -> str:
 
 @pytest.mark.parametrize("between", ["released", "lease_ran_out"])
 def test_the_slots_own_delivery_runs_while_a_manual_run_of_it_goes_on_in_continuations(
-    tmp_path: Path, between: str
+    tmp_path: Path, between: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = SqliteStore(tmp_path / "runs.db")
     clock = FakeClock()
@@ -56,7 +57,7 @@ def test_the_slots_own_delivery_runs_while_a_manual_run_of_it_goes_on_in_continu
         seen.append((ctx.continuation, ctx.run_id))
         if crash["on"]:
             crash["on"] = False
-            raise SystemExit  # Stands for the instance dying mid-delivery: nothing recorded.
+            raise RuntimeError("the instance dies")  # Its release never lands (below).
         if ctx.run_id != manual_run[0]:
             return {"slot": True}  # The slot's own run: one delivery.
         page = (ctx.state or {"page": 0})["page"]
@@ -84,8 +85,16 @@ def test_the_slots_own_delivery_runs_while_a_manual_run_of_it_goes_on_in_continu
     assert task["headers"][protocol.CONTINUATION_HEADER] == f"{manual_run[0]}:1"
     if between == "lease_ran_out":  # Continuation 1's delivery dies holding the run.
         crash["on"] = True
-        with pytest.raises(SystemExit):
-            resume(1)
+
+        def unreachable(*args: Any, **kwargs: Any) -> bool:
+            raise StoreUnavailable("the instance died before it could record anything")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(store, "release", unreachable)
+            patched.setattr(store_retries, "FINISH_RETRY_PAUSES", ())  # No waits between.
+            assert resume(1).status_code == 503  # Nothing recorded: the run stays held.
+        held = store.get(manual_run[0])
+        assert held is not None and held.status is RunStatus.IN_PROGRESS
     clock.advance(timedelta(hours=3))  # The slot comes while the manual run goes on.
     slot = client.post("/jobs/nightly", headers=job_headers(schedule_time=SLOT))
     assert (_outcome(slot), slot.status_code) == ("processed", 200)
