@@ -22,7 +22,8 @@ class FakeCloudTasks:
 
     ``failures`` holds ``(http_status, grpc_status_name, create_anyway)`` answers to give before
     behaving normally (a batch takes one for the whole call); ``create_anyway`` stores the
-    task (every task of the batch) first, like a lost response. ``batches`` counts the
+    task (the batch's tasks, its operation kept for its ``requestId``) first, like a lost
+    response; a batch repeating a ``requestId`` gets that operation back. ``batches`` counts the
     BatchCreateTasks calls, ``requests`` holds the CreateTask calls.
     """
 
@@ -33,6 +34,7 @@ class FakeCloudTasks:
         self.requests: list[dict[str, Any]] = []
         self.failures: deque[tuple[int, str, bool]] = deque()
         self.batches = 0
+        self.operations: dict[str, str] = {}  # By requestId, which Cloud Tasks replays.
         self._lock = threading.Lock()
         server.expect_request(CREATE_PATH, method="POST").respond_with_handler(self._create)
         server.expect_request(BATCH_PATH, method="POST").respond_with_handler(self._batch)
@@ -62,36 +64,46 @@ class FakeCloudTasks:
     def _batch(self, request: Request) -> Response:
         body = request.get_json()
         parent = request.path[len("/v2/") : -len("/tasks:batchCreate")]
+        request_id = body.get("requestId")
         with self._lock:
             self.batches += 1
+            if request_id and request_id in self.operations:  # The first operation, replayed.
+                return Response(self.operations[request_id], content_type="application/json")
             if self.failures:
                 status, grpc_status, create_anyway = self.failures.popleft()
-                if create_anyway:
-                    for item in body["requests"]:
-                        self.tasks.setdefault(item["task"]["name"], item["task"])
+                if create_anyway:  # The batch runs; its answer is lost.
+                    self._run_batch(parent, body)
                 return error(status, grpc_status, "injected failure")
-            created: list[dict[str, Any]] = []
-            failed: dict[str, dict[str, Any]] = {}
-            for index, item in enumerate(body["requests"]):
-                task = item["task"]
-                if task["name"] in self.tasks:
-                    failed[str(index)] = {"code": 6, "message": "Requested entity already exists"}
-                elif not task["name"].startswith(parent + "/tasks/"):
-                    failed[str(index)] = {"code": 3, "message": "task name does not match"}
-                else:
-                    self.tasks[task["name"]] = task
-                    created.append(task)
-        operation: dict[str, Any] = {
-            "name": f"{parent.rsplit('/queues/', 1)[0]}/operations/{self.batches}",
-            "done": True,
-            "metadata": {
-                "@type": _TYPES + "BatchCreateTasksMetadata",
-                "state": "PARTIALLY_SUCCEEDED" if failed else "SUCCEEDED",
-                "failedRequests": failed,
-            },
-            "response": {"@type": _TYPES + "BatchCreateTasksResponse", "tasks": created},
-        }
-        return Response(json.dumps(operation), content_type="application/json")
+            return Response(self._run_batch(parent, body), content_type="application/json")
+
+    def _run_batch(self, parent: str, body: dict[str, Any]) -> str:
+        """Create the batch's tasks; its operation, kept under its ``requestId``."""
+        created: list[dict[str, Any]] = []
+        failed: dict[str, dict[str, Any]] = {}
+        for index, item in enumerate(body["requests"]):
+            task = item["task"]
+            if task["name"] in self.tasks:
+                failed[str(index)] = {"code": 6, "message": "Requested entity already exists"}
+            elif not task["name"].startswith(parent + "/tasks/"):
+                failed[str(index)] = {"code": 3, "message": "task name does not match"}
+            else:
+                self.tasks[task["name"]] = task
+                created.append(task)
+        operation = json.dumps(
+            {
+                "name": f"{parent.rsplit('/queues/', 1)[0]}/operations/{self.batches}",
+                "done": True,
+                "metadata": {
+                    "@type": _TYPES + "BatchCreateTasksMetadata",
+                    "state": "PARTIALLY_SUCCEEDED" if failed else "SUCCEEDED",
+                    "failedRequests": failed,
+                },
+                "response": {"@type": _TYPES + "BatchCreateTasksResponse", "tasks": created},
+            }
+        )
+        if body.get("requestId"):
+            self.operations[body["requestId"]] = operation
+        return operation
 
 
 def error(status: int, grpc_status: str, message: str) -> Response:

@@ -102,8 +102,10 @@ def settle(request: TaskRequest, key: str | None, sent: Sent) -> EnqueueResult |
     if name in sent.outcome.created:
         return EnqueueResult(name, request.task_id, key, True, attempts)
     if name in sent.outcome.existed:
-        # After our own retried batch, the earlier attempt may have created it.
-        return EnqueueResult(name, request.task_id, key, attempts > 1, attempts)
+        # Not as after a retried single create: a batch retried with its request_id gets
+        # the first operation's answer back, the batch's only execution, so "existed" means
+        # the task was there before the batch, whatever the attempt count.
+        return EnqueueResult(name, request.task_id, key, False, attempts)
     error = sent.outcome.failed.get(name)
     if error is not None:
         return EnqueueResult(name, request.task_id, key, False, attempts, error)

@@ -70,7 +70,9 @@ class TaskTransport(ABC):
     ) -> BatchOutcome:
         """Create ``tasks`` (one queue, at most :attr:`max_batch_size`) in one attempt.
 
-        ``request_id`` is the same when the producer retries the same batch. Raises what
+        ``request_id`` is the same when the producer retries the same batch; a repeated one
+        must get the first call's answer back, as Cloud Tasks gives it (the producer reads
+        a task reported as existing as ``created=False``, even on a retry). Raises what
         :meth:`create_task` raises for a fault of the whole batch.
         """
         raise NotImplementedError(f"{type(self).__name__} creates tasks one at a time")

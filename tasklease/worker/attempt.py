@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from tasklease.errors import LeaseLost
+
+# The transactional step the calling code runs inside, as (its attempt, its transaction). A
+# context variable, not the attempt's state: a handler's other steps, on other threads or
+# asyncio tasks, are beside that step, not inside it.
+_STEP_TRANSACTION: ContextVar[tuple[Attempt, Any] | None] = ContextVar(
+    "tasklease_step_transaction", default=None
+)
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
@@ -30,7 +40,8 @@ class Attempt:
     # and released with the run; its fencing token grows with every holder of the lock.
     lock: str | None = None
     lock_fencing_token: int | None = None
-    # The store's native transaction while a transactional handler runs in it, else None.
+    # The store's native transaction while a transactional handler runs in it, else None
+    # (a transactional step's is in_step_transaction's, for its own execution only).
     transaction: Any = None
     # Set once, by the keeper's thread or a lease check, and never cleared; nothing waits on
     # it, so a plain attribute does (one store, atomic).
@@ -50,6 +61,27 @@ class Attempt:
             self._lost = True  # Lost for good: a later renewal cannot undo a possible takeover.
             return True
         return False
+
+    @property
+    def current_transaction(self) -> Any:
+        """The store transaction the calling code runs in, else None: the transactional step
+        it runs inside (on this thread or asyncio task, not a concurrent step's), else the
+        transactional handler's."""
+        inside = _STEP_TRANSACTION.get()
+        if inside is not None and inside[0] is self:
+            return inside[1]
+        return self.transaction
+
+    @contextmanager
+    def in_step_transaction(self, transaction: Any) -> Iterator[None]:
+        """Run the body inside this attempt's transactional step, whose store transaction is
+        ``transaction``: on this thread, and in the asyncio tasks it starts (they copy its
+        context), but not in steps running beside it."""
+        token = _STEP_TRANSACTION.set((self, transaction))
+        try:
+            yield
+        finally:
+            _STEP_TRANSACTION.reset(token)
 
     @property
     def lease_seconds_left(self) -> float:

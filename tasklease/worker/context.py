@@ -128,9 +128,10 @@ class TaskContext(DurableSteps):
         so that the handler cannot end the transaction (RuntimeError). Write the
         handler's database effects through it: they are kept exactly when the run completes.
 
-        Raises RuntimeError in any other handler, and outside the handler's call.
+        Inside a transactional step's function, that step's transaction (the ``tx`` it is
+        given). Raises RuntimeError in any other handler, and outside the handler's call.
         """
-        transaction = self._live.transaction
+        transaction = self._live.current_transaction
         if transaction is None:
             raise RuntimeError(
                 f"ctx.transaction: handler {self.handler!r} does not run in a transaction; "

@@ -169,7 +169,7 @@ class StepRunner:
         # A transactional handler's record commits with its writes: a step recorded beside
         # that transaction would outlive its rollback (and on SQLite wait on its lock).
         # The same inside a transactional step's function.
-        if self.attempt is not None and self.attempt.transaction is not None:
+        if self.attempt is not None and self.attempt.current_transaction is not None:
             raise rules.StepError(
                 f"{what} is not available in a transactional=True handler, nor inside a "
                 "transactional step's function: its writes through ctx.transaction "

@@ -60,8 +60,9 @@ def run_transactional_step(
     def step_work(transaction: Any) -> StepRecord:
         nonlocal tries
         tries += 1  # More than once where the database runs an aborted transaction again.
-        attempt.transaction = transaction  # ctx.transaction, and no step nested in this one.
-        try:
+        # ctx.transaction, and no step nested in this one, for this step's own execution:
+        # its coroutine's task, started from this thread, copies its context.
+        with attempt.in_step_transaction(transaction):
             result = fn(transaction, *args, **kwargs)
             if inspect.isawaitable(result):
                 if loop is None:
@@ -70,8 +71,6 @@ def run_transactional_step(
                         f"step {name!r}: its function is async: use `await ctx.astep(...)`"
                     )
                 result = asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
-        finally:
-            attempt.transaction = None
         result_json = rules.encode_result(name, result)  # Raised here: rolled back.
         step = StepRecord(name, result_json, attempt.attempt_id, clock(), len(result_json.encode()))
         written.append(step)
