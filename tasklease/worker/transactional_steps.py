@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tasklease.errors import LeaseLost, StoreUnavailable
 from tasklease.worker.core import steps as rules
 from tasklease.worker.core.steps import StepRecord
+from tasklease.worker.running import step_call
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.transactional import (
     TRANSACTIONAL_STEP_STORES,
@@ -62,14 +63,15 @@ def run_transactional_step(
         tries += 1  # More than once where the database runs an aborted transaction again.
         attempt.transaction = transaction  # ctx.transaction, and no step nested in this one.
         try:
-            result = fn(transaction, *args, **kwargs)
-            if inspect.isawaitable(result):
-                if loop is None:
-                    _close(result)
-                    raise rules.StepError(
-                        f"step {name!r}: its function is async: use `await ctx.astep(...)`"
-                    )
-                result = asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
+            with step_call(name):  # Fresh at each try: its enqueues name the first try's tasks.
+                result = fn(transaction, *args, **kwargs)
+                if inspect.isawaitable(result):
+                    if loop is None:
+                        _close(result)
+                        raise rules.StepError(
+                            f"step {name!r}: its function is async: use `await ctx.astep(...)`"
+                        )
+                    result = asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
         finally:
             attempt.transaction = None
         result_json = rules.encode_result(name, result)  # Raised here: rolled back.
