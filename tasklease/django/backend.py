@@ -5,6 +5,10 @@ with tasklease's :class:`~tasklease.producer.Producer`. Inside ``transaction.ato
 goes through the transactional outbox instead: an entry written through the same database
 transaction, created by the relay after the commit, so a rolled-back transaction enqueues
 nothing and a crash after the commit loses nothing (``on_commit`` would lose it).
+
+Inside a tasklease handler the new task's key (its ``TaskResult`` id) is derived from the
+run and the enqueue's ordinal, so a retried parent names the child it created before;
+outside one each call is a new task, as with Django's own backends.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from django.utils import timezone
 from tasklease.django import compat
 from tasklease.django.handler import DJANGO_TASK_HANDLER, payload_for
 from tasklease.producer import Producer
+from tasklease.worker.running import current_call
 
 # OPTIONS keys handed to the Producer; each one missing comes from TASKLEASE_* variables.
 PRODUCER_OPTIONS = (
@@ -93,7 +98,7 @@ class CloudTasksBackend(compat.BaseTaskBackend):  # type: ignore[misc]
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)
         args, kwargs = _json_arguments(list(args), dict(kwargs))
-        result_id = uuid.uuid4().hex
+        result_id = _result_id(task)
         queue = None if task.queue_name == compat.DEFAULT_TASK_QUEUE_NAME else task.queue_name
         # The result id is the key: the Cloud Task's name, and so the worker's run, derive
         # from it, and every re-send of an outbox entry asks for that same name.
@@ -135,6 +140,17 @@ class CloudTasksBackend(compat.BaseTaskBackend):  # type: ignore[misc]
         if not connection.in_atomic_block:
             return None
         return connection.connection
+
+
+def _result_id(task: Any) -> str:
+    """The new task's result id, its key: inside a tasklease handler, derived from the run
+    and this enqueue's place among the handler's enqueues of ``task`` on its queue, so every
+    attempt of the run names the same task (a retry creates no second one); elsewhere a new
+    one per call, as Django's own backends give."""
+    call = current_call()
+    if call is None:
+        return uuid.uuid4().hex
+    return call.next_enqueue_key(task.module_path, task.queue_name)
 
 
 def _aware(run_after: Any) -> Any:

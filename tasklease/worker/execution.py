@@ -28,10 +28,11 @@ from tasklease.worker.event_loop import LoopNotStarted
 from tasklease.worker.execution_locks import ExecutionLocks
 from tasklease.worker.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.log_levels import execution_level, known_handlers
-from tasklease.worker.logs import instance_id, log_execution, note_error, run_log_fields
+from tasklease.worker.logs import instance_id, log_execution, note_error
 from tasklease.worker.manual_runs import ManualRuns
 from tasklease.worker.reply import Reply, settled
 from tasklease.worker.router import HandlerSpec, Router
+from tasklease.worker.running import handler_call
 from tasklease.worker.settled_answers import ClaimNeeded
 from tasklease.worker.steps import StepRunner, ctx_runner
 from tasklease.worker.store_retries import retry_while_unavailable
@@ -304,7 +305,7 @@ class Executor:
             with (
                 self.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),
                 telemetry.step("handler"),
-                run_log_fields(ctx.run_id, spec.name),
+                handler_call(ctx.run_id, spec.name, ctx_runner(ctx).resumed.seq),
             ):
                 if spec.kind is Kind.TASK:
                     result = spec.function(payload, ctx)

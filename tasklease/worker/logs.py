@@ -19,6 +19,8 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
+from tasklease.worker.running import current_call
+
 EXECUTION_LOGGER = "tasklease.execution"
 FIELDS_ATTRIBUTE = "tasklease"  # LogRecord attribute that carries the structured fields.
 
@@ -30,8 +32,6 @@ _REQUEST_FIELDS: ContextVar[Mapping[str, Any] | None] = ContextVar(
 _PENDING_ERROR: ContextVar[BaseException | None] = ContextVar(
     "tasklease_pending_error", default=None
 )
-# The run and handler a handler's own log lines belong to, while it runs (run_log_fields).
-_RUN_FIELDS: ContextVar[Mapping[str, Any] | None] = ContextVar("tasklease_run_fields", default=None)
 # C0 and C1 control characters and DEL: in a terminal they forge lines or change colours.
 _CONTROL = {n: f"\\x{n:02x}" for n in (*range(0x20), *range(0x7F, 0xA0))}
 _CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
@@ -132,20 +132,10 @@ class RunFieldsFilter(logging.Filter):
     logging configuration, e.g. ``tasklease dev``'s gunicorn."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        run = _RUN_FIELDS.get()
-        if run and not getattr(record, FIELDS_ATTRIBUTE, None):
-            setattr(record, FIELDS_ATTRIBUTE, dict(run))
+        call = current_call()
+        if call is not None and not getattr(record, FIELDS_ATTRIBUTE, None):
+            setattr(record, FIELDS_ATTRIBUTE, {"run_id": call.run_id, "handler": call.handler})
         return True
-
-
-@contextmanager
-def run_log_fields(run_id: str, handler: str) -> Iterator[None]:
-    """Mark the log lines written inside this block (a handler's) as ``run_id``'s."""
-    token = _RUN_FIELDS.set({"run_id": run_id, "handler": handler})
-    try:
-        yield
-    finally:
-        _RUN_FIELDS.reset(token)
 
 
 def escape_controls(text: str) -> str:

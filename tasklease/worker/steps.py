@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from tasklease.errors import LeaseLost
 from tasklease.worker.core import steps as rules
 from tasklease.worker.core.steps import Continuation, StepRecord
+from tasklease.worker.running import step_call
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.thread_wait import thread_result
 from tasklease.worker.transactional_steps import run_transactional_step
@@ -123,7 +124,8 @@ class StepRunner:
             return done.result
         if transactional:
             return run_transactional_step(self, name, fn, args, kwargs)
-        result = fn(*args, **kwargs)
+        with step_call(name):
+            result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             raise rules.StepError(
                 f"step {name!r}: its function is async: use `await ctx.astep(...)`"
@@ -146,9 +148,10 @@ class StepRunner:
             return await asyncio.to_thread(
                 lambda: run_transactional_step(self, name, fn, args, kwargs, loop=loop)
             )
-        result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
+        with step_call(name):
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
         # The store call blocks: off the handler loop, so other handlers keep running. A
         # cancel waits for its record, which the retry replays.
         return await thread_result(asyncio.to_thread(self.end, name, result))

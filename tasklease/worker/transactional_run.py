@@ -21,9 +21,11 @@ from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.outcome import Outcome
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.event_loop import HANDLER_LOOP, LoopNotStarted
-from tasklease.worker.logs import note_error, run_log_fields
+from tasklease.worker.logs import note_error
 from tasklease.worker.reply import Reply
 from tasklease.worker.router import HandlerSpec
+from tasklease.worker.running import current_call, handler_call
+from tasklease.worker.steps import ctx_runner
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome
 
@@ -58,6 +60,9 @@ def run_in_transaction(
         nonlocal tries
         tries += 1
         log["transaction_tries"] = tries
+        call = current_call()
+        if call is not None:  # A try again: its enqueues name the tasks of the first.
+            call.restart()
         live.transaction = transaction
         try:
             result = spec.function(payload, ctx) if spec.kind is Kind.TASK else spec.function(ctx)
@@ -74,7 +79,7 @@ def run_in_transaction(
         with (
             executor.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),
             telemetry.step("handler"),
-            run_log_fields(ctx.run_id, spec.name),
+            handler_call(ctx.run_id, spec.name, ctx_runner(ctx).resumed.seq),
         ):
             outcome = store.complete_in_transaction(
                 live.run_id, live.attempt_id, work, executor.clock, keep_for=spec.retention

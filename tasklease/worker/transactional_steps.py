@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tasklease.errors import LeaseLost, StoreUnavailable
 from tasklease.worker.core import steps as rules
 from tasklease.worker.core.steps import StepRecord
+from tasklease.worker.running import step_call
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.transactional import (
     TRANSACTIONAL_STEP_STORES,
@@ -61,8 +62,9 @@ def run_transactional_step(
         nonlocal tries
         tries += 1  # More than once where the database runs an aborted transaction again.
         # ctx.transaction, and no step nested in this one, for this step's own execution:
-        # its coroutine's task, started from this thread, copies its context.
-        with attempt.in_step_transaction(transaction):
+        # its coroutine's task, started from this thread, copies its context. The step call
+        # is fresh at each try: its enqueues name the first try's tasks.
+        with attempt.in_step_transaction(transaction), step_call(name):
             result = fn(transaction, *args, **kwargs)
             if inspect.isawaitable(result):
                 if loop is None:

@@ -204,6 +204,15 @@ def step_key(run_id: str, name: str, delivery: int = 0) -> str:
     return str(uuid.UUID(digest[:32]))
 
 
+def enqueue_key(scope: tuple[str, ...], task: str, queue: str, ordinal: int) -> str:
+    """The key of the ``ordinal``-th enqueue (from 0) of ``task`` on ``queue`` within
+    ``scope`` (a run's delivery, and the step if inside one): 32 hex digits, the same on
+    every attempt, so a retried handler's enqueues name the tasks its first attempt created.
+    Counted per task and queue: enqueues of other tasks may move without changing it."""
+    text = json.dumps(["tasklease-enqueue", *scope, task, queue, ordinal])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 def continuation_key(run_id: str, seq: int) -> str:
     """The producer key of run ``run_id``'s continuation ``seq``: the task it names is created
     once (Cloud Tasks' name de-duplication), however often the delivery that continues it is
