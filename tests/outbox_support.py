@@ -10,6 +10,7 @@ from tasklease.outbox.db import open_outbox
 from tasklease.producer import Producer
 
 PROJECT, LOCATION, QUEUE = "p", "us-central1", "outbox"
+WORKER = "http://127.0.0.1:9"  # The tests' worker URL: the producers' and the relays'.
 QUEUE_PATH = f"projects/{PROJECT}/locations/{LOCATION}/queues/{QUEUE}"
 SPANNER_ORDERS = "CREATE TABLE orders (id STRING(64) NOT NULL, n INT64) PRIMARY KEY (id)"
 
@@ -25,8 +26,13 @@ def sqlite_app_db(path: Path) -> str:
     return url
 
 
-def producer(tasks_endpoint: str, worker_url: str = "http://127.0.0.1:9") -> Producer:
+def producer(tasks_endpoint: str, worker_url: str = WORKER) -> Producer:
     return Producer(PROJECT, LOCATION, QUEUE, worker_url, tasks_endpoint=tasks_endpoint)
+
+
+def relay_env(tasks_endpoint: str) -> dict[str, str]:
+    """A relay's settings: the Cloud Tasks endpoint, and the worker its entries may go to."""
+    return {"TASKLEASE_TASKS_ENDPOINT": tasks_endpoint, "TASKLEASE_WORKER_URL": WORKER}
 
 
 def spanner_database(url: str) -> Any:

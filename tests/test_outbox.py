@@ -20,7 +20,7 @@ from tasklease.outbox import NotInTransaction, Relay, open_outbox, relay_produce
 from tasklease.outbox.db import OutboxDB
 from tasklease.producer import task_id
 from tests import postgres_support
-from tests.outbox_support import QUEUE_PATH, producer, sqlite_app_db
+from tests.outbox_support import QUEUE_PATH, producer, relay_env, sqlite_app_db
 
 
 @pytest.fixture
@@ -50,8 +50,7 @@ def relay_for(url: str, emulator: CloudTasksEmulator) -> tuple[OutboxDB, Relay]:
     """A relay through ``emulator``; closed at the end of the test."""
     db = open_outbox(url)
     _opened.append(db)
-    env = {"TASKLEASE_TASKS_ENDPOINT": emulator.url}
-    return db, Relay(db, relay_producer(env))
+    return db, Relay(db, relay_producer(relay_env(emulator.url)))
 
 
 def test_a_committed_enqueue_is_created_by_the_relay_under_the_producers_own_name(
@@ -185,7 +184,7 @@ def test_while_cloud_tasks_is_down_entries_back_off_and_none_is_marked_sent(
     conn.commit()
     db = open_outbox(url)
     _opened.append(db)
-    relay = Relay(db, relay_producer({"TASKLEASE_TASKS_ENDPOINT": "http://127.0.0.1:9"}))
+    relay = Relay(db, relay_producer(relay_env("http://127.0.0.1:9")))
     done = relay.drain()
     assert (done.sent, done.retrying) == (0, 3)
     status = db.status(0)
@@ -352,7 +351,7 @@ def test_the_sweeper_job_relays_every_due_entry_and_purges_old_sent_ones(
     conn.execute("UPDATE tasklease_outbox SET state = 'sent', sent_at = 0 WHERE id LIKE '%k0'")
     conn.commit()
     router = Router()
-    register(router, url=url, producer=relay_producer({"TASKLEASE_TASKS_ENDPOINT": tasks.url}))
+    register(router, url=url, producer=relay_producer(relay_env(tasks.url)))
     spec = router.handler(Kind.SCHEDULER, SWEEP_JOB)
     assert spec is not None and spec.exclusive
     assert spec.function(None) == {"sent": 2, "failed": 0, "retrying": 0, "purged": 1}
@@ -398,8 +397,9 @@ def test_a_sqlalchemy_session_commit_wakes_the_processs_relays_at_once(
 
 
 def test_relay_and_status_say_what_to_do_when_there_is_no_outbox(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("TASKLEASE_WORKER_URL", "http://127.0.0.1:9")
     missing = f"sqlite:///{tmp_path}/missing.db"
     assert main(["outbox", "status", "--url", missing]) == 2
     assert "no database file" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from tasklease.emulator import CloudTasksEmulator
 from tasklease.outbox import NotInTransaction, Relay, open_outbox, relay_producer
 from tasklease.outbox.firestore_db import FirestoreOutbox
 from tasklease.producer import EnqueueResult, task_id
-from tests.outbox_support import QUEUE_PATH, producer
+from tests.outbox_support import QUEUE_PATH, producer, relay_env
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def relay_for(project: str, emulator: CloudTasksEmulator) -> tuple[FirestoreOutb
     db = open_outbox(f"firestore://?project={project}")
     assert isinstance(db, FirestoreOutbox)
     _opened.append(db)
-    return db, Relay(db, relay_producer({"TASKLEASE_TASKS_ENDPOINT": emulator.url}))
+    return db, Relay(db, relay_producer(relay_env(emulator.url)))
 
 
 def task_names(emulator: CloudTasksEmulator) -> list[str]:

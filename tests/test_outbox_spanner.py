@@ -24,7 +24,7 @@ from tasklease.producer import EnqueueResult, task_id
 from tasklease.testing.contract_support import T0, claim_request
 from tasklease.worker.dashboard import create_dashboard_app
 from tasklease.worker.stores import SpannerStore
-from tests.outbox_support import QUEUE_PATH, producer
+from tests.outbox_support import QUEUE_PATH, producer, relay_env
 from tests.spanner_support import RpcCounter
 
 ORDERS = "CREATE TABLE orders (id STRING(64) NOT NULL, total INT64) PRIMARY KEY (id)"
@@ -73,7 +73,7 @@ def relay_for(url: str, emulator: CloudTasksEmulator) -> tuple[SpannerOutbox, Re
     db = open_outbox(url)
     assert isinstance(db, SpannerOutbox)
     _opened.append(db)
-    return db, Relay(db, relay_producer({"TASKLEASE_TASKS_ENDPOINT": emulator.url}))
+    return db, Relay(db, relay_producer(relay_env(emulator.url)))
 
 
 def task_names(emulator: CloudTasksEmulator) -> list[str]:
@@ -231,7 +231,7 @@ def test_cloud_tasks_down_backs_entries_off_and_marks_none_sent(url: str, app_db
     place_order(app_db, "http://127.0.0.1:9", 5)
     db = open_outbox(url)
     _opened.append(db)  # type: ignore[arg-type]
-    relay = Relay(db, relay_producer({"TASKLEASE_TASKS_ENDPOINT": "http://127.0.0.1:9"}))
+    relay = Relay(db, relay_producer(relay_env("http://127.0.0.1:9")))
     done = relay.run_once()
     assert (done.claimed, done.sent, done.retrying) == (1, 0, 1)
     status = db.status(0)
@@ -263,7 +263,7 @@ def test_the_cli_migrates_prints_relays_and_reports_a_spanner_outbox(
     spanner_database: str, tasks: CloudTasksEmulator
 ) -> None:
     url = f"spanner://{spanner_database}"
-    env = {"TASKLEASE_TASKS_ENDPOINT": tasks.url}
+    env = relay_env(tasks.url)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

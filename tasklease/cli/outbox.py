@@ -20,6 +20,8 @@ from tasklease.cli.common import Subcommands, add_command, stop_on_sigterm, wait
 
 if TYPE_CHECKING:
     from tasklease.outbox.db import OutboxDB
+    from tasklease.outbox.destinations import Destinations
+    from tasklease.producer.producer import Producer
 
 NAME = "outbox"
 ENV_URL = "TASKLEASE_OUTBOX_URL"
@@ -73,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
     url = _url(args)
     if url is None:
         return 2
+    relaying = _relaying() if args.outbox_command == "relay" else None
+    if args.outbox_command == "relay" and relaying is None:
+        return 2
     if (
         args.outbox_command != "migrate"
         and url.startswith("sqlite:///")
@@ -103,20 +108,35 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        if args.outbox_command == "relay":
-            return _relay(db, args)
+        if relaying is not None:
+            return _relay(db, args, *relaying)
         return _status(db)
     finally:
         db.close()
 
 
-def _relay(db: OutboxDB, args: argparse.Namespace) -> int:
-    from tasklease.outbox.relay import Relay  # noqa: PLC0415
+def _relaying() -> tuple[Producer, Destinations] | None:
+    """The relay's producer and where it may send, from the environment; None (after one
+    line saying what to set) when they are missing or refused: the relay does not start."""
+    from tasklease.outbox.destinations import for_producer  # noqa: PLC0415
     from tasklease.outbox.sweeper import relay_producer  # noqa: PLC0415
+
+    try:
+        producer = relay_producer()
+        return producer, for_producer(producer)
+    except ValueError as exc:  # NoWorkerURL, or a setting that is refused.
+        print(f"tasklease outbox relay: {exc}", file=sys.stderr)
+        return None
+
+
+def _relay(
+    db: OutboxDB, args: argparse.Namespace, producer: Producer, destinations: Destinations
+) -> int:
+    from tasklease.outbox.relay import Relay  # noqa: PLC0415
 
     if args.requeue_failed:
         print(f"{db.requeue_failed()} failed entries pending again")
-    relay = Relay(db, relay_producer(), lease=args.lease)
+    relay = Relay(db, producer, lease=args.lease, destinations=destinations)
     if args.follow:
         stop = stop_on_sigterm()
         thread = threading.Thread(target=relay.follow, args=(args.poll,), daemon=True)

@@ -21,7 +21,16 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from tasklease.outbox import ddl, wake
-from tasklease.outbox.entries import CHANNEL, FAILED, PENDING, SENT, TABLE, Entry, from_row
+from tasklease.outbox.entries import (
+    CHANNEL,
+    FAILED,
+    PENDING,
+    SENT,
+    TABLE,
+    Entry,
+    Undecodable,
+    decode,
+)
 
 _SELECT_DUE = (
     f"SELECT * FROM {TABLE} WHERE state = '{PENDING}' AND next_attempt_at <= {{p}} "
@@ -95,17 +104,29 @@ class OutboxDB(ABC):
             return False
         return True
 
-    def claim(self, limit: int, now: float, lease: float) -> list[Entry]:
-        """Up to ``limit`` due pending entries, oldest first, claimed until ``now + lease``."""
+    def claim(self, limit: int, now: float, lease: float) -> list[Entry | Undecodable]:
+        """Up to ``limit`` due pending entries, oldest first, claimed until ``now + lease``;
+        a row that cannot be read back as an entry is marked failed in the same transaction
+        (and returned as :class:`Undecodable`), never left to stall every later claim."""
         p = self._mark()
         with self._transaction(immediate=True) as cursor:
             cursor.execute(_SELECT_DUE.format(p=p) + self._skip_locked(), (now, limit))
             rows = [_mapping(cursor, row) for row in cursor.fetchall()]
+            claimed = [decode(row) for row in rows]
+            pairs = list(zip(rows, claimed, strict=True))
+            good = [row["id"] for row, item in pairs if isinstance(item, Entry)]
+            bad = [(item.reason, row["id"]) for row, item in pairs if isinstance(item, Undecodable)]
             cursor.executemany(
                 f"UPDATE {TABLE} SET next_attempt_at = {p} WHERE id = {p}",
-                [(now + lease, row["id"]) for row in rows],
+                [(now + lease, entry_id) for entry_id in good],
             )
-        return [from_row(row) for row in rows]
+            if bad:
+                cursor.executemany(
+                    f"UPDATE {TABLE} SET state = '{FAILED}', attempts = attempts + 1, "
+                    f"last_error = {p} WHERE id = {p}",
+                    bad,
+                )
+        return claimed
 
     def mark_sent(self, ids: Sequence[str], now: float) -> None:
         """Only for entries whose task Cloud Tasks created (or already had)."""
@@ -145,13 +166,21 @@ class OutboxDB(ABC):
             )
             return int(cursor.rowcount)
 
-    def purge_sent(self, before: float) -> int:
-        """Delete sent entries older than ``before`` (the worker's run record keeps the rest)."""
+    def purge_sent(self, before: float, limit: int | None = None) -> int:
+        """Delete sent entries older than ``before`` (the worker's run record keeps the rest):
+        at most ``limit`` of them when given, so one purge never holds the table long."""
+        p = self._mark()
         with self._transaction() as cursor:
-            cursor.execute(
-                f"DELETE FROM {TABLE} WHERE state = '{SENT}' AND sent_at < {self._mark()}",
-                (before,),
-            )
+            if limit is None:
+                cursor.execute(
+                    f"DELETE FROM {TABLE} WHERE state = '{SENT}' AND sent_at < {p}", (before,)
+                )
+            else:
+                cursor.execute(
+                    f"DELETE FROM {TABLE} WHERE id IN (SELECT id FROM {TABLE} "
+                    f"WHERE state = '{SENT}' AND sent_at < {p} LIMIT {p})",
+                    (before, int(limit)),
+                )
             return int(cursor.rowcount)
 
     def pending(self, now: float) -> tuple[int, float]:

@@ -21,6 +21,7 @@ TABLE = "tasklease_outbox"
 CHANNEL = "tasklease_outbox"  # Postgres NOTIFY channel: delivered only when the insert commits.
 PENDING, SENT, FAILED = "pending", "sent", "failed"
 TRACE_HEADERS = ("traceparent", "tracestate", "X-Cloud-Trace-Context")
+REASON_CHARS = 1000  # The most of a refusal's reason kept in the entry's last_error.
 
 # The columns an enqueue writes, in order (the relay's own columns have defaults).
 COLUMNS = (
@@ -85,6 +86,15 @@ class Entry:
         }
 
 
+@dataclass(frozen=True)
+class Undecodable:
+    """A claimed row the relay cannot read back as a task (written by hand, by another
+    version, or damaged): the claim marked it failed with ``reason``, and sends the rest."""
+
+    id: str
+    reason: str
+
+
 def from_row(row: Mapping[str, Any]) -> Entry:
     """An entry read back by the relay (a mapping of column name to value)."""
     schedule = row["schedule_time"]
@@ -109,3 +119,25 @@ def from_row(row: Mapping[str, Any]) -> Entry:
         last_error=row["last_error"],
         sent_at=row["sent_at"],
     )
+
+
+def decode(row: Mapping[str, Any]) -> Entry | Undecodable:
+    """The entry of one claimed row, or why it cannot be one: each row on its own, so one
+    bad row never stops the relay for the others."""
+    stored = row.get("id")
+    stored_id = "" if stored is None else str(stored)
+    try:
+        entry = from_row(row)
+        texts = (entry.task_name, entry.request.queue_path, entry.request.task_id)
+        if not all(isinstance(text, str) for text in (*texts, entry.request.url)):
+            raise TypeError("task_name, queue, task_id and url must be text")
+    except Exception as exc:  # Whatever the row holds: a missing column, bad JSON, a blob...
+        reason = f"undecodable outbox entry: {type(exc).__name__}: {exc}"
+        return Undecodable(stored_id, reason[:REASON_CHARS])
+    if entry.id != row.get("id"):
+        # The marks find an entry by the name its queue and task_id make: this row's would
+        # never be marked, and be sent again after every claim.
+        return Undecodable(
+            stored_id, "undecodable outbox entry: its id is not the name its queue and task_id make"
+        )
+    return entry

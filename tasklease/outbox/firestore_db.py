@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tasklease.outbox.db import Failed, OutboxDB, Status
-from tasklease.outbox.entries import FAILED, PENDING, SENT, Entry, from_row
+from tasklease.outbox.entries import FAILED, PENDING, SENT, Entry, Undecodable, decode
 from tasklease.outbox.firestore import _CHUNK, COLLECTION, doc_id
 
 _OPTIONS = {"collection", "database", "project"}
@@ -88,12 +88,13 @@ class FirestoreOutbox(OutboxDB):
     def _in_transaction(self, work: Callable[[Any], Any]) -> Any:
         return self._firestore.transactional(work)(self._client.transaction())
 
-    def claim(self, limit: int, now: float, lease: float) -> list[Entry]:
+    def claim(self, limit: int, now: float, lease: float) -> list[Entry | Undecodable]:
         """Up to ``limit`` due pending entries, earliest due first, claimed until ``now +
         lease``. Optimistic, never a transaction: a query's read locks would outlive a
         killed relay and make the callers' commits time out ("Transaction lock timeout").
         Each entry's claim is conditional on the update time read, so of two relays that read
-        the same entries each claims only those it updated first."""
+        the same entries each claims only those it updated first. A document that cannot be
+        read back as an entry is marked failed by the same conditional write."""
         from google.api_core import exceptions as api  # noqa: PLC0415
 
         query = (
@@ -106,21 +107,41 @@ class FirestoreOutbox(OutboxDB):
         if not snapshots:
             return []
         until = {"next_attempt_at": now + lease}
+        decoded = [self._decode(snapshot) for snapshot in snapshots]
+        changes = [
+            (snapshot, until if isinstance(item, Entry) else self._failed(item.reason))
+            for snapshot, item in zip(snapshots, decoded, strict=True)
+        ]
         batch = self._client.batch()
-        for snapshot in snapshots:
-            batch.update(snapshot.reference, until, option=self._unchanged(snapshot))
+        for snapshot, change in changes:
+            batch.update(snapshot.reference, change, option=self._unchanged(snapshot))
         try:
             batch.commit()  # All or nothing: the usual case, one round trip.
-            mine = snapshots
+            return decoded
         except (api.FailedPrecondition, api.NotFound):  # Another relay claimed some of them.
-            mine = []
-            for snapshot in snapshots:
+            mine: list[Entry | Undecodable] = []
+            for (snapshot, change), item in zip(changes, decoded, strict=True):
                 try:
-                    snapshot.reference.update(until, option=self._unchanged(snapshot))
+                    snapshot.reference.update(change, option=self._unchanged(snapshot))
                 except (api.FailedPrecondition, api.NotFound):
                     continue
-                mine.append(snapshot)
-        return [from_row(snapshot.to_dict()) for snapshot in mine]
+                mine.append(item)
+            return mine
+
+    def _decode(self, snapshot: Any) -> Entry | Undecodable:
+        """The entry of one document; its document id must be the one staging gives its name
+        (else no mark would ever find it)."""
+        item = decode(snapshot.to_dict() or {})
+        if isinstance(item, Undecodable):
+            return Undecodable(item.id or snapshot.id, item.reason)
+        if doc_id(item.id) != snapshot.id:
+            reason = "undecodable outbox entry: its document id is not the hash of its name"
+            return Undecodable(item.id, reason)
+        return item
+
+    def _failed(self, reason: str) -> dict[str, Any]:
+        """The update marking an undecodable document failed (its attempts may be garbage)."""
+        return {"state": FAILED, "attempts": self._firestore.Increment(1), "last_error": reason}
 
     def _unchanged(self, snapshot: Any) -> Any:
         return self._client.write_option(last_update_time=snapshot.update_time)
@@ -173,11 +194,13 @@ class FirestoreOutbox(OutboxDB):
 
         self._update_pending({name: later(at, error) for name, (at, error) in retries.items()})
 
-    def _each(self, query: Any, write: Callable[[Any, Any], None]) -> int:
-        """``write(batch, snapshot)`` for every document ``query`` finds, 500 per commit."""
+    def _each(self, query: Any, write: Callable[[Any, Any], None], limit: int | None = None) -> int:
+        """``write(batch, snapshot)`` for every document ``query`` finds (at most ``limit``),
+        500 per commit."""
         count = 0
-        while True:
-            snapshots = list(query.limit(_CHUNK).stream())
+        while limit is None or count < limit:
+            chunk = _CHUNK if limit is None else min(_CHUNK, limit - count)
+            snapshots = list(query.limit(chunk).stream())
             if not snapshots:
                 return count
             batch = self._client.batch()
@@ -185,6 +208,7 @@ class FirestoreOutbox(OutboxDB):
                 write(batch, snapshot)
             batch.commit()
             count += len(snapshots)
+        return count
 
     def requeue_failed(self) -> int:
         return self._each(
@@ -194,9 +218,9 @@ class FirestoreOutbox(OutboxDB):
             ),
         )
 
-    def purge_sent(self, before: float) -> int:
+    def purge_sent(self, before: float, limit: int | None = None) -> int:
         query = self._where("state", "==", SENT).where(filter=_filter("sent_at", "<", before))
-        return self._each(query, lambda batch, snap: batch.delete(snap.reference))
+        return self._each(query, lambda batch, snap: batch.delete(snap.reference), limit)
 
     def _count(self, query: Any) -> int:
         return int(query.count().get()[0][0].value)

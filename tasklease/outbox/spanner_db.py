@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from tasklease.outbox import spanner as staging
 from tasklease.outbox.db import Failed, OutboxDB, Status
-from tasklease.outbox.entries import FAILED, PENDING, SENT, TABLE, Entry, from_row
+from tasklease.outbox.entries import FAILED, PENDING, SENT, TABLE, Entry, Undecodable, decode
 
 CALL_TIMEOUT = 10.0
 _READ_COLUMNS = (*staging.WRITE_COLUMNS, "last_error", "sent_at")
@@ -112,14 +112,15 @@ class SpannerOutbox(OutboxDB):
         except Exception:  # Not reachable, no such database: no outbox to relay.
             return False
 
-    def claim(self, limit: int, now: float, lease: float) -> list[Entry]:
+    def claim(self, limit: int, now: float, lease: float) -> list[Entry | Undecodable]:
         """Up to ``limit`` due pending entries, earliest due first, claimed until ``now +
         lease``. The due entries are found by a strong read outside any transaction (no locks
         on the index range the callers' inserts go to), then claimed in a read-write
         transaction that reads those rows by key, keeps the ones still pending and due, and
         pushes them ahead: of two relays that found the same entries, the one Spanner
         serialises second reads the first's claim and skips them. Nothing due: no
-        transaction at all."""
+        transaction at all. A row that cannot be read back as an entry is marked failed in
+        the claiming transaction."""
         sql = (
             f"SELECT id FROM {TABLE}@{{FORCE_INDEX={TABLE}_due}} "
             f"WHERE state = '{PENDING}' AND next_attempt_at <= @now "
@@ -131,28 +132,38 @@ class SpannerOutbox(OutboxDB):
                 return []
             claimed = self._claim_found(due, now, lease)
             if claimed:
-                # The client reads BYTES back as the wire's base64 text, still encoded.
-                return [from_row({**r, "body": base64.b64decode(r["body"])}) for r in claimed]
+                return claimed
         return []
 
-    def _claim_found(self, due: list[str], now: float, lease: float) -> list[dict[str, Any]]:
+    def _claim_found(self, due: list[str], now: float, lease: float) -> list[Entry | Undecodable]:
         """Claim the entries ``due`` that are still pending and due, in one transaction."""
         from google.cloud.spanner_v1 import KeySet  # noqa: PLC0415
 
         keys = KeySet(keys=[[name] for name in due])  # type: ignore[no-untyped-call]
 
-        def work(tx: Any) -> list[dict[str, Any]]:
+        def work(tx: Any) -> list[Entry | Undecodable]:
             found = [
                 dict(zip(_READ_COLUMNS, row, strict=True))
                 for row in tx.read(TABLE, _READ_COLUMNS, keys)
             ]
             rows = [r for r in found if r["state"] == PENDING and r["next_attempt_at"] <= now]
-            if rows:
+            rows.sort(key=lambda row: row["next_attempt_at"])
+            claimed = [_decode(row) for row in rows]
+            good = [item.id for item in claimed if isinstance(item, Entry)]
+            bad = [item for item in claimed if isinstance(item, Undecodable)]
+            if good:
                 until = float(now + lease)
-                tx.update(TABLE, ("id", "next_attempt_at"), [[r["id"], until] for r in rows])
-            return sorted(rows, key=lambda row: row["next_attempt_at"])
+                tx.update(TABLE, ("id", "next_attempt_at"), [[name, until] for name in good])
+            if bad:
+                attempts = {row["id"]: int(row["attempts"] or 0) for row in rows}
+                tx.update(
+                    TABLE,
+                    ("id", "state", "attempts", "last_error"),
+                    [[b.id, FAILED, attempts.get(b.id, 0) + 1, b.reason] for b in bad],
+                )
+            return claimed
 
-        claimed: list[dict[str, Any]] = self._run(work, "claim outbox entries")
+        claimed: list[Entry | Undecodable] = self._run(work, "claim outbox entries")
         return claimed
 
     def _update_pending(
@@ -225,8 +236,10 @@ class SpannerOutbox(OutboxDB):
             f"WHERE state = '{FAILED}'"
         )
 
-    def purge_sent(self, before: float) -> int:
-        """Delete sent entries older than ``before`` (the row deletion policy does it too)."""
+    def purge_sent(self, before: float, limit: int | None = None) -> int:
+        """Delete sent entries older than ``before`` (the row deletion policy does it too).
+        ``limit`` is not needed here: partitioned DML deletes partition by partition, each in
+        a transaction of its own, never holding the whole table."""
         return self._dml(
             f"DELETE FROM {TABLE} WHERE state = '{SENT}' AND sent_at < @before",
             {"before": float(before)},
@@ -261,6 +274,16 @@ class SpannerOutbox(OutboxDB):
             retrying=retrying,
             failed_total=counts.get(FAILED, (0, None, 0))[0],
         )
+
+
+def _decode(row: dict[str, Any]) -> Entry | Undecodable:
+    """One claimed row's entry: the client reads BYTES back as the wire's base64 text, still
+    encoded."""
+    try:
+        body = base64.b64decode(row["body"], validate=True)
+    except (TypeError, ValueError) as exc:
+        return Undecodable(str(row["id"]), f"undecodable outbox entry: body: {exc}")
+    return decode({**row, "body": body})
 
 
 def database_of(url: str) -> str:

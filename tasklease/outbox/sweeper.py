@@ -18,8 +18,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from tasklease.outbox.db import OutboxDB, open_outbox
+from tasklease.outbox.destinations import ENV_WORKER_URL, NoWorkerURL, for_producer
 from tasklease.outbox.locate import ENV_OUTBOX_URL, where
-from tasklease.outbox.relay import LEASE, Relay, quick_retry
+from tasklease.outbox.relay import LEASE, Relay, Round, quick_retry
 
 if TYPE_CHECKING:
     from tasklease.producer.producer import Producer
@@ -32,17 +33,17 @@ _log = logging.getLogger("tasklease.outbox")
 def relay_producer(environ: Any = None) -> Producer:
     """The relay's producer: the ``TASKLEASE_*`` settings, retrying little (entries back off).
 
-    The entries carry their URL, queue and account; only the transport settings matter."""
+    The entries carry their URL, queue and account; besides the transport settings, the
+    worker URL, audience and account say which of them the relay may send
+    (:mod:`tasklease.outbox.destinations`): :class:`NoWorkerURL` without
+    ``TASKLEASE_WORKER_URL``."""
     from tasklease.producer.producer import Producer  # noqa: PLC0415
 
     env = dict(os.environ if environ is None else environ)
-    defaults = {
-        "TASKLEASE_PROJECT": "outbox",
-        "TASKLEASE_LOCATION": "outbox",
-        "TASKLEASE_WORKER_URL": "http://outbox.invalid",
-    }
-    for name, value in defaults.items():
-        env.setdefault(name, value)
+    if not env.get(ENV_WORKER_URL):
+        raise NoWorkerURL
+    for name in ("TASKLEASE_PROJECT", "TASKLEASE_LOCATION"):
+        env.setdefault(name, "outbox")
     return Producer.from_env(env, retry=quick_retry())
 
 
@@ -55,17 +56,34 @@ def register(
     keep_sent: timedelta = timedelta(days=7),
 ) -> None:
     """Add the sweeper job to ``router``: relays the outbox at ``url`` (default
-    ``TASKLEASE_OUTBOX_URL``) each time Cloud Scheduler runs it."""
+    ``TASKLEASE_OUTBOX_URL``) each time Cloud Scheduler runs it. Without a worker URL (no
+    ``producer``, no ``TASKLEASE_WORKER_URL``) it says so in the log once and only purges."""
+    unconfigured: list[str] = []  # The refusal, once logged.
 
     @router.scheduled(name, exclusive=True, on_overlap="skip")
     def tasklease_outbox_sweep(ctx: Any) -> dict[str, int]:
         target = url or os.environ.get(ENV_OUTBOX_URL)
         if not target:
             raise ValueError(f"the outbox sweeper needs url= or {ENV_OUTBOX_URL}")
+        try:
+            relaying = producer or relay_producer()
+            destinations = for_producer(relaying)
+        except ValueError as exc:  # NoWorkerURL, or a setting that is refused.
+            if not unconfigured:
+                unconfigured.append(str(exc))
+                _log.error("outbox sweeper: relaying nothing: %s", exc)
+            relaying = None
         db = open_outbox(target)
         try:
-            done = Relay(db, producer or relay_producer()).drain()
-            purged = db.purge_sent(time.time() - keep_sent.total_seconds())
+            if relaying is None:
+                done = Round()
+                purged = db.purge_sent(time.time() - keep_sent.total_seconds())
+            else:
+                relay = Relay(
+                    db, relaying, destinations=destinations, keep_sent=keep_sent.total_seconds()
+                )
+                done = relay.drain()
+                purged = done.purged
         finally:
             db.close()
         return {
@@ -111,11 +129,18 @@ class RelayThread:
         return None
 
     def _run(self) -> None:
+        try:
+            producer = self._producer or relay_producer()
+            destinations = for_producer(producer)
+        except ValueError as exc:  # NoWorkerURL, or a setting that is refused.
+            _log.error("outbox relay: not started, relaying nothing: %s", exc)
+            self._ready.set()
+            return
         db = self._open()
         if db is None:
             return
         try:
-            self._relay = Relay(db, self._producer or relay_producer(), lease=self._lease)
+            self._relay = Relay(db, producer, lease=self._lease, destinations=destinations)
             self._ready.set()
             if not self._stopped.is_set():
                 self._relay.follow(self._poll)

@@ -18,12 +18,15 @@ from tasklease.producer.errors import (
 from tasklease.producer.transport import TaskRequest
 
 # Errors worth retrying (docs/platform-facts.md: UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED,
-# 5xx; ABORTED is a Conflict subclass but must be retried, not taken for a duplicate).
+# 5xx; ABORTED is a Conflict subclass but must be retried, not taken for a duplicate; CANCELLED,
+# a ClientError, says the call was cut off, not that the task is wrong:
+# https://grpc.github.io/grpc/core/md_doc_statuscodes.html).
 _TRANSIENT: tuple[type[BaseException], ...] = (
     api.ServerError,
     api.TooManyRequests,
     api.DeadlineExceeded,
     api.Aborted,
+    api.Cancelled,
     api.RetryError,
     requests.ConnectionError,
     requests.Timeout,

@@ -15,8 +15,9 @@ from tasklease.plumbing.serve import free_port
 
 @pytest.mark.parametrize("command", ["migrate", "status", "relay"])
 def test_an_unreachable_postgres_outbox_is_a_one_line_error(
-    command: str, capsys: pytest.CaptureFixture[str]
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("TASKLEASE_WORKER_URL", "http://127.0.0.1:9")  # The relay needs it.
     url = f"postgresql://127.0.0.1:{free_port()}/shop?connect_timeout=2"  # Nothing listens.
     assert main(["outbox", command, "--url", url]) == 2
     err = capsys.readouterr().err

@@ -17,7 +17,7 @@ import pytest
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.outbox import Relay, open_outbox, relay_producer
 from tasklease.producer import InvalidTask, task_id
-from tests.outbox_support import QUEUE_PATH, producer, sqlite_app_db
+from tests.outbox_support import QUEUE_PATH, producer, relay_env, sqlite_app_db
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def test_an_entry_the_client_cannot_build_is_failed_and_the_rest_of_its_batch_is
     conn.close()
     db = open_outbox(url)
     try:
-        done = Relay(db, relay_producer({"TASKLEASE_TASKS_ENDPOINT": tasks.url})).drain()
+        done = Relay(db, relay_producer(relay_env(tasks.url))).drain()
         status = db.status(10**10)
     finally:
         db.close()

@@ -18,7 +18,7 @@ from tasklease.emulator import CloudTasksEmulator
 from tasklease.outbox import RelayThread, open_outbox, relay_producer
 from tasklease.producer import task_id
 from tests import postgres_support
-from tests.outbox_support import QUEUE_PATH, producer
+from tests.outbox_support import QUEUE_PATH, producer, relay_env
 
 
 @pytest.fixture
@@ -69,8 +69,7 @@ def test_a_following_postgres_relay_relays_entries_committed_after_its_connectio
     pg_url: str, tasks: CloudTasksEmulator, postgres_cluster: postgres_support.Cluster
 ) -> None:
     make = producer(tasks.url)
-    relay_env = {"TASKLEASE_TASKS_ENDPOINT": tasks.url}
-    with RelayThread(pg_url, relay_producer(relay_env), poll=0.2):
+    with RelayThread(pg_url, relay_producer(relay_env(tasks.url)), poll=0.2):
         with _connect(pg_url) as conn:
             make.enqueue("send_receipt", {}, key="before", transaction=conn)
         assert _wait_created(tasks, task_id("send_receipt", "before"), timeout=20)

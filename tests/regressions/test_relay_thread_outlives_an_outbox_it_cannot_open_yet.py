@@ -16,7 +16,7 @@ import pytest
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.outbox import RelayThread, relay_producer
 from tasklease.producer import task_id
-from tests.outbox_support import QUEUE_PATH, producer, sqlite_app_db
+from tests.outbox_support import QUEUE_PATH, producer, relay_env, sqlite_app_db
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def test_a_relay_thread_started_before_its_database_can_be_opened_relays_once_it
     tmp_path: Path, tasks: CloudTasksEmulator
 ) -> None:
     path = tmp_path / "not-mounted-yet" / "app.db"
-    env = {"TASKLEASE_TASKS_ENDPOINT": tasks.url}
+    env = relay_env(tasks.url)
     with RelayThread(f"sqlite:///{path}", relay_producer(env), poll=0.2):
         time.sleep(0.5)  # A few tries that cannot open it.
         path.parent.mkdir()
