@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
+from tasklease.errors import ConfigurationError
 from tasklease.producer.transport import TaskRequest
 
 ENV_WORKER_URL = "TASKLEASE_WORKER_URL"
@@ -37,7 +38,7 @@ class ProducerSettings(Protocol):
     service_account: str | None
 
 
-class NoWorkerURL(ValueError):
+class NoWorkerURL(ConfigurationError):
     """The relay has no worker URL, so no entry could be checked: it sends nothing."""
 
     def __init__(self) -> None:
@@ -95,12 +96,14 @@ def _place(url: str) -> _Place | str:
 def _prefix(url: str, setting: str) -> _Place:
     place = _place(url.strip())
     if isinstance(place, str):
-        raise ValueError(
+        raise ConfigurationError(
             f"{setting}: {url!r} cannot be an outbox prefix: {place}; give http(s)://HOST[:PORT]"
             "[/PATH] URLs"
         )
     if urlsplit(url.strip()).query:
-        raise ValueError(f"{setting}: {url!r} cannot be an outbox prefix: it has a query (?)")
+        raise ConfigurationError(
+            f"{setting}: {url!r} cannot be an outbox prefix: it has a query (?)"
+        )
     return place
 
 
@@ -127,7 +130,7 @@ class Destinations:
     ) -> Destinations:
         """From the producer's settings (``TASKLEASE_WORKER_URL``, its audience and account)
         and ``TASKLEASE_OUTBOX_ALLOWED_URLS`` (comma-separated); :class:`NoWorkerURL` without
-        a worker URL, ``ValueError`` naming the setting for a prefix that is not one."""
+        a worker URL, a ``ConfigurationError`` naming the setting for a prefix that is not one."""
         if not worker_url:
             raise NoWorkerURL
         extra = allowed_urls.split(",") if isinstance(allowed_urls, str) else allowed_urls or ()
