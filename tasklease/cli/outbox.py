@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasklease.cli.common import Subcommands, add_command, stop_on_sigterm, wait
+from tasklease.plumbing.url_secrets import scrubbed, shown_url
 
 if TYPE_CHECKING:
     from tasklease.outbox.db import OutboxDB
@@ -61,7 +62,6 @@ def _url(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from tasklease.outbox import ddl  # noqa: PLC0415 - keeps `tasklease --help` light.
     from tasklease.outbox.db import open_outbox  # noqa: PLC0415
-    from tasklease.outbox.locate import where  # noqa: PLC0415
 
     if args.outbox_command == "migrate" and args.print_sql:
         try:
@@ -78,15 +78,19 @@ def run(args: argparse.Namespace) -> int:
         and url.startswith("sqlite:///")
         and not Path(url[len("sqlite:///") :]).is_file()
     ):
-        print(f"tasklease outbox: no database file at {url}", file=sys.stderr)
+        print(f"tasklease outbox: no database file at {shown_url(url)}", file=sys.stderr)
         return 2
     try:
         db = open_outbox(url)
     except ValueError as exc:
-        print(f"tasklease outbox: {exc}", file=sys.stderr)
+        print(f"tasklease outbox: {scrubbed(str(exc), url)}", file=sys.stderr)
         return 2
     except Exception as exc:  # The driver's own words: unreachable, refused, no such folder.
-        print(f"tasklease outbox: cannot open the outbox at {where(url)}: {exc}", file=sys.stderr)
+        reason = scrubbed(str(exc), url)
+        print(
+            f"tasklease outbox: cannot open the outbox at {shown_url(url)}: {reason}",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.outbox_command == "migrate":
@@ -94,12 +98,12 @@ def run(args: argparse.Namespace) -> int:
                 print(ddl.script(db.dialect), end="")
                 return 0
             db.migrate()
-            print(f"tasklease_outbox ready in {where(url)}")
+            print(f"tasklease_outbox ready in {shown_url(url)}")
             return 0
         if not db.has_outbox():
             print(
-                f"tasklease outbox: no tasklease_outbox table in {where(url)}: create it with "
-                f"tasklease outbox migrate --url {where(url)}",
+                f"tasklease outbox: no tasklease_outbox table in {shown_url(url)}: create it with "
+                f"tasklease outbox migrate --url {shown_url(url)}",
                 file=sys.stderr,
             )
             return 2

@@ -18,10 +18,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from tasklease.errors import ConfigurationError
 from tasklease.outbox import ddl, wake
 from tasklease.outbox.entries import CHANNEL, FAILED, PENDING, SENT, TABLE, Entry, from_row
+from tasklease.plumbing.postgres_names import checked_schema
+from tasklease.plumbing.url_secrets import scrubbed, shown_url, split_options
 
 _SELECT_DUE = (
     f"SELECT * FROM {TABLE} WHERE state = '{PENDING}' AND next_attempt_at <= {{p}} "
@@ -230,9 +232,17 @@ class PostgresOutbox(OutboxDB):
 
     def __init__(self, url: str) -> None:
         import psycopg  # noqa: PLC0415 - the postgres extra, needed only here.
+        from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
 
         self._psycopg = psycopg
         self._conninfo, self._schema = _split_schema(url)
+        try:
+            conninfo_to_dict(self._conninfo)
+        except psycopg.Error as exc:
+            # libpq's message quotes the token it could not read: a password, maybe.
+            raise ConfigurationError(
+                f"outbox URL {shown_url(url)!r}: {scrubbed(str(exc).strip(), url)}"
+            ) from None
         self._listener: Any = None
         self._conn = self._connect()
 
@@ -293,12 +303,11 @@ class PostgresOutbox(OutboxDB):
 
 
 def _split_schema(url: str) -> tuple[str, str | None]:
-    """``?schema=NAME`` (as the Postgres store takes it) is ours, not libpq's."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query)
-    schema = next((value for name, value in query if name == "schema"), None)
-    rest = urlencode([(name, value) for name, value in query if name != "schema"])
-    return urlunsplit(parts._replace(query=rest)), schema
+    """``?schema=NAME`` (as the Postgres store takes it, and checked as it checks it: the
+    name goes into SQL) is ours, not libpq's."""
+    conninfo, ours = split_options(url, {"schema"})
+    schema = next((value for _, value in ours), None)
+    return conninfo, None if schema is None else checked_schema(schema)
 
 
 def open_outbox(url: str) -> OutboxDB:
@@ -318,6 +327,6 @@ def open_outbox(url: str) -> OutboxDB:
 
         return SpannerOutbox.from_url(url)
     raise ValueError(
-        f"outbox URL {url!r}: use sqlite:///PATH, postgresql://..., firestore://?collection=... "
-        "or spanner://projects/P/instances/I/databases/D"
+        f"outbox URL {shown_url(url)!r}: use sqlite:///PATH, postgresql://..., "
+        "firestore://?collection=... or spanner://projects/P/instances/I/databases/D"
     )
