@@ -17,11 +17,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tasklease.errors import ConfigurationError
 from tasklease.outbox import ddl, wake
 from tasklease.outbox.entries import CHANNEL, FAILED, PENDING, SENT, TABLE, Entry, from_row
+from tasklease.plumbing import private_files
 from tasklease.plumbing.postgres_names import checked_schema
 from tasklease.plumbing.url_secrets import scrubbed, shown_url, split_options
 
@@ -201,6 +203,10 @@ class SQLiteOutbox(OutboxDB):
     dialect = "sqlite"
 
     def __init__(self, path: str, timeout: float = 10.0) -> None:
+        # Entries hold payloads: a new file is made 0600, and an existing one (or a journal
+        # SQLite would roll back into it) is used only when private, never through a link.
+        private_files.create_private_file(Path(path))
+        private_files.check_private_database(Path(path))
         # Autocommit mode, transactions begun explicitly: BEGIN IMMEDIATE takes the write lock
         # before the claim's SELECT, so two relays never read the same due entries.
         # One thread at a time uses it, not always the opening one (``relay --follow``).
