@@ -13,6 +13,7 @@ by this user and closed to everyone else; anything else is refused with a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -108,6 +109,24 @@ def create_private_file(path: Path, initialise: Callable[[Path], None] | None = 
         check_private(path)
         return
     os.close(_owner_only(descriptor))
+
+
+def write_private_text(path: Path, text: str) -> None:
+    """Replace ``path`` with a 0600 file holding ``text``.
+
+    The text goes to a private temporary file in the same folder, renamed over ``path`` in
+    one step: readers see the old file or the new one, whatever was there before (a file
+    of another mode, a planted symbolic link) is replaced, never written through.
+    """
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:  # mkstemp made it 0600.
+            file.write(text)
+        os.replace(temporary, path)  # rename(2) replaces a link itself, not its target.
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
 
 
 def prepare_private_database(path: Path, initialise: Callable[[Path], None] | None = None) -> None:
