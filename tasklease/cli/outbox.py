@@ -60,7 +60,7 @@ def _add_url_options(command: argparse.ArgumentParser) -> None:
         "--url-file",
         type=Path,
         metavar="PATH",
-        help="a file holding the database's URL, for one with a password",
+        help="a file holding the database's URL, for one with a password (default: none)",
     )
 
 
