@@ -405,7 +405,6 @@ def test_relay_and_status_say_what_to_do_when_there_is_no_outbox(
     assert "no database file" in capsys.readouterr().err
     assert not (tmp_path / "missing.db").exists()
     sqlite3.connect(tmp_path / "empty.db").close()
-    (tmp_path / "empty.db").chmod(0o600)  # The outbox opens only a private file.
     assert main(["outbox", "relay", "--url", f"sqlite:///{tmp_path}/empty.db"]) == 2
     assert "tasklease outbox migrate --url" in capsys.readouterr().err
 

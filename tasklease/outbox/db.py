@@ -10,6 +10,7 @@ has one writer at a time (``BEGIN IMMEDIATE``).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -203,10 +204,15 @@ class SQLiteOutbox(OutboxDB):
     dialect = "sqlite"
 
     def __init__(self, path: str, timeout: float = 10.0) -> None:
-        # Entries hold payloads: a new file is made 0600, and an existing one (or a journal
-        # SQLite would roll back into it) is used only when private, never through a link.
-        private_files.create_private_file(Path(path))
-        private_files.check_private_database(Path(path))
+        # Entries hold payloads: a new file is made 0600. An existing one is usually the
+        # application's database, whose mode is its choice; it (and a journal SQLite would
+        # roll back into it) is used only when it is this user's, never through a link.
+        if path != ":memory:":
+            file = Path(path)
+            if not os.path.lexists(file):
+                private_files.create_private_file(file)
+            for suffix in ("", *private_files.COMPANIONS, "-journal"):
+                private_files.check_own(Path(f"{file}{suffix}"))
         # Autocommit mode, transactions begun explicitly: BEGIN IMMEDIATE takes the write lock
         # before the claim's SELECT, so two relays never read the same due entries.
         # One thread at a time uses it, not always the opening one (``relay --follow``).

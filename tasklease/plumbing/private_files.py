@@ -55,6 +55,16 @@ def check_private(path: Path) -> None:
     _refuse_unless_private(path, info)
 
 
+def check_own(path: Path) -> None:
+    """Refuse ``path`` unless it is absent or a regular file of this user, whatever its mode:
+    for a file another program made and chose the mode of (an application's database)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    _refuse_unless_private(path, info, mode_checked=False)
+
+
 def open_private(path: Path, flags: int = os.O_RDWR) -> int:
     """Open ``path``, creating it 0600 if absent, never through a symbolic link; an existing
     file must be private (:func:`check_private`). Return the descriptor."""
@@ -164,7 +174,7 @@ def _owner_only(descriptor: int) -> int:
     return descriptor
 
 
-def _refuse_unless_private(path: Path, info: os.stat_result) -> None:
+def _refuse_unless_private(path: Path, info: os.stat_result, *, mode_checked: bool = True) -> None:
     if stat.S_ISLNK(info.st_mode):
         try:
             target = os.readlink(path)
@@ -183,7 +193,7 @@ def _refuse_unless_private(path: Path, info: os.stat_result) -> None:
             "else made it and may read or hold it; remove it, or use a folder only you can write"
         )
     mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o077:
+    if mode_checked and mode & 0o077:
         raise ConfigurationError(
             f"{path} has mode {mode:04o}: other users may read or change it; it must be "
             f"0600 (chmod 600 {path}, after checking who else had it)"
