@@ -13,9 +13,9 @@ from flask.testing import FlaskClient
 
 from tasklease.outbox import open_outbox
 from tasklease.outbox.db import OutboxDB
+from tasklease.plumbing.url_secrets import shown_url
 from tasklease.producer import Producer
 from tasklease.worker.dashboard import create_dashboard_app
-from tasklease.worker.dashboard.outbox import where
 from tasklease.worker.stores import MemoryStore, SqliteStore
 
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>"\'&'
@@ -122,9 +122,9 @@ def test_an_outbox_without_its_table_answers_unavailable(tmp_path: Path) -> None
 
 
 def test_the_page_never_shows_the_databases_password() -> None:
-    shown = where("postgresql://shop:s3cret@db.internal:5432/shop?schema=app")
+    shown = shown_url("postgresql://shop:s3cret@db.internal:5432/shop?schema=app")
     assert shown == "postgresql://shop:***@db.internal:5432/shop?schema=app"
-    assert where("sqlite:////srv/shop.db") == "sqlite:////srv/shop.db"
+    assert shown_url("sqlite:////srv/shop.db") == "sqlite:////srv/shop.db"
 
 
 def test_tasklease_dashboard_finds_the_outbox_in_its_stores_database(runs_db: Path) -> None:

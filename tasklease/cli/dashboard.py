@@ -22,6 +22,7 @@ from tasklease.cli.ports import Port, first_clash
 from tasklease.cli.store_choice import STORE_HELP, existing_store_url
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.loopback import is_loopback_url
+from tasklease.plumbing.url_secrets import shown_url
 from tasklease.worker.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         outbox=args.outbox,
     )
     with serving as url:
-        print(f"tasklease dashboard on {url} (store: {store_url})")
+        print(f"tasklease dashboard on {url} (store: {shown_url(store_url)})")
         return wait(stop)
 
 

@@ -33,8 +33,9 @@ from tasklease.cli.dev_router import check_router, router_reference
 from tasklease.cli.dev_stop import interrupted_message, running
 from tasklease.cli.emulator import add_emulator_options, serving_emulator
 from tasklease.cli.ports import Port, first_clash
-from tasklease.cli.store_choice import write_dev_store
+from tasklease.cli.store_choice import DEV_STORE_FILE, write_dev_store
 from tasklease.errors import ConfigurationError
+from tasklease.plumbing.url_secrets import has_password, shown_url
 from tasklease.worker.declared_jobs import declared_jobs
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
                     and "ALLOWED" not in name
                     and "CERTS" not in name
                 )
-                + f"  export {protocol.ENV_STORE}={store_url}  # for tasklease runs / locks\n"
+                + _store_export(store_url)
                 + f"\nDashboard (runs, stuck, release, replay): {board}\n",
                 flush=True,
             )
@@ -164,6 +165,17 @@ def run(args: argparse.Namespace) -> int:
                 print(interrupted_message(executing, now), file=sys.stderr, flush=True)
                 worker.kill()  # Their leases lapse either way: no graceful wait, no alarm.
             return code
+
+
+def _store_export(store_url: str) -> str:
+    """The banner's line for the read commands' store: never the password itself (a
+    terminal's scrollback, a shared screen); they find the URL in this folder anyway."""
+    if not has_password(store_url):
+        return f"  export {protocol.ENV_STORE}={store_url}  # for tasklease runs / locks\n"
+    return (
+        f"  # {protocol.ENV_STORE}: {shown_url(store_url)} (password hidden); tasklease runs "
+        f"/ locks run here read it from {DEV_STORE_FILE}\n"
+    )
 
 
 def dev_ports(args: argparse.Namespace) -> list[Port]:

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator, Mapping
 
 from tasklease.outbox.locate import outbox_url
+from tasklease.plumbing.url_secrets import shown_url
 
 _log = logging.getLogger("tasklease.dev")
 
@@ -24,5 +25,5 @@ def dev_relay(store_url: str, env: Mapping[str, str]) -> Iterator[str | None]:
     from tasklease.outbox.sweeper import RelayThread, relay_producer  # noqa: PLC0415
 
     with RelayThread(url, relay_producer(env), poll=0.5):
-        _log.info("outbox relay for %s", url)
+        _log.info("outbox relay for %s", shown_url(url))
         yield url

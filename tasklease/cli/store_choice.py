@@ -3,6 +3,8 @@
 
 Commands that read or repair runs (``runs``, ``locks``, ``dashboard``) open a store that
 exists, never a new empty one: a SQLite URL naming a missing file is an error naming it.
+They show the store's URL without its password; the file ``tasklease dev`` writes holds
+it whole, so it is made 0600.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from pathlib import Path
 from typing import TextIO
 
 from tasklease import protocol
-from tasklease.errors import ConfigurationError
+from tasklease.errors import ConfigurationError, StoreUnavailable
+from tasklease.plumbing.private_files import make_private_dirs, write_private_text
+from tasklease.plumbing.url_secrets import scrubbed, shown_url
 from tasklease.worker.core import constants as c
 from tasklease.worker.stores import LeaseStore
 
@@ -57,8 +61,15 @@ def sqlite_path(url: str) -> Path | None:
 def open_existing_store(
     flag: str | None, make_store: Callable[[str | None], LeaseStore], err: TextIO
 ) -> LeaseStore:
-    """The chosen store, opened (see :func:`existing_store_url`)."""
-    return make_store(existing_store_url(flag, err))
+    """The chosen store, opened (see :func:`existing_store_url`); its errors never quote
+    the URL's password."""
+    url = existing_store_url(flag, err)
+    try:
+        return make_store(url)
+    except ConfigurationError as exc:
+        raise ConfigurationError(scrubbed(str(exc), url)) from None
+    except StoreUnavailable as exc:
+        raise StoreUnavailable(scrubbed(str(exc), url)) from None
 
 
 def existing_store_url(flag: str | None, err: TextIO) -> str:
@@ -72,16 +83,17 @@ def existing_store_url(flag: str | None, err: TextIO) -> str:
             f"in this directory, or give --store or ${protocol.ENV_STORE}"
         )
     if choice.source != "--store":
-        print(f"store: {choice.url} ({choice.source})", file=err)
+        print(f"store: {shown_url(choice.url)} ({choice.source})", file=err)
     return choice.url
 
 
 def write_dev_store(url: str) -> str:
     """Record ``url`` for the read commands run later in this directory; the URL written
-    (a relative SQLite path made absolute, so it names the same file from anywhere)."""
+    (a relative SQLite path made absolute, so it names the same file from anywhere). The
+    file is 0600: the URL may hold the database's password."""
     path = sqlite_path(url)
     if path is not None and not path.is_absolute():
         url = f"sqlite:///{path.resolve()}"
-    DEV_STORE_FILE.parent.mkdir(parents=True, exist_ok=True)
-    DEV_STORE_FILE.write_text(url + "\n", encoding="utf-8")
+    make_private_dirs(DEV_STORE_FILE.parent)
+    write_private_text(DEV_STORE_FILE, url + "\n")
     return url

@@ -10,6 +10,7 @@ has one writer at a time (``BEGIN IMMEDIATE``).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -17,9 +18,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from tasklease.errors import ConfigurationError
 from tasklease.outbox import ddl, wake
 from tasklease.outbox.entries import (
     CHANNEL,
@@ -31,6 +33,9 @@ from tasklease.outbox.entries import (
     Undecodable,
     decode,
 )
+from tasklease.plumbing import private_files
+from tasklease.plumbing.postgres_names import checked_schema
+from tasklease.plumbing.url_secrets import scrubbed, shown_url, split_options
 
 _SELECT_DUE = (
     f"SELECT * FROM {TABLE} WHERE state = '{PENDING}' AND next_attempt_at <= {{p}} "
@@ -228,6 +233,15 @@ class SQLiteOutbox(OutboxDB):
     dialect = "sqlite"
 
     def __init__(self, path: str, timeout: float = 10.0) -> None:
+        # Entries hold payloads: a new file is made 0600. An existing one is usually the
+        # application's database, whose mode is its choice; it (and a journal SQLite would
+        # roll back into it) is used only when it is this user's, never through a link.
+        if path != ":memory:":
+            file = Path(path)
+            if not os.path.lexists(file):
+                private_files.create_private_file(file)
+            for suffix in ("", *private_files.COMPANIONS, "-journal"):
+                private_files.check_own(Path(f"{file}{suffix}"))
         # Autocommit mode, transactions begun explicitly: BEGIN IMMEDIATE takes the write lock
         # before the claim's SELECT, so two relays never read the same due entries.
         # One thread at a time uses it, not always the opening one (``relay --follow``).
@@ -259,9 +273,17 @@ class PostgresOutbox(OutboxDB):
 
     def __init__(self, url: str) -> None:
         import psycopg  # noqa: PLC0415 - the postgres extra, needed only here.
+        from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
 
         self._psycopg = psycopg
         self._conninfo, self._schema = _split_schema(url)
+        try:
+            conninfo_to_dict(self._conninfo)
+        except psycopg.Error as exc:
+            # libpq's message quotes the token it could not read: a password, maybe.
+            raise ConfigurationError(
+                f"outbox URL {shown_url(url)!r}: {scrubbed(str(exc).strip(), url)}"
+            ) from None
         self._listener: Any = None
         self._conn = self._connect()
 
@@ -322,12 +344,11 @@ class PostgresOutbox(OutboxDB):
 
 
 def _split_schema(url: str) -> tuple[str, str | None]:
-    """``?schema=NAME`` (as the Postgres store takes it) is ours, not libpq's."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query)
-    schema = next((value for name, value in query if name == "schema"), None)
-    rest = urlencode([(name, value) for name, value in query if name != "schema"])
-    return urlunsplit(parts._replace(query=rest)), schema
+    """``?schema=NAME`` (as the Postgres store takes it, and checked as it checks it: the
+    name goes into SQL) is ours, not libpq's."""
+    conninfo, ours = split_options(url, {"schema"})
+    schema = next((value for _, value in ours), None)
+    return conninfo, None if schema is None else checked_schema(schema)
 
 
 def open_outbox(url: str) -> OutboxDB:
@@ -347,6 +368,6 @@ def open_outbox(url: str) -> OutboxDB:
 
         return SpannerOutbox.from_url(url)
     raise ValueError(
-        f"outbox URL {url!r}: use sqlite:///PATH, postgresql://..., firestore://?collection=... "
-        "or spanner://projects/P/instances/I/databases/D"
+        f"outbox URL {shown_url(url)!r}: use sqlite:///PATH, postgresql://..., "
+        "firestore://?collection=... or spanner://projects/P/instances/I/databases/D"
     )

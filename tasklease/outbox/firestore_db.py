@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 from tasklease.outbox.db import Failed, OutboxDB, Status
 from tasklease.outbox.entries import FAILED, PENDING, SENT, Entry, Undecodable, decode
 from tasklease.outbox.firestore import _CHUNK, COLLECTION, doc_id
+from tasklease.plumbing.url_secrets import shown_url
 
 _OPTIONS = {"collection", "database", "project"}
 _Change = Callable[[dict[str, Any]], dict[str, Any]]  # An entry's document -> its update.
@@ -43,7 +44,7 @@ class FirestoreOutbox(OutboxDB):
     def from_url(cls, url: str) -> FirestoreOutbox:
         options = {key: values[-1] for key, values in parse_qs(urlsplit(url).query).items()}
         if unknown := set(options) - _OPTIONS:
-            raise ValueError(f"outbox URL {url!r}: unknown options {sorted(unknown)}")
+            raise ValueError(f"outbox URL {shown_url(url)!r}: unknown options {sorted(unknown)}")
         return cls(**options)
 
     def _mark(self) -> str:

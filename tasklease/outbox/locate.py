@@ -7,13 +7,10 @@ import contextlib
 import os
 import sqlite3
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from tasklease.outbox.entries import TABLE
 
 ENV_OUTBOX_URL = "TASKLEASE_OUTBOX_URL"
-# libpq's connection parameters that hold a secret (a URL may give them in its query).
-_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
 
 
 def outbox_url(store_url: str | None) -> str | None:
@@ -54,21 +51,3 @@ def sqlite_has_outbox(path: Path) -> bool:
             return c.execute(query, (TABLE,)).fetchone() is not None
     except sqlite3.Error:
         return False
-
-
-def where(url: str) -> str:
-    """The outbox's location for pages, logs and messages, without a password: neither the
-    one in the URL's user part nor one given as a query parameter (``?password=``)."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    secret = any(name in _SECRET_PARAMETERS for name, _ in query)
-    if parts.password is None and not secret:
-        return url  # As given (a rebuilt sqlite:////abs URL would lose a slash).
-    if parts.password is not None:
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        user = parts.username or ""
-        parts = parts._replace(netloc=f"{user}:***@{netloc}" if user else netloc)
-    if secret:
-        hidden = [(name, "***" if name in _SECRET_PARAMETERS else value) for name, value in query]
-        parts = parts._replace(query=urlencode(hidden, safe="*"))
-    return parts.geturl()

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from tasklease.outbox import spanner as staging
 from tasklease.outbox.db import Failed, OutboxDB, Status
 from tasklease.outbox.entries import FAILED, PENDING, SENT, TABLE, Entry, Undecodable, decode
+from tasklease.plumbing.url_secrets import shown_url
 
 CALL_TIMEOUT = 10.0
 _READ_COLUMNS = (*staging.WRITE_COLUMNS, "last_error", "sent_at")
@@ -57,7 +58,7 @@ class SpannerOutbox(OutboxDB):
     def from_url(cls, url: str) -> SpannerOutbox:
         parts = urlsplit(url)
         if parts.query:
-            raise ValueError(f"outbox URL {url!r}: a Spanner outbox takes no options")
+            raise ValueError(f"outbox URL {shown_url(url)!r}: a Spanner outbox takes no options")
         return cls(database_of(url))
 
     def _mark(self) -> str:

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from tasklease.outbox.db import OutboxDB, open_outbox
 from tasklease.outbox.destinations import ENV_WORKER_URL, NoWorkerURL, for_producer
-from tasklease.outbox.locate import ENV_OUTBOX_URL, where
+from tasklease.outbox.locate import ENV_OUTBOX_URL
 from tasklease.outbox.relay import LEASE, Relay, Round, quick_retry
+from tasklease.plumbing.url_secrets import scrubbed, shown_url
 
 if TYPE_CHECKING:
     from tasklease.producer.producer import Producer
@@ -119,9 +120,9 @@ class RelayThread:
             except Exception as exc:
                 _log.warning(
                     "outbox relay: cannot open %s (%s: %s); trying again in %.1f s",
-                    where(self._url),
+                    shown_url(self._url),
                     type(exc).__name__,
-                    exc,
+                    scrubbed(str(exc), self._url),
                     self._poll,
                 )
                 self._ready.set()  # Whoever waits for the start need not wait for this.

@@ -13,6 +13,7 @@ by this user and closed to everyone else; anything else is refused with a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -52,6 +53,16 @@ def check_private(path: Path) -> None:
     except FileNotFoundError:
         return
     _refuse_unless_private(path, info)
+
+
+def check_own(path: Path) -> None:
+    """Refuse ``path`` unless it is absent or a regular file of this user, whatever its mode:
+    for a file another program made and chose the mode of (an application's database)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    _refuse_unless_private(path, info, mode_checked=False)
 
 
 def open_private(path: Path, flags: int = os.O_RDWR) -> int:
@@ -110,6 +121,24 @@ def create_private_file(path: Path, initialise: Callable[[Path], None] | None = 
     os.close(_owner_only(descriptor))
 
 
+def write_private_text(path: Path, text: str) -> None:
+    """Replace ``path`` with a 0600 file holding ``text``.
+
+    The text goes to a private temporary file in the same folder, renamed over ``path`` in
+    one step: readers see the old file or the new one, whatever was there before (a file
+    of another mode, a planted symbolic link) is replaced, never written through.
+    """
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:  # mkstemp made it 0600.
+            file.write(text)
+        os.replace(temporary, path)  # rename(2) replaces a link itself, not its target.
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
 def prepare_private_database(path: Path, initialise: Callable[[Path], None] | None = None) -> None:
     """Make a SQLite database's folder, file and ``-wal`` / ``-shm`` private before opening it.
 
@@ -145,7 +174,7 @@ def _owner_only(descriptor: int) -> int:
     return descriptor
 
 
-def _refuse_unless_private(path: Path, info: os.stat_result) -> None:
+def _refuse_unless_private(path: Path, info: os.stat_result, *, mode_checked: bool = True) -> None:
     if stat.S_ISLNK(info.st_mode):
         try:
             target = os.readlink(path)
@@ -164,7 +193,7 @@ def _refuse_unless_private(path: Path, info: os.stat_result) -> None:
             "else made it and may read or hold it; remove it, or use a folder only you can write"
         )
     mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o077:
+    if mode_checked and mode & 0o077:
         raise ConfigurationError(
             f"{path} has mode {mode:04o}: other users may read or change it; it must be "
             f"0600 (chmod 600 {path}, after checking who else had it)"

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from tasklease.worker.dashboard.outbox import where
+from tasklease.plumbing.url_secrets import shown_url
 
 
 @pytest.mark.parametrize("name", ["password", "sslpassword"])
 def test_a_password_given_as_a_query_parameter_is_hidden(name: str) -> None:
-    shown = where(f"postgresql://shop@db.internal/shop?{name}=s3cret&schema=app")
+    shown = shown_url(f"postgresql://shop@db.internal/shop?{name}=s3cret&schema=app")
     assert "s3cret" not in shown
     assert shown == f"postgresql://shop@db.internal/shop?{name}=***&schema=app"
 
 
 def test_a_url_without_a_password_is_shown_as_given() -> None:
     url = "postgresql://shop@db.internal/shop?schema=app&sslmode=require"
-    assert where(url) == url
+    assert shown_url(url) == url

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import flask
 
-from tasklease.outbox.locate import ENV_OUTBOX_URL, outbox_url, sqlite_has_outbox, where
+from tasklease.outbox.locate import ENV_OUTBOX_URL, outbox_url, sqlite_has_outbox
+from tasklease.plumbing.url_secrets import scrubbed, shown_url
 from tasklease.worker.dashboard.charts import seconds_text
 from tasklease.worker.dashboard.csrf import Csrf
 from tasklease.worker.dashboard.views import render
@@ -79,7 +80,9 @@ class OutboxView:
             finally:
                 db.close()
         except Exception as exc:  # The database's own error: unreachable, no table yet.
-            _log.warning("outbox %s unavailable: %s", where(self.url), exc)
+            _log.warning(
+                "outbox %s unavailable: %s", shown_url(self.url), scrubbed(str(exc), self.url)
+            )
             return render(
                 "denied.html", 503, reason=f"The outbox is unavailable: {type(exc).__name__}."
             )
@@ -88,7 +91,7 @@ class OutboxView:
             status,
             notice=notice,
             outbox=_context(report),
-            where=where(self.url),
+            where=shown_url(self.url),
             csrf=self.csrf.page_token(),
             failed_shown=FAILED_SHOWN,
         )

@@ -11,6 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
 from tasklease.lazy import lazy_exports
+from tasklease.plumbing.url_secrets import shown_url
 from tasklease.worker.core import constants as c
 from tasklease.worker.stores.base import LeaseStore
 from tasklease.worker.stores.delivery_tally import DeliveryTally
@@ -86,7 +87,9 @@ def store_from_url(url: str | None = None) -> LeaseStore:
     if scheme == "sqlite":
         path = rest[1:] if rest.startswith("/") else rest
         if not path:
-            raise ConfigurationError(f"store URL {url!r} names no file: use sqlite:///runs.db")
+            raise ConfigurationError(
+                f"store URL {shown_url(url)!r} names no file: use sqlite:///runs.db"
+            )
         from tasklease.worker.stores.sqlite import SqliteStore  # noqa: PLC0415 - on use only.
 
         return SqliteStore(path)
@@ -94,7 +97,9 @@ def store_from_url(url: str | None = None) -> LeaseStore:
         options = {key: values[-1] for key, values in parse_qs(urlsplit(url).query).items()}
         unknown = set(options) - {"collection", "database", "project", "call_timeout"}
         if unknown:
-            raise ConfigurationError(f"store URL {url!r}: unknown options {sorted(unknown)}")
+            raise ConfigurationError(
+                f"store URL {shown_url(url)!r}: unknown options {sorted(unknown)}"
+            )
         timeout = options.pop("call_timeout", None)
         return _firestore_store().from_options(
             **options, call_timeout=float(timeout) if timeout else None
@@ -104,7 +109,7 @@ def store_from_url(url: str | None = None) -> LeaseStore:
     if scheme == "spanner":
         return _spanner_store_from_url(url)
     raise ConfigurationError(
-        f"unknown store URL {url!r}: use sqlite:///path, memory://, firestore://, "
+        f"unknown store URL {shown_url(url)!r}: use sqlite:///path, memory://, firestore://, "
         "postgresql:// or spanner://"
     )
 
@@ -114,7 +119,7 @@ def _spanner_store_from_url(url: str) -> LeaseStore:
     options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     unknown = set(options) - {"table", "call_timeout"}
     if unknown:
-        raise ConfigurationError(f"store URL {url!r}: unknown options {sorted(unknown)}")
+        raise ConfigurationError(f"store URL {shown_url(url)!r}: unknown options {sorted(unknown)}")
     database = f"{parts.netloc}{parts.path}".strip("/")
     store = _spanner_store()
     timeout = options.get("call_timeout")

@@ -55,6 +55,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from tasklease.errors import StoreUnavailable
 from tasklease.plumbing.per_process import PerProcess
+from tasklease.plumbing.url_secrets import scrubbed
 from tasklease.worker.core import decisions, locking
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import (
@@ -414,6 +415,7 @@ class PostgresStore(
         return self._unavailable(action, why)
 
     def _unavailable(self, action: str, why: str) -> StoreUnavailable:
+        why = scrubbed(why, self._conninfo)  # A driver's message may quote the connection.
         return StoreUnavailable(
             f"Postgres store ({self.options.schema}): could not {action}: {why}"
         )

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import psycopg
 
+from tasklease.plumbing.url_secrets import scrubbed
+
 __all__ = ["why_no_connection"]
 
 
@@ -18,7 +20,7 @@ def why_no_connection(conninfo: str, waited: BaseException, timeout: float) -> s
             conninfo, connect_timeout=max(1, round(timeout)), autocommit=True
         )
     except psycopg.Error as exc:
-        reason = str(exc).strip().replace("\n", " ")
+        reason = scrubbed(str(exc).strip().replace("\n", " "), conninfo)
         return f"no connection: {reason}"
     probe.close()
     return f"no connection: {waited} (every connection of the pool in use)"

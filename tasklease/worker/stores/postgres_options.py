@@ -9,18 +9,17 @@ socket on Cloud Run, or ``sslmode=require``.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tasklease.errors import ConfigurationError
+from tasklease.plumbing.postgres_names import checked_schema
+from tasklease.plumbing.url_secrets import POSTGRES_SCHEMES, scrubbed, shown_url, split_options
 from tasklease.worker.stores.postgres_schema import DEFAULT_SCHEMA
 
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _ON = {"1", "on", "true", "yes"}
 _OFF = {"0", "off", "false", "no"}
 # A call past the server's own statement_timeout by this much is cut by the client.
@@ -55,8 +54,7 @@ class Options:
     group_commit: bool = True
 
     def __post_init__(self) -> None:
-        if not _SCHEMA_NAME.fullmatch(self.schema):
-            raise ConfigurationError(f"Postgres schema {self.schema!r}: use [a-z_][a-z0-9_]*")
+        checked_schema(self.schema)
         if not 0 <= self.min_size <= self.max_size or self.max_size < 1:
             raise ConfigurationError(
                 f"Postgres pool: need 0 <= min_size <= max_size, max_size >= 1 "
@@ -73,29 +71,27 @@ class Options:
     @classmethod
     def from_url(cls, url: str) -> tuple[str, Options]:
         """The libpq URL (the store's own options taken out) and the options."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("postgresql", "postgres"):
-            raise ConfigurationError(f"not a Postgres URL: {url!r}")
-        ours: dict[str, Any] = {}
-        theirs: list[tuple[str, str]] = []
+        if url.partition("://")[0] not in POSTGRES_SCHEMES:
+            raise ConfigurationError(f"not a Postgres URL: {shown_url(url)!r}")
         names = {f.name: f for f in dataclasses.fields(cls)}
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if key in names:
-                ours[key] = _parse(key, value, names[key].type)
-            else:
-                theirs.append((key, value))
-        conninfo = urlunsplit(parts._replace(query=urlencode(theirs, safe="/:")))
+        # Cut as libpq reads it: a password's unencoded "?" or "#" is no query.
+        conninfo, options = split_options(url, names)
+        ours = {key: _parse(key, value, names[key].type) for key, value in options}
         try:
             return conninfo, cls(**ours)
         except TypeError as exc:  # pragma: no cover - every field has a parser
-            raise ConfigurationError(f"store URL {url!r}: {exc}") from exc
+            raise ConfigurationError(f"store URL {shown_url(url)!r}: {exc}") from exc
 
     def libpq(self, conninfo: str) -> str:
         """``conninfo`` with the session settings the store relies on added."""
         try:
             params = conninfo_to_dict(conninfo)
         except Exception as exc:  # psycopg.ProgrammingError: a malformed conninfo.
-            raise ConfigurationError(f"Postgres connection string: {exc}") from exc
+            # libpq's message quotes the token it could not read, the password included.
+            reason = scrubbed(str(exc).strip(), conninfo)
+            raise ConfigurationError(
+                f"Postgres connection string {shown_url(conninfo)!r}: {reason}"
+            ) from None
         settings = (
             f"-c statement_timeout={int(self.statement_timeout * 1000)} "
             f"-c idle_in_transaction_session_timeout={int(self.call_timeout * 2000)} "
