@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -40,10 +40,18 @@ def _effects(store: SpannerStore) -> int:
 
 
 def test_a_spanner_transactional_handler_outlasting_a_renewal_commits_once(
-    store: SpannerStore,
+    store: SpannerStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     router = Router()
     calls: list[int] = []
+    renewals: list[datetime | None] = []
+    renew = store.renew
+
+    def counted_renew(*args: Any, **kwargs: Any) -> datetime | None:
+        renewals.append(renew(*args, **kwargs))
+        return renewals[-1]
+
+    monkeypatch.setattr(store, "renew", counted_renew)
 
     @router.task("settle", transactional=True, lease=LEASE)
     def settle(payload: Any, ctx: TaskContext) -> None:
@@ -62,3 +70,4 @@ def test_a_spanner_transactional_handler_outlasting_a_renewal_commits_once(
     assert (answer.status_code, answer.headers["X-Tasklease-Outcome"]) == (200, "processed")
     assert (len(calls), _effects(store)) == (1, 1)
     assert record.status is RunStatus.COMPLETED
+    assert len(renewals) >= 2 and None not in renewals  # Renewed meanwhile, never lost.
