@@ -137,7 +137,7 @@ def _step(write: Callable[[Any, str], None], key: str) -> Callable[[Any], StepRe
 def test_a_spanner_transactional_step_costs_two_rpcs_beyond_its_own_statements(
     spanner_store: SpannerStore,
 ) -> None:
-    """The row's read (beginning the transaction inline), the step's own DML, the Commit;
+    """The step's own DML (beginning the transaction inline), the row's read, the Commit;
     the completion after it is the store's usual one transaction."""
     write, count = _spanner_effects(spanner_store)
     spanner_store.get("warm-up")
@@ -149,7 +149,7 @@ def test_a_spanner_transactional_step_costs_two_rpcs_beyond_its_own_statements(
     print(f"spanner transactional step: claim {claim}, step {step}")
     assert (outcome.held, outcome.tries) == (True, 1)
     assert claim == ["commit"]
-    assert step == ["streaming_read", "execute_sql", "commit"]
+    assert step == ["execute_sql", "streaming_read", "commit"]
     assert count("a") == 1
 
 

@@ -12,6 +12,8 @@ with its first read, so a transaction costs its reads plus the Commit):
 - a retried delivery's first read (the executor's ``get``): one strong read. 1 RPC.
 - a transactional handler's completion: one read-write transaction holding the handler's
   statements too (:mod:`.spanner_transactions`). 2 RPCs beyond the handler's own.
+- on Google's emulator, a renewal made while the attempt's own handler or step transaction
+  is open: one strong read, which confirms the lease as stored (:meth:`SpannerStore.renew`).
 
 Spanner may run a transaction function again (ABORTED under contention): the function only
 reads, applies a pure rule and buffers mutations, and reads its :data:`Moment` inside, so a
@@ -30,6 +32,7 @@ from typing import Any, ClassVar, TypeVar
 
 from google.api_core import exceptions as api
 from google.cloud import spanner
+from google.cloud.spanner_v1.client import EMULATOR_ENV_VAR
 
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.worker.core import decisions, locking
@@ -117,6 +120,9 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         self._lock = threading.Lock()
         self._database: Any = None
         self._pid: int | None = None
+        # Whether the client talks to Google's emulator (it reads the same variable).
+        self._on_emulator = False
+        self.open_transactions = transactions.OpenTransactions()
         self._schema_ready_pid: int | None = None
         # Claims whose write may have landed though the claim failed: given back on the next
         # claim of their run, or by a background retry.
@@ -133,6 +139,7 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
                 if self._database is None or self._pid != os.getpid():
                     with guard("connect"):
                         client = spanner.Client(project=self._project)
+                        self._on_emulator = bool(os.environ.get(EMULATOR_ENV_VAR))
                         instance = client.instance(self._instance)  # type: ignore[no-untyped-call]
                         database = instance.database(self._database_id)
                         bound_calls(database, self._timeout)
@@ -258,6 +265,44 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         database = self.database
         with guard("change a run"):
             return run_transaction(database, work, self._timeout, f"change run {run_id}")
+
+    def renew(
+        self,
+        run_id: str,
+        attempt_id: str,
+        lease: timedelta,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> datetime | None:
+        """Extend the lease (see :meth:`LeaseStore.renew`). On Google's emulator, while the
+        attempt's own handler or step transaction is open, only confirm the lease stored: the
+        emulator's one read-write transaction at a time would abort the handler's
+        (:class:`.spanner_transactions.OpenTransactions`). Its lease is then not extended, so
+        it may lapse before the handler ends; the handler's commit stays fenced by the row."""
+        if self._runs_one_transaction_at_a_time() and attempt_id in self.open_transactions:
+            record = self.get(run_id)
+            if record is None or not decisions.holds(record, attempt_id):
+                return None
+            return record.lease_expires
+        return super().renew(run_id, attempt_id, lease, now, keep_for=keep_for)
+
+    def renew_lock(
+        self, name: str, attempt_id: str, lease: timedelta, now: Moment
+    ) -> datetime | None:
+        """Extend the holder's lease on the lock; on Google's emulator, while the holder's
+        transaction is open, only confirm the lease stored (as :meth:`renew` does)."""
+        if self._runs_one_transaction_at_a_time() and attempt_id in self.open_transactions:
+            lock = self.get_lock(name)
+            if lock is None or not locking.holds(lock, attempt_id):
+                return None
+            return lock.lease_expires
+        return super().renew_lock(name, attempt_id, lease, now)
+
+    def _runs_one_transaction_at_a_time(self) -> bool:
+        """Whether the database is Google's emulator, which aborts concurrent read-write
+        transactions (connecting first: the client decides when it is created)."""
+        return self.database is not None and self._on_emulator
 
     def complete_in_transaction(
         self,
