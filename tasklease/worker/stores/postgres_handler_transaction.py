@@ -11,7 +11,8 @@ postgresql.org/docs/current/libpq-pipeline-mode.html): the wrapper's ``transacti
 always a savepoint.
 
 The connection's transaction status is unreliable in pipeline mode for the same reason, so
-nothing here reads it: the wrapper's refusals are what keep the transaction open.
+nothing here reads it: the wrapper's refusals are what keep the transaction open, and the
+wrapper says so itself (``in_transaction``, True until the handler's block ends).
 """
 
 from __future__ import annotations
@@ -70,14 +71,33 @@ class _Savepoint(Transaction):
         self._conn._num_transactions += 1
 
 
+class _Block:
+    """Whether the handler's block of :func:`guarded` is still running."""
+
+    __slots__ = ("running",)
+
+    def __init__(self) -> None:
+        self.running = True
+
+
 class PostgresTransaction:
     """The handler's view of the transaction's ``psycopg.Connection``: other attributes are
     the connection's."""
 
-    __slots__ = ("_connection",)
+    __slots__ = ("_block", "_connection")
+    _block: _Block
+    _connection: Connection[Any]
 
-    def __init__(self, connection: Connection[Any]) -> None:
+    def __init__(self, connection: Connection[Any], block: _Block) -> None:
         object.__setattr__(self, "_connection", connection)
+        object.__setattr__(self, "_block", block)
+
+    @property
+    def in_transaction(self) -> bool:
+        """True while the handler runs: the framework's transaction is open and only the
+        framework ends it (as ``sqlite3.Connection.in_transaction``; libpq's own status
+        cannot tell in pipeline mode). False once the handler's block is over."""
+        return self._block.running
 
     @contextmanager
     def transaction(
@@ -121,7 +141,9 @@ def guarded(connection: Connection[Any]) -> Iterator[PostgresTransaction]:
     user of the pooled connection."""
     factory, rows = connection.cursor_factory, connection.row_factory
     connection.cursor_factory = _GuardedCursor
+    block = _Block()
     try:
-        yield PostgresTransaction(connection)
+        yield PostgresTransaction(connection, block)
     finally:
+        block.running = False
         connection.cursor_factory, connection.row_factory = factory, rows
