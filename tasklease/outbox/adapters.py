@@ -1,8 +1,8 @@
 """Write outbox entries through the caller's own transaction, whatever kind it is.
 
 Supported: ``sqlite3.Connection`` inside a transaction; psycopg 3 ``Connection`` that is not
-in autocommit mode (or is inside ``conn.transaction()``); SQLAlchemy ``Connection`` or
-``Session`` inside a transaction; a Firestore ``Transaction`` in progress
+in autocommit mode (or is inside ``conn.transaction()``, or in pipeline mode); SQLAlchemy
+``Connection`` or ``Session`` inside a transaction; a Firestore ``Transaction`` in progress
 (:mod:`tasklease.outbox.firestore`); a Spanner ``Transaction`` inside
 ``database.run_in_transaction`` (:mod:`tasklease.outbox.spanner`). Django's raw
 ``connection.connection`` inside ``transaction.atomic()`` is one of the first two. A connection
@@ -62,7 +62,13 @@ def stage(tx: Any, entries: Sequence[Entry]) -> list[bool]:
     if isinstance(tx, sqlite3.Connection) or handler_transaction == "sqlite3":
         return _sqlite(tx, entries)
     if handler_transaction == "psycopg":
-        return _psycopg(tx, entries)
+        # Its own word, not libpq's: the status libpq reports is stale in pipeline mode.
+        if not tx.in_transaction:
+            raise NotInTransaction(
+                "this ctx.transaction belongs to a transactional handler that has returned: "
+                "its transaction is over; stage entries from inside the handler"
+            )
+        return _psycopg(tx, entries, trusted=True)
     module = type(tx).__module__
     if type(tx).__name__.startswith("Async"):
         raise TypeError(
@@ -93,11 +99,8 @@ def _sqlite(conn: sqlite3.Connection, entries: Sequence[Entry]) -> list[bool]:
     return [conn.execute(_NAMED, entry.row()).rowcount == 1 for entry in entries]
 
 
-def _psycopg(conn: Any, entries: Sequence[Entry]) -> list[bool]:
-    from psycopg import pq  # noqa: PLC0415 - the caller's own psycopg.
-
-    idle = conn.info.transaction_status == pq.TransactionStatus.IDLE
-    if conn.autocommit and idle:
+def _psycopg(conn: Any, entries: Sequence[Entry], *, trusted: bool = False) -> list[bool]:
+    if not trusted and conn.autocommit and _outside_transaction(conn):
         raise NotInTransaction(
             "the psycopg connection is in autocommit mode: the outbox entry would be committed "
             "on its own; use it inside `with conn.transaction():` or with autocommit=False"
@@ -110,6 +113,19 @@ def _psycopg(conn: Any, entries: Sequence[Entry]) -> list[bool]:
         # Delivered to LISTENers only if, and when, this transaction commits.
         cursor.execute(f"NOTIFY {CHANNEL}")
     return staged
+
+
+def _outside_transaction(conn: Any) -> bool:
+    """Whether an autocommit psycopg connection would commit a statement on its own."""
+    from psycopg import pq  # noqa: PLC0415 - the caller's own psycopg.
+
+    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        # In pipeline mode the statements up to the next Sync run as one transaction
+        # (implicit, or the caller's BEGIN), so the entry commits with them; and libpq's
+        # status is the one of the last Sync, stale until the next one
+        # (postgresql.org/docs/current/protocol-flow.html#PROTOCOL-FLOW-PIPELINING).
+        return False
+    return bool(conn.info.transaction_status == pq.TransactionStatus.IDLE)
 
 
 def _sqlalchemy(tx: Any, entries: Sequence[Entry]) -> list[bool]:

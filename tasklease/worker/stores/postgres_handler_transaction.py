@@ -11,12 +11,18 @@ postgresql.org/docs/current/libpq-pipeline-mode.html): the wrapper's ``transacti
 always a savepoint.
 
 The connection's transaction status is unreliable in pipeline mode for the same reason, so
-nothing here reads it: the wrapper's refusals are what keep the transaction open.
+nothing here reads it: the wrapper's refusals are what keep the transaction open, and the
+wrapper says so itself (``in_transaction``, True until the handler's block ends).
+
+For the same reason the server never sees the transaction idle (its
+``idle_in_transaction_session_timeout`` counts from a ReadyForQuery, which only a Sync
+brings): :func:`guarded` tells its caller of every statement the handler sends, and the
+caller bounds the time from the last one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,10 +45,21 @@ _ENDING = frozenset(
 )
 
 
+# The ``sent`` of each connection inside :func:`guarded`: a cursor knows its connection only.
+_SENT: dict[Connection[Any], Callable[[], None]] = {}
+
+
 def _check(connection: Connection[Any], query: Any) -> None:
     text = query.as_string(connection) if isinstance(query, sql.Composable) else query
     if isinstance(text, str | bytes) and ends_transaction(text):
         raise refused(f"the statement {text[:40]!r}")
+    _sent(connection)
+
+
+def _sent(connection: Connection[Any]) -> None:
+    sent = _SENT.get(connection)
+    if sent is not None:
+        sent()
 
 
 class _GuardedCursor(Cursor[Any]):
@@ -70,14 +87,33 @@ class _Savepoint(Transaction):
         self._conn._num_transactions += 1
 
 
+class _Block:
+    """Whether the handler's block of :func:`guarded` is still running."""
+
+    __slots__ = ("running",)
+
+    def __init__(self) -> None:
+        self.running = True
+
+
 class PostgresTransaction:
     """The handler's view of the transaction's ``psycopg.Connection``: other attributes are
     the connection's."""
 
-    __slots__ = ("_connection",)
+    __slots__ = ("_block", "_connection")
+    _block: _Block
+    _connection: Connection[Any]
 
-    def __init__(self, connection: Connection[Any]) -> None:
+    def __init__(self, connection: Connection[Any], block: _Block) -> None:
         object.__setattr__(self, "_connection", connection)
+        object.__setattr__(self, "_block", block)
+
+    @property
+    def in_transaction(self) -> bool:
+        """True while the handler runs: the framework's transaction is open and only the
+        framework ends it (as ``sqlite3.Connection.in_transaction``; libpq's own status
+        cannot tell in pipeline mode). False once the handler's block is over."""
+        return self._block.running
 
     @contextmanager
     def transaction(
@@ -85,6 +121,7 @@ class PostgresTransaction:
     ) -> Iterator[Transaction]:
         """psycopg's ``Connection.transaction()``, always as a savepoint."""
         connection = self._connection
+        _sent(connection)  # SAVEPOINT: a statement of the handler's.
         savepoint = _Savepoint(connection, savepoint_name, force_rollback)
         if connection._pipeline:  # As psycopg's own.
             with connection.pipeline(), savepoint, connection.pipeline():
@@ -114,14 +151,18 @@ class PostgresTransaction:
 
 
 @contextmanager
-def guarded(connection: Connection[Any]) -> Iterator[PostgresTransaction]:
-    """``connection`` for the handler, its cursors guarded until the block ends. A
-    ``row_factory`` the handler sets (psycopg's ``dict_row``) lasts until then too: the store
-    reads its own rows through the connection after the handler, and so does every later
-    user of the pooled connection."""
+def guarded(connection: Connection[Any], sent: Callable[[], None]) -> Iterator[PostgresTransaction]:
+    """``connection`` for the handler, its cursors guarded until the block ends; ``sent()``
+    as the handler sends each statement. A ``row_factory`` the handler sets (psycopg's
+    ``dict_row``) lasts until then too: the store reads its own rows through the connection
+    after the handler, and so does every later user of the pooled connection."""
     factory, rows = connection.cursor_factory, connection.row_factory
     connection.cursor_factory = _GuardedCursor
+    block = _Block()
+    _SENT[connection] = sent
     try:
-        yield PostgresTransaction(connection)
+        yield PostgresTransaction(connection, block)
     finally:
+        block.running = False
+        _SENT.pop(connection, None)
         connection.cursor_factory, connection.row_factory = factory, rows

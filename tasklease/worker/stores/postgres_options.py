@@ -68,6 +68,13 @@ class Options:
         """The client's bound on one call: the server's own, and a margin."""
         return self.statement_timeout + _CLIENT_MARGIN
 
+    @property
+    def idle_in_transaction(self) -> float:
+        """How long a transaction may sit idle after its last statement before it is ended
+        (rolled back): the server's bound, and the client's for a pipelined transaction,
+        which the server never sees idle."""
+        return 2 * self.call_timeout
+
     @classmethod
     def from_url(cls, url: str) -> tuple[str, Options]:
         """The libpq URL (the store's own options taken out) and the options."""
@@ -94,7 +101,7 @@ class Options:
             ) from None
         settings = (
             f"-c statement_timeout={int(self.statement_timeout * 1000)} "
-            f"-c idle_in_transaction_session_timeout={int(self.call_timeout * 2000)} "
+            f"-c idle_in_transaction_session_timeout={int(self.idle_in_transaction * 1000)} "
             "-c TimeZone=UTC"
         )
         params["options"] = f"{params.get('options', '')} {settings}".strip()

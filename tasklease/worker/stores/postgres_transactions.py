@@ -11,6 +11,13 @@ attempt no longer holds the claim the completion fails on purpose
 The handler gets the connection wrapped (:mod:`.postgres_handler_transaction`): it cannot
 commit or roll back the transaction itself.
 
+The server never sees a pipelined transaction idle (``idle_in_transaction_session_timeout``
+starts at a ReadyForQuery, which only a Sync brings), so the store bounds it itself: a
+handler idle in it for ``Options.idle_in_transaction`` after its last statement has its
+connection cut (:meth:`.Watchdog.idle_bounded`), the server rolls the transaction back and
+frees its locks, and the attempt ends as for a database that failed mid-transaction (the
+record says nothing was committed; the run is given back for a retry).
+
 Pipeline mode means a statement whose result the handler never fetches is checked only at
 the next fetch or at the commit: its error then ends the transaction as if raised there.
 
@@ -39,7 +46,7 @@ from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.stores.base import Moment
 from tasklease.worker.stores.postgres_handler_transaction import guarded
 from tasklease.worker.stores.postgres_schema import RUN_COLUMNS, decode_run, encode_run
-from tasklease.worker.stores.postgres_watchdog import CallTimedOut
+from tasklease.worker.stores.postgres_watchdog import CallTimedOut, IdleTimedOut
 from tasklease.worker.stores.transactional import (
     StepWork,
     TransactionalStore,
@@ -156,6 +163,12 @@ def _transact(store: PostgresStore, body: Callable[[Connection[Any]], _T]) -> _T
             "commit a transaction",
             f"the server did not answer within {store.options.call_timeout:g}s",
         ) from exc
+    except IdleTimedOut as exc:
+        raise store._unavailable(
+            "commit a transaction",
+            f"the handler was {exc}: its connection was closed and the server rolled the "
+            "transaction back",
+        ) from exc
     except PoolTimeout as exc:
         raise store._no_connection("start a transaction", exc) from exc
     except psycopg.Error as exc:
@@ -168,12 +181,16 @@ def _run_step(
     """The step's transaction: the new record, its version and the step's result JSON if
     it committed, None if the claim was gone."""
     run_id, attempt_id = run
-    bounded = store._process.get().watchdog.bounded
+    watchdog = store._process.get().watchdog
+    bounded = watchdog.bounded
     with contextlib.ExitStack() as pipeline:
         pipeline.enter_context(connection.pipeline())
         connection.execute("BEGIN")
         try:
-            with guarded(connection) as transaction:
+            with (
+                watchdog.idle_bounded(connection, store.options.idle_in_transaction) as sent,
+                guarded(connection, sent) as transaction,
+            ):
                 step = step_work(transaction)
             read = connection.execute(store._statements.lock_run, (run_id,))
             with bounded(connection, store.options.call_timeout):
@@ -218,7 +235,12 @@ def _run(
             pipeline.enter_context(connection.pipeline())
             connection.execute("BEGIN")
             try:
-                with guarded(connection) as transaction:
+                with (
+                    process.watchdog.idle_bounded(
+                        connection, store.options.idle_in_transaction
+                    ) as sent,
+                    guarded(connection, sent) as transaction,
+                ):
                     result_json = work(transaction)
             except psycopg.Error as exc:
                 raise _HandlerError(exc) from exc

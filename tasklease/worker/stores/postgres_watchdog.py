@@ -7,23 +7,41 @@ query, so one thread per process watches the calls in flight and, past a call's 
 shuts its socket down: the blocked call then fails at once with a connection error (and the
 pool discards the connection). ``shutdown`` wakes a thread blocked in ``poll`` on the socket,
 where ``close`` from another thread would not (socket(7), shutdown(2)).
+
+The same thread bounds a transaction the server cannot see idle (a pipeline's, which has no
+Sync until its commit): past its deadline, counted from its last statement, the socket is
+shut down and the server, reading the end of the connection, ends the session, rolling its
+transaction back and freeing its locks.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
-_TICK = 0.05  # How often the watching thread looks, while any call is in flight.
+_TICK = 0.05  # How long past a deadline the watching thread may look.
 
 
 class CallTimedOut(Exception):
     """The call was cut off at its deadline."""
+
+
+class IdleTimedOut(Exception):
+    """The transaction was idle past its bound: its connection was cut, and the server
+    rolled it back."""
+
+
+@dataclass
+class _Call:
+    deadline: float  # time.monotonic(); math.inf until an idle bound's first statement.
+    connection: Any
 
 
 class Watchdog:
@@ -31,7 +49,7 @@ class Watchdog:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._calls: dict[int, tuple[float, Any]] = {}
+        self._calls: dict[int, _Call] = {}
         self._cut: set[int] = set()
         self._ids = itertools.count()
         self._wake = threading.Event()
@@ -41,15 +59,7 @@ class Watchdog:
     def bounded(self, connection: Any, seconds: float) -> Iterator[None]:
         """Run the block on ``connection``; past ``seconds`` its socket is shut down, and the
         block's error is replaced by :class:`CallTimedOut`."""
-        key = next(self._ids)
-        with self._lock:
-            self._calls[key] = (time.monotonic() + seconds, connection)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._watch, name="tasklease-postgres-watchdog", daemon=True
-                )
-                self._thread.start()
-        self._wake.set()
+        key = self._register(_Call(time.monotonic() + seconds, connection))
         try:
             yield
         except Exception as exc:
@@ -58,6 +68,44 @@ class Watchdog:
             raise
         if self._finish(key):
             raise CallTimedOut(f"no answer within {seconds:g}s")
+
+    @contextmanager
+    def idle_bounded(self, connection: Any, seconds: float) -> Iterator[Callable[[], None]]:
+        """Run the block, which calls the function it is given as it sends each statement
+        on ``connection``; ``seconds`` after the last one (never before the first), the
+        socket is shut down, and the block raises :class:`IdleTimedOut`, in place of what
+        it raised or returned."""
+        call = _Call(math.inf, connection)
+        key = self._register(call)
+
+        def sent() -> None:
+            with self._lock:
+                first = call.deadline == math.inf
+                call.deadline = time.monotonic() + seconds
+            if first:  # The watching thread may be waiting for no deadline at all.
+                self._wake.set()
+
+        why = f"idle in its transaction for {seconds:g}s after its last statement"
+        try:
+            yield sent
+        except Exception as exc:
+            if self._finish(key):
+                raise IdleTimedOut(why) from exc
+            raise
+        if self._finish(key):
+            raise IdleTimedOut(why)
+
+    def _register(self, call: _Call) -> int:
+        key = next(self._ids)
+        with self._lock:
+            self._calls[key] = call
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="tasklease-postgres-watchdog", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+        return key
 
     def _finish(self, key: int) -> bool:
         with self._lock:
@@ -69,16 +117,18 @@ class Watchdog:
 
     def _watch(self) -> None:
         while True:
-            if not self._calls:
-                self._wake.wait()
-                self._wake.clear()
-            time.sleep(_TICK)
-            now = time.monotonic()
+            self._wake.clear()  # Before looking: a call registered from now on wakes it.
             with self._lock:  # A connection is not returned to its pool while registered.
-                for key, (deadline, connection) in list(self._calls.items()):
-                    if now >= deadline and key not in self._cut:
+                now = time.monotonic()
+                for key, call in self._calls.items():
+                    if now >= call.deadline and key not in self._cut:
                         self._cut.add(key)
-                        _shut_down(connection)
+                        _shut_down(call.connection)
+                earliest = min(
+                    (call.deadline for key, call in self._calls.items() if key not in self._cut),
+                    default=math.inf,
+                )
+            self._wake.wait(None if earliest == math.inf else earliest - now + _TICK)
 
 
 def _shut_down(connection: Any) -> None:
