@@ -50,7 +50,7 @@ def url(spanner_database: str) -> str:
 
 def database(path: str) -> Any:
     _, project, _, instance, _, name = path.split("/")
-    return spanner.Client(project=project).instance(instance).database(name)
+    return spanner.Client(project=project).instance(instance).database(name)  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture
