@@ -13,9 +13,9 @@ from flask.testing import FlaskClient
 
 from tasklease.outbox import open_outbox
 from tasklease.outbox.db import OutboxDB
+from tasklease.outbox.locate import where
 from tasklease.producer import Producer
 from tasklease.worker.dashboard import create_dashboard_app
-from tasklease.worker.dashboard.outbox import where
 from tasklease.worker.stores import MemoryStore, SqliteStore
 
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>"\'&'

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasklease.worker.dashboard.outbox import where
+from tasklease.outbox.locate import where
 
 
 @pytest.mark.parametrize("name", ["password", "sslpassword"])
