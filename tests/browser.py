@@ -268,8 +268,8 @@ def png_colours(data: bytes) -> tuple[int, int, Counter[bytes]]:
     started = time.monotonic()
     for row in range(height):
         offset = row * (stride + 1)
-        kind, line = raw[offset], bytearray(raw[offset + 1 : offset + 1 + stride])
-        _unfilter(kind, line, previous, channels)
+        filter_type, line = raw[offset], bytearray(raw[offset + 1 : offset + 1 + stride])
+        _unfilter(filter_type, line, previous, channels)
         if row % 4 == 0:
             colours.update(bytes(line[i : i + 3]) for i in range(0, stride, channels * 4))
         previous = line

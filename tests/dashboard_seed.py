@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from tasklease.worker.core.decisions import replay_pending
 from tasklease.worker.stores.base import LeaseStore
 from tasklease.worker.stores.delivery_tally import DeliveryTally, TallyKey, minute_of
+from tasklease.worker.stores.operator_queries import OperatorQueries
 from tests.helpers import claim_request
 
 LONG_TASK = "export_" + "quarterly_ledger_" * 8 + "2026Q3"  # No break opportunity.
@@ -25,7 +26,7 @@ def task(store: LeaseStore, handler: str, name: str, at: datetime, attempt: str 
     return run_id
 
 
-def seed_hour(store: LeaseStore, now: datetime) -> None:
+def seed_hour(store: OperatorQueries, now: datetime) -> None:
     """About 300 runs over the last hour, busier towards now, and the stories above."""
     rng = random.Random(7)
     for minute in range(60, 0, -1):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from tasklease.errors import StoreUnavailable
 from tasklease.testing.contract_support import T0, claim_request
@@ -27,6 +27,16 @@ class FakeClock:
     def advance(self, delta: timedelta) -> None:
         with self._lock:
             self.now += delta
+
+
+class TaskHeaderFields(TypedDict, total=False):
+    """task_headers' own parameters, for helpers that pass them through."""
+
+    queue: str
+    task: str
+    retry: int
+    execution: int
+    eta: float | None
 
 
 def task_headers(

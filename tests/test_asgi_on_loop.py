@@ -25,6 +25,7 @@ from tasklease.errors import LeaseLost, PermanentFailure
 from tasklease.plumbing.serve import GunicornWorker
 from tasklease.worker import Router, TaskContext
 from tasklease.worker.asgi import AsgiDeliveries, create_asgi_app
+from tasklease.worker.asgi_routes import Message
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.logs import FIELDS_ATTRIBUTE
 from tasklease.worker.stores import MemoryStore
@@ -95,12 +96,12 @@ class Loop:
             "headers": [(k.lower().encode(), v.encode()) for k, v in sent_headers.items()]
             + [(b"content-length", str(len(body)).encode())],
         }
-        sent: list[dict[str, Any]] = []
+        sent: list[Message] = []
 
         async def receive() -> dict[str, Any]:
             return {"type": "http.request", "body": body, "more_body": False}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: Message) -> None:
             sent.append(message)
 
         self.loop.run_until_complete(self.app(scope, receive, send))
@@ -396,12 +397,12 @@ def test_a_cancelled_request_releases_the_run_and_stays_cancelled(loops: list[Lo
         "query_string": b"",
         "headers": [(k.lower().encode(), v.encode()) for k, v in task_headers().items()],
     }
-    sent: list[dict[str, Any]] = []
+    sent: list[Message] = []
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"{}", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
     async def cancel_midway() -> bool:
@@ -553,7 +554,7 @@ def test_a_request_cancelled_during_a_continuations_enqueue_waits_for_it_before_
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"{}", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         raise AssertionError("nobody is there to answer")
 
     async def cancel_during_the_enqueue() -> tuple[list[RunStatus | None], bool]:
@@ -604,7 +605,11 @@ def test_a_request_cancelled_while_a_step_is_recorded_keeps_the_step_for_the_ret
 
     @router.task("h")
     async def h(payload: Any, ctx: TaskContext) -> str:
-        await ctx.astep("charge", lambda: charges.append(ctx.attempt) or "charged")
+        def charge() -> str:
+            charges.append(ctx.attempt)
+            return "charged"
+
+        await ctx.astep("charge", charge)
         if ctx.attempt == 1:
             await asyncio.sleep(30)
         return "done"
@@ -625,7 +630,7 @@ def test_a_request_cancelled_while_a_step_is_recorded_keeps_the_step_for_the_ret
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"{}", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         raise AssertionError("nobody is there to answer")
 
     async def cancel_while_recording() -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import flask
 import pytest
@@ -26,7 +26,14 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.event_loop import HANDLER_LOOP, LoopNotStarted
 from tasklease.worker.stores import MemoryStore
-from tests.helpers import FakeClock, SwitchableStore, claim_request, job_headers, task_headers
+from tests.helpers import (
+    FakeClock,
+    SwitchableStore,
+    TaskHeaderFields,
+    claim_request,
+    job_headers,
+    task_headers,
+)
 
 LOOP_THREAD = "tasklease-handler-loop"
 
@@ -48,9 +55,9 @@ class ThreadRecordingStore(SwitchableStore):
         return super().renew(*args, **kwargs)
 
 
-def post(app: flask.Flask, path: str = "/tasks/h", **headers: str) -> Any:
+def post(app: flask.Flask, path: str = "/tasks/h", **fields: Unpack[TaskHeaderFields]) -> Any:
     return app.test_client().post(
-        path, headers=task_headers(**headers), data=json.dumps({"order_id": 42})
+        path, headers=task_headers(**fields), data=json.dumps({"order_id": 42})
     )
 
 
@@ -72,7 +79,7 @@ def test_an_async_handler_runs_on_the_loop_and_no_store_call_does() -> None:
 
     app = app_for(router, store)
     first = post(app)
-    again = post(app, retry="1", execution="1")
+    again = post(app, retry=1, execution=1)
     assert (first.status_code, first.headers["X-Tasklease-Outcome"]) == (200, "processed")
     assert first.json["result"] == {"receipt_for": 42, "attempt": 1}
     assert (again.headers["X-Tasklease-Outcome"], again.json["result"]) == (
@@ -96,7 +103,7 @@ def test_an_async_scheduled_handler_runs_once_per_slot() -> None:
     client = app.test_client()
     first = client.post("/jobs/nightly", headers=job_headers())
     again = client.post("/jobs/nightly", headers=job_headers())
-    assert (first.headers["X-Tasklease-Outcome"], first.json["result"]) == (
+    assert (first.headers["X-Tasklease-Outcome"], first.get_json()["result"]) == (
         "processed",
         "reports sent",
     )
@@ -134,7 +141,7 @@ def test_an_exception_from_an_async_handler_releases_the_run_for_a_retry() -> No
     assert (first.status_code, first.headers["X-Tasklease-Outcome"]) == (500, "released")
     record = store.get(first.headers["X-Tasklease-Run-Id"])
     assert record is not None and record.error == "ConnectionError: mail server down"
-    second = post(app, retry="1", execution="1")
+    second = post(app, retry=1, execution=1)
     assert (second.status_code, second.headers["X-Tasklease-Outcome"]) == (200, "processed")
 
 
@@ -313,7 +320,7 @@ def test_a_loop_that_cannot_start_gives_the_claim_back_uncounted(
     monkeypatch.setattr(HANDLER_LOOP, "_started", cannot_start)
     refused = post(app)
     monkeypatch.undo()
-    retried = post(app, retry="1")
+    retried = post(app, retry=1)
     assert (refused.status_code, refused.headers["X-Tasklease-Outcome"]) == (503, "unavailable")
     assert retried.headers["X-Tasklease-Outcome"] == "processed"
     assert ran == [1]  # The refused delivery's attempt was not counted.

@@ -50,6 +50,7 @@ def test_each_subcommand_is_a_module_that_registers_and_runs_it() -> None:
         assert module.__name__ == f"tasklease.cli.{module.NAME}"
         assert callable(module.register) and callable(module.run)
     chosen = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    assert chosen.choices is not None
     assert list(chosen.choices) == names
 
 

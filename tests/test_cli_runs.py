@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from tasklease import cli
-from tasklease.cli import runs as runs_cli
 from tasklease.cli.runs import Exit
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.testing.operations_contract import seed_every_state
@@ -202,7 +201,7 @@ def test_replay_enqueues_once_and_reports_json(
         made.append(overrides)
         return Producer("p", "l", "q", "https://w.example", transport=queue)
 
-    monkeypatch.setattr(runs_cli.Producer, "from_env", producer)
+    monkeypatch.setattr(Producer, "from_env", producer)
     argv = ("runs", "replay", "failed", "--store", url, "--queue", "other")
     code, first = as_json(capsys, *argv)
     assert code == Exit.OK

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from tasklease import cli
-from tasklease.cli import runs as runs_cli
 from tasklease.cli.runs import Exit
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.worker import Router, TaskContext, create_app
@@ -86,7 +85,7 @@ def test_replay_with_a_corrected_payload_sends_it_and_the_replay_records_it(
 ) -> None:
     queue = MemoryTransport()
     producer = Producer("p", "l", "q", "https://w.example", transport=queue)
-    monkeypatch.setattr(runs_cli.Producer, "from_env", lambda **_: producer)
+    monkeypatch.setattr(Producer, "from_env", lambda **_: producer)
     fixed = tmp_path / "fixed.json"
     fixed.write_text(json.dumps({"order": 8}))
     url = f"sqlite:///{path}"

@@ -7,11 +7,11 @@ import pytest
 
 from tasklease.worker.core import constants as c
 from tasklease.worker.core import decisions
-from tasklease.worker.core.records import RunStatus, Verdict
+from tasklease.worker.core.records import RunRecord, RunStatus, Verdict
 from tests.helpers import T0, claim_request
 
 
-def claimed():  # type: ignore[no-untyped-def]
+def claimed() -> RunRecord:
     return decisions.claim(None, claim_request(), T0).record
 
 

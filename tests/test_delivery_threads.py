@@ -7,6 +7,7 @@ import asyncio
 import contextvars
 import threading
 import time
+from functools import partial
 
 import pytest
 
@@ -65,7 +66,7 @@ def test_no_more_than_size_threads_run_at_once_and_the_rest_wait_their_turn() ->
         return n
 
     async def main() -> list[int]:
-        return list(await asyncio.gather(*(threads.run(lambda n=n: work(n)) for n in range(30))))
+        return list(await asyncio.gather(*(threads.run(partial(work, n)) for n in range(30))))
 
     try:
         assert asyncio.run(main()) == list(range(30))

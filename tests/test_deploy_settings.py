@@ -73,7 +73,7 @@ def test_a_queue_described_as_configured_equals_the_wanted_settings() -> None:
     ],
 )
 def test_a_queue_differing_in_one_setting_is_unequal_in_that_field_alone(
-    retry: dict[str, Any], field: str, value: object
+    retry: dict[str, Any], field: str, value: Any
 ) -> None:
     current = QueueSettings.described(described_queue(**retry))
     wanted = QueueSettings.wanted(Queue("default"))

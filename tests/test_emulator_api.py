@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import requests
@@ -43,13 +44,15 @@ def http_task(url: str, task_id: str | None = None, **fields: object) -> tasks_v
 
 
 @pytest.fixture(params=["rest", "grpc"])
-def client(emulator: CloudTasksEmulator, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    client = emulator.client(request.param)
+def client(
+    emulator: CloudTasksEmulator, request: pytest.FixtureRequest
+) -> tasks_v2.CloudTasksClient:
+    client: tasks_v2.CloudTasksClient = emulator.client(request.param)
     client.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=QUEUE))
     return client
 
 
-def test_queue_is_created_with_the_documented_defaults(client) -> None:  # type: ignore[no-untyped-def]
+def test_queue_is_created_with_the_documented_defaults(client: tasks_v2.CloudTasksClient) -> None:
     queue = client.get_queue(name=QUEUE)
     assert queue.state == tasks_v2.Queue.State.RUNNING
     assert queue.rate_limits.max_dispatches_per_second == 500
@@ -61,7 +64,7 @@ def test_queue_is_created_with_the_documented_defaults(client) -> None:  # type:
     assert [q.name for q in client.list_queues(parent=PARENT)] == [QUEUE]
 
 
-def test_queue_errors_use_googles_error_shape(client) -> None:  # type: ignore[no-untyped-def]
+def test_queue_errors_use_googles_error_shape(client: tasks_v2.CloudTasksClient) -> None:
     # AlreadyExists over gRPC (a Conflict subclass), Conflict over REST, as from Google.
     with pytest.raises(api.Conflict, match="already exists"):
         client.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=QUEUE))
@@ -77,7 +80,7 @@ def test_queue_errors_use_googles_error_shape(client) -> None:  # type: ignore[n
         )
 
 
-def test_update_queue_changes_only_the_masked_fields(client) -> None:  # type: ignore[no-untyped-def]
+def test_update_queue_changes_only_the_masked_fields(client: tasks_v2.CloudTasksClient) -> None:
     update = tasks_v2.Queue(
         name=QUEUE,
         retry_config=tasks_v2.RetryConfig(
@@ -95,7 +98,9 @@ def test_update_queue_changes_only_the_masked_fields(client) -> None:  # type: i
     assert client.get_queue(name=QUEUE).retry_config.max_attempts == 5
 
 
-def test_pause_resume_purge_and_delete(client, target: tuple[Target, str]) -> None:  # type: ignore[no-untyped-def]
+def test_pause_resume_purge_and_delete(
+    client: tasks_v2.CloudTasksClient, target: tuple[Target, str]
+) -> None:
     recorder, url = target
     assert client.pause_queue(name=QUEUE).state == tasks_v2.Queue.State.PAUSED
     client.create_task(parent=QUEUE, task=http_task(url, "paused-1"))
@@ -112,7 +117,9 @@ def test_pause_resume_purge_and_delete(client, target: tuple[Target, str]) -> No
         client.get_queue(name=QUEUE)
 
 
-def test_task_get_list_delete_and_views(client, target: tuple[Target, str]) -> None:  # type: ignore[no-untyped-def]
+def test_task_get_list_delete_and_views(
+    client: tasks_v2.CloudTasksClient, target: tuple[Target, str]
+) -> None:
     _, url = target
     client.pause_queue(name=QUEUE)
     later = timestamp_pb2.Timestamp()
@@ -139,7 +146,9 @@ def test_task_get_list_delete_and_views(client, target: tuple[Target, str]) -> N
         client.create_task(parent=QUEUE, task=http_task(url, "t1"))
 
 
-def test_unnamed_tasks_get_generated_names(client, target: tuple[Target, str]) -> None:  # type: ignore[no-untyped-def]
+def test_unnamed_tasks_get_generated_names(
+    client: tasks_v2.CloudTasksClient, target: tuple[Target, str]
+) -> None:
     client.pause_queue(name=QUEUE)
     names = {client.create_task(parent=QUEUE, task=http_task(target[1])).name for _ in range(5)}
     assert len(names) == 5
@@ -179,13 +188,13 @@ def test_unnamed_tasks_get_generated_names(client, target: tuple[Target, str]) -
     ],
 )
 def test_invalid_tasks_are_refused_with_invalid_argument(
-    client, task: tasks_v2.Task, message: str
-) -> None:  # type: ignore[no-untyped-def]
+    client: tasks_v2.CloudTasksClient, task: tasks_v2.Task, message: str
+) -> None:
     with pytest.raises(api.BadRequest, match=message):
         client.create_task(parent=QUEUE, task=task)
 
 
-def test_schedule_time_over_thirty_days_ahead_is_refused(client) -> None:  # type: ignore[no-untyped-def]
+def test_schedule_time_over_thirty_days_ahead_is_refused(client: tasks_v2.CloudTasksClient) -> None:
     far = timestamp_pb2.Timestamp()
     far.FromDatetime(datetime.now(UTC) + timedelta(days=31))
     with pytest.raises(api.BadRequest, match="30 days"):
@@ -206,7 +215,7 @@ def test_tombstones_expire_after_the_dedup_window(target: tuple[Target, str]) ->
     assert len(target[0].hits) == 2
 
 
-def test_state_survives_a_restart(tmp_path, target: tuple[Target, str]) -> None:  # type: ignore[no-untyped-def]
+def test_state_survives_a_restart(tmp_path: Path, target: tuple[Target, str]) -> None:
     recorder, url = target
     with CloudTasksEmulator(data_dir=tmp_path) as emulator:
         emulator.create_queue(QUEUE)
@@ -226,8 +235,8 @@ def test_state_survives_a_restart(tmp_path, target: tuple[Target, str]) -> None:
 
 
 def test_run_task_dispatches_now_even_when_paused(
-    client, emulator: CloudTasksEmulator, target: tuple[Target, str]
-) -> None:  # type: ignore[no-untyped-def]
+    client: tasks_v2.CloudTasksClient, emulator: CloudTasksEmulator, target: tuple[Target, str]
+) -> None:
     client.pause_queue(name=QUEUE)
     task = client.create_task(parent=QUEUE, task=http_task(target[1], "manual"))
     client.run_task(name=task.name)
@@ -290,7 +299,7 @@ def test_rest_and_grpc_share_one_database(
     assert len(target[0].hits) == 1
 
 
-def test_grpc_listens_on_the_rest_port_plus_one_on_loopback(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_grpc_listens_on_the_rest_port_plus_one_on_loopback(tmp_path: Path) -> None:
     port = two_free_ports()
     with CloudTasksEmulator(data_dir=tmp_path, port=port) as emulator:
         assert emulator.grpc_target == f"127.0.0.1:{port + 1}"

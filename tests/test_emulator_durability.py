@@ -61,7 +61,7 @@ def test_every_created_task_survives_a_kill_mid_load(tmp_path: Path) -> None:
         )
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         grpc_client = tasks_v2.CloudTasksClient(transport=CloudTasksGrpcTransport(channel=channel))
-        rest.create_queue(parent=QUEUE.rsplit("/queues/", 1)[0], queue={"name": QUEUE})
+        rest.create_queue(parent=QUEUE.rsplit("/queues/", 1)[0], queue=tasks_v2.Queue(name=QUEUE))
         rest.pause_queue(name=QUEUE)  # Kept, not dispatched: all must be there after the kill.
 
         def create(n: int) -> None:

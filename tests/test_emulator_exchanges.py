@@ -77,7 +77,7 @@ def captured_request(
             data = b""
             while b"\r\n\r\n" not in data:
                 data += connection.recv(65536)
-            head, _, rest = data.partition(b"\r\n\r\n")
+            head, _separator, rest = data.partition(b"\r\n\r\n")
             length = next(
                 (int(line.split(b":")[1]) for line in head.split(b"\r\n")
                  if line.lower().startswith(b"content-length:")),

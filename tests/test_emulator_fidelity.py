@@ -7,6 +7,7 @@ import sqlite3
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import requests
@@ -14,6 +15,7 @@ from google.api_core import exceptions as api
 from google.cloud import tasks_v2
 from google.cloud.location import locations_pb2
 from google.protobuf import field_mask_pb2, timestamp_pb2
+from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
 from tasklease.emulator import CloudTasksEmulator
@@ -25,8 +27,11 @@ QUEUE = f"{PARENT}/queues/q"
 
 
 @pytest.fixture(params=["rest", "grpc"])
-def client(emulator: CloudTasksEmulator, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    return emulator.client(request.param)
+def client(
+    emulator: CloudTasksEmulator, request: pytest.FixtureRequest
+) -> tasks_v2.CloudTasksClient:
+    client: tasks_v2.CloudTasksClient = emulator.client(request.param)
+    return client
 
 
 def http_task(url: str, task_id: str | None = None, **fields: object) -> tasks_v2.Task:
@@ -36,7 +41,9 @@ def http_task(url: str, task_id: str | None = None, **fields: object) -> tasks_v
     return task
 
 
-def test_list_locations_names_cloud_regions_with_their_region_label(client) -> None:  # type: ignore[no-untyped-def]
+def test_list_locations_names_cloud_regions_with_their_region_label(
+    client: tasks_v2.CloudTasksClient,
+) -> None:
     response = client.list_locations(locations_pb2.ListLocationsRequest(name="projects/p"))
     ids = [location.location_id for location in response.locations]
     assert ids[0] == "us-central1"  # gcloud takes the first as the default location.
@@ -49,13 +56,15 @@ def test_list_locations_names_cloud_regions_with_their_region_label(client) -> N
 
 
 @pytest.mark.parametrize("location", ["l", "global", "us", "us-central9"])
-def test_location_ids_that_are_not_cloud_regions_are_refused(client, location: str) -> None:  # type: ignore[no-untyped-def]
+def test_location_ids_that_are_not_cloud_regions_are_refused(
+    client: tasks_v2.CloudTasksClient, location: str
+) -> None:
     parent = f"projects/p/locations/{location}"
     with pytest.raises(api.BadRequest, match="not a Cloud region"):
         client.create_queue(parent=parent, queue=tasks_v2.Queue(name=f"{parent}/queues/q"))
 
 
-def test_list_queues_pages_and_filters_paused_queues(client) -> None:  # type: ignore[no-untyped-def]
+def test_list_queues_pages_and_filters_paused_queues(client: tasks_v2.CloudTasksClient) -> None:
     for n in range(5):
         client.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=f"{QUEUE}{n}"))
     client.pause_queue(name=f"{QUEUE}1")
@@ -70,7 +79,7 @@ def test_list_queues_pages_and_filters_paused_queues(client) -> None:  # type: i
         list(client.list_queues(request={"parent": PARENT, "filter": "name: x"}))
 
 
-def test_a_past_schedule_time_becomes_now(client) -> None:  # type: ignore[no-untyped-def]
+def test_a_past_schedule_time_becomes_now(client: tasks_v2.CloudTasksClient) -> None:
     client.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=QUEUE))
     client.pause_queue(name=QUEUE)
     past = timestamp_pb2.Timestamp()
@@ -80,7 +89,9 @@ def test_a_past_schedule_time_becomes_now(client) -> None:  # type: ignore[no-un
     assert task.schedule_time >= before - timedelta(seconds=1)
 
 
-def test_output_only_queue_state_is_ignored_on_create_and_update(client) -> None:  # type: ignore[no-untyped-def]
+def test_output_only_queue_state_is_ignored_on_create_and_update(
+    client: tasks_v2.CloudTasksClient,
+) -> None:
     paused = tasks_v2.Queue(name=QUEUE, state=tasks_v2.Queue.State.PAUSED)
     assert client.create_queue(parent=PARENT, queue=paused).state == tasks_v2.Queue.State.RUNNING
     updated = client.update_queue(
@@ -103,8 +114,8 @@ def test_a_deleted_queues_name_is_refused_for_the_reuse_window(target: tuple[Tar
 
 
 def test_a_deleted_or_finished_task_answers_the_real_services_message(
-    client, emulator: CloudTasksEmulator, target: tuple[Target, str]
-) -> None:  # type: ignore[no-untyped-def]
+    client: tasks_v2.CloudTasksClient, emulator: CloudTasksEmulator, target: tuple[Target, str]
+) -> None:
     client.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=QUEUE))
     client.create_task(parent=QUEUE, task=http_task(target[1], "ran"))
     emulator.join()
@@ -129,8 +140,8 @@ def test_unknown_custom_verbs_are_not_found_instead_of_creating_a_task(
 
 
 def test_run_task_on_a_task_being_dispatched_dispatches_it_again(
-    client, emulator: CloudTasksEmulator, _target_server
-) -> None:  # type: ignore[no-untyped-def]
+    client: tasks_v2.CloudTasksClient, emulator: CloudTasksEmulator, _target_server: HTTPServer
+) -> None:
     started, release = threading.Event(), threading.Event()
     answers: list[int] = []
 
@@ -156,8 +167,8 @@ def test_run_task_on_a_task_being_dispatched_dispatches_it_again(
 
 
 def test_a_database_from_before_the_execution_count_opens_and_keeps_its_tasks(
-    tmp_path, target: tuple[Target, str]
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, target: tuple[Target, str]
+) -> None:
     with CloudTasksEmulator(data_dir=tmp_path) as emulator:
         emulator.create_queue(QUEUE)
         emulator.client().pause_queue(name=QUEUE)

@@ -56,8 +56,10 @@ def test_other_post_calls_need_json_too(emulator: CloudTasksEmulator, verb: str)
     emulator.create_queue(QUEUE)
     response = requests.post(f"{emulator.url}/v2/{QUEUE}:{verb}", data=b"{}", timeout=5)
     assert response.status_code == 415
-    assert emulator.db.get_queue(QUEUE)["state"] == "RUNNING"
-    assert "purgeTime" not in emulator.db.get_queue(QUEUE)
+    queue = emulator.db.get_queue(QUEUE)
+    assert queue is not None
+    assert queue["state"] == "RUNNING"
+    assert "purgeTime" not in queue
 
 
 def test_a_delete_without_content_type_is_served_as_gcloud_sends_it(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from typing import Any
 
 import pytest
 from google.cloud import tasks_v2
@@ -25,23 +26,26 @@ SA = "service-account@my-project-id.iam.gserviceaccount.com"
 
 
 @pytest.fixture(params=["grpc", "rest"])
-def client(emulator: CloudTasksEmulator, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    return emulator.client(request.param)
+def client(
+    emulator: CloudTasksEmulator, request: pytest.FixtureRequest
+) -> tasks_v2.CloudTasksClient:
+    client: tasks_v2.CloudTasksClient = emulator.client(request.param)
+    return client
 
 
-def create_queue(client) -> tasks_v2.Queue:  # type: ignore[no-untyped-def]
+def create_queue(client: tasks_v2.CloudTasksClient) -> tasks_v2.Queue:
     # cloud_tasks/snippets/create_queue.py
     parent = f"projects/{PROJECT}/locations/{LOCATION}"
     queue = {"name": client.queue_path(PROJECT, LOCATION, QUEUE_ID)}
     return client.create_queue(request={"parent": parent, "queue": queue})
 
 
-def test_create_queue_sample(client) -> None:  # type: ignore[no-untyped-def]
+def test_create_queue_sample(client: tasks_v2.CloudTasksClient) -> None:
     response = create_queue(client)
     assert response.name == f"projects/{PROJECT}/locations/{LOCATION}/queues/{QUEUE_ID}"
 
 
-def test_list_queues_sample(client) -> None:  # type: ignore[no-untyped-def]
+def test_list_queues_sample(client: tasks_v2.CloudTasksClient) -> None:
     create_queue(client)
     # cloud_tasks/snippets/list_queues.py
     parent = f"projects/{PROJECT}/locations/{LOCATION}"
@@ -49,7 +53,7 @@ def test_list_queues_sample(client) -> None:  # type: ignore[no-untyped-def]
     assert [queue.name for queue in response] == [client.queue_path(PROJECT, LOCATION, QUEUE_ID)]
 
 
-def test_delete_queue_sample(client) -> None:  # type: ignore[no-untyped-def]
+def test_delete_queue_sample(client: tasks_v2.CloudTasksClient) -> None:
     create_queue(client)
     # cloud_tasks/snippets/delete_queue.py
     client.delete_queue(
@@ -60,13 +64,13 @@ def test_delete_queue_sample(client) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_create_http_task_sample(
-    client, emulator: CloudTasksEmulator, target: tuple[Target, str]
-) -> None:  # type: ignore[no-untyped-def]
+    client: tasks_v2.CloudTasksClient, emulator: CloudTasksEmulator, target: tuple[Target, str]
+) -> None:
     recorder, url = target
     create_queue(client)
     # cloud_tasks/snippets/create_http_task.py, with payload, in_seconds, task_name, deadline.
     parent = client.queue_path(PROJECT, LOCATION, QUEUE_ID)
-    task = {"http_request": {"http_method": tasks_v2.HttpMethod.POST, "url": url}}
+    task: dict[str, Any] = {"http_request": {"http_method": tasks_v2.HttpMethod.POST, "url": url}}
     payload = json.dumps({"param": "value"})
     task["http_request"]["headers"] = {"Content-type": "application/json"}
     task["http_request"]["body"] = payload.encode()
@@ -88,8 +92,8 @@ def test_create_http_task_sample(
 
 
 def test_create_http_task_with_token_sample(
-    client, emulator: CloudTasksEmulator, target: tuple[Target, str]
-) -> None:  # type: ignore[no-untyped-def]
+    client: tasks_v2.CloudTasksClient, emulator: CloudTasksEmulator, target: tuple[Target, str]
+) -> None:
     recorder, url = target
     create_queue(client)
     # cloud_tasks/snippets/create_http_task_with_token.py (audience left None, as by default).

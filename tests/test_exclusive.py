@@ -255,7 +255,7 @@ def test_a_payload_without_its_concurrency_key_is_a_dead_letter(
         "/tasks/post_ledger", headers=task_headers(), json={"amount": 5}
     )
     assert (response.status_code, response.headers["X-Tasklease-Outcome"]) == (200, "failed")
-    assert "concurrency_key raised KeyError" in response.json["message"]
+    assert "concurrency_key raised KeyError" in response.get_json()["message"]
 
 
 def test_a_lock_taken_from_a_running_execution_marks_its_lease_lost() -> None:

@@ -6,6 +6,7 @@ import contextvars
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import pytest
@@ -109,7 +110,7 @@ def test_alone_runs_on_its_own_thread_with_no_batch_in_flight_and_the_queue_wait
     with ThreadPoolExecutor(4) as pool:
         solo = pool.submit(lambda: (threading.current_thread(), commits.alone(alone)))
         assert inside.wait(10)
-        queued = [pool.submit(commits.run, lambda c, n=n: f"{c}-{n}") for n in range(3)]
+        queued = [pool.submit(commits.run, partial(lambda c, n: f"{c}-{n}", n=n)) for n in range(3)]
         time.sleep(0.1)
         assert not any(f.done() for f in queued)  # They wait for the one running alone.
         release.set()

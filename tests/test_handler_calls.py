@@ -169,7 +169,7 @@ def _post_asgi(app: Any, name: str, retry: int) -> str:
         sent.append(message)
 
     asyncio.run(app(scope, receive, send))
-    answer = {k.decode().lower(): v.decode() for k, v in sent[0]["headers"]}
+    answer: dict[str, str] = {k.decode().lower(): v.decode() for k, v in sent[0]["headers"]}
     return answer["x-tasklease-outcome"]
 
 

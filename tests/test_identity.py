@@ -1,18 +1,24 @@
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tasklease.errors import InvalidDelivery
-from tasklease.worker.core.identity import DeliveryIdentity, Kind, parse_identity, parse_rfc3339
+from tasklease.worker.core.identity import (
+    DeliveryIdentity,
+    HeaderLookup,
+    Kind,
+    parse_identity,
+    parse_rfc3339,
+)
 from tests.helpers import job_headers, task_headers
 
 MARGIN = timedelta(seconds=60)
 
 
-def lookup(headers: dict[str, str | list[str]]):  # type: ignore[no-untyped-def]
+def lookup(headers: Mapping[str, str | list[str]]) -> HeaderLookup:
     lowered = {name.lower(): value for name, value in headers.items()}
 
     def get(name: str) -> Sequence[str]:
@@ -24,11 +30,15 @@ def lookup(headers: dict[str, str | list[str]]):  # type: ignore[no-untyped-def]
     return get
 
 
-def parse_task(headers: dict, query: dict | None = None) -> DeliveryIdentity:  # type: ignore[type-arg]
+def parse_task(
+    headers: Mapping[str, str | list[str]], query: Mapping[str, str] | None = None
+) -> DeliveryIdentity:
     return parse_identity(Kind.TASK, "h", lookup(headers), query or {})
 
 
-def parse_job(headers: dict, query: dict | None = None) -> DeliveryIdentity:  # type: ignore[type-arg]
+def parse_job(
+    headers: Mapping[str, str | list[str]], query: Mapping[str, str] | None = None
+) -> DeliveryIdentity:
     return parse_identity(Kind.SCHEDULER, "h", lookup(headers), query or {})
 
 

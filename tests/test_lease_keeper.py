@@ -195,15 +195,15 @@ def test_max_attempts_does_not_dead_letter_a_run_whose_first_attempt_holds_its_l
 
 
 class _StuckRenewals(SwitchableStore):
-    """Renewals of run ``stuck`` block until released; others pass straight through."""
+    """Renewals of run ``stuck`` block until unblocked; others pass straight through."""
 
     def __init__(self) -> None:
         super().__init__(MemoryStore())
-        self.release = threading.Event()
+        self.unblocked = threading.Event()
 
     def renew(self, run_id: str, attempt_id: str, lease: timedelta, now: Any, **kwargs: Any) -> Any:
         if run_id == "stuck":
-            self.release.wait(10)
+            self.unblocked.wait(10)
         return self.inner.renew(run_id, attempt_id, lease, now, **kwargs)
 
 
@@ -221,7 +221,7 @@ def test_a_renewal_stuck_on_one_run_does_not_delay_another_runs_renewal() -> Non
             assert renewed.lease_expires > first_expiry, "run free was not renewed in time"
             assert not free.lease_lost
     finally:
-        store.release.set()
+        store.unblocked.set()
 
 
 def test_a_finished_execution_leaves_the_keeper_at_once() -> None:

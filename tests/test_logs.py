@@ -16,7 +16,7 @@ def test_log_line_has_the_shape_cloud_logging_reads() -> None:
     record = logging.LogRecord(
         "tasklease.execution", logging.WARNING, __file__, 1, "msg %s", ("x",), None
     )
-    record.tasklease = {"handler": "h", "run_id": "r", "outcome": "lost_claim"}  # type: ignore[attr-defined]
+    record.tasklease = {"handler": "h", "run_id": "r", "outcome": "lost_claim"}
     line = CloudLoggingFormatter().format(record)
     assert "\n" not in line
     entry = json.loads(line)
@@ -41,7 +41,7 @@ def test_readable_format_for_the_dev_stack_keeps_the_key_fields() -> None:
     record = logging.LogRecord(
         "tasklease.execution", logging.INFO, __file__, 1, "task t: processed", (), None
     )
-    record.tasklease = {"outcome": "processed", "run_id": "a" * 64, "attempt": 2, "queue": "q"}  # type: ignore[attr-defined]
+    record.tasklease = {"outcome": "processed", "run_id": "a" * 64, "attempt": 2, "queue": "q"}
     line = ReadableFormatter().format(record)
     assert "task t: processed" in line
     assert "outcome=processed" in line and "attempt=2" in line and "queue=q" in line
@@ -91,8 +91,12 @@ def test_the_direct_path_respects_levels_and_a_users_own_handlers(
     assert own_logging.getvalue() == ""
     logging.getLogger("tasklease").setLevel(logging.INFO)
     captured: list[logging.LogRecord] = []
-    extra = logging.Handler()
-    extra.emit = captured.append  # type: ignore[method-assign]
+
+    class Capturing(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            captured.append(record)
+
+    extra = Capturing()
     logging.getLogger("tasklease").addHandler(extra)
     logs.log_execution("seen by both", {"outcome": "processed"})
     assert [record.getMessage() for record in captured] == ["seen by both"]

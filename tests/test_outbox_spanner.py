@@ -18,6 +18,7 @@ from google.cloud import spanner
 
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.outbox import NotInTransaction, Relay, open_outbox, relay_producer, wake
+from tasklease.outbox.entries import Entry
 from tasklease.outbox.locate import outbox_url
 from tasklease.outbox.spanner_db import SpannerOutbox
 from tasklease.producer import EnqueueResult, task_id
@@ -50,7 +51,7 @@ def url(spanner_database: str) -> str:
 
 def database(path: str) -> Any:
     _, project, _, instance, _, name = path.split("/")
-    return spanner.Client(project=project).instance(instance).database(name)
+    return spanner.Client(project=project).instance(instance).database(name)  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture
@@ -133,6 +134,7 @@ def test_the_staged_body_and_headers_come_back_unchanged(
     staged = app_db.run_in_transaction(checkout)
     db, _relay = relay_for(url, tasks)
     [entry] = db.claim(10, 10**10, 60)
+    assert isinstance(entry, Entry)
     assert entry.id == staged.name
     assert b'"note":"abcd"' in entry.request.body.replace(b" ", b"")
     assert json.loads(entry.request.body)

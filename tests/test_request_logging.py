@@ -53,7 +53,7 @@ def test_schedule_time_whose_offset_overflows_is_400_with_one_log_line(
         .post("/jobs/nightly", headers=job_headers(schedule_time="9999-12-31T23:59:59-23:59"))
     )
     assert response.status_code == 400
-    assert response.json["outcome"] == "rejected"
+    assert response.get_json()["outcome"] == "rejected"
     assert len(execution_lines(caplog)) == 1
 
 
@@ -75,7 +75,7 @@ def test_paths_flask_itself_rejects_get_json_and_one_log_line(
     response = make_app().test_client().open(path, method=method, headers=task_headers())
     assert response.status_code == status
     assert response.is_json, response.data[:200]
-    assert response.json["outcome"] == "rejected"
+    assert response.get_json()["outcome"] == "rejected"
     assert response.headers["X-Tasklease-Outcome"] == "rejected"
     [line] = execution_lines(caplog)
     assert line.tasklease["status"] == status  # type: ignore[attr-defined]
@@ -99,7 +99,7 @@ def test_unexpected_exception_in_the_worker_is_a_json_500_with_one_log_line(
         .post("/tasks/send_receipt", headers=task_headers(), data=b"{}")
     )
     assert response.status_code == 500
-    assert response.json["outcome"] == "error"
+    assert response.get_json()["outcome"] == "error"
     [line] = execution_lines(caplog)
     assert line.levelno == logging.ERROR
     assert line.tasklease["status"] == 500  # type: ignore[attr-defined]
@@ -116,7 +116,7 @@ def test_text_log_format_escapes_control_characters_from_requests() -> None:
         ("x\n12:00:00 INFO    task forged: processed\x1b[31m",),
         None,
     )
-    record.tasklease = {"outcome": "rejected", "queue": "q\r\x07"}  # type: ignore[attr-defined]
+    record.tasklease = {"outcome": "rejected", "queue": "q\r\x07"}
     line = ReadableFormatter().format(record)
     assert "\n" not in line and "\r" not in line
     assert "\x1b" not in line and "\x07" not in line

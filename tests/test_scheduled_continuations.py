@@ -60,12 +60,9 @@ def resume(
     app: flask.Flask, run_id: str, seq: int, *, retry: int = 0, route: str = "/jobs/nightly"
 ) -> Any:
     """Cloud Tasks' delivery of continuation ``seq`` of ``run_id``."""
-    headers = task_headers(
-        queue="reports",
-        task=f"c-{seq}",
-        retry=retry,
-        **{protocol.CONTINUATION_HEADER: f"{run_id}:{seq}"},
-    )
+    headers = task_headers(queue="reports", task=f"c-{seq}", retry=retry) | {
+        protocol.CONTINUATION_HEADER: f"{run_id}:{seq}"
+    }
     return app.test_client().post(route, headers=headers, data=b"null")
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from tasklease.worker import Router, TaskContext
 from tasklease.worker.asgi import AsgiDeliveries, create_asgi_app
+from tasklease.worker.asgi_routes import Message
 from tasklease.worker.auth import NoAuth, OidcAuth
 from tasklease.worker.core.identity import Kind, parse_identity
 from tasklease.worker.core.records import ClaimRequest
@@ -72,7 +73,7 @@ class Worker:
             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]
             + [(b"content-length", str(len(body)).encode())],
         }
-        sent: list[dict[str, Any]] = []
+        sent: list[Message] = []
         received = False
 
         async def receive() -> dict[str, Any]:
@@ -81,7 +82,7 @@ class Worker:
             received = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: Message) -> None:
             sent.append(message)
 
         self.loop.run_until_complete(self.app(scope, receive, send))

@@ -42,9 +42,18 @@ class CountingStore(SqliteStore):
         return super().get(run_id)
 
 
-def post(app: flask.Flask, task: str = "t-1", body: Any = None, **headers: str) -> Any:
+def post(
+    app: flask.Flask,
+    task: str = "t-1",
+    body: Any = None,
+    *,
+    retry: int = 0,
+    headers: dict[str, str] | None = None,
+) -> Any:
     return app.test_client().post(
-        "/tasks/h", headers=task_headers(task=task, **headers), data=json.dumps(body or {})
+        "/tasks/h",
+        headers=task_headers(task=task, retry=retry) | (headers or {}),
+        data=json.dumps(body or {}),
     )
 
 
@@ -83,7 +92,7 @@ def test_a_retry_resumes_after_the_last_completed_step(store: CountingStore) -> 
     app = app_with(store, handler)
     first = post(app)
     assert (first.status_code, first.headers[protocol.OUTCOME_HEADER]) == (500, "released")
-    second = post(app, retry="1")
+    second = post(app, retry=1)
     assert second.headers[protocol.OUTCOME_HEADER] == "processed"
     assert calls == ["charge", "order", "email", "email"]
     assert second.json["result"] == {
@@ -251,15 +260,15 @@ def test_a_continuation_chain_resumes_the_same_run_until_it_returns(
     run_id = run_id_of()
     first = post(app, body={"job": 1})
     assert first.headers[protocol.OUTCOME_HEADER] == "processed"
-    assert post(app, retry="1").headers[protocol.OUTCOME_HEADER] == "duplicate"  # Lost reply.
+    assert post(app, retry=1).headers[protocol.OUTCOME_HEADER] == "duplicate"  # Lost reply.
     for seq in (1, 2, 3):
         header = {protocol.CONTINUATION_HEADER: f"{run_id}:{seq}"}
         ahead = {protocol.CONTINUATION_HEADER: f"{run_id}:{seq + 1}"}
-        assert post(app, task=f"c-{seq + 1}", **ahead).status_code == 409
-        reply = post(app, task=f"c-{seq}", **header)
+        assert post(app, task=f"c-{seq + 1}", headers=ahead).status_code == 409
+        reply = post(app, task=f"c-{seq}", headers=header)
         assert reply.headers[protocol.OUTCOME_HEADER] == "processed"
         assert (
-            post(app, task=f"c-{seq}", retry="1", **header).headers[protocol.OUTCOME_HEADER]
+            post(app, task=f"c-{seq}", retry=1, headers=header).headers[protocol.OUTCOME_HEADER]
             == "duplicate"
         )
     assert seen == [(0, 0, run_id), (1, 1, run_id), (2, 2, run_id), (3, 3, run_id)]
@@ -274,7 +283,7 @@ def test_a_continuation_chain_resumes_the_same_run_until_it_returns(
 
 def test_a_continuation_header_naming_no_continued_run_is_rejected(store: CountingStore) -> None:
     app = app_with(store, lambda payload, ctx: None)
-    reply = post(app, **{protocol.CONTINUATION_HEADER: f"{'a' * 64}:1"})
+    reply = post(app, headers={protocol.CONTINUATION_HEADER: f"{'a' * 64}:1"})
     assert reply.status_code == 400
     assert store.get("a" * 64) is None
 
@@ -295,7 +304,7 @@ def _continue_then_fail_after_a_step(store: LeaseStore, name: str) -> None:
     router.use_producer(CapturingProducer())  # type: ignore[arg-type]
     app = create_app(router, store=store, auth="none")
     post(app)
-    post(app, task="c-1", **{protocol.CONTINUATION_HEADER: f"{run_id_of()}:1"})
+    post(app, task="c-1", headers={protocol.CONTINUATION_HEADER: f"{run_id_of()}:1"})
 
 
 def test_runs_show_lists_the_current_deliverys_steps_and_the_continuation(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import time
-from collections.abc import Iterator
-from datetime import timedelta
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -24,8 +24,9 @@ from tasklease.testing.store_contract import (
 )
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.locking import token_floor
-from tasklease.worker.core.records import RunStatus, Verdict
-from tasklease.worker.stores import FirestoreStore, store_from_url
+from tasklease.worker.core.records import RunRecord, RunStatus, Verdict
+from tasklease.worker.stores import FirestoreStore, LockStore, store_from_url
+from tasklease.worker.stores.base import LeaseStore
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.helpers import T0, FakeClock, claim_request, job_headers, task_headers
 
@@ -61,11 +62,11 @@ class TestFirestoreStore(
         )
 
     @IGNORES_UPDATE_TIME
-    def test_stale_attempt_cannot_finish_a_run_taken_over(self, store: FirestoreStore) -> None:
+    def test_stale_attempt_cannot_finish_a_run_taken_over(self, store: LeaseStore) -> None:
         super().test_stale_attempt_cannot_finish_a_run_taken_over(store)
 
     @IGNORES_UPDATE_TIME
-    def test_twenty_runs_racing_for_one_lock_one_acquires_it(self, store: FirestoreStore) -> None:
+    def test_twenty_runs_racing_for_one_lock_one_acquires_it(self, store: LockStore) -> None:
         super().test_twenty_runs_racing_for_one_lock_one_acquires_it(store)
 
 
@@ -93,10 +94,10 @@ def _takeover_racer(collection: str, index: int, barrier: Any, results: Any) -> 
     writes = 0
     conditional_update = store._update_if_unchanged
 
-    def counted(*args: Any) -> Any:
+    def counted(ref: Any, record: RunRecord, update_time: datetime) -> datetime | None:
         nonlocal writes
         writes += 1
-        return conditional_update(*args)
+        return conditional_update(ref, record, update_time)
 
     store._update_if_unchanged = counted  # type: ignore[method-assign]
     try:
@@ -536,7 +537,7 @@ def test_finish_whose_write_landed_but_whose_call_failed_succeeds_when_retried(
     store, document = scripted
     store.claim(claim_request(), T0)
     document.fail("update", LANDED_THEN_FAILED, after_running=True)
-    call = {
+    call: Callable[[datetime], bool] = {
         "complete": lambda now: store.complete("run-1", "attempt-1", '{"ok":true}', now),
         "fail": lambda now: store.fail("run-1", "attempt-1", "PermanentFailure: no", now, "{}"),
         "release": lambda now: store.release("run-1", "attempt-1", "RuntimeError: boom", now),

@@ -50,5 +50,6 @@ def test_replay_links_and_lookups_use_the_documents_fields(
     holder.claim(claim_request(identity={"queue": "q", "task_name": "order-9"}), T0)
     assert operator.mark_replayed("run-1", "run-2") is not None
     snapshot = holder.client.collection(holder.collection).document("run-1").get()
-    assert snapshot.to_dict()["replayed_as"] == "run-2"
+    document = snapshot.to_dict()
+    assert document is not None and document["replayed_as"] == "run-2"
     assert [r.run_id for r in operator.find_runs(task_name="order-9")] == ["run-1"]

@@ -221,7 +221,8 @@ def test_a_frozen_server_is_answered_store_unavailable_and_then_recovers(
     with own_cluster.frozen():
         # The pooled connection's call, and calls needing new connections (pool of two).
         outcomes = [
-            _in_thread(lambda n=n: store.claim(claim_request(f"r{n}"), T0)) for n in range(3)
+            _in_thread(functools.partial(lambda n: store.claim(claim_request(f"r{n}"), T0), n))
+            for n in range(3)
         ]
     for outcome in outcomes:
         assert isinstance(outcome, StoreUnavailable), outcome

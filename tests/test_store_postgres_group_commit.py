@@ -133,7 +133,7 @@ def test_two_processes_racing_on_the_same_runs_claim_each_exactly_once(
 
 
 @contextmanager
-def held_advisory_lock(url: str, key: int) -> Iterator[Callable[[], None]]:
+def held_advisory_lock(url: str, key: int) -> Iterator[Callable[[], object]]:
     """An advisory lock held by a connection of the test's own; yields its release."""
     with psycopg.connect(url, autocommit=True) as holder:
         holder.execute("SELECT pg_advisory_lock(%s)", (key,))

@@ -143,7 +143,7 @@ def test_a_claim_whose_insert_landed_unseen_is_recognised_by_attempt_id(
     original = Batch.commit
 
     def commit_then_fail(self: Batch, *args: Any, **kwargs: Any) -> Any:
-        original(self, *args, **kwargs)
+        original(self, *args, **kwargs)  # type: ignore[no-untyped-call]
         raise api.ServiceUnavailable("the insert landed, its answer was lost")
 
     monkeypatch.setattr(Batch, "commit", commit_then_fail)
@@ -160,7 +160,7 @@ def test_a_claim_retried_by_the_client_after_it_landed_is_still_ours(
     original = Batch.commit
 
     def landed_then_refused(self: Batch, *args: Any, **kwargs: Any) -> Any:
-        original(self, *args, **kwargs)
+        original(self, *args, **kwargs)  # type: ignore[no-untyped-call]
         raise api.AlreadyExists("row exists: the client's retry of our own landed insert")
 
     monkeypatch.setattr(Batch, "commit", landed_then_refused)

@@ -188,11 +188,16 @@ def test_outcome_counters_match_a_scripted_run_of_every_outcome(
     client = create_app(router, store=store, auth=HeaderAuth(), clock=clock).test_client()
 
     def deliver(
-        mode: str, task: str | None = None, path: str = "/tasks/work", **headers: str
+        mode: str,
+        task: str | None = None,
+        path: str = "/tasks/work",
+        *,
+        retry: int = 0,
+        **headers: str,
     ) -> Any:
         return client.post(
             path,
-            headers=task_headers(task=task or f"t-{mode}", **headers),
+            headers=task_headers(task=task or f"t-{mode}", retry=retry) | headers,
             data=json.dumps({"mode": mode}),
         )
 
@@ -211,7 +216,7 @@ def test_outcome_counters_match_a_scripted_run_of_every_outcome(
         deliver("ok", Authorization=code).headers["X-Tasklease-Outcome"] for code in ("401", "403")
     ]
     monkeypatch.setattr(store, "get", lambda run_id: 1 / 0)  # A bug in a store.
-    answers.append(deliver("ok", retry="1").headers["X-Tasklease-Outcome"])
+    answers.append(deliver("ok", retry=1).headers["X-Tasklease-Outcome"])
     expected = [
         "processed", "duplicate", "processed", "failed", "released", "processed", "processed",
         "lost_claim", "unrecorded", "unavailable", "rejected", "unauthenticated", "forbidden",
@@ -251,7 +256,7 @@ def test_log_line_carries_cloud_loggings_trace_fields_without_an_sdk(
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
     caplog.set_level(logging.INFO, logger="tasklease")
     app = _one_handler_app()
-    headers = task_headers(**{"X-Tasklease-Project": "shop-prod", "traceparent": TRACEPARENT})
+    headers = task_headers() | {"X-Tasklease-Project": "shop-prod", "traceparent": TRACEPARENT}
     assert app.test_client().post("/tasks/send", headers=headers, data="{}").status_code == 200
     [entry] = execution_entries(caplog)
     assert entry["logging.googleapis.com/trace"] == f"projects/shop-prod/traces/{TRACE_ID}"
@@ -268,7 +273,7 @@ def test_cloud_run_trace_header_is_read_when_there_is_no_traceparent(
 ) -> None:
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "worker-project")
     caplog.set_level(logging.INFO, logger="tasklease")
-    headers = task_headers(**{"X-Cloud-Trace-Context": f"{TRACE_ID}/12345;o=0"})
+    headers = task_headers() | {"X-Cloud-Trace-Context": f"{TRACE_ID}/12345;o=0"}
     _one_handler_app().test_client().post("/tasks/send", headers=headers, data="{}")
     [entry] = execution_entries(caplog)
     assert entry["logging.googleapis.com/trace"] == f"projects/worker-project/traces/{TRACE_ID}"

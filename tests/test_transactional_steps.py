@@ -23,6 +23,7 @@ from tasklease.worker.attempt import Attempt
 from tasklease.worker.core import steps
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
+from tasklease.worker.core.steps import StepRecord
 from tasklease.worker.steps import StepRunner
 from tasklease.worker.stores.memory import MemoryStore
 from tasklease.worker.stores.postgres import PostgresStore
@@ -418,7 +419,11 @@ def test_a_transactional_step_is_refused_on_a_transactional_store_without_the_pr
     assert answer.headers["X-Tasklease-Outcome"] == "failed"
     assert TRANSACTIONAL_STEP_STORES in answer.get_data(as_text=True)
     assert calls == []
+
+    def step_work(transaction: Any) -> StepRecord:
+        raise AssertionError("the store refuses before any work")
+
     with pytest.raises(NotImplementedError):
-        store.record_step_in_transaction("run-1", "attempt-1", calls.append, T0)
+        store.record_step_in_transaction("run-1", "attempt-1", step_work, T0)
     store.close()
     ledger.store.close()

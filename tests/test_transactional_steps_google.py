@@ -182,7 +182,7 @@ def test_a_spanner_step_whose_commit_answer_was_lost_is_recognised_from_the_reco
     original = SpannerTransaction.commit
 
     def commit_then_fail(self: SpannerTransaction, *args: Any, **kwargs: Any) -> Any:
-        original(self, *args, **kwargs)
+        original(self, *args, **kwargs)  # type: ignore[no-untyped-call]
         raise api.DeadlineExceeded("the answer was lost")
 
     monkeypatch.setattr(SpannerTransaction, "commit", commit_then_fail)

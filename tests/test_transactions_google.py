@@ -237,7 +237,7 @@ class TestSpannerTransactions(TransactionContract):
         original = SpannerTransaction.commit
 
         def commit_then_fail(self: SpannerTransaction, *args: Any, **kwargs: Any) -> Any:
-            original(self, *args, **kwargs)
+            original(self, *args, **kwargs)  # type: ignore[no-untyped-call]
             raise api.DeadlineExceeded("the answer was lost")
 
         monkeypatch.setattr(SpannerTransaction, "commit", commit_then_fail)
@@ -306,7 +306,8 @@ def test_a_frozen_spanner_answers_store_unavailable_and_keeps_nothing(
         # queued while it was stopped.
         contract._store = reader
         assert contract.count_effects("z") == 0
-        assert reader.get("run-1").status is RunStatus.IN_PROGRESS
+        record = reader.get("run-1")
+        assert record is not None and record.status is RunStatus.IN_PROGRESS
     finally:
         store.close()
         reader.close()
@@ -398,7 +399,7 @@ class TestFirestoreTransactions(TransactionContract):
             with mock.patch.object(FirestoreTransaction, "_begin", begin):
                 yield lambda: provoked.append(True)  # The conflict is set up already.
         finally:
-            client.close()
+            client.close()  # type: ignore[no-untyped-call]
         assert provoked == [True]
 
     def lose_commit_answer(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -446,7 +447,8 @@ def test_a_firestore_handler_reads_before_it_writes_in_the_same_transaction(
     assert store.complete_in_transaction("run-1", "attempt-1", transfer, T0).held
     balances = {doc.id: doc.get("balance") for doc in accounts.stream()}
     assert balances == {"alice": 70, "bob": 130}
-    assert store.get("run-1").result_json == '{"moved": 30}'
+    record = store.get("run-1")
+    assert record is not None and record.result_json == '{"moved": 30}'
 
 
 def test_a_firestore_handler_reading_after_a_write_fails_and_keeps_nothing(
@@ -465,7 +467,8 @@ def test_a_firestore_handler_reading_after_a_write_fails_and_keeps_nothing(
     with pytest.raises(firestore.ReadAfterWriteError):
         store.complete_in_transaction("run-1", "attempt-1", read_after_write, T0)
     assert accounts.document("alice").get().get("balance") == 100
-    assert store.get("run-1").status is RunStatus.IN_PROGRESS
+    record = store.get("run-1")
+    assert record is not None and record.status is RunStatus.IN_PROGRESS
 
 
 def test_a_frozen_firestore_answers_store_unavailable_and_keeps_nothing() -> None:
@@ -508,7 +511,8 @@ def test_a_frozen_firestore_answers_store_unavailable_and_keeps_nothing() -> Non
             assert ended_while_frozen
             assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailable), outcome
             assert contract.count_effects("z") == 0
-            assert warm.get("run-1").status is RunStatus.IN_PROGRESS
+            record = warm.get("run-1")
+            assert record is not None and record.status is RunStatus.IN_PROGRESS
         finally:
             store.close()
             warm.close()

@@ -56,5 +56,5 @@ def test_a_delivery_for_an_unknown_handler_is_a_warning_naming_the_known_ones(
 def test_a_dead_letter_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO", logger="tasklease")
     response = make_app().test_client().post("/tasks/send_welcome", headers=task_headers())
-    assert response.json["outcome"] == "failed"
+    assert response.get_json()["outcome"] == "failed"
     assert the_line(caplog).levelno == logging.WARNING

@@ -463,7 +463,7 @@ def test_first_answer_and_every_duplicate_carry_the_same_result_bytes(
     assert f'"result":{result_bytes}}}'.encode() in first.data
     assert f'"result":{result_bytes}}}'.encode() in again.data
     expected = {"a": {"nested": None}, "z": [1, 2.5, "é"]}
-    assert first.json["result"] == again.json["result"] == expected  # type: ignore[index]
+    assert first.json["result"] == again.json["result"] == expected
 
 
 def test_a_manual_run_does_not_consume_the_next_scheduled_run(
@@ -532,16 +532,16 @@ def test_a_claim_that_waited_on_a_locked_sqlite_file_holds_a_fresh_lease(
     def brief(payload: Any, ctx: TaskContext) -> None:
         runs.append(ctx.attempt_id)
         if len(runs) == 1:  # A retry arriving as soon as the claim is granted.
-            nested.append(app.test_client().post("/tasks/brief", headers=task_headers(retry=1)))
+            nested.append(worker.test_client().post("/tasks/brief", headers=task_headers(retry=1)))
 
-    app = create_app(router, store=store, auth="none")
+    worker = create_app(router, store=store, auth="none")
     store.get("warm-up")  # Create the file and schema before locking it.
     locker = sqlite3.connect(tmp_path / "runs.db", isolation_level=None, check_same_thread=False)
     locker.execute("BEGIN IMMEDIATE")
     unlock = threading.Timer(2.5, lambda: locker.execute("COMMIT"))  # Longer than lease + skew.
     unlock.start()
     try:
-        first = app.test_client().post("/tasks/brief", headers=task_headers())
+        first = worker.test_client().post("/tasks/brief", headers=task_headers())
     finally:
         unlock.join()
         locker.close()

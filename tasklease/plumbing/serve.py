@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import requests
 
@@ -100,7 +101,7 @@ class GunicornWorker:
         self._stream_logs = stream_logs  # Inherit stdout/stderr (``tasklease dev``).
         self._process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 30.0) -> GunicornWorker:
+    def start(self, timeout: float = 30.0) -> Self:
         if self._log_path:
             with open(self._log_path, "ab") as log:  # The child keeps its own descriptor.
                 self._process = subprocess.Popen(
@@ -155,7 +156,7 @@ class GunicornWorker:
             self._process.kill()
         self._process.wait()
 
-    def __enter__(self) -> GunicornWorker:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(

@@ -74,7 +74,7 @@ def outcome(operation: Any, tasks: Sequence[TaskRequest]) -> BatchOutcome:
             if not 0 <= index < len(tasks) or status.code == _OK:
                 continue  # Not a request of ours, or no error: say nothing.
             task = tasks[index]
-            status_error = api.from_grpc_status(status.code, status.message)  # type: ignore[no-untyped-call]
+            status_error = api.from_grpc_status(status.code, status.message)
             error = translate(status_error, task)
             if isinstance(error, TaskAlreadyExists):
                 existed.add(task.name)

@@ -40,6 +40,10 @@ _ARITY = {Kind.TASK: 2, Kind.SCHEDULER: 1}
 class _Handle:
     """The parts both kinds share: the route, and calls passed to the function."""
 
+    # Set by functools.update_wrapper, as on any wrapper of the function.
+    __name__: str
+    __wrapped__: Callable[..., Any]
+
     def __init__(self, router: Router, spec: HandlerSpec) -> None:
         functools.update_wrapper(cast(Any, self), spec.function)  # __name__, __doc__, ...
         self.router = router

@@ -49,7 +49,7 @@ def issuer(httpserver: HTTPServer) -> TokenIssuer:
 
 def _post(client: Client, task: str, body: bytes, **headers: str) -> object:
     return client.post(
-        PATH, data=body, content_type="application/json", headers=task_headers(task=task, **headers)
+        PATH, data=body, content_type="application/json", headers=task_headers(task=task) | headers
     )
 
 

@@ -223,8 +223,13 @@ class Deliverer:
         retry_unavailable: bool = False,
     ) -> list[Answer]:
         """Send (url, key, payload) deliveries concurrently, in order of submission."""
+
+        def deliver(delivery: tuple[str, str, Mapping[str, Any]]) -> Answer:
+            url, key, payload = delivery
+            return self.deliver(url, key, payload, retry_unavailable)
+
         with ThreadPoolExecutor(concurrency) as pool:
-            return list(pool.map(lambda d: self.deliver(*d, retry_unavailable), deliveries))
+            return list(pool.map(deliver, deliveries))
 
     def until_done(
         self,

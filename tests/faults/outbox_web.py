@@ -12,6 +12,7 @@ import os
 import sqlite3
 import sys
 import time
+from functools import partial
 from typing import Any
 
 from tasklease.outbox import RelayThread, relay_producer
@@ -70,7 +71,7 @@ def spanner_orders(url: str, start: int, end: int, rollback_every: int) -> None:
 
     for n in range(start, end):
         try:
-            run_transaction(database, lambda tx, n=n: order(tx, n), 60, "place an order")
+            run_transaction(database, partial(order, n=n), 60, "place an order")
         except RolledBack:
             continue
         print(f"committed {n}", flush=True)

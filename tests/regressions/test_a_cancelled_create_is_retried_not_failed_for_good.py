@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from google.cloud import tasks_v2
-from google.longrunning import operations_pb2
+from google.longrunning import operations_pb2  # type: ignore[import-untyped]
 from google.protobuf import any_pb2
-from google.rpc import status_pb2
+from google.rpc import status_pb2  # type: ignore[import-untyped]
 
 from tasklease.outbox import Relay, open_outbox, relay_producer
 from tasklease.producer import Producer, RetryPolicy, TaskRequest, task_id

@@ -71,12 +71,9 @@ def test_the_slots_own_delivery_runs_while_a_manual_run_of_it_goes_on_in_continu
     client = create_app(router, store=store, auth="none", clock=clock).test_client()
 
     def resume(seq: int, retry: int = 0) -> Any:
-        headers = task_headers(
-            queue="reports",
-            task=f"c-{seq}",
-            retry=retry,
-            **{protocol.CONTINUATION_HEADER: f"{manual_run[0]}:{seq}"},
-        )
+        headers = task_headers(queue="reports", task=f"c-{seq}", retry=retry) | {
+            protocol.CONTINUATION_HEADER: f"{manual_run[0]}:{seq}"
+        }
         return client.post("/jobs/nightly", headers=headers, data=b"null")
 
     manual = client.post("/jobs/nightly", headers=job_headers(schedule_time=SLOT))

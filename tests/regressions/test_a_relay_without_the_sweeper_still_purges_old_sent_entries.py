@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 from tasklease.outbox import Relay, open_outbox, relay_producer
 from tests.fake_cloud_tasks import FakeCloudTasks
@@ -32,7 +33,7 @@ def test_a_following_relay_deletes_sent_entries_past_their_retention_in_bounded_
     url = sqlite_app_db(path)
     conn = sqlite3.connect(path)
     conn.execute("BEGIN")
-    items = [(f"k{n}", {}) for n in range(7)]
+    items: list[tuple[str, Any]] = [(f"k{n}", {}) for n in range(7)]
     producer(cloud_tasks.endpoint).enqueue_many("x", items, transaction=conn)
     conn.commit()
     conn.close()

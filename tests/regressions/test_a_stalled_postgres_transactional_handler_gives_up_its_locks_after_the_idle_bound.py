@@ -71,7 +71,9 @@ def test_another_session_gets_the_row_lock_and_the_retry_applies_the_write_once(
     with psycopg.connect(store._conninfo, autocommit=True) as other:
         other.execute("SET statement_timeout = 0")  # Waits for the handler's row lock, as
         # long as its transaction lasts.
-        (seen,) = other.execute(f"SELECT n FROM {accounts} WHERE id = 'a' FOR UPDATE").fetchone()
+        row = other.execute(f"SELECT n FROM {accounts} WHERE id = 'a' FOR UPDATE").fetchone()
+        assert row is not None
+        (seen,) = row
         happened.append(f"other session got the lock, n = {seen}")
         other_has_lock.set()
     first.join()
@@ -125,7 +127,9 @@ def test_a_stalled_transactional_step_gives_up_its_row_lock_too(store: PostgresS
     assert locked.wait(STALL)
     with psycopg.connect(store._conninfo, autocommit=True) as other:
         other.execute("SET statement_timeout = 0")
-        (seen,) = other.execute(f"SELECT n FROM {accounts} WHERE id = 'a' FOR UPDATE").fetchone()
+        row = other.execute(f"SELECT n FROM {accounts} WHERE id = 'a' FOR UPDATE").fetchone()
+        assert row is not None
+        (seen,) = row
         happened.append(f"other session got the lock, n = {seen}")
         other_has_lock.set()
     first.join()

@@ -61,7 +61,7 @@ def _sqlite(tmp_path: Path, endpoint: str) -> Backend:
     def stage() -> str:
         with contextlib.closing(sqlite3.connect(path)) as conn:
             conn.execute("BEGIN")
-            items = [(k, {}) for k in KEYS]
+            items: list[tuple[str, Any]] = [(k, {}) for k in KEYS]
             results = producer(endpoint).enqueue_many("x", items, transaction=conn)
             conn.commit()
         return results[1].name
@@ -88,7 +88,7 @@ def _postgres(cluster: postgres_support.Cluster, endpoint: str) -> Backend:
 
     def stage() -> str:
         with connect() as conn:
-            items = [(k, {}) for k in KEYS]
+            items: list[tuple[str, Any]] = [(k, {}) for k in KEYS]
             results = producer(endpoint).enqueue_many("x", items, transaction=conn)
         return results[1].name
 
@@ -107,7 +107,7 @@ def _firestore(client: Any, endpoint: str) -> Backend:
 
         @firestore.transactional
         def checkout(tx: Any) -> None:
-            items = [(k, {}) for k in KEYS]
+            items: list[tuple[str, Any]] = [(k, {}) for k in KEYS]
             results[:] = producer(endpoint).enqueue_many("x", items, transaction=tx)
 
         checkout(client.transaction())
@@ -129,7 +129,7 @@ def _spanner(database_path: str, endpoint: str) -> Backend:
 
     def stage() -> str:
         def checkout(tx: Any) -> list[EnqueueResult]:
-            items = [(k, {}) for k in KEYS]
+            items: list[tuple[str, Any]] = [(k, {}) for k in KEYS]
             return producer(endpoint).enqueue_many("x", items, transaction=tx)
 
         results: list[EnqueueResult] = database.run_in_transaction(checkout)

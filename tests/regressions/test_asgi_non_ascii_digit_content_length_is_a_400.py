@@ -9,6 +9,7 @@ from typing import Any
 
 from tasklease.worker import Router
 from tasklease.worker.asgi import create_asgi_app
+from tasklease.worker.asgi_routes import Message
 from tasklease.worker.stores.sqlite import SqliteStore
 from tests.helpers import task_headers
 
@@ -29,12 +30,12 @@ def test_a_content_length_of_superscript_digits_is_answered_400_not_an_exception
         "query_string": b"",
         "headers": headers,
     }
-    sent: list[dict[str, Any]] = []
+    sent: list[Message] = []
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"{}", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
     asyncio.run(app(scope, receive, send))

@@ -60,7 +60,7 @@ def test_a_continuation_delivered_before_its_record_names_it_waits_for_the_run(
     run_id = DeliveryIdentity(Kind.TASK, "h", queue="default", task_name="t-1").run_id
     retried = app.test_client().post(
         "/tasks/h",
-        headers=task_headers(task="c-1", retry=1, **{protocol.CONTINUATION_HEADER: f"{run_id}:1"}),
+        headers=task_headers(task="c-1", retry=1) | {protocol.CONTINUATION_HEADER: f"{run_id}:1"},
         data=b"{}",
     )
     assert retried.get_json()["result"] == {"next": 1}

@@ -50,7 +50,7 @@ def test_a_continuation_delayed_longer_than_the_retention_resumes_the_run_with_i
     assert first.headers[protocol.OUTCOME_HEADER] == "processed"
 
     clock.advance(timedelta(hours=3))  # The continuation's delay has passed.
-    headers = task_headers(task="c-1", **{protocol.CONTINUATION_HEADER: f"{run_id}:1"})
+    headers = task_headers(task="c-1") | {protocol.CONTINUATION_HEADER: f"{run_id}:1"}
     reply = client.post("/tasks/h", headers=headers, data=json.dumps({}))
     assert (reply.status_code, reply.headers.get(protocol.OUTCOME_HEADER)) == (200, "processed")
     assert seen == [(0, None), (1, {"next": 1})]
@@ -83,7 +83,7 @@ def test_a_late_duplicate_of_the_first_task_during_a_long_delay_neither_reruns_n
 
     clock.advance(timedelta(hours=2, minutes=30))  # The continuation: due 90 minutes ago.
     store.purge_expired(clock())
-    headers = task_headers(task="c-1", **{protocol.CONTINUATION_HEADER: f"{run_id}:1"})
+    headers = task_headers(task="c-1") | {protocol.CONTINUATION_HEADER: f"{run_id}:1"}
     reply = client.post("/tasks/h", headers=headers, data=json.dumps({}))
     assert reply.headers[protocol.OUTCOME_HEADER] == "processed"
     late = client.post("/tasks/h", headers=task_headers(task="t-1"), data=json.dumps({}))

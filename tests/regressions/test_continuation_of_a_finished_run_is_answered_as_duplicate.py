@@ -47,7 +47,7 @@ def _app(tmp_path: Path, chain: int) -> tuple[Any, SqliteStore]:
 
 def _post(client: Any, task: str, seq: int | None = None) -> Any:
     extra = {protocol.CONTINUATION_HEADER: f"{RUN_ID}:{seq}"} if seq else {}
-    return client.post("/tasks/h", headers=task_headers(task=task, **extra), data=json.dumps({}))
+    return client.post("/tasks/h", headers=task_headers(task=task) | extra, data=json.dumps({}))
 
 
 def test_a_stray_continuation_of_a_run_completed_after_continuing_is_answered_200(
@@ -107,7 +107,7 @@ def test_a_continuation_naming_a_finished_run_of_another_handler_gets_no_answer_
     store = SqliteStore(tmp_path / "runs.db")
     client = create_app(router, store=store, auth="none", clock=FakeClock()).test_client()
     assert _post(client, "t-1").headers[protocol.OUTCOME_HEADER] == "processed"
-    headers = task_headers(task="c-1", **{protocol.CONTINUATION_HEADER: f"{RUN_ID}:1"})
+    headers = task_headers(task="c-1") | {protocol.CONTINUATION_HEADER: f"{RUN_ID}:1"}
     reply = client.post("/tasks/other", headers=headers, data=json.dumps({}))
     assert reply.status_code == 400
     assert "secret" not in reply.get_data(as_text=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -16,7 +17,7 @@ from tasklease.worker.core import locking
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.core.records import LockRequest
 from tasklease.worker.stores import MemoryStore, SqliteStore
-from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.lock_store import LockStore
 from tests.helpers import FakeClock, job_headers
 
 NOW = datetime(2026, 10, 16, 13, 0, tzinfo=UTC)
@@ -27,8 +28,8 @@ def lock_request(run_id: str, attempt_id: str) -> LockRequest:
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
-    made: LeaseStore = (
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LockStore]:
+    made: LockStore = (
         MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "runs.db")
     )
     yield made
@@ -36,7 +37,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore
 
 
 def test_successive_runs_of_an_exclusive_job_see_growing_lock_tokens_across_purges(
-    store: LeaseStore,
+    store: LockStore,
 ) -> None:
     router = Router()
     tokens: list[int | None] = []
@@ -58,11 +59,11 @@ def test_successive_runs_of_an_exclusive_job_see_growing_lock_tokens_across_purg
         clock.advance(timedelta(minutes=10))
     assert len(tokens) == 4
     assert all(token is not None for token in tokens)
-    assert tokens == sorted(set(tokens)), f"lock tokens went back: {tokens}"
+    assert tokens == sorted(cast(set[int], set(tokens))), f"lock tokens went back: {tokens}"
 
 
 def test_a_grant_after_the_purge_outranks_every_earlier_grant_even_on_a_slower_clock(
-    store: LeaseStore,
+    store: LockStore,
 ) -> None:
     granted = []
     for n in range(4):  # Four holders, each taking and giving back the lock.

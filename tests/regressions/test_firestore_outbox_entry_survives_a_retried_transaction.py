@@ -32,7 +32,7 @@ def test_a_retried_transaction_commits_the_order_with_its_entry(
     def abort_once() -> Any:
         if not aborted:
             aborted.append(True)
-            raise exceptions.Aborted("too much contention")  # type: ignore[no-untyped-call]
+            raise exceptions.Aborted("too much contention")
         return commit()
 
     tx._commit = abort_once  # type: ignore[method-assign]

@@ -66,6 +66,7 @@ def test_a_failing_log_stream_does_not_turn_a_processed_run_into_an_error(
     logging.getLogger("tasklease").handlers[:] = [own]  # Drop pytest's capture handlers.
     app = create_app(router, store=store, auth="none", clock=clock)
     client = app.test_client()
+    status: int | str
     try:
         reply = client.post("/tasks/ship", headers=task_headers(), data=json.dumps({"n": 1}))
         status = reply.status_code

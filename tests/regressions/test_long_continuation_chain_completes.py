@@ -50,7 +50,7 @@ def test_a_chain_of_nine_hundred_one_page_deliveries_completes_its_run(tmp_path:
         extra = {protocol.CONTINUATION_HEADER: f"{run_id}:{seq}"} if seq else {}
         reply = client.post(
             "/tasks/h",
-            headers=task_headers(task=f"c-{seq}" if seq else "t-1", **extra),
+            headers=task_headers(task=f"c-{seq}" if seq else "t-1") | extra,
             data=json.dumps({}),
         )
         outcomes.append(reply.headers[protocol.OUTCOME_HEADER])
@@ -85,7 +85,7 @@ def test_a_step_name_used_again_in_a_later_delivery_runs_again_under_its_own_key
     client = create_app(router, store=store, auth="none", clock=FakeClock()).test_client()
     run_id = DeliveryIdentity(Kind.TASK, "h", queue="default", task_name="t-1").run_id
     client.post("/tasks/h", headers=task_headers(task="t-1"), data=json.dumps({}))
-    headers = task_headers(task="c-1", **{protocol.CONTINUATION_HEADER: f"{run_id}:1"})
+    headers = task_headers(task="c-1") | {protocol.CONTINUATION_HEADER: f"{run_id}:1"}
     reply = client.post("/tasks/h", headers=headers, data=json.dumps({}))
     assert reply.get_json()["result"] == 1  # Not delivery 0's result replayed.
     (first, key0), (second, key1) = calls

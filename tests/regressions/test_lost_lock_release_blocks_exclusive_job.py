@@ -18,7 +18,8 @@ from tasklease.worker import Router, TaskContext, create_app, store_retries
 from tasklease.worker.core import locking
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import MemoryStore, SqliteStore
-from tasklease.worker.stores.base import LeaseStore, Moment
+from tasklease.worker.stores.base import Moment
+from tasklease.worker.stores.lock_store import LockStore
 from tests.helpers import FakeClock, job_headers
 
 NOW = datetime(2026, 10, 16, 13, 0, tzinfo=UTC)
@@ -40,8 +41,8 @@ class SqliteLosingReleases(LosesReleases, SqliteStore):
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
-    made: LeaseStore = (
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LockStore]:
+    made: LockStore = (
         MemoryLosingReleases()
         if request.param == "memory"
         else SqliteLosingReleases(tmp_path / "runs.db")
@@ -51,7 +52,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore
 
 
 def test_runs_after_a_completed_run_whose_lock_release_failed_still_run(
-    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+    store: LockStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_retries, "FINISH_RETRY_PAUSES", (0.001,))
     router = Router()

@@ -41,7 +41,11 @@ def test_a_header_value_that_is_not_text_is_refused_before_anything_is_staged(
     conn.execute("BEGIN")
     with pytest.raises(InvalidTask, match="X-Tags"):
         producer("http://127.0.0.1:9").enqueue(
-            "x", {}, key="k", headers={"X-Tags": value}, transaction=conn
+            "x",
+            {},
+            key="k",
+            headers={"X-Tags": value},  # type: ignore[dict-item]  # Not text, on purpose.
+            transaction=conn,
         )
     assert conn.execute("SELECT COUNT(*) FROM tasklease_outbox").fetchone() == (0,)
     conn.rollback()

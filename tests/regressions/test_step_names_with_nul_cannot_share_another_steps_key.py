@@ -45,7 +45,7 @@ def test_a_step_name_with_a_nul_is_refused_rather_than_sharing_a_later_deliverys
     store = SqliteStore(tmp_path / "runs.db")
     client = create_app(router, store=store, auth="none", clock=FakeClock()).test_client()
     for task, extra in [("t-1", {}), ("c-1", {protocol.CONTINUATION_HEADER: f"{RUN_ID}:1"})]:
-        answer = client.post("/tasks/h", headers=task_headers(task=task, **extra), data="{}")
+        answer = client.post("/tasks/h", headers=task_headers(task=task) | extra, data="{}")
         assert answer.headers[protocol.OUTCOME_HEADER] == "processed", answer.get_json()
     assert len(set(keys.values())) == len(keys)  # No two steps share a key.
     assert errors and "NUL" in errors[0]

@@ -9,6 +9,7 @@ import io
 import json
 from typing import Any
 
+from werkzeug.datastructures import Headers
 from werkzeug.test import EnvironBuilder
 
 from tasklease.worker.app import create_app
@@ -41,7 +42,7 @@ def test_a_body_framed_by_the_server_without_content_length_reaches_the_handler(
     app = _app(clock, seen)
     body = json.dumps({"order_id": 42}).encode()
     environ = EnvironBuilder(
-        path="/tasks/ship", method="POST", headers=task_headers()
+        path="/tasks/ship", method="POST", headers=Headers(task_headers())
     ).get_environ()
     environ.pop("CONTENT_LENGTH", None)
     environ["wsgi.input"] = io.BytesIO(body)
@@ -57,7 +58,7 @@ def test_an_unparsable_content_length_is_refused_not_run_on_an_empty_payload(
     app = _app(clock, seen)
     body = json.dumps({"order_id": 42}).encode()
     environ = EnvironBuilder(
-        path="/tasks/ship", method="POST", headers=task_headers()
+        path="/tasks/ship", method="POST", headers=Headers(task_headers())
     ).get_environ()
     environ["CONTENT_LENGTH"] = "12, 12"  # Two Content-Length headers, joined by the server.
     environ["wsgi.input"] = io.BytesIO(body)
