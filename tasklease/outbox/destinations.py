@@ -110,7 +110,9 @@ def _prefix(url: str, setting: str) -> _Place:
     return place
 
 
-def _shown(text: str) -> str:
+def _shown(value: object) -> str:
+    """``value`` quoted for a refusal, cut short; any type (a row's field may hold one)."""
+    text = value if isinstance(value, str) else repr(value)
     return repr(text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "...")
 
 
