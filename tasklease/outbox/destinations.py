@@ -72,7 +72,10 @@ def _place(url: str) -> _Place | str:
         return "it is empty"
     if not all(33 <= ord(ch) < 127 for ch in url) or "\\" in url:
         return "it has a space, a backslash, a control or a non-ASCII character"
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # A '[' or ']' it cannot read as an IPv6 host.
+        return "its host is not a name nor a valid [IPv6] address"
     if parts.scheme.lower() not in _DEFAULT_PORTS:
         return "it is not an http(s) URL"
     if "@" in parts.netloc:
@@ -107,7 +110,9 @@ def _prefix(url: str, setting: str) -> _Place:
     return place
 
 
-def _shown(text: str) -> str:
+def _shown(value: object) -> str:
+    """``value`` quoted for a refusal, cut short; any type (a row's field may hold one)."""
+    text = value if isinstance(value, str) else repr(value)
     return repr(text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "...")
 
 

@@ -131,6 +131,10 @@ def decode(row: Mapping[str, Any]) -> Entry | Undecodable:
         texts = (entry.task_name, entry.request.queue_path, entry.request.task_id)
         if not all(isinstance(text, str) for text in (*texts, entry.request.url)):
             raise TypeError("task_name, queue, task_id and url must be text")
+        for name in ("service_account", "audience"):
+            value = getattr(entry.request, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be text or null, not {type(value).__name__}")
     except Exception as exc:  # Whatever the row holds: a missing column, bad JSON, a blob...
         reason = f"undecodable outbox entry: {type(exc).__name__}: {exc}"
         return Undecodable(stored_id, reason[:REASON_CHARS])
