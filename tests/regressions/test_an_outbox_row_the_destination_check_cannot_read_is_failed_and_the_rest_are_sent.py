@@ -56,7 +56,7 @@ def test_one_unreadable_row_does_not_stop_the_others(
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute("BEGIN")
         make = producer(tasks.url)
-        items = [(key, {}) for key in ("first", "bad", "last")]
+        items: list[tuple[str, Any]] = [(key, {}) for key in ("first", "bad", "last")]
         results = make.enqueue_many("x", items, transaction=conn)
         conn.execute(  # A token is asked for, so the audience is checked.
             f"UPDATE {TABLE} SET service_account = ? WHERE id = ?", (ACCOUNT, results[1].name)
