@@ -4,7 +4,8 @@ Every URL tasklease prints, logs or renders goes through :func:`shown_url`, and 
 driver message that may quote one through :func:`scrubbed`. A Postgres URL is read the way
 libpq reads it, not as a web URL: the user part ends at the first ``@`` before any ``/``, so
 a password holding an unencoded ``#`` or ``?`` is still a password (``urlsplit`` would take
-it for a fragment or a query and hide nothing), and the query is everything after the next
+it for a fragment or a query and hide nothing); one holding a ``/`` (libpq then finds no user
+part and does not log in) is hidden all the same; and the query is everything after the next
 ``?`` (libpq's ``conninfo_uri_parse_options``,
 https://github.com/postgres/postgres/blob/master/src/interfaces/libpq/fe-connect.c). When
 psycopg is installed, libpq's own parse of the URL is the final word on what its secrets are.
@@ -75,6 +76,13 @@ def _split(url: str) -> _Parts | None:
     head = rest.split("/", 1)[0]
     # libpq ends the user part at the first "@"; elsewhere the last one hides the most.
     at = head.find("@") if scheme.lower() in POSTGRES_SCHEMES else head.rfind("@")
+    if at < 0:
+        # No user part to libpq, since a "/" comes first, as in a password with an unencoded
+        # "/": such a URL does not log in, yet what stands before the last "@" ahead of the
+        # query may still be the real password, so it is hidden as one. The cut changes
+        # nothing that is rebuilt: the parts join back to the same text.
+        query_at = rest.find("?")
+        at = rest.rfind("@", 0, len(rest) if query_at < 0 else query_at)
     user = password = None
     if at >= 0:
         user, colon, secret = rest[:at].partition(":")

@@ -17,10 +17,6 @@ from tasklease.plumbing.url_secrets import has_password, shown_url
 SECRET = "Zq9/s3cret-pw"
 URL = f"postgresql://postgres:{SECRET}@127.0.0.1:1/db"
 
-pytestmark = pytest.mark.xfail(
-    strict=True, reason="shown_url follows libpq's cut, which leaves a '/' password in place"
-)
-
 
 def test_the_redactor_hides_a_password_holding_a_slash() -> None:
     assert SECRET not in shown_url(URL)
