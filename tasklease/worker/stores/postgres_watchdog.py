@@ -15,7 +15,8 @@ The deadline runs only while no call on the connection waits for the server (a
 :class:`WatchedConnection` says when one does: every send and every fetch of psycopg's goes
 through ``Connection.wait``), and restarts when the last such call returns. A statement that
 runs long on the server keeps its handler waiting in a fetch and is not idle; the server's
-``statement_timeout`` bounds it.
+``statement_timeout`` bounds it (the handler's own, which it may raise; a server frozen
+during that wait is not cut here, as no bound is known for the statement).
 """
 
 from __future__ import annotations
