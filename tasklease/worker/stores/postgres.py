@@ -88,7 +88,7 @@ from tasklease.worker.stores.postgres_schema import (
     migrate,
     scan_runs,
 )
-from tasklease.worker.stores.postgres_watchdog import CallTimedOut, Watchdog
+from tasklease.worker.stores.postgres_watchdog import CallTimedOut, Watchdog, WatchedConnection
 
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store.postgres")
@@ -107,7 +107,7 @@ class _Process:
     """What one process holds: its pool, its batches, its watchdog, and the versions of its
     own writes."""
 
-    pool: ConnectionPool[Connection[Any]]
+    pool: ConnectionPool[WatchedConnection]
     claims: GroupCommit  # Its threads' claims, committed together; and their finishes.
     finishes: GroupCommit
     watchdog: Watchdog = field(default_factory=Watchdog)
@@ -438,8 +438,9 @@ class PostgresStore(
 
     def _start_process(self) -> _Process:
         self._orphans.forget_all()  # A forked child: the parent process still owns them.
-        pool: ConnectionPool[Connection[Any]] = ConnectionPool(
+        pool: ConnectionPool[WatchedConnection] = ConnectionPool(
             self._conninfo,
+            connection_class=WatchedConnection,
             min_size=self.options.min_size,
             max_size=self.options.max_size,
             open=False,

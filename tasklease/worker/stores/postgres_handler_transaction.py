@@ -16,13 +16,12 @@ wrapper says so itself (``in_transaction``, True until the handler's block ends)
 
 For the same reason the server never sees the transaction idle (its
 ``idle_in_transaction_session_timeout`` counts from a ReadyForQuery, which only a Sync
-brings): :func:`guarded` tells its caller of every statement the handler sends, and the
-caller bounds the time from the last one.
+brings): the caller bounds the handler's idle time itself (:meth:`.Watchdog.idle_bounded`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -45,21 +44,10 @@ _ENDING = frozenset(
 )
 
 
-# The ``sent`` of each connection inside :func:`guarded`: a cursor knows its connection only.
-_SENT: dict[Connection[Any], Callable[[], None]] = {}
-
-
 def _check(connection: Connection[Any], query: Any) -> None:
     text = query.as_string(connection) if isinstance(query, sql.Composable) else query
     if isinstance(text, str | bytes) and ends_transaction(text):
         raise refused(f"the statement {text[:40]!r}")
-    _sent(connection)
-
-
-def _sent(connection: Connection[Any]) -> None:
-    sent = _SENT.get(connection)
-    if sent is not None:
-        sent()
 
 
 class _GuardedCursor(Cursor[Any]):
@@ -121,7 +109,6 @@ class PostgresTransaction:
     ) -> Iterator[Transaction]:
         """psycopg's ``Connection.transaction()``, always as a savepoint."""
         connection = self._connection
-        _sent(connection)  # SAVEPOINT: a statement of the handler's.
         savepoint = _Savepoint(connection, savepoint_name, force_rollback)
         if connection._pipeline:  # As psycopg's own.
             with connection.pipeline(), savepoint, connection.pipeline():
@@ -151,18 +138,16 @@ class PostgresTransaction:
 
 
 @contextmanager
-def guarded(connection: Connection[Any], sent: Callable[[], None]) -> Iterator[PostgresTransaction]:
-    """``connection`` for the handler, its cursors guarded until the block ends; ``sent()``
-    as the handler sends each statement. A ``row_factory`` the handler sets (psycopg's
+def guarded(connection: Connection[Any]) -> Iterator[PostgresTransaction]:
+    """``connection`` for the handler, its cursors guarded until the block ends. A
+    ``row_factory`` the handler sets (psycopg's
     ``dict_row``) lasts until then too: the store reads its own rows through the connection
     after the handler, and so does every later user of the pooled connection."""
     factory, rows = connection.cursor_factory, connection.row_factory
     connection.cursor_factory = _GuardedCursor
     block = _Block()
-    _SENT[connection] = sent
     try:
         yield PostgresTransaction(connection, block)
     finally:
         block.running = False
-        _SENT.pop(connection, None)
         connection.cursor_factory, connection.row_factory = factory, rows

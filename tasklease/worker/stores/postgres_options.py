@@ -70,9 +70,10 @@ class Options:
 
     @property
     def idle_in_transaction(self) -> float:
-        """How long a transaction may sit idle after its last statement before it is ended
-        (rolled back): the server's bound, and the client's for a pipelined transaction,
-        which the server never sees idle."""
+        """How long a transaction may sit idle before it is ended (rolled back): the
+        server's bound after its last statement, and the client's for a pipelined
+        transaction, which the server never sees idle (while no call waits for the server,
+        counted from the end of the last one)."""
         return 2 * self.call_timeout
 
     @classmethod

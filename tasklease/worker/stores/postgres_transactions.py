@@ -13,9 +13,10 @@ commit or roll back the transaction itself.
 
 The server never sees a pipelined transaction idle (``idle_in_transaction_session_timeout``
 starts at a ReadyForQuery, which only a Sync brings), so the store bounds it itself: a
-handler idle in it for ``Options.idle_in_transaction`` after its last statement has its
-connection cut (:meth:`.Watchdog.idle_bounded`), the server rolls the transaction back and
-frees its locks, and the attempt ends as for a database that failed mid-transaction (the
+handler idle in it for ``Options.idle_in_transaction`` (no call of its waiting for the
+server in that time: a statement that runs long keeps its fetch waiting) has its connection
+cut (:meth:`.Watchdog.idle_bounded`), the server rolls the transaction back and frees its
+locks, and the attempt ends as for a database that failed mid-transaction (the
 record says nothing was committed; the run is given back for a retry).
 
 Pipeline mode means a statement whose result the handler never fetches is checked only at
@@ -33,10 +34,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import psycopg
-from psycopg import Connection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolTimeout
 
@@ -46,7 +46,11 @@ from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.stores.base import Moment
 from tasklease.worker.stores.postgres_handler_transaction import guarded
 from tasklease.worker.stores.postgres_schema import RUN_COLUMNS, decode_run, encode_run
-from tasklease.worker.stores.postgres_watchdog import CallTimedOut, IdleTimedOut
+from tasklease.worker.stores.postgres_watchdog import (
+    CallTimedOut,
+    IdleTimedOut,
+    WatchedConnection,
+)
 from tasklease.worker.stores.transactional import (
     StepWork,
     TransactionalStore,
@@ -144,7 +148,7 @@ def record_step_in_transaction(
     return TransactionOutcome(held=True, result_json=step_json)
 
 
-def _transact(store: PostgresStore, body: Callable[[Connection[Any]], _T]) -> _T:
+def _transact(store: PostgresStore, body: Callable[[WatchedConnection], _T]) -> _T:
     """``body`` on a pooled connection, rolled back unless it committed; the database's
     errors as StoreUnavailable, the handler's own as raised."""
     process = store._ready_process()
@@ -176,7 +180,7 @@ def _transact(store: PostgresStore, body: Callable[[Connection[Any]], _T]) -> _T
 
 
 def _run_step(
-    store: PostgresStore, connection: Connection[Any], step_work: StepWork, run: tuple[str, str]
+    store: PostgresStore, connection: WatchedConnection, step_work: StepWork, run: tuple[str, str]
 ) -> tuple[RunRecord, int, str] | None:
     """The step's transaction: the new record, its version and the step's result JSON if
     it committed, None if the claim was gone."""
@@ -188,8 +192,8 @@ def _run_step(
         connection.execute("BEGIN")
         try:
             with (
-                watchdog.idle_bounded(connection, store.options.idle_in_transaction) as sent,
-                guarded(connection, sent) as transaction,
+                watchdog.idle_bounded(connection, store.options.idle_in_transaction),
+                guarded(connection) as transaction,
             ):
                 step = step_work(transaction)
             read = connection.execute(store._statements.lock_run, (run_id,))
@@ -219,7 +223,7 @@ def _run_step(
 
 def _run(
     store: PostgresStore,
-    connection: Connection[Any],
+    connection: WatchedConnection,
     work: Work,
     *,
     at: datetime | None,
@@ -236,10 +240,8 @@ def _run(
             connection.execute("BEGIN")
             try:
                 with (
-                    process.watchdog.idle_bounded(
-                        connection, store.options.idle_in_transaction
-                    ) as sent,
-                    guarded(connection, sent) as transaction,
+                    process.watchdog.idle_bounded(connection, store.options.idle_in_transaction),
+                    guarded(connection) as transaction,
                 ):
                     result_json = work(transaction)
             except psycopg.Error as exc:

@@ -9,9 +9,14 @@ pool discards the connection). ``shutdown`` wakes a thread blocked in ``poll`` o
 where ``close`` from another thread would not (socket(7), shutdown(2)).
 
 The same thread bounds a transaction the server cannot see idle (a pipeline's, which has no
-Sync until its commit): past its deadline, counted from its last statement, the socket is
-shut down and the server, reading the end of the connection, ends the session, rolling its
-transaction back and freeing its locks.
+Sync until its commit): past its deadline the socket is shut down and the server, reading the
+end of the connection, ends the session, rolling its transaction back and freeing its locks.
+The deadline runs only while no call on the connection waits for the server (a
+:class:`WatchedConnection` says when one does: every send and every fetch of psycopg's goes
+through ``Connection.wait``), and restarts when the last such call returns. A statement that
+runs long on the server keeps its handler waiting in a fetch and is not idle; the server's
+``statement_timeout`` bounds it (the handler's own, which it may raise; a server frozen
+during that wait is not cut here, as no bound is known for the statement).
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
+
+from psycopg import Connection
+from psycopg.abc import RV, PQGen
 
 _TICK = 0.05  # How long past a deadline the watching thread may look.
 
@@ -40,8 +48,27 @@ class IdleTimedOut(Exception):
 
 @dataclass
 class _Call:
-    deadline: float  # time.monotonic(); math.inf until an idle bound's first statement.
+    # time.monotonic(); for an idle bound, math.inf until its first call returns and while
+    # a call waits for the server.
+    deadline: float
     connection: Any
+    waiting: int = 0  # An idle bound's calls now waiting for the server.
+
+
+class WatchedConnection(Connection[Any]):
+    """The store's pooled psycopg connection: while :meth:`Watchdog.idle_bounded` watches it,
+    each of its waits for the server (a statement sent, a result fetched, a Sync) pauses the
+    idle deadline."""
+
+    waiting: Callable[[], AbstractContextManager[None]] | None = None
+
+    def wait(self, gen: PQGen[RV], *args: Any, **kwargs: Any) -> RV:
+        """psycopg's ``Connection.wait``, inside ``waiting()`` when it is set."""
+        waiting = self.waiting
+        if waiting is None:
+            return super().wait(gen, *args, **kwargs)
+        with waiting():
+            return super().wait(gen, *args, **kwargs)
 
 
 class Watchdog:
@@ -70,28 +97,38 @@ class Watchdog:
             raise CallTimedOut(f"no answer within {seconds:g}s")
 
     @contextmanager
-    def idle_bounded(self, connection: Any, seconds: float) -> Iterator[Callable[[], None]]:
-        """Run the block, which calls the function it is given as it sends each statement
-        on ``connection``; ``seconds`` after the last one (never before the first), the
-        socket is shut down, and the block raises :class:`IdleTimedOut`, in place of what
-        it raised or returned."""
+    def idle_bounded(self, connection: WatchedConnection, seconds: float) -> Iterator[None]:
+        """Run the block on ``connection``; once ``seconds`` pass with no call on it waiting
+        for the server, counted from the end of the last one (never before the first), the
+        socket is shut down, and the block raises :class:`IdleTimedOut`, in place of what it
+        raised or returned."""
         call = _Call(math.inf, connection)
         key = self._register(call)
 
-        def sent() -> None:
+        @contextmanager
+        def waiting() -> Iterator[None]:
             with self._lock:
-                first = call.deadline == math.inf
-                call.deadline = time.monotonic() + seconds
-            if first:  # The watching thread may be waiting for no deadline at all.
-                self._wake.set()
+                call.waiting += 1
+                call.deadline = math.inf
+            try:
+                yield
+            finally:
+                with self._lock:
+                    call.waiting -= 1
+                    if call.waiting == 0:
+                        call.deadline = time.monotonic() + seconds
+                self._wake.set()  # The watching thread may be waiting for no deadline at all.
 
-        why = f"idle in its transaction for {seconds:g}s after its last statement"
+        why = f"idle in its transaction for {seconds:g}s, waiting for no answer from the server"
+        connection.waiting = waiting
         try:
-            yield sent
+            yield
         except Exception as exc:
             if self._finish(key):
                 raise IdleTimedOut(why) from exc
             raise
+        finally:
+            connection.waiting = None
         if self._finish(key):
             raise IdleTimedOut(why)
 
