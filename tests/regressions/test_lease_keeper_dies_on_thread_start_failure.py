@@ -20,7 +20,9 @@ from tasklease.worker.lease import LeaseKeeper
 from tasklease.worker.stores.memory import MemoryStore
 from tests.helpers import claim_request
 
-LEASE = timedelta(seconds=1.5)  # Renewed every 0.5 s.
+# Renewed every 2 s. The retried renewal must come before the lease lapses by the local clock
+# (then no renewal is tried at all): on a loaded machine a 1.5 s lease was too short for that.
+LEASE = timedelta(seconds=6)
 
 
 class FlakyThread(threading.Thread):
@@ -62,7 +64,7 @@ def test_one_renewal_thread_that_cannot_start_does_not_stop_every_later_renewal(
     keeper = LeaseKeeper(store, lambda: datetime.now(UTC))
     with keeper.kept(ctx, LEASE):
         assert FlakyThread.refused.wait(timeout=30)  # The first renewal could not start.
-        deadline = time.monotonic() + 10  # Renewals are due every 0.5 s: 20x margin.
+        deadline = time.monotonic() + 20  # The retry is due 0.05 s after the refusal.
         while store.renewals == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
     assert store.renewals > 0, "no renewal ran after one thread failed to start"
