@@ -334,7 +334,7 @@ class FirestoreStore(
 
     def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
         """One equality filter at most (status, else handler), with the claimed_at range and
-        order: the composite indexes deploy/deploy.py creates (status or handler, then
+        order: the composite indexes tasklease/deploy/deploy.py creates (status or handler, then
         claimed_at descending) serve it. The other filters are applied by the caller."""
         query: Any = self.client.collection(self.collection)
         status = filters.status_to_scan
