@@ -4,10 +4,13 @@ neither side. Each is checked in a fresh interpreter, by the modules an import l
 
 from __future__ import annotations
 
+import ast
 import json
 import pkgutil
 import subprocess
 import sys
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +85,33 @@ def test_the_emulator_imports_nothing_of_the_worker() -> None:
 def test_the_plumbing_belongs_to_neither_side(module: str) -> None:
     modules = loaded_by(module)
     assert among(modules, ("tasklease.worker", "tasklease.emulator", "tasklease.producer")) == []
+
+
+# Public classes that share a name on purpose: the emulator spells Google's names on its own
+# (a Scheduler job, a Cloud Tasks request), and each options record stays in its module.
+SHARED_CLASS_NAMES = {"Job", "Options", "TaskRequest"}
+
+
+def modules_of(package: str) -> dict[str, Path]:
+    """Every module of ``package`` in the checkout, by dotted name."""
+    folder = ROOT.joinpath(*package.split("."))
+    found = {}
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def test_no_two_public_classes_share_a_name_by_accident() -> None:
+    """Two unrelated classes of one name (two group commits, say) make every reader check
+    which one an import means."""
+    defined: dict[str, list[str]] = defaultdict(list)
+    for module, path in modules_of("tasklease").items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                defined[node.name].append(module)
+    shared = {name: where for name, where in defined.items() if len(where) > 1}
+    assert set(shared) <= SHARED_CLASS_NAMES, shared
 
 
 def test_no_module_is_longer_than_500_lines() -> None:

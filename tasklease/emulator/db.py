@@ -32,7 +32,7 @@ from tasklease.emulator.rows import (
     delivery_values,
     encode_task,
 )
-from tasklease.plumbing.group_commit import GroupCommit, Pending
+from tasklease.plumbing.group_commit import ChangeBatcher, Pending
 from tasklease.plumbing.private_files import check_private_database, prepare_private_database
 
 _SCHEMA = """
@@ -116,7 +116,7 @@ class EmulatorDB:
         self._queues: dict[str, dict[str, Any]] = {name: json.loads(c) for name, c in rows}
         # The in-memory configs have their own lock: reading them never waits for a commit.
         self._queues_lock = threading.Lock()
-        self._writes: GroupCommit[sqlite3.Connection] = GroupCommit(self._commit_batch)
+        self._writes: ChangeBatcher[sqlite3.Connection] = ChangeBatcher(self._commit_batch)
 
     def close(self) -> None:
         with self._lock:

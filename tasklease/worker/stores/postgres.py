@@ -77,7 +77,7 @@ from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_relea
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.postgres_diagnosis import why_no_connection
-from tasklease.worker.stores.postgres_group_commit import GroupCommit, fetch
+from tasklease.worker.stores.postgres_group_commit import StatementBatcher, fetch
 from tasklease.worker.stores.postgres_options import Options
 from tasklease.worker.stores.postgres_schema import (
     RUN_COLUMNS,
@@ -108,8 +108,8 @@ class _Process:
     own writes."""
 
     pool: ConnectionPool[Connection[Any]]
-    claims: GroupCommit  # Its threads' claims, committed together; and their finishes.
-    finishes: GroupCommit
+    claims: StatementBatcher  # Its threads' claims, committed together; and their finishes.
+    finishes: StatementBatcher
     watchdog: Watchdog = field(default_factory=Watchdog)
     ready: bool = False  # The schema is migrated.
     writes: OrderedDict[tuple[str, str], tuple[int, RunRecord]] = field(default_factory=OrderedDict)
@@ -450,7 +450,7 @@ class PostgresStore(
         )
         pool.open(wait=False)
         on = self.options.group_commit
-        return _Process(pool, GroupCommit(on), GroupCommit(on))
+        return _Process(pool, StatementBatcher(on), StatementBatcher(on))
 
     def _configure(self, connection: Connection[Any]) -> None:
         """A new connection: measure the server's clock against ours."""
