@@ -35,6 +35,7 @@ from google.cloud import spanner
 from google.cloud.spanner_v1.client import EMULATOR_ENV_VAR
 
 from tasklease.errors import ConfigurationError, StoreUnavailable
+from tasklease.plumbing.spanner_calls import bound_calls, guard, run_transaction
 from tasklease.worker.core import decisions, locking
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import (
@@ -52,7 +53,6 @@ from tasklease.worker.stores.delivery_tally import TALLY_KEPT
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
-from tasklease.worker.stores.spanner_calls import bound_calls, guard, run_transaction
 from tasklease.worker.stores.spanner_tally import SpannerTally
 from tasklease.worker.stores.transactional import (
     StepWork,

@@ -46,13 +46,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from google.api_core import exceptions as api
 
 from tasklease.errors import StoreUnavailable
+from tasklease.plumbing.spanner_calls import FIRST_PAUSE, MAX_PAUSE, contended
 from tasklease.worker.core import decisions
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.core.steps import StepRecord
 from tasklease.worker.stores import spanner_schema as schema
 from tasklease.worker.stores.base import Moment, resolve
 from tasklease.worker.stores.google_handler_transaction import GoogleTransaction
-from tasklease.worker.stores.spanner_calls import FIRST_PAUSE, MAX_PAUSE, contended
 from tasklease.worker.stores.transaction_exits import (
     AlreadyCompleted,
     NotHeld,

@@ -1,5 +1,5 @@
-"""How the Spanner store calls Spanner: bounded RPCs, read-write transactions run again on
-contention, and every failure turned into :class:`StoreUnavailable`.
+"""How the Spanner store and the Spanner outbox call Spanner: bounded RPCs, read-write
+transactions run again on contention, and every failure turned into :class:`StoreUnavailable`.
 
 The client's own defaults let a Commit or a streaming read wait up to an hour
 (``spanner_v1/services/spanner/transports/base.py``: ``default_timeout=3600.0``), so a frozen
