@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from psycopg import Connection, Cursor, Transaction, sql
+from psycopg import Connection, Cursor, Transaction, pq, sql
 
 from tasklease.worker.stores.handler_transaction import ends_transaction, refused
 
@@ -80,11 +80,13 @@ class _Savepoint(Transaction):
     def _push_savepoint(self) -> None:
         # psycopg's own (psycopg/transaction.py) for a nested transaction, whatever the
         # status libpq reports: the framework's BEGIN is the outer one.
+        # The connection's count of open transactions is psycopg's private state too.
         self._outer_transaction = False
+        depth = self._conn._num_transactions  # noqa: SLF001 - see the comment above.
         if not self._savepoint_name:
-            self._savepoint_name = f"_pg3_{self._conn._num_transactions + 1}"
-        self._stack_index = self._conn._num_transactions
-        self._conn._num_transactions += 1
+            self._savepoint_name = f"_pg3_{depth + 1}"
+        self._stack_index = depth
+        self._conn._num_transactions = depth + 1  # noqa: SLF001 - see the comment above.
 
 
 class _Block:
@@ -123,7 +125,7 @@ class PostgresTransaction:
         connection = self._connection
         _sent(connection)  # SAVEPOINT: a statement of the handler's.
         savepoint = _Savepoint(connection, savepoint_name, force_rollback)
-        if connection._pipeline:  # As psycopg's own.
+        if connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:  # As psycopg's own.
             with connection.pipeline(), savepoint, connection.pipeline():
                 yield savepoint
         else:
