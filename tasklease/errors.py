@@ -8,6 +8,8 @@ Everything tasklease raises for a failure is a :class:`TaskleaseError`::
     ├── StoreUnavailable           the lease store failed; nothing was claimed or changed
     ├── OperationRefused           an operator action does not apply to the run or lock
     ├── WriterLockTimeout          another process held the SQLite writer lock too long
+    ├── NotInTransaction           an outbox entry's transaction would not hold it (also a
+    │                              ValueError; tasklease.outbox)
     ├── EnqueueError               a task was not (known to be) created (tasklease.producer)
     │   ├── InvalidTask            refused before any network call (also a ValueError)
     │   ├── TaskAlreadyExists      the name exists or existed recently

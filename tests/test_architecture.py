@@ -1,13 +1,19 @@
 """The import rules of the folders: the pure core does no I/O, the emulator (the oracle the
 worker is tested against) imports nothing of the worker, and the shared plumbing belongs to
-neither side. Each is checked in a fresh interpreter, by the modules an import loads."""
+neither side, each checked in a fresh interpreter by the modules an import loads; the
+producer, the outbox and the emulator import no worker module even lazily or for types, read
+from their source."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import pkgutil
 import subprocess
 import sys
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +88,94 @@ def test_the_emulator_imports_nothing_of_the_worker() -> None:
 def test_the_plumbing_belongs_to_neither_side(module: str) -> None:
     modules = loaded_by(module)
     assert among(modules, ("tasklease.worker", "tasklease.emulator", "tasklease.producer")) == []
+
+
+# Public classes that share a name on purpose: the emulator spells Google's names on its own
+# (a Scheduler job, a Cloud Tasks request), and each options record stays in its module.
+SHARED_CLASS_NAMES = {"Job", "Options", "TaskRequest"}
+
+
+def modules_of(package: str) -> dict[str, Path]:
+    """Every module of ``package`` in the checkout, by dotted name."""
+    folder = ROOT.joinpath(*package.split("."))
+    found = {}
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def test_no_two_public_classes_share_a_name_by_accident() -> None:
+    """Two unrelated classes of one name (two group commits, say) make every reader check
+    which one an import means."""
+    defined: dict[str, list[str]] = defaultdict(list)
+    for module, path in modules_of("tasklease").items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                defined[node.name].append(module)
+    shared = {name: where for name, where in defined.items() if len(where) > 1}
+    assert set(shared) <= SHARED_CLASS_NAMES, shared
+
+
+def imported_names(module: str, path: Path) -> set[str]:
+    """Every module ``module`` imports anywhere in its source: at the top, inside functions,
+    under ``TYPE_CHECKING``; relative imports resolved, and ``from x import y`` as both ``x``
+    and ``x.y`` (``y`` may be a submodule)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+            names.update(lazily_from(base, alias.name) for alias in node.names)
+    return names - {""}
+
+
+def lazily_from(package: str, name: str) -> str:
+    """The module a lazy export of ``package`` (``from tasklease import Router``) loads."""
+    if package != "tasklease" and not package.startswith("tasklease."):
+        return ""
+    try:
+        exports = vars(importlib.import_module(package)).get("_EXPORTS", {})
+    except ImportError:
+        return ""
+    return str(exports.get(name, ""))
+
+
+@pytest.mark.parametrize("role", ["tasklease.producer", "tasklease.outbox", "tasklease.emulator"])
+def test_the_producer_outbox_and_emulator_import_no_worker_module(role: str) -> None:
+    """Not even lazily or for types only: what they share with the worker lives in
+    ``tasklease.plumbing`` or the shared contract."""
+    reaching = {
+        module: sorted(
+            name
+            for name in imported_names(module, path)
+            if name == "tasklease.worker" or name.startswith("tasklease.worker.")
+        )
+        for module, path in modules_of(role).items()
+    }
+    assert {module: names for module, names in reaching.items() if names} == {}
+
+
+def test_the_import_scan_sees_lazy_typing_and_relative_imports(tmp_path: Path) -> None:
+    source = tmp_path / "tracing.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from tasklease.worker.router import Router\n"
+        "def later():\n    import tasklease.worker.telemetry\n"
+        "from ..worker import stores\n"
+        "from tasklease import create_app\n"
+    )
+    found = imported_names("tasklease.producer.tracing", source)
+    assert {"tasklease.worker.router", "tasklease.worker.telemetry"} <= found
+    assert "tasklease.worker.stores" in found
+    assert "tasklease.worker.app" in found  # Through tasklease's lazy exports.
 
 
 def test_no_module_is_longer_than_500_lines() -> None:

@@ -1,4 +1,5 @@
-"""deploy/deploy.py against a stub gcloud that records its calls and keeps what it creates."""
+"""tasklease/deploy/deploy.py against a stub gcloud that records its calls and keeps what it
+creates."""
 
 from __future__ import annotations
 

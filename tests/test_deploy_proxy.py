@@ -1,5 +1,5 @@
-"""deploy/deploy.py with proxy jobs: only the target's role for the worker, on the narrowest
-resource (tests/test_deploy_proxy_gcloud.py puts the commands before the real gcloud)."""
+"""tasklease/deploy/deploy.py with proxy jobs: only the target's role for the worker, on the
+narrowest resource (tests/test_deploy_proxy_gcloud.py puts the commands before the real gcloud)."""
 
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ def test_a_table_overriding_a_schedule_no_handler_declares_is_refused(tmp_path: 
 
 def test_the_kits_script_plans_the_job_declared_in_code_too(tmp_path: Path) -> None:
     source = project(tmp_path)
-    script, config = ROOT / "deploy" / "deploy.py", source / "tasklease.toml"
+    script, config = ROOT / "tasklease" / "deploy" / "deploy.py", source / "tasklease.toml"
     planned = subprocess.run(
         [sys.executable, str(script), "--dry-run", f"--source={source}", f"--config={config}"],
         capture_output=True,

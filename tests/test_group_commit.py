@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tasklease.plumbing.group_commit import GroupCommit, Pending
+from tasklease.plumbing.group_commit import ChangeBatcher, Pending
 
 
 class Recorder:
@@ -47,14 +47,14 @@ class Recorder:
 
 def test_a_lone_change_is_committed_by_its_own_thread_at_once() -> None:
     recorder = Recorder()
-    group: GroupCommit[str] = GroupCommit(recorder)
+    group: ChangeBatcher[str] = ChangeBatcher(recorder)
     assert group.run(lambda connection: f"done on {connection}") == "done on connection"
     assert recorder.batches == [1]
 
 
 def test_concurrent_changes_share_batches_and_each_gets_its_own_value() -> None:
     recorder = Recorder(pause=0.02)
-    group: GroupCommit[str] = GroupCommit(recorder)
+    group: ChangeBatcher[str] = ChangeBatcher(recorder)
     with ThreadPoolExecutor(16) as pool:
         values = list(pool.map(lambda n: group.run(lambda _: n * 2), range(64)))
     assert values == [n * 2 for n in range(64)]
@@ -64,7 +64,7 @@ def test_concurrent_changes_share_batches_and_each_gets_its_own_value() -> None:
 
 
 def test_a_failing_change_fails_alone_and_a_failed_commit_fails_its_whole_batch() -> None:
-    group: GroupCommit[str] = GroupCommit(Recorder())
+    group: ChangeBatcher[str] = ChangeBatcher(Recorder())
 
     def broken(_: Any) -> None:
         raise ValueError("bad change")
@@ -72,7 +72,7 @@ def test_a_failing_change_fails_alone_and_a_failed_commit_fails_its_whole_batch(
     with pytest.raises(ValueError, match="bad change"):
         group.run(broken)
     assert group.run(lambda _: "still fine") == "still fine"
-    failing: GroupCommit[str] = GroupCommit(Recorder(fail_commit=True))
+    failing: ChangeBatcher[str] = ChangeBatcher(Recorder(fail_commit=True))
     with pytest.raises(RuntimeError, match="commit failed"):
         failing.run(lambda _: "lost")
 
@@ -87,7 +87,7 @@ def test_a_commit_that_raises_fails_its_batch_and_the_next_change_still_commits(
         for pending in batch:
             pending.value = pending.work("connection")
 
-    group: GroupCommit[str] = GroupCommit(flaky)
+    group: ChangeBatcher[str] = ChangeBatcher(flaky)
     with pytest.raises(OSError, match="disk gone"):
         group.run(lambda _: "lost")
     assert group.run(lambda _: "committed") == "committed"
@@ -95,7 +95,7 @@ def test_a_commit_that_raises_fails_its_batch_and_the_next_change_still_commits(
 
 def test_alone_runs_on_its_own_thread_with_no_batch_in_flight_and_the_queue_waits() -> None:
     recorder = Recorder(pause=0.05)
-    commits: GroupCommit[str] = GroupCommit(recorder)
+    commits: ChangeBatcher[str] = ChangeBatcher(recorder)
     inside = threading.Event()
     release = threading.Event()
     seen: dict[str, Any] = {}
@@ -122,7 +122,7 @@ def test_alone_runs_on_its_own_thread_with_no_batch_in_flight_and_the_queue_wait
 
 
 def test_a_change_from_inside_alone_is_refused_rather_than_waiting_for_itself() -> None:
-    commits: GroupCommit[str] = GroupCommit(Recorder())
+    commits: ChangeBatcher[str] = ChangeBatcher(Recorder())
     with pytest.raises(RuntimeError, match="wait for itself"):
         commits.alone(lambda: commits.run(lambda c: c))
     assert commits.run(lambda c: c) == "connection"  # The lead was handed back.
@@ -130,7 +130,7 @@ def test_a_change_from_inside_alone_is_refused_rather_than_waiting_for_itself() 
 
 def test_a_change_from_a_copy_of_the_alone_context_on_another_thread_is_refused() -> None:
     """An async handler runs in a copy of the request thread's context on the loop's thread."""
-    commits: GroupCommit[str] = GroupCommit(Recorder())
+    commits: ChangeBatcher[str] = ChangeBatcher(Recorder())
 
     def elsewhere() -> None:
         context = contextvars.copy_context()

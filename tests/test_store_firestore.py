@@ -285,8 +285,10 @@ class Scripted:
 
     def __init__(self, store: FirestoreStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.script: dict[str, list[tuple[BaseException, bool, Any]]] = {}
-        documents = store._document
-        monkeypatch.setattr(store, "_document", lambda run_id: _Document(documents(run_id), self))
+        documents = store.run_document
+        monkeypatch.setattr(
+            store, "run_document", lambda run_id: _Document(documents(run_id), self)
+        )
 
     def fail(
         self, method: str, error: BaseException, *, after_running: bool = False, before: Any = None
@@ -426,7 +428,7 @@ def test_oversized_error_text_is_cut_with_a_note(firestore_host: str | None) -> 
 def test_expire_at_is_a_firestore_timestamp_for_the_ttl_policy(firestore_host: str | None) -> None:
     store = new_store()
     store.claim(claim_request(), T0)
-    raw = store._document("run-1").get().to_dict()
+    raw = store.run_document("run-1").get().to_dict()
     assert type(raw["expire_at"]).__name__ == "DatetimeWithNanoseconds"
 
 

@@ -20,7 +20,7 @@ from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import postgres_group_commit
 from tasklease.worker.stores.postgres import PostgresStore
-from tasklease.worker.stores.postgres_group_commit import LOCK_WAIT, GroupCommit
+from tasklease.worker.stores.postgres_group_commit import LOCK_WAIT, StatementBatcher
 from tasklease.worker.stores.postgres_options import Options
 from tasklease.worker.stores.postgres_schema import Statements
 from tests import postgres_support
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.service
 THREADS = 16
 
 
-def groups_of(store: PostgresStore) -> tuple[GroupCommit, GroupCommit]:
+def groups_of(store: PostgresStore) -> tuple[StatementBatcher, StatementBatcher]:
     """The store's batches of claims, and of finishes, in this process."""
     process = store._process.get()
     return process.claims, process.finishes
@@ -148,7 +148,7 @@ def test_a_batch_with_a_failing_statement_sends_every_member_alone(
     url = postgres_cluster.url()
     table = f"gc_{postgres_support.fresh_schema()}"
     postgres_cluster.sql(f"CREATE TABLE {table} (id text PRIMARY KEY)")
-    group = GroupCommit()
+    group = StatementBatcher()
     group.queue_wait_ms = 60_000  # The queue waits on the lone statement throughout.
     outcomes: dict[str, Any] = {}
     connections = [psycopg.connect(url, autocommit=True) for _ in range(6)]
@@ -195,7 +195,7 @@ def test_a_batchs_bound_on_lock_waits_ends_with_the_batch(
     url = postgres_cluster.url()
     table = f"gc_{postgres_support.fresh_schema()}"
     postgres_cluster.sql(f"CREATE TABLE {table} (id text PRIMARY KEY)")
-    group = GroupCommit()
+    group = StatementBatcher()
     group.queue_wait_ms = 60_000  # The queue waits on the lone statement throughout.
     connections = [psycopg.connect(url, autocommit=True) for _ in range(4)]
     insert = f"INSERT INTO {table} VALUES (%s) RETURNING id"
@@ -284,16 +284,16 @@ def test_batches_whose_commit_landed_but_whose_answer_was_lost_end_every_run_rig
     that already landed are recognised as this attempt's own."""
     store = PostgresStore.from_url(f"{postgres_url}&server_clock=off&max_size={THREADS}")
     store.get("warm-up")
-    send = GroupCommit._send
+    send = StatementBatcher._send
     lost = [0]
 
-    def commit_then_lose_the_answer(group: GroupCommit, connection: Any, batch: Any) -> None:
+    def commit_then_lose_the_answer(group: StatementBatcher, connection: Any, batch: Any) -> None:
         send(group, connection, batch)  # Committed.
         for member in batch:
             member.fetched = None
         lost[0] += 1
 
-    monkeypatch.setattr(GroupCommit, "_send", commit_then_lose_the_answer)
+    monkeypatch.setattr(StatementBatcher, "_send", commit_then_lose_the_answer)
 
     def first_executions(thread: int) -> list[tuple[Verdict, bool]]:
         outcomes = []

@@ -9,12 +9,17 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, TypeAlias
+from typing import Any, Protocol
 
 from tasklease.worker.logs import ReadableFormatter, configure_logging
 
-# What ``add_subparsers`` returns, the argument of each subcommand's ``register``.
-Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+class Subcommands(Protocol):
+    """What ``add_subparsers`` returns, the argument of each subcommand's ``register`` (its
+    class is private to argparse)."""
+
+    def add_parser(self, name: str, **options: Any) -> argparse.ArgumentParser: ...
+
 
 DEFAULT_EMULATOR_PORT = 8123
 DEFAULT_DASHBOARD_PORT = 8090
@@ -30,12 +35,11 @@ def help_with_default(action: argparse.Action) -> str:
     if (
         "default" in text
         or not takes_default
-        or action.default is argparse.SUPPRESS
+        or action.default is argparse.SUPPRESS  # --help and --version among them.
         or action.default is None
-        or isinstance(action, argparse._HelpAction | argparse._VersionAction)
     ):
         return text
-    if isinstance(action, argparse._StoreTrueAction):
+    if action.nargs == 0 and action.const is True:  # action="store_true"
         return f"{text} (default: off)"
     return f"{text} (default: %(default)s)"
 

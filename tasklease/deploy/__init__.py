@@ -1,4 +1,4 @@
-"""The deploy kit: ``deploy/deploy.py`` run from a checkout, or ``tasklease deploy`` for a
+"""The deploy kit: ``tasklease/deploy/deploy.py`` run from a checkout, or ``tasklease deploy`` for a
 project of your own; both call :func:`tasklease.deploy.deploy.run`. Standard library only.
 
 ``config`` (the TOML model and its checks), ``proxies`` (proxy job targets), ``source`` (what

@@ -1,4 +1,4 @@
-"""The deploy kit's configuration (deploy/tasklease.toml): its model, loading, and the checks
+"""The deploy kit's configuration (its ``tasklease.toml``): its model, loading, and the checks
 that refuse a file that cannot work before any gcloud call."""
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """From zero to a running tasklease worker on Cloud Run, in one command.
 
-    deploy/deploy.py [--config deploy/tasklease.toml] [--dry-run] [--teardown]
+    tasklease/deploy/deploy.py [--config tasklease/deploy/tasklease.toml] [--dry-run] [--teardown]
 
-Reads one TOML file (see deploy/tasklease.toml) and, with the gcloud CLI: enables the APIs,
-creates the Firestore database with TTL policies on the runs' expire_at and the locks'
+Reads one TOML file (see tasklease.toml beside this script) and, with the gcloud CLI: enables
+the APIs, creates the Firestore database with TTL policies on the runs' expire_at and the locks'
 lapses_at and the indexes the run listings need (or, with ``store = "postgresql"`` or
 ``"spanner"``, the Cloud SQL or Spanner database: tasklease.deploy.databases), the two
 service accounts (the worker's
@@ -25,7 +25,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-# Run as a script from a checkout (deploy/deploy.py), the source defaults to that checkout.
+# Run as a script from a checkout (tasklease/deploy/deploy.py), the source defaults to it.
 ROOT = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":
     # A script's own directory is sys.path[0] (Python docs, "sys.path"): there, this kit's
@@ -58,9 +58,10 @@ def run(
     teardown: bool = False,
 ) -> None:
     """Deploy ``config`` with the worker built from ``source``, or tear it down: the one entry
-    point of ``deploy/deploy.py`` and ``tasklease deploy``. ``gcloud`` is the executable, or
-    an adapter whose ``dry_run`` agrees. A source the worker could not start from is refused
-    (DeployError) before any gcloud call; one without a Procfile gets tasklease's."""
+    point of ``tasklease/deploy/deploy.py`` and ``tasklease deploy``. ``gcloud`` is the
+    executable, or an adapter whose ``dry_run`` agrees. A source the worker could not start
+    from is refused (DeployError) before any gcloud call; one without a Procfile gets
+    tasklease's."""
     if isinstance(gcloud, str):
         gcloud = Gcloud(dry_run=dry_run, executable=gcloud)
     elif gcloud.dry_run != dry_run:

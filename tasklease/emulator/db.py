@@ -32,7 +32,7 @@ from tasklease.emulator.rows import (
     delivery_values,
     encode_task,
 )
-from tasklease.plumbing.group_commit import GroupCommit, Pending
+from tasklease.plumbing.group_commit import ChangeBatcher, Pending
 from tasklease.plumbing.private_files import check_private_database, prepare_private_database
 
 _SCHEMA = """
@@ -116,7 +116,7 @@ class EmulatorDB:
         self._queues: dict[str, dict[str, Any]] = {name: json.loads(c) for name, c in rows}
         # The in-memory configs have their own lock: reading them never waits for a commit.
         self._queues_lock = threading.Lock()
-        self._writes: GroupCommit[sqlite3.Connection] = GroupCommit(self._commit_batch)
+        self._writes: ChangeBatcher[sqlite3.Connection] = ChangeBatcher(self._commit_batch)
 
     def close(self) -> None:
         with self._lock:
@@ -177,7 +177,7 @@ class EmulatorDB:
 
     def delete_queue(self, name: str, now_us: int) -> None:
         with self.transaction() as connection:
-            self._tombstone_where(connection, "queue = ?", (name,), now_us)
+            _tombstone_where(connection, "queue = ?", (name,), now_us)
             connection.execute("DELETE FROM queues WHERE name = ?", (name,))
             connection.execute("DELETE FROM iam_policies WHERE resource = ?", (name,))
             connection.execute(
@@ -336,24 +336,16 @@ class EmulatorDB:
         with self.transaction() as connection:
             found = connection.execute("SELECT 1 FROM tasks WHERE name = ?", (name,)).fetchone()
             if found:
-                self._tombstone_where(connection, "name = ?", (name,), now_us)
+                _tombstone_where(connection, "name = ?", (name,), now_us)
             return bool(found)
 
     def purge_queue(self, queue: str, now_us: int) -> None:
         with self.transaction() as connection:
-            self._tombstone_where(connection, "queue = ? AND in_flight = 0", (queue,), now_us)
+            _tombstone_where(connection, "queue = ? AND in_flight = 0", (queue,), now_us)
 
     def forget_tombstones(self, before_us: int) -> None:
         with self._lock:
             self._connection.execute("DELETE FROM tombstones WHERE at_us < ?", (before_us,))
-
-    @staticmethod
-    def _tombstone_where(
-        connection: sqlite3.Connection, where: str, params: tuple[Any, ...], now_us: int
-    ) -> None:
-        insert = f"INSERT OR REPLACE INTO tombstones (name, at_us) SELECT name, ? FROM tasks WHERE {where}"  # noqa: S608, E501 - ``where`` is one of this module's constants.
-        connection.execute(insert, (now_us, *params))
-        connection.execute(f"DELETE FROM tasks WHERE {where}", params)  # noqa: S608
 
     # IAM policies of queues (REST JSON).
     def get_policy(self, resource: str) -> dict[str, Any] | None:
@@ -389,6 +381,18 @@ class EmulatorDB:
         return [DeliveryRecord(*row) for row in rows]
 
 
+def _tombstone_where(
+    connection: sqlite3.Connection, where: str, params: tuple[Any, ...], now_us: int
+) -> None:
+    """Delete the tasks ``where`` selects, keeping a tombstone of each name."""
+    # ``where`` is one of this module's constants.
+    insert = (
+        f"INSERT OR REPLACE INTO tombstones (name, at_us) SELECT name, ? FROM tasks WHERE {where}"  # noqa: S608
+    )
+    connection.execute(insert, (now_us, *params))
+    connection.execute(f"DELETE FROM tasks WHERE {where}", params)  # noqa: S608
+
+
 def _finish_change(finish: Finish) -> Callable[[sqlite3.Connection], None]:
     """The SQL of one finished dispatch, its values computed now (outside the batch)."""
     logged = [delivery_values(record) for record in finish.deliveries]
@@ -403,7 +407,7 @@ def _finish_change(finish: Finish) -> Callable[[sqlite3.Connection], None]:
         if logged:
             connection.executemany(INSERT_DELIVERY, logged)
         if finish.delete:
-            EmulatorDB._tombstone_where(connection, "name = ?", (name,), now_us)
+            _tombstone_where(connection, "name = ?", (name,), now_us)
         else:
             connection.execute(RESCHEDULE, update)
 

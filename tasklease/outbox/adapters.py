@@ -17,6 +17,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tasklease.errors import TaskleaseError
 from tasklease.outbox import wake
 from tasklease.outbox.entries import CHANNEL, COLUMNS, TABLE, Entry
 
@@ -28,8 +29,9 @@ SUPPORTED = (
 )
 
 
-class NotInTransaction(ValueError):
-    """The transaction object given would commit the entry on its own (autocommit)."""
+class NotInTransaction(TaskleaseError, ValueError):
+    """The transaction object given would commit the entry on its own (autocommit), or is no
+    transaction in progress. A ValueError too, as it was before it joined tasklease's tree."""
 
 
 # A transactional handler's ``ctx.transaction`` on the SQL stores: the driver's connection,

@@ -44,7 +44,7 @@ def stage(tx: Any, entries: Sequence[Entry], collection: str = COLLECTION) -> li
             "the Firestore Transaction is not in progress: stage inside a function decorated "
             "with @firestore.transactional"
         )
-    client = tx._client
+    client = tx._client  # noqa: SLF001 - a Transaction names its client only privately.
     refs = [client.collection(collection).document(doc_id(entry.id)) for entry in entries]
     # Outside the transaction: a read inside it would lock, and fails after its writes.
     found = {snap.id for snap in client.get_all(refs, field_paths=["state"]) if snap.exists}
@@ -54,11 +54,13 @@ def stage(tx: Any, entries: Sequence[Entry], collection: str = COLLECTION) -> li
     written = {pb.update.name for pb in getattr(tx, "_write_pbs", ())} - {""}
     new: list[bool] = []
     for entry, ref in zip(entries, refs, strict=True):
-        if ref.id in found or ref._document_path in written:
+        # The full name a write carries; a reference's public ``path`` is the relative one.
+        full_name = ref._document_path  # noqa: SLF001 - see the comment above.
+        if ref.id in found or full_name in written:
             new.append(False)
             continue
         tx.create(ref, _document(entry))
-        written.add(ref._document_path)
+        written.add(full_name)
         new.append(True)
     return new
 

@@ -9,7 +9,7 @@ disjoint batches; nothing is held across a Cloud Tasks call, and a relay that fi
 due runs no transaction (the callers' inserts never wait for an idle relay). A mark is a
 read-write transaction that reads the entries' states and updates only those still pending
 (mutations, 2 RPCs however many entries). Every RPC is bounded (the store's
-:func:`~tasklease.worker.stores.spanner_calls.bound_calls`) and a transaction aborted by
+:func:`~tasklease.plumbing.spanner_calls.bound_calls`) and a transaction aborted by
 contention runs again with short pauses.
 """
 
@@ -39,7 +39,7 @@ class SpannerOutbox(OutboxDB):
     def __init__(self, database: str, call_timeout: float = CALL_TIMEOUT) -> None:
         from google.cloud import spanner  # noqa: PLC0415 - the spanner extra.
 
-        from tasklease.worker.stores.spanner_calls import bound_calls  # noqa: PLC0415
+        from tasklease.plumbing.spanner_calls import bound_calls  # noqa: PLC0415
 
         parts = database.split("/")
         if len(parts) != 6 or parts[0::2] != ["projects", "instances", "databases"]:
@@ -73,7 +73,7 @@ class SpannerOutbox(OutboxDB):
         self._client.close()  # type: ignore[no-untyped-call]
 
     def _run(self, work: Any, what: str) -> Any:
-        from tasklease.worker.stores.spanner_calls import run_transaction  # noqa: PLC0415
+        from tasklease.plumbing.spanner_calls import run_transaction  # noqa: PLC0415
 
         return run_transaction(self._database, work, self._timeout * 3, what)
 

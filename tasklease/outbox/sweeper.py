@@ -1,10 +1,11 @@
-"""The sweeper: a scheduled handler relaying what the fast path missed, and a relay thread.
+"""The sweeper: a scheduled job relaying what the fast path missed, and a relay thread.
 
-``register(router, url=...)`` adds the job ``tasklease_outbox_sweep`` (``POST
-/jobs/tasklease_outbox_sweep``); schedule it every minute (the deploy kit's ``[[job]]``). It
-relays every due entry (a crash between commit and relay, a Cloud Tasks outage) and deletes
-sent entries older than ``keep_sent``. ``RelayThread`` runs a following relay in a process
-(``tasklease dev`` starts one).
+``register(router, url=...)`` hands the router a :class:`Sweep`, which the router registers
+as the job ``tasklease_outbox_sweep`` (``POST /jobs/tasklease_outbox_sweep``); schedule it
+every minute (the deploy kit's ``[[job]]``). It relays every due entry (a crash between commit
+and relay, a Cloud Tasks outage) and deletes sent entries older than ``keep_sent``.
+``RelayThread`` runs a following relay in a process (``tasklease dev`` starts one). The outbox
+imports nothing of the worker: the router is known here only by the one method it calls.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 import time
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tasklease.outbox.db import OutboxDB, open_outbox
 from tasklease.outbox.destinations import ENV_WORKER_URL, NoWorkerURL, for_producer
@@ -25,7 +26,6 @@ from tasklease.plumbing.url_secrets import scrubbed, shown_url
 
 if TYPE_CHECKING:
     from tasklease.producer.producer import Producer
-    from tasklease.worker.router import Router
 
 SWEEP_JOB = "tasklease_outbox_sweep"
 _log = logging.getLogger("tasklease.outbox")
@@ -48,40 +48,51 @@ def relay_producer(environ: Any = None) -> Producer:
     return Producer.from_env(env, retry=quick_retry())
 
 
-def register(
-    router: Router,
-    *,
-    url: str | None = None,
-    producer: Producer | None = None,
-    name: str = SWEEP_JOB,
-    keep_sent: timedelta = timedelta(days=7),
-) -> None:
-    """Add the sweeper job to ``router``: relays the outbox at ``url`` (default
-    ``TASKLEASE_OUTBOX_URL``) each time Cloud Scheduler runs it. Without a worker URL (no
-    ``producer``, no ``TASKLEASE_WORKER_URL``) it says so in the log once and only purges."""
-    unconfigured: list[str] = []  # The refusal, once logged.
+class SweepJobs(Protocol):
+    """What :func:`register` needs of a router: :meth:`tasklease.worker.Router.add_outbox_sweep`."""
 
-    @router.scheduled(name, exclusive=True, on_overlap="skip")
-    def tasklease_outbox_sweep(ctx: Any) -> dict[str, int]:
-        target = url or os.environ.get(ENV_OUTBOX_URL)
+    def add_outbox_sweep(self, name: str, sweep: Sweep) -> None: ...
+
+
+class Sweep:
+    """One run of the sweeper job: relay every due entry of the outbox at ``url`` (default
+    ``TASKLEASE_OUTBOX_URL``) and purge sent entries older than ``keep_sent``. Without a
+    worker URL (no ``producer``, no ``TASKLEASE_WORKER_URL``) it says so in the log once and
+    only purges."""
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        producer: Producer | None = None,
+        keep_sent: timedelta = timedelta(days=7),
+    ) -> None:
+        self.url, self.producer, self.keep_sent = url, producer, keep_sent
+        self._unconfigured: list[str] = []  # The refusal, once logged.
+
+    def __call__(self) -> dict[str, int]:
+        target = self.url or os.environ.get(ENV_OUTBOX_URL)
         if not target:
             raise ValueError(f"the outbox sweeper needs url= or {ENV_OUTBOX_URL}")
         try:
-            relaying = producer or relay_producer()
+            relaying = self.producer or relay_producer()
             destinations = for_producer(relaying)
         except ValueError as exc:  # NoWorkerURL, or a setting that is refused.
-            if not unconfigured:
-                unconfigured.append(str(exc))
+            if not self._unconfigured:
+                self._unconfigured.append(str(exc))
                 _log.error("outbox sweeper: relaying nothing: %s", exc)
             relaying = None
         db = open_outbox(target)
         try:
             if relaying is None:
                 done = Round()
-                purged = db.purge_sent(time.time() - keep_sent.total_seconds())
+                purged = db.purge_sent(time.time() - self.keep_sent.total_seconds())
             else:
                 relay = Relay(
-                    db, relaying, destinations=destinations, keep_sent=keep_sent.total_seconds()
+                    db,
+                    relaying,
+                    destinations=destinations,
+                    keep_sent=self.keep_sent.total_seconds(),
                 )
                 done = relay.drain()
                 purged = done.purged
@@ -93,6 +104,19 @@ def register(
             "retrying": done.retrying,
             "purged": purged,
         }
+
+
+def register(
+    router: SweepJobs,
+    *,
+    url: str | None = None,
+    producer: Producer | None = None,
+    name: str = SWEEP_JOB,
+    keep_sent: timedelta = timedelta(days=7),
+) -> None:
+    """Have ``router`` serve the sweeper job ``name``: each time Cloud Scheduler runs it, a
+    :class:`Sweep` of the outbox at ``url`` (default ``TASKLEASE_OUTBOX_URL``)."""
+    router.add_outbox_sweep(name, Sweep(url=url, producer=producer, keep_sent=keep_sent))
 
 
 class RelayThread:

@@ -7,7 +7,7 @@ load a batch is one change, run by its own thread with no hand-off; under load, 
 to the number of threads waiting, and so does the number of changes per fsync.
 
 A change that must run on its caller's own thread (a transactional handler: the user's code,
-with its thread's context) takes the lead :meth:`~GroupCommit.alone`: no batch of the
+with its thread's context) takes the lead :meth:`~ChangeBatcher.alone`: no batch of the
 process is in flight meanwhile, and the changes queued behind it wait for it. A change asked
 for from inside that action (its thread, or code running in a copy of its context: an ``async
 def`` handler on the handler loop's thread) is refused: it would wait for itself.
@@ -27,10 +27,10 @@ _T = TypeVar("_T")
 # Changes per transaction at most: bounds how long one commit holds the write lock.
 MAX_BATCH = 64
 
-# The GroupCommit whose ``alone`` action this context runs in, if any. A context variable, not
+# The ChangeBatcher whose ``alone`` action this context runs in, if any. A context variable, not
 # the thread: the handler loop runs an async handler's coroutine in a copy of the request
 # thread's context but on its own thread.
-_RUNNING_ALONE: ContextVar[GroupCommit[Any] | None] = ContextVar(
+_RUNNING_ALONE: ContextVar[ChangeBatcher[Any] | None] = ContextVar(
     "tasklease_group_commit_alone", default=None
 )
 
@@ -44,15 +44,16 @@ class Pending(Generic[_C]):
     error: BaseException | None = None
     done: bool = False
     leads: bool = False  # This waiter was handed the lead for the next batch.
-    solo: bool = False  # Runs alone, on its own thread (see GroupCommit.alone).
+    solo: bool = False  # Runs alone, on its own thread (see ChangeBatcher.alone).
     # Set once per waiter: when its batch committed, or when it was handed the lead.
     wake: threading.Event = field(default_factory=threading.Event)
 
 
-class GroupCommit(Generic[_C]):
-    """Runs changes through ``commit_batch``, which must apply every change of a batch in one
-    transaction and set each one's ``value`` or ``error`` (an error of the commit itself goes
-    to every change of the batch)."""
+class ChangeBatcher(Generic[_C]):
+    """Group commit of changes (the SQLite store's, the emulator's): runs them through
+    ``commit_batch``, which must apply every change of a batch in one transaction and set each
+    one's ``value`` or ``error`` (an error of the commit itself goes to every change of the
+    batch)."""
 
     def __init__(self, commit_batch: Callable[[list[Pending[_C]]], None]) -> None:
         self._commit_batch = commit_batch

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind
 
-from tasklease.worker import telemetry as worker_telemetry
+from tasklease.plumbing import joined_trace
 
 if TYPE_CHECKING:
     from tasklease.producer.results import EnqueueResult
@@ -57,7 +57,7 @@ def trace_headers() -> dict[str, str]:
     if not span_context.is_valid:
         # A delivery that started before anything imported OpenTelemetry (this module, say,
         # imported by its handler) joined its caller's trace without making it current.
-        joined = worker_telemetry.joined_context()
+        joined = joined_trace.joined_context()
         if joined is None:
             return headers
         span_context = joined

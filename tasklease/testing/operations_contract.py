@@ -40,9 +40,7 @@ def seed_every_state(store: LeaseStore, t0: datetime = T0) -> dict[str, RunRecor
         elif name == "released":
             assert store.release(name, "attempt-1", "RuntimeError: flaky", at)
         elif name == "skipped":
-            store._read_modify_write(
-                name, lambda r: (r.replace(status=RunStatus.SKIPPED) if r else None, None)
-            )
+            assert store.skip(name, "attempt-1", "stuck", "job:nightly", at)
         elif name == "manual":
             assert store.complete(name, "attempt-1", None, at)
     return {name: store.get(name) for name in names}  # type: ignore[misc]

@@ -34,7 +34,7 @@ from tasklease.worker.reply import Reply, settled
 from tasklease.worker.router import HandlerSpec, Router
 from tasklease.worker.running import handler_call
 from tasklease.worker.settled_answers import ClaimNeeded
-from tasklease.worker.steps import StepRunner, ctx_runner
+from tasklease.worker.steps import StepRunner
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.base import LeaseStore
 from tasklease.worker.tally_flusher import DeliveryCounter
@@ -252,13 +252,13 @@ class Executor:
         if live.lease_seconds_left < spec.lease.total_seconds() / RENEWALS_PER_LEASE:
             # The lease would run out before its first renewal (a clock read long before the
             # store wrote it): running the handler now could overlap a takeover.
-            self._give_back(live, "the claim took too long; lease store overloaded", count=False)
+            self.give_back(live, "the claim took too long; lease store overloaded", count=False)
             return _store_unavailable("the lease store took too long to grant the claim", run_id)
         waiting = continuation.gate(record, identity)
         if waiting is not None:  # Another delivery of the chain runs the run, or will.
-            self._give_back(live, waiting.message, count=False)
+            self.give_back(live, waiting.message, count=False)
             return waiting
-        reply = yield from self._run(spec, ctx, live, body, log)
+        reply = yield from self._run(spec, ctx, runner, live, body, log=log)
         log.update(runner.log_fields())
         return reply
 
@@ -276,36 +276,43 @@ class Executor:
         return settled(verdict, record, self.clock)
 
     def _run(
-        self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, body: bytes, log: dict[str, Any]
+        self,
+        spec: HandlerSpec,
+        ctx: TaskContext,
+        runner: StepRunner,
+        live: Attempt,
+        body: bytes,
+        *,
+        log: dict[str, Any],
     ) -> Steps[Reply]:
         if spec.max_attempts is not None and ctx.attempt > spec.max_attempts:
             # Only reached through a claim: every earlier attempt's lease had run out.
             error = f"gave up after {spec.max_attempts} attempts (max_attempts)"
-            return self._fail(live, error, body)
+            return self.fail(live, error, body)
         payload: Any = None
         if spec.kind is Kind.TASK:
             try:
                 payload = decode_payload(body)
             except ValueError as exc:
-                return self._fail(live, f"payload is not valid JSON: {exc}", body)
+                return self.fail(live, f"payload is not valid JSON: {exc}", body)
         lock = self.locks.request_for(spec, ctx, payload)
         if isinstance(lock, str):
-            return self._fail(live, lock, body)
+            return self.fail(live, lock, body)
         if lock is not None:
             try:
                 overlap = self.locks.take(spec, live, lock, continued=ctx.continuation > 0)
             except StoreUnavailable as exc:
-                self._give_back(live, f"could not take the lock {lock.name}: {exc}", count=False)
+                self.give_back(live, f"could not take the lock {lock.name}: {exc}", count=False)
                 return _store_unavailable(f"lease store unavailable: {exc}", live.run_id)
             if overlap is not None:
-                return self._finish(live, overlap.write, overlap.reply)
+                return self.finish(live, overlap.write, overlap.reply)
         if spec.transactional:
             return run_in_transaction(self, spec, ctx, live, payload=payload, body=body, log=log)
         try:
             with (
                 self.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),
                 telemetry.step("handler"),
-                handler_call(ctx.run_id, spec.name, ctx_runner(ctx).resumed.seq),
+                handler_call(ctx.run_id, spec.name, ctx.continuation),
             ):
                 if spec.kind is Kind.TASK:
                     result = spec.function(payload, ctx)
@@ -314,17 +321,17 @@ class Executor:
                 while inspect.isawaitable(result):  # async def, or returning one: awaited.
                     result = yield Await(result)
         except (lease.KeeperNotStarted, LoopNotStarted) as exc:  # The handler never ran.
-            self._give_back(live, str(exc), count=False)
+            self.give_back(live, str(exc), count=False)
             return _store_unavailable(str(exc), live.run_id)
         except PermanentFailure as exc:
-            return self._fail(live, f"PermanentFailure: {exc}", body)
+            return self.fail(live, f"PermanentFailure: {exc}", body)
         except LeaseLost as exc:
-            self._give_back(live, f"LeaseLost: {exc}")
+            self.give_back(live, f"LeaseLost: {exc}")
             return Reply.of(Outcome.LOST_CLAIM, str(exc), live.run_id)
         except BaseException as exc:  # SystemExit too: sys.exit(), argparse's error().
             note_error(exc)  # Its stack trace goes into the request's one log line.
             error = f"{type(exc).__name__}: {exc}"
-            reply = self._finish(
+            reply = self.finish(
                 live,
                 lambda: self.store.release(
                     live.run_id, live.attempt_id, error, self.clock, keep_for=spec.retention
@@ -338,16 +345,16 @@ class Executor:
             if isinstance(exc, KeyboardInterrupt):
                 raise  # The process is being stopped: its run was given back first.
             return reply
-        if ctx_runner(ctx).continuation is not None:
-            return (yield from self._continue(spec, ctx, live, payload))
+        if runner.continuation is not None:
+            return (yield from self._continue(spec, ctx, runner, live, payload))
         try:
             # Serialised once, here: the store keeps these bytes and every answer sends them.
             result_json = decisions.serialize_result(result)
         except ValueError as exc:
             # The handler's effects happened: a retry must not repeat them. A dead letter
             # with the reason, not a 500 on every delivery.
-            return self._fail(live, str(exc), body)
-        return self._finish(
+            return self.fail(live, str(exc), body)
+        return self.finish(
             live,
             lambda: self.store.complete(
                 live.run_id, live.attempt_id, result_json, self.clock, keep_for=spec.retention
@@ -356,12 +363,11 @@ class Executor:
         )
 
     def _continue(
-        self, spec: HandlerSpec, ctx: TaskContext, live: Attempt, payload: Any
+        self, spec: HandlerSpec, ctx: TaskContext, runner: StepRunner, live: Attempt, payload: Any
     ) -> Steps[Reply]:
         """End the delivery with the continuation the handler asked for: enqueue it (once,
         by name), then record it, fenced. A refused record leaves the task to wait for the
         run (continuation.gate); a failed enqueue releases the run for a retry."""
-        runner = ctx_runner(ctx)
         try:
             state_json = yield Blocking(
                 lambda: continuation.enqueue_next(self.router, spec, runner, payload, ctx.queue)
@@ -369,7 +375,7 @@ class Executor:
         except Exception as exc:
             note_error(exc)
             error = f"could not enqueue the continuation: {type(exc).__name__}: {exc}"
-            return self._finish(
+            return self.finish(
                 live,
                 lambda: self.store.release(
                     live.run_id, live.attempt_id, error, self.clock, keep_for=spec.retention
@@ -377,7 +383,7 @@ class Executor:
                 Reply.of(Outcome.RELEASED, error, live.run_id),
             )
         seq = runner.continuation.seq if runner.continuation else 0
-        return self._finish(
+        return self.finish(
             live,
             lambda: self.store.continue_run(
                 live.run_id, live.attempt_id, state_json, self.clock, keep_for=spec.retention
@@ -391,7 +397,7 @@ class Executor:
         spec = self.router.handler(Kind(live.kind), live.handler)
         return spec.retention if spec is not None else None
 
-    def _give_back(self, live: Attempt, error: str, *, count: bool = True) -> None:
+    def give_back(self, live: Attempt, error: str, *, count: bool = True) -> None:
         """Release a claim this attempt will not use, if it still holds it (best effort: a
         lease that runs out does the same, later). ``count=False``: the handler never ran,
         the attempt does not count. Its lock, if any, is released first."""
@@ -406,9 +412,10 @@ class Executor:
         except StoreUnavailable:
             _log.warning("run %s: could not release attempt %s", live.run_id, live.attempt_id)
 
-    def _fail(self, live: Attempt, error: str, body: bytes) -> Reply:
+    def fail(self, live: Attempt, error: str, body: bytes) -> Reply:
+        """Record the run as failed (a dead letter keeping ``body``), as :meth:`finish` does."""
         payload = body.decode("utf-8", errors="backslashreplace")
-        return self._finish(
+        return self.finish(
             live,
             lambda: self.store.fail(
                 live.run_id,
@@ -421,7 +428,7 @@ class Executor:
             Reply.of(Outcome.FAILED, error, live.run_id, {"status": "failed"}),
         )
 
-    def _finish(self, live: Attempt, write: Callable[[], bool], reply: Reply) -> Reply:
+    def finish(self, live: Attempt, write: Callable[[], bool], reply: Reply) -> Reply:
         """Record how the execution ended, only while this attempt still holds the claim.
 
         A retried write that finds its own earlier try landed counts as done (the store
@@ -431,7 +438,7 @@ class Executor:
         """
         lock = live.lock
         if not self.locks.release(live):
-            self._give_back(live, f"the lock {lock} was taken over by another run while it ran")
+            self.give_back(live, f"the lock {lock} was taken over by another run while it ran")
             return Reply.of(
                 Outcome.LOST_CLAIM,
                 f"the lock {lock} was taken over by another run; "

@@ -274,6 +274,14 @@ class Router:
         )(target)
         return target
 
+    def add_outbox_sweep(self, name: str, sweep: Callable[[], dict[str, int]]) -> None:
+        """Serve the outbox's ``sweep`` (what :func:`tasklease.outbox.register` hands over) as
+        the scheduled job ``name``: exclusive, a run that finds one still going skipped."""
+
+        @self.scheduled(name, exclusive=True, on_overlap="skip")
+        def tasklease_outbox_sweep(ctx: Any) -> dict[str, int]:
+            return sweep()
+
     def handler(self, kind: Kind, name: str) -> HandlerSpec | None:
         """The handler registered for ``kind`` under ``name``, if any."""
         return self._handlers.get((kind, name))

@@ -2,7 +2,7 @@
 
 Reads a router's schedules in code, and over them the ``[[job]]`` tables (:mod:`tasklease.jobs`)
 of a jobs file (the emulator's ``--scheduler-config``) or of the deploy config
-(deploy/tasklease.toml), of which it uses ``name``, ``schedule`` (unix-cron) and
+(tasklease/deploy/tasklease.toml), of which it uses ``name``, ``schedule`` (unix-cron) and
 ``time_zone``; slots are :mod:`tasklease.cron`'s.
 """
 

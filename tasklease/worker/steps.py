@@ -198,11 +198,6 @@ def _on_event_loop() -> bool:
     return True
 
 
-def ctx_runner(ctx: DurableSteps) -> StepRunner:
-    """The step runner behind a handler's context (the executor's view of it)."""
-    return ctx._steps
-
-
 class DurableSteps:
     """The durable-step methods of :class:`~tasklease.worker.context.TaskContext`."""
 

@@ -37,6 +37,8 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from tasklease.plumbing import joined_trace
+
 if TYPE_CHECKING:
     from opentelemetry import metrics, trace
 
@@ -128,7 +130,7 @@ class DeliveryTrace:
     land in a trace a stranger named.
     """
 
-    __slots__ = ("_caller", "_delivery", "_ended", "header", "kind", "label")
+    __slots__ = ("_caller", "_delivery", "_ended", "_joined", "header", "kind", "label")
 
     def __init__(self, header: HeaderLookup, kind: str, label: str) -> None:
         self.header = header
@@ -137,6 +139,7 @@ class DeliveryTrace:
         self._caller: TraceParent | None = None
         self._ended = False
         self._delivery = _DELIVERY.set(self)
+        self._joined = joined_trace.JOINED_TRACE.set(self.joined_context)
 
     def trusted(self) -> None:
         """The request is authenticated: the delivery joins the caller's trace."""
@@ -145,6 +148,16 @@ class DeliveryTrace:
     def caller(self) -> TraceParent | None:
         """The caller's trace once joined, when OpenTelemetry did not make it current."""
         return self._caller
+
+    def joined_context(self) -> trace.SpanContext | None:
+        """The caller's span context once this delivery joined its trace, if OpenTelemetry
+        was not loaded when it started (the producer, imported by its handler, say): so a
+        fan-out from it carries the trace all the same."""
+        if self.caller() is None:
+            return None
+        from tasklease.worker import otel_telemetry  # noqa: PLC0415 - the caller holds OpenTelemetry.
+
+        return otel_telemetry.incoming_context(self.header)
 
     def step(self, name: str) -> AbstractContextManager[Any]:
         return _NO_STEP
@@ -171,6 +184,7 @@ class DeliveryTrace:
     def _end(self) -> None:
         if not self._ended:
             self._ended = True
+            joined_trace.JOINED_TRACE.reset(self._joined)
             _DELIVERY.reset(self._delivery)
 
 
@@ -201,18 +215,6 @@ def authenticated() -> None:
     delivery = _DELIVERY.get()
     if delivery is not None:
         delivery.trusted()
-
-
-def joined_context() -> trace.SpanContext | None:
-    """The caller's span context of the delivery being served, once it joined that trace,
-    if OpenTelemetry was not loaded when it started (the producer, imported by its handler,
-    say): so a fan-out from it carries the trace all the same."""
-    delivery = _DELIVERY.get()
-    if delivery is None or delivery.caller() is None:
-        return None
-    from tasklease.worker import otel_telemetry  # noqa: PLC0415 - the caller holds OpenTelemetry.
-
-    return otel_telemetry.incoming_context(delivery.header)
 
 
 def step(name: str) -> AbstractContextManager[Any]:

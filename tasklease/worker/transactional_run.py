@@ -25,7 +25,6 @@ from tasklease.worker.logs import note_error
 from tasklease.worker.reply import Reply
 from tasklease.worker.router import HandlerSpec
 from tasklease.worker.running import current_call, handler_call
-from tasklease.worker.steps import ctx_runner
 from tasklease.worker.store_retries import retry_while_unavailable
 from tasklease.worker.stores.transactional import TransactionalStore, TransactionOutcome
 
@@ -79,27 +78,27 @@ def run_in_transaction(
         with (
             executor.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),
             telemetry.step("handler"),
-            handler_call(ctx.run_id, spec.name, ctx_runner(ctx).resumed.seq),
+            handler_call(ctx.run_id, spec.name, ctx.continuation),
         ):
             outcome = store.complete_in_transaction(
                 live.run_id, live.attempt_id, work, executor.clock, keep_for=spec.retention
             )
     except (lease.KeeperNotStarted, LoopNotStarted) as exc:  # The handler never ran.
-        executor._give_back(live, str(exc), count=False)
+        executor.give_back(live, str(exc), count=False)
         return Reply.of(Outcome.UNAVAILABLE, str(exc), live.run_id)
     except PermanentFailure as exc:  # Rolled back: nothing it wrote was kept.
-        return executor._fail(live, f"PermanentFailure: {exc}", body)
+        return executor.fail(live, f"PermanentFailure: {exc}", body)
     except _Unserialisable as exc:  # Rolled back too; a retry would get the same result.
-        return executor._fail(live, str(exc), body)
+        return executor.fail(live, str(exc), body)
     except LeaseLost as exc:
-        executor._give_back(live, f"LeaseLost: {exc}")
+        executor.give_back(live, f"LeaseLost: {exc}")
         return Reply.of(Outcome.LOST_CLAIM, str(exc), live.run_id)
     except StoreUnavailable as exc:
         return _commit_unknown(executor, live, exc)
     except BaseException as exc:  # SystemExit too: sys.exit(), argparse's error().
         note_error(exc)  # Its stack trace goes into the request's one log line.
         error = f"{type(exc).__name__}: {exc}"
-        reply = executor._finish(
+        reply = executor.finish(
             live,
             lambda: store.release(
                 live.run_id, live.attempt_id, error, executor.clock, keep_for=spec.retention
@@ -143,7 +142,7 @@ def _commit_unknown(executor: Executor, live: Attempt, error: StoreUnavailable) 
     if decisions.finished_by(record, live.attempt_id, RunStatus.COMPLETED):
         assert record is not None
         return Reply.of(Outcome.PROCESSED, "processed", live.run_id, result_json=record.result_json)
-    executor._give_back(live, f"the transaction did not commit: {error}")
+    executor.give_back(live, f"the transaction did not commit: {error}")
     return Reply.of(
         Outcome.UNAVAILABLE, f"lease store unavailable; rolled back: {error}", live.run_id
     )

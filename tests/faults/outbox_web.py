@@ -58,7 +58,7 @@ def firestore_orders(url: str, start: int, end: int, rollback_every: int) -> Non
 def spanner_orders(url: str, start: int, end: int, rollback_every: int) -> None:
     """The same orders as Spanner transactions: the order row and its entry. Run again on
     contention as the Spanner store does (the emulator runs one transaction at a time)."""
-    from tasklease.worker.stores.spanner_calls import run_transaction  # noqa: PLC0415
+    from tasklease.plumbing.spanner_calls import run_transaction  # noqa: PLC0415
 
     database = spanner_database(url)
     make = producer(os.environ["TASKLEASE_TASKS_ENDPOINT"], os.environ["TASKLEASE_WORKER_URL"])

@@ -108,7 +108,7 @@ class FirestoreStore(
         """``call_timeout`` bounds each store call, the client's own retries included, so a
         Firestore outage answers 503 in seconds rather than blocking the request."""
         self.collection = collection
-        self._timeout = call_timeout
+        self.call_timeout = call_timeout
         self._retry = retries.Retry(
             predicate=_TRANSIENT, initial=0.1, maximum=2.0, multiplier=2.0, timeout=call_timeout
         )
@@ -162,12 +162,12 @@ class FirestoreStore(
         # The retry of a delivery whose claim landed unseen: give that claim back first. (Other
         # runs' orphans are left to the background, so an outage does not slow every claim.)
         self._orphans.release(request.run_id)
-        ref = self._document(request.run_id)
+        ref = self.run_document(request.run_id)
         with self._guard("claim a run"):
             for _ in range(MAX_ROUNDS):
                 fresh = decisions.claim(None, request, resolve(now))
                 try:
-                    written = ref.create(encode_run(fresh.record), **self._call)
+                    written = ref.create(encode_run(fresh.record), **self.call_options)
                 except api.Aborted:
                     continue  # Contention: a Conflict subclass, but nothing was written.
                 except api.Conflict as exc:  # AlreadyExists, or a conflict with our own
@@ -176,14 +176,14 @@ class FirestoreStore(
                 except _UNCERTAIN as exc:
                     snapshot = self._read_back(ref, fresh.record, exc)
                 else:
-                    self._remember(fresh.record, written.update_time)
+                    self.remember_write(fresh.record, written.update_time)
                     return fresh
                 if not snapshot.exists:
                     continue  # Deleted in between (TTL or purge): create again.
                 record = decode_run(request.run_id, snapshot.to_dict())
                 if decisions.holds(record, request.attempt_id):
                     # Our create landed: the client retried it, or its call failed afterwards.
-                    self._remember(record, snapshot.update_time)
+                    self.remember_write(record, snapshot.update_time)
                     return Claim(Verdict.CLAIMED, record)
                 outcome = decisions.claim(record, request, resolve(now))
                 if outcome.verdict is not Verdict.CLAIMED:
@@ -193,10 +193,10 @@ class FirestoreStore(
                 except _UNCERTAIN as exc:
                     snapshot = self._read_back(ref, outcome.record, exc)
                     landed = decode_run(request.run_id, snapshot.to_dict())
-                    self._remember(landed, snapshot.update_time)
+                    self.remember_write(landed, snapshot.update_time)
                     return Claim(Verdict.CLAIMED, landed, outcome.took_over_from)
                 if updated is not None:
-                    self._remember(outcome.record, updated)
+                    self.remember_write(outcome.record, updated)
                     return outcome
         raise StoreUnavailable(f"run {request.run_id}: too much contention to claim it")
 
@@ -208,7 +208,7 @@ class FirestoreStore(
         Otherwise the claim fails (StoreUnavailable), noted as an orphan to release in case
         it landed unseen or lands late."""
         try:
-            snapshot = ref.get(**self._call)
+            snapshot = ref.get(**self.call_options)
         except (api.GoogleAPIError, ValueError, OSError) as unread:
             self._orphans.note(claimed)
             raise StoreUnavailable(
@@ -235,36 +235,36 @@ class FirestoreStore(
         now: Moment,
         finished: RunStatus | None,
     ) -> RunRecord | None:
-        ref = self._document(run_id)
+        ref = self.run_document(run_id)
         with self._lock:
             remembered = self._writes.get((run_id, attempt_id))
         with self._guard("change a run"):
             for _ in range(MAX_ROUNDS):
                 if remembered is None:
-                    snapshot = ref.get(**self._call)
+                    snapshot = ref.get(**self.call_options)
                     if not snapshot.exists:
                         return None
                     record = decode_run(run_id, snapshot.to_dict())
                     if decisions.finished_by(record, attempt_id, finished):
                         # An earlier try of this finish landed, though its call failed.
-                        self._forget(run_id, attempt_id)
+                        self.forget_write(run_id, attempt_id)
                         return record
                     if not decisions.holds(record, attempt_id):
-                        self._forget(run_id, attempt_id)
+                        self.forget_write(run_id, attempt_id)
                         return None
                     remembered = (snapshot.update_time, record)
                 update_time, record = remembered
                 expected = update(record, resolve(now))
                 written = self._update_if_unchanged(ref, expected, update_time)
                 if written is not None:
-                    self._remember(expected, written)
+                    self.remember_write(expected, written)
                     return expected
                 remembered = None  # Changed under us: read it and decide again.
         raise StoreUnavailable(f"run {run_id}: too much contention to change it")
 
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
         """The generic path, in a transaction; the fast paths above do not need it."""
-        ref = self._document(run_id)
+        ref = self.run_document(run_id)
 
         @firestore.transactional
         def apply(transaction: firestore.Transaction) -> _T:
@@ -306,20 +306,20 @@ class FirestoreStore(
 
     def get_lock(self, name: str) -> LockRecord | None:
         with self._guard("read a lock"):
-            snapshot = self._lock_document(name).get(**self._call)
+            snapshot = self._lock_document(name).get(**self.call_options)
         return locks.decode(name, snapshot.to_dict()) if snapshot.exists else None
 
     def list_locks(self, limit: int = 100) -> list[LockRecord]:
         collection = self.client.collection(self.lock_collection)
         with self._guard("list locks"):
-            return locks.listed(collection, limit, self._timeout)
+            return locks.listed(collection, limit, self.call_timeout)
 
     def _lock_document(self, name: str) -> Any:
         return self.client.collection(self.lock_collection).document(locking.lock_id(name))
 
     def get(self, run_id: str) -> RunRecord | None:
         with self._guard("read a run"):
-            snapshot = self._document(run_id).get(**self._call)
+            snapshot = self.run_document(run_id).get(**self.call_options)
         return decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
@@ -334,7 +334,7 @@ class FirestoreStore(
 
     def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
         """One equality filter at most (status, else handler), with the claimed_at range and
-        order: the composite indexes deploy/deploy.py creates (status or handler, then
+        order: the composite indexes tasklease/deploy/deploy.py creates (status or handler, then
         claimed_at descending) serve it. The other filters are applied by the caller."""
         query: Any = self.client.collection(self.collection)
         status = filters.status_to_scan
@@ -356,7 +356,7 @@ class FirestoreStore(
         with self._guard("list runs"):
             return [
                 decode_run(snapshot.id, snapshot.to_dict())
-                for snapshot in query.limit(limit).stream(timeout=self._timeout)
+                for snapshot in query.limit(limit).stream(timeout=self.call_timeout)
             ]
 
     def _find_by_identity(self, name: str, value: str) -> list[RunRecord]:
@@ -367,7 +367,7 @@ class FirestoreStore(
         with self._guard("look runs up"):
             return [
                 decode_run(snapshot.id, snapshot.to_dict())
-                for snapshot in query.stream(timeout=self._timeout)
+                for snapshot in query.stream(timeout=self.call_timeout)
             ]
 
     def _operator_change(self, run_id: str, change: Change[_T]) -> _T:
@@ -376,7 +376,7 @@ class FirestoreStore(
         racing an operator's release is then refused one way or the other."""
         with self._guard("change a run"):
             value: _T = self._compare_and_set(
-                self._document(run_id),
+                self.run_document(run_id),
                 lambda data: decode_run(run_id, data),
                 encode_run,
                 change,
@@ -400,7 +400,7 @@ class FirestoreStore(
         ``update()`` it (precondition: the update time read); on ``retry_on``, read and decide
         again. No transaction: single-document preconditions are atomic."""
         for _ in range(MAX_ROUNDS):
-            snapshot = ref.get(**self._call)
+            snapshot = ref.get(**self.call_options)
             new, value = change(decode(snapshot.to_dict()) if snapshot.exists else None)
             decided: _T = value
             if new is None:
@@ -408,9 +408,9 @@ class FirestoreStore(
             try:
                 if snapshot.exists:
                     option = self.client.write_option(last_update_time=snapshot.update_time)
-                    ref.update(encode(new), option=option, **self._call)
+                    ref.update(encode(new), option=option, **self.call_options)
                 else:
-                    ref.create(encode(new), **self._call)
+                    ref.create(encode(new), **self.call_options)
             except retry_on:
                 continue
             return decided
@@ -427,12 +427,12 @@ class FirestoreStore(
                 # Only the version read: a takeover since then makes it a live run again.
                 option = self.client.write_option(last_update_time=snapshot.update_time)
                 try:
-                    snapshot.reference.delete(option=option, **self._call)
+                    snapshot.reference.delete(option=option, **self.call_options)
                 except (api.FailedPrecondition, api.NotFound):
                     continue
                 purged += 1
             lock_collection = self.client.collection(self.lock_collection)
-            purged += locks.purge(self.client, lock_collection, now, self._call)
+            purged += locks.purge(self.client, lock_collection, now, self.call_options)
         return purged + self.purge_delivery_counts(now - TALLY_KEPT)
 
     def close(self) -> None:
@@ -441,10 +441,10 @@ class FirestoreStore(
             self._client.close()  # type: ignore[no-untyped-call]
 
     @property
-    def _call(self) -> dict[str, Any]:
-        return {"retry": self._retry, "timeout": self._timeout}
+    def call_options(self) -> dict[str, Any]:
+        return {"retry": self._retry, "timeout": self.call_timeout}
 
-    def _document(self, run_id: str) -> Any:
+    def run_document(self, run_id: str) -> Any:
         return self.client.collection(self.collection).document(run_id)
 
     def _update_if_unchanged(
@@ -453,13 +453,13 @@ class FirestoreStore(
         """Write ``record`` if the document is still at ``update_time``; None if it moved on."""
         option = self.client.write_option(last_update_time=update_time)
         try:
-            written = ref.update(encode_run(record), option=option, **self._call)
+            written = ref.update(encode_run(record), option=option, **self.call_options)
         except (api.FailedPrecondition, api.NotFound, api.Aborted):
             return None
         result: datetime = written.update_time
         return result
 
-    def _remember(self, record: RunRecord, update_time: datetime) -> None:
+    def remember_write(self, record: RunRecord, update_time: datetime) -> None:
         key = (record.run_id, record.attempt_id)
         with self._lock:
             if record.status is RunStatus.IN_PROGRESS:
@@ -470,7 +470,7 @@ class FirestoreStore(
             else:
                 self._writes.pop(key, None)  # Finished: nothing more to condition on.
 
-    def _forget(self, run_id: str, attempt_id: str) -> None:
+    def forget_write(self, run_id: str, attempt_id: str) -> None:
         with self._lock:
             self._writes.pop((run_id, attempt_id), None)
 

@@ -95,7 +95,7 @@ class FirestoreTally(DeliveryTally):
     documents beside its collection, through its client and call options."""
 
     collection: str
-    _timeout: float
+    call_timeout: float
 
     @property
     @abstractmethod
@@ -104,7 +104,7 @@ class FirestoreTally(DeliveryTally):
 
     @property
     @abstractmethod
-    def _call(self) -> dict[str, Any]:
+    def call_options(self) -> dict[str, Any]:
         """The store's retry and timeout for one call."""
 
     @abstractmethod
@@ -113,12 +113,12 @@ class FirestoreTally(DeliveryTally):
 
     def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
         with self._guard("write delivery counts"):
-            write(self.client, self.collection, instance, counts, self._call)
+            write(self.client, self.collection, instance, counts, self.call_options)
 
     def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
         with self._guard("read delivery counts"):
-            return read(self.client, self.collection, since, self._timeout)
+            return read(self.client, self.collection, since, self.call_timeout)
 
     def purge_delivery_counts(self, before: datetime) -> int:
         with self._guard("purge delivery counts"):
-            return purge(self.client, self.collection, before, self._call)
+            return purge(self.client, self.collection, before, self.call_options)

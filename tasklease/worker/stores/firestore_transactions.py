@@ -28,11 +28,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from google.api_core import exceptions as api
-from google.api_core import gapic_v1
 from google.api_core import retry as retries
 from google.cloud import firestore
 
 from tasklease.errors import StoreUnavailable
+from tasklease.plumbing.rpc_deadlines import bound_rpcs
 from tasklease.worker.core import decisions
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.core.steps import StepRecord
@@ -102,14 +102,14 @@ def complete_in_transaction(
     keep_for: timedelta | None,
 ) -> TransactionOutcome:
     """:meth:`TransactionalStore.complete_in_transaction` on ``store``."""
-    ref = store._document(run_id)
-    bound_transactions(store.client, store._timeout)
+    ref = store.run_document(run_id)
+    bound_transactions(store.client, store.call_timeout)
     tries = 0
 
     @firestore.transactional
     def attempt(transaction: firestore.Transaction) -> str | None:
         nonlocal tries
-        snapshot = ref.get(transaction=transaction, **store._call)
+        snapshot = ref.get(transaction=transaction, **store.call_options)
         stored = decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
         record = held(stored, run_id, attempt_id)
         tries += 1
@@ -125,10 +125,10 @@ def complete_in_transaction(
         except api.Aborted:
             continue  # A read aborted on contention: nothing was committed, begin again.
         except NotHeld:
-            store._forget(run_id, attempt_id)
+            store.forget_write(run_id, attempt_id)
             return TransactionOutcome(held=False, result_json=None, tries=tries)
         except AlreadyCompleted as done:
-            store._forget(run_id, attempt_id)
+            store.forget_write(run_id, attempt_id)
             return TransactionOutcome(held=True, result_json=done.record.result_json, tries=tries)
         except WorkRaised as carrier:
             raised = carrier.error
@@ -146,7 +146,7 @@ def complete_in_transaction(
                 f"Firestore store: could not complete run {run_id} in a transaction: {why}"
             ) from exc
         else:
-            store._forget(run_id, attempt_id)  # Finished: no later write conditions on it.
+            store.forget_write(run_id, attempt_id)  # Finished: no later write conditions on it.
             return TransactionOutcome(held=True, result_json=result, tries=tries)
     if raised is None:
         raise StoreUnavailable(f"run {run_id}: too much contention to complete it")
@@ -158,15 +158,15 @@ def record_step_in_transaction(
     store: FirestoreStore, run_id: str, attempt_id: str, step_work: StepWork
 ) -> TransactionOutcome:
     """:meth:`TransactionalStore.record_step_in_transaction` on ``store``."""
-    ref = store._document(run_id)
-    bound_transactions(store.client, store._timeout)
+    ref = store.run_document(run_id)
+    bound_transactions(store.client, store.call_timeout)
     tries = 0
     written: list[StepRecord] = []
 
     @firestore.transactional
     def attempt(transaction: firestore.Transaction) -> tuple[StepRecord, RunRecord]:
         nonlocal tries
-        snapshot = ref.get(transaction=transaction, **store._call)
+        snapshot = ref.get(transaction=transaction, **store.call_options)
         record = decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
         if record is None or not decisions.holds(record, attempt_id):
             raise NotHeld(run_id)
@@ -185,14 +185,14 @@ def record_step_in_transaction(
         except api.Aborted:
             continue  # A read aborted on contention: nothing was committed, begin again.
         except NotHeld:
-            store._forget(run_id, attempt_id)
+            store.forget_write(run_id, attempt_id)
             return TransactionOutcome(held=False, result_json=None, tries=tries)
         except WorkRaised as carrier:
             raised = carrier.error
             break
         except (api.GoogleAPIError, ValueError, OSError) as exc:
             # As in complete_in_transaction: the Commit may have landed, the record tells.
-            store._forget(run_id, attempt_id)  # Its next write reads the document first.
+            store.forget_write(run_id, attempt_id)  # Its next write reads the document first.
             landed = step_landed(store, run_id, attempt_id, written)
             if landed is not None:
                 return TransactionOutcome(held=True, result_json=landed.result_json, tries=tries)
@@ -214,9 +214,9 @@ def remember_commit(store: FirestoreStore, transaction: Any, record: RunRecord) 
     results = getattr(transaction, "write_results", None) or []
     update_time = getattr(results[-1], "update_time", None) if results else None
     if update_time is None:
-        store._forget(record.run_id, record.attempt_id)
+        store.forget_write(record.run_id, record.attempt_id)
     else:
-        store._remember(record, update_time)
+        store.remember_write(record, update_time)
 
 
 def guarded_work(work: Callable[[Any], _T], transaction: Any) -> _T:
@@ -238,7 +238,7 @@ def read_back(store: FirestoreStore, run_id: str, attempt_id: str) -> RunRecord 
         return None
     if completed_by(record, attempt_id) is None:
         return None
-    store._forget(run_id, attempt_id)
+    store.forget_write(run_id, attempt_id)
     return record
 
 
@@ -251,32 +251,9 @@ def bound_transactions(client: Any, timeout: float) -> None:
     frozen database would hold the handler's request a minute per RPC past the store's
     ``call_timeout``. The change is made once per client, to the client the store uses.
     """
-    transport = client._firestore_api._transport
-    if getattr(transport, "_tasklease_bounded", None) == timeout:
-        return
+    # The client names its generated API client only privately; that one's transport is public.
+    transport = client._firestore_api.transport  # noqa: SLF001 - see the comment above.
     retry = retries.Retry(
         predicate=_TRANSIENT, initial=0.05, maximum=1.0, multiplier=2.0, timeout=timeout
     )
-    for name in _TRANSACTION_RPCS:
-        method = getattr(transport, name)
-        original = getattr(transport, "_tasklease_originals", {}).get(name)
-        wrapped = original or transport._wrapped_methods[method]
-        transport._wrapped_methods[method] = _bounded(wrapped, retry, timeout)
-        transport.__dict__.setdefault("_tasklease_originals", {})[name] = wrapped
-    transport._tasklease_bounded = timeout
-
-
-def _bounded(wrapped: Any, retry: Any, timeout: float) -> Any:
-    def call(
-        *args: Any, retry: Any = gapic_v1.method.DEFAULT, timeout: Any = gapic_v1.method.DEFAULT,
-        **kwargs: Any,
-    ) -> Any:  # fmt: skip
-        return wrapped(
-            *args,
-            retry=bounded_retry if retry is gapic_v1.method.DEFAULT else retry,
-            timeout=bounded_timeout if timeout in (gapic_v1.method.DEFAULT, None) else timeout,
-            **kwargs,
-        )
-
-    bounded_retry, bounded_timeout = retry, timeout
-    return call
+    bound_rpcs(transport, retry, timeout, _TRANSACTION_RPCS)

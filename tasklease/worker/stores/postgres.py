@@ -77,7 +77,7 @@ from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_relea
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
 from tasklease.worker.stores.postgres_diagnosis import why_no_connection
-from tasklease.worker.stores.postgres_group_commit import GroupCommit, fetch
+from tasklease.worker.stores.postgres_group_commit import StatementBatcher, fetch
 from tasklease.worker.stores.postgres_options import Options
 from tasklease.worker.stores.postgres_schema import (
     RUN_COLUMNS,
@@ -108,8 +108,8 @@ class _Process:
     own writes."""
 
     pool: ConnectionPool[WatchedConnection]
-    claims: GroupCommit  # Its threads' claims, committed together; and their finishes.
-    finishes: GroupCommit
+    claims: StatementBatcher  # Its threads' claims, committed together; and their finishes.
+    finishes: StatementBatcher
     watchdog: Watchdog = field(default_factory=Watchdog)
     ready: bool = False  # The schema is migrated.
     writes: OrderedDict[tuple[str, str], tuple[int, RunRecord]] = field(default_factory=OrderedDict)
@@ -129,7 +129,7 @@ class PostgresStore(
     def __init__(self, conninfo: str, options: Options | None = None) -> None:
         self.options = options or Options()
         self._conninfo = self.options.libpq(conninfo)
-        self._statements = Statements(self.options.schema)
+        self.statements = Statements(self.options.schema)
         self._process = PerProcess(self._start_process)
         self._offset = timedelta(0)  # The server's clock minus ours, as last measured.
         self._statement_time = threading.local()
@@ -160,16 +160,16 @@ class PostgresStore(
                 fresh = decisions.claim(None, request, resolve(now))
                 attempted.append(fresh.record)
                 params = [*encode_run(fresh.record), request.run_id]
-                row = self._timed(connection, self._statements.claim, params, request.run_id)
+                row = self._timed(connection, self.statements.claim, params, request.run_id)
                 if row is None:
                     continue  # A first claim raced ours and committed after our snapshot.
                 inserted, row = row[0], row[1:]
                 if inserted:
-                    self._remember(fresh.record, row[_VERSION_AT])
+                    self.remember_write(fresh.record, row[_VERSION_AT])
                     return fresh
                 record = decode_run(row)
                 if decisions.holds(record, request.attempt_id):  # Ours, landed by a retry.
-                    self._remember(record, row[_VERSION_AT])
+                    self.remember_write(record, row[_VERSION_AT])
                     return Claim(Verdict.CLAIMED, record)
                 with self._at(row[-1]):
                     outcome = decisions.claim(record, request, resolve(now))
@@ -212,7 +212,7 @@ class PostgresStore(
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
         def work(connection: Connection[Any]) -> _T:
             for _ in range(MAX_ROUNDS):
-                row = self._timed(connection, self._statements.read_run, (run_id,))
+                row = self._timed(connection, self.statements.read_run, (run_id,))
                 assert row is not None  # One row, its record's columns NULL if absent.
                 version = row[_VERSION_AT]
                 current = None if version is None else decode_run(row)
@@ -222,10 +222,10 @@ class PostgresStore(
                     return value
                 if version is None:
                     inserted = connection.execute(
-                        self._statements.insert_run, encode_run(new_record)
+                        self.statements.insert_run, encode_run(new_record)
                     ).fetchone()
                     if inserted is not None:
-                        self._remember(new_record, inserted[0])
+                        self.remember_write(new_record, inserted[0])
                         return value
                 elif current is not None and self._update_run(
                     connection, current, new_record, version
@@ -248,35 +248,33 @@ class PostgresStore(
         writes if ``group``; remember the new version."""
         columns, values = encode_run_changes(before, record)
         params = [*values, record.run_id, version, before.attempt_id]
-        statement = self._statements.update_columns(columns)
+        statement = self.statements.update_columns(columns)
         batches = self._process.get().finishes if group else None
         row = fetch(batches, connection, record.run_id, statement, params)[0]
         if row is None:
-            self._forget(record)
+            self.forget_write(record.run_id, record.attempt_id)
             return False
-        self._remember(record, row[0])
+        self.remember_write(record, row[0])
         return True
 
     def get(self, run_id: str) -> RunRecord | None:
         row = self._call(
-            "read a run", lambda c: c.execute(self._statements.select_run, (run_id,)).fetchone()
+            "read a run", lambda c: c.execute(self.statements.select_run, (run_id,)).fetchone()
         )
         return decode_run(row) if row else None
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
         where, params = (" WHERE status = %s", [status.value]) if status else ("", [])
-        sql = f"{self._statements.list_runs}{where} ORDER BY claimed_at DESC, run_id DESC LIMIT %s"
+        sql = f"{self.statements.list_runs}{where} ORDER BY claimed_at DESC, run_id DESC LIMIT %s"
         return self._rows("list runs", sql, [*params, limit])
 
     def _scan_runs(self, filters: RunFilter, after: Position | None, limit: int) -> list[RunRecord]:
-        return self._rows(
-            "list runs", *scan_runs(self._statements.list_runs, filters, after, limit)
-        )
+        return self._rows("list runs", *scan_runs(self.statements.list_runs, filters, after, limit))
 
     def _find_by_identity(self, name: str, value: str) -> list[RunRecord]:
         if name not in ("task_name", "job_name"):  # The two indexed identity fields.
             raise ValueError(f"runs are not looked up by {name!r}")
-        sql = f"{self._statements.list_runs} WHERE identity->>'{name}' = %s"
+        sql = f"{self.statements.list_runs} WHERE identity->>'{name}' = %s"
         return self._rows("look runs up", sql, [value])
 
     def purge_expired(self, now: datetime) -> int:
@@ -285,8 +283,8 @@ class PostgresStore(
         def run(statement: str, params: tuple[Any, ...]) -> int:
             return self._call("purge", lambda c: c.execute(statement, params).rowcount)
 
-        purged = sum(locks.purge_batches(run, self._statements.purge_runs, now, batch))
-        purged += sum(locks.purge_batches(run, self._statements.purge_locks, now, batch))
+        purged = sum(locks.purge_batches(run, self.statements.purge_runs, now, batch))
+        purged += sum(locks.purge_batches(run, self.statements.purge_locks, now, batch))
         return purged + self.purge_delivery_counts(now - TALLY_KEPT)
 
     # --- Locks --------------------------------------------------------------------
@@ -294,14 +292,14 @@ class PostgresStore(
     def _read_modify_write_lock(self, name: str, change: LockChange[_T]) -> _T:
         return self._call(
             "change a lock",
-            lambda c: locks.change_lock(c, self._statements, name, change, self._at),
+            lambda c: locks.change_lock(c, self.statements, name, change, self._at),
         )
 
     def get_lock(self, name: str) -> LockRecord | None:
-        return self._call("read a lock", lambda c: locks.get(c, self._statements, name))
+        return self._call("read a lock", lambda c: locks.get(c, self.statements, name))
 
     def list_locks(self, limit: int = 100) -> list[LockRecord]:
-        return self._call("list locks", lambda c: locks.listed(c, self._statements, limit))
+        return self._call("list locks", lambda c: locks.listed(c, self.statements, limit))
 
     # The calls whose rules read ``now``: given a clock, they read the server's instead.
 
@@ -385,7 +383,7 @@ class PostgresStore(
         every caller recognises it by the attempt id or the rules."""
         timeout = self.options.call_timeout
         for attempt in range(2):
-            process = self._ready_process()
+            process = self.ready_process()
             used: Connection[Any] | None = None
             try:
                 with (
@@ -394,33 +392,33 @@ class PostgresStore(
                 ):
                     return work(used)
             except CallTimedOut as exc:
-                raise self._unavailable(
+                raise self.unavailable_error(
                     action, f"the server did not answer within {timeout:g}s"
                 ) from exc
             except PoolTimeout as exc:
-                raise self._no_connection(action, exc) from exc
+                raise self.no_connection_error(action, exc) from exc
             except psycopg.OperationalError as exc:
                 if attempt == 0 and used is not None and used.broken:
                     # The server restarted since: the pool's idle connections are dead too.
                     with contextlib.suppress(psycopg.Error, PoolTimeout):
                         process.pool.check()
                     continue
-                raise self._unavailable(action, str(exc)) from exc
+                raise self.unavailable_error(action, str(exc)) from exc
             except psycopg.Error as exc:
-                raise self._unavailable(action, str(exc)) from exc
+                raise self.unavailable_error(action, str(exc)) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _no_connection(self, action: str, waited: PoolTimeout) -> StoreUnavailable:
+    def no_connection_error(self, action: str, waited: PoolTimeout) -> StoreUnavailable:
         why = why_no_connection(self._conninfo, waited, self.options.call_timeout)
-        return self._unavailable(action, why)
+        return self.unavailable_error(action, why)
 
-    def _unavailable(self, action: str, why: str) -> StoreUnavailable:
+    def unavailable_error(self, action: str, why: str) -> StoreUnavailable:
         why = scrubbed(why, self._conninfo)  # A driver's message may quote the connection.
         return StoreUnavailable(
             f"Postgres store ({self.options.schema}): could not {action}: {why}"
         )
 
-    def _ready_process(self) -> _Process:
+    def ready_process(self) -> _Process:
         process = self._process.get()
         if not process.ready:
             try:
@@ -430,9 +428,9 @@ class PostgresStore(
                 ):
                     migrate(connection, self.options.schema)
             except PoolTimeout as exc:
-                raise self._no_connection("create its tables", exc) from exc
+                raise self.no_connection_error("create its tables", exc) from exc
             except (psycopg.Error, CallTimedOut) as exc:
-                raise self._unavailable("create its tables", str(exc)) from exc
+                raise self.unavailable_error("create its tables", str(exc)) from exc
             process.ready = True
         return process
 
@@ -451,13 +449,13 @@ class PostgresStore(
         )
         pool.open(wait=False)
         on = self.options.group_commit
-        return _Process(pool, GroupCommit(on), GroupCommit(on))
+        return _Process(pool, StatementBatcher(on), StatementBatcher(on))
 
     def _configure(self, connection: Connection[Any]) -> None:
         """A new connection: measure the server's clock against ours."""
-        self._timed(connection, self._statements.now, ())
+        self._timed(connection, self.statements.now, ())
 
-    def _remember(self, record: RunRecord, version: int) -> None:
+    def remember_write(self, record: RunRecord, version: int) -> None:
         writes = self._process.get().writes
         key = (record.run_id, record.attempt_id)
         if record.status is not RunStatus.IN_PROGRESS:
@@ -468,8 +466,8 @@ class PostgresStore(
         while len(writes) > MAX_REMEMBERED_WRITES:
             writes.popitem(last=False)
 
-    def _forget(self, record: RunRecord) -> None:
-        self._process.get().writes.pop((record.run_id, record.attempt_id), None)
+    def forget_write(self, run_id: str, attempt_id: str) -> None:
+        self._process.get().writes.pop((run_id, attempt_id), None)
 
     def _rows(self, action: str, sql: str, params: list[Any]) -> list[RunRecord]:
         rows = self._call(action, lambda c: c.execute(sql, params).fetchall())

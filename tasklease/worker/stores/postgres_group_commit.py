@@ -83,8 +83,9 @@ class _Member:
     fetched: Fetched | None = None  # None once done: the batch failed, send it alone.
 
 
-class GroupCommit:
-    """One process's batches (made per process: a lock and a queue do not cross a fork).
+class StatementBatcher:
+    """Group commit of Postgres statements, pipelined: one process's batches (made per
+    process: a lock and a queue do not cross a fork).
 
     ``batches`` counts the batches of two or more statements sent, ``batched`` the statements
     in them, ``failed`` the batches whose transaction failed (each member then sent alone)."""
@@ -182,7 +183,7 @@ class GroupCommit:
 
 
 def fetch(
-    group: GroupCommit | None,
+    group: StatementBatcher | None,
     connection: Connection[Any],
     run_id: str,
     statement: str,

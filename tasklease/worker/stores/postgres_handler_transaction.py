@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from psycopg import Connection, Cursor, Transaction, sql
+from psycopg import Connection, Cursor, Transaction, pq, sql
 
 from tasklease.worker.stores.handler_transaction import ends_transaction, refused
 
@@ -68,11 +68,13 @@ class _Savepoint(Transaction):
     def _push_savepoint(self) -> None:
         # psycopg's own (psycopg/transaction.py) for a nested transaction, whatever the
         # status libpq reports: the framework's BEGIN is the outer one.
+        # The connection's count of open transactions is psycopg's private state too.
         self._outer_transaction = False
+        depth = self._conn._num_transactions  # noqa: SLF001 - see the comment above.
         if not self._savepoint_name:
-            self._savepoint_name = f"_pg3_{self._conn._num_transactions + 1}"
-        self._stack_index = self._conn._num_transactions
-        self._conn._num_transactions += 1
+            self._savepoint_name = f"_pg3_{depth + 1}"
+        self._stack_index = depth
+        self._conn._num_transactions = depth + 1  # noqa: SLF001 - see the comment above.
 
 
 class _Block:
@@ -110,7 +112,7 @@ class PostgresTransaction:
         """psycopg's ``Connection.transaction()``, always as a savepoint."""
         connection = self._connection
         savepoint = _Savepoint(connection, savepoint_name, force_rollback)
-        if connection._pipeline:  # As psycopg's own.
+        if connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:  # As psycopg's own.
             with connection.pipeline(), savepoint, connection.pipeline():
                 yield savepoint
         else:

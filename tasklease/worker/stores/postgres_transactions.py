@@ -128,9 +128,7 @@ def complete_in_transaction(
     )
     if committed is None:  # The completion found the claim gone: nothing was kept.
         return TransactionOutcome(held=False, result_json=None)
-    store._process.get().writes.pop(
-        (run_id, attempt_id), None
-    )  # Finished: nothing to condition on.
+    store.forget_write(run_id, attempt_id)  # Finished: nothing to condition on.
     return TransactionOutcome(held=True, result_json=committed[0])
 
 
@@ -144,14 +142,14 @@ def record_step_in_transaction(
     if written is None:  # The claim was gone: rolled back.
         return TransactionOutcome(held=False, result_json=None)
     record, version, step_json = written
-    store._remember(record, version)  # The attempt's next renewal is conditional on it.
+    store.remember_write(record, version)  # The attempt's next renewal is conditional on it.
     return TransactionOutcome(held=True, result_json=step_json)
 
 
 def _transact(store: PostgresStore, body: Callable[[WatchedConnection], _T]) -> _T:
     """``body`` on a pooled connection, rolled back unless it committed; the database's
     errors as StoreUnavailable, the handler's own as raised."""
-    process = store._ready_process()
+    process = store.ready_process()
     try:
         with process.pool.connection(timeout=store.options.pool_timeout) as connection:
             try:
@@ -163,20 +161,20 @@ def _transact(store: PostgresStore, body: Callable[[WatchedConnection], _T]) -> 
     except _HandlerError as exc:
         raise exc.error from None
     except CallTimedOut as exc:
-        raise store._unavailable(
+        raise store.unavailable_error(
             "commit a transaction",
             f"the server did not answer within {store.options.call_timeout:g}s",
         ) from exc
     except IdleTimedOut as exc:
-        raise store._unavailable(
+        raise store.unavailable_error(
             "commit a transaction",
             f"the handler was {exc}: its connection was closed and the server rolled the "
             "transaction back",
         ) from exc
     except PoolTimeout as exc:
-        raise store._no_connection("start a transaction", exc) from exc
+        raise store.no_connection_error("start a transaction", exc) from exc
     except psycopg.Error as exc:
-        raise store._unavailable("commit a transaction", str(exc)) from exc
+        raise store.unavailable_error("commit a transaction", str(exc)) from exc
 
 
 def _run_step(
@@ -185,7 +183,7 @@ def _run_step(
     """The step's transaction: the new record, its version and the step's result JSON if
     it committed, None if the claim was gone."""
     run_id, attempt_id = run
-    watchdog = store._process.get().watchdog
+    watchdog = store.ready_process().watchdog
     bounded = watchdog.bounded
     with contextlib.ExitStack() as pipeline:
         pipeline.enter_context(connection.pipeline())
@@ -196,7 +194,7 @@ def _run_step(
                 guarded(connection) as transaction,
             ):
                 step = step_work(transaction)
-            read = connection.execute(store._statements.lock_run, (run_id,))
+            read = connection.execute(store.statements.lock_run, (run_id,))
             with bounded(connection, store.options.call_timeout):
                 row = read.fetchone()  # Any error of the step's own statements shows here.
         except psycopg.OperationalError:
@@ -209,7 +207,7 @@ def _run_step(
         record = steps.with_step(decode_run(row), step)  # StepError past the run's cap.
         values = encode_run(record)
         updated = connection.execute(
-            store._statements.update_run, [*values[1:], run_id, row[len(RUN_COLUMNS)]]
+            store.statements.update_run, [*values[1:], run_id, row[len(RUN_COLUMNS)]]
         )
         connection.execute("COMMIT")
         connection.execute(RESET_SESSION)
@@ -232,7 +230,7 @@ def _run(
 ) -> tuple[str | None] | None:
     """The transaction; ``(result_json,)`` if it committed, None if the claim was gone."""
     run_id, attempt_id = run
-    process = store._process.get()
+    process = store.ready_process()
     refused: psycopg.Error | None = None
     try:
         with contextlib.ExitStack() as pipeline:
@@ -257,7 +255,7 @@ def _run(
                 RunStatus.IN_PROGRESS.value,
             ]
             try:  # An error may surface at any call from here: psycopg reads results eagerly.
-                completion = connection.execute(store._statements.complete_held, params)
+                completion = connection.execute(store.statements.complete_held, params)
                 connection.execute("COMMIT")
                 connection.execute(RESET_SESSION)
                 # Leaving the pipeline sends its Sync and reads every result: a

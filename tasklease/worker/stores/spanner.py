@@ -35,6 +35,7 @@ from google.cloud import spanner
 from google.cloud.spanner_v1.client import EMULATOR_ENV_VAR
 
 from tasklease.errors import ConfigurationError, StoreUnavailable
+from tasklease.plumbing.spanner_calls import bound_calls, guard, run_transaction
 from tasklease.worker.core import decisions, locking
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import (
@@ -52,7 +53,6 @@ from tasklease.worker.stores.delivery_tally import TALLY_KEPT
 from tasklease.worker.stores.firestore_orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.lock_store import LockStore
 from tasklease.worker.stores.operator_queries import OperatorQueries
-from tasklease.worker.stores.spanner_calls import bound_calls, guard, run_transaction
 from tasklease.worker.stores.spanner_tally import SpannerTally
 from tasklease.worker.stores.transactional import (
     StepWork,
@@ -217,7 +217,7 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         with guard("claim a run"):
             try:
                 with database.batch(timeout_secs=self._timeout) as batch:
-                    batch.insert(self.table, schema.WRITE_COLUMNS, [self._row(fresh.record)])
+                    batch.insert(self.table, schema.WRITE_COLUMNS, [self.row_of(fresh.record)])
                 return fresh
             except api.AlreadyExists:
                 pass  # Another attempt's row, or our own first try retried by the client.
@@ -257,9 +257,11 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
 
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
         def work(transaction: Any) -> _T:
-            record, value = change(self._read_run(transaction, run_id))
+            record, value = change(self.read_run(transaction, run_id))
             if record is not None:
-                transaction.insert_or_update(self.table, schema.WRITE_COLUMNS, [self._row(record)])
+                transaction.insert_or_update(
+                    self.table, schema.WRITE_COLUMNS, [self.row_of(record)]
+                )
             return value
 
         database = self.database
@@ -332,9 +334,9 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
     def _get(self, database: Any, run_id: str) -> RunRecord | None:
         """One run's row by a strong single-use read (one RPC)."""
         with database.snapshot() as snapshot:
-            return self._read_run(snapshot, run_id)
+            return self.read_run(snapshot, run_id)
 
-    def _read_run(self, reader: Any, run_id: str) -> RunRecord | None:
+    def read_run(self, reader: Any, run_id: str) -> RunRecord | None:
         """One run's row read in ``reader``: a snapshot, or a read-write transaction."""
         rows = list(reader.read(self.table, schema.RUN_COLUMNS, _keys([run_id])))
         return schema.decode_run(rows[0]) if rows else None
@@ -424,7 +426,7 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         def work(transaction: Any) -> _T:
             lock, value = change(
                 self._get_lock(transaction, name),
-                lambda run_id: self._read_run(transaction, run_id),
+                lambda run_id: self.read_run(transaction, run_id),
             )
             if lock is not None:
                 row = schema.encode_lock(lock, spanner.COMMIT_TIMESTAMP)
@@ -459,7 +461,7 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         with guard(action), database.snapshot() as snapshot:
             return list(snapshot.execute_sql(sql, params=params, param_types=types))
 
-    def _row(self, record: RunRecord) -> list[Any]:
+    def row_of(self, record: RunRecord) -> list[Any]:
         return schema.encode_run(record, spanner.COMMIT_TIMESTAMP)
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from google.cloud import spanner
 
+from tasklease.plumbing.spanner_calls import guard, run_transaction
 from tasklease.worker.stores.delivery_tally import (
     TALLY_KEPT,
     DeliveryTally,
@@ -17,7 +18,6 @@ from tasklease.worker.stores.delivery_tally import (
     TallyKey,
     minute_of,
 )
-from tasklease.worker.stores.spanner_calls import guard, run_transaction
 
 _P = spanner.param_types
 _COLUMNS = ("instance", "minute", "kind", "handler", "outcome", "count")

@@ -46,13 +46,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from google.api_core import exceptions as api
 
 from tasklease.errors import StoreUnavailable
+from tasklease.plumbing.spanner_calls import FIRST_PAUSE, MAX_PAUSE, contended
 from tasklease.worker.core import decisions
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.core.steps import StepRecord
 from tasklease.worker.stores import spanner_schema as schema
 from tasklease.worker.stores.base import Moment, resolve
 from tasklease.worker.stores.google_handler_transaction import GoogleTransaction
-from tasklease.worker.stores.spanner_calls import FIRST_PAUSE, MAX_PAUSE, contended
 from tasklease.worker.stores.transaction_exits import (
     AlreadyCompleted,
     NotHeld,
@@ -91,9 +91,9 @@ def complete_in_transaction(
         tries += 1
         result_json = guarded_work(work, transaction)
         # Read last: the handler ran holding no lock on the run's row (see the module's doc).
-        record = held(store._read_run(transaction, run_id), run_id, attempt_id)
+        record = held(store.read_run(transaction, run_id), run_id, attempt_id)
         done = completion(record, result_json, resolve(now), keep_for)
-        transaction.insert_or_update(store.table, schema.WRITE_COLUMNS, [store._row(done)])
+        transaction.insert_or_update(store.table, schema.WRITE_COLUMNS, [store.row_of(done)])
         return result_json
 
     def before_rerun() -> None:
@@ -139,9 +139,9 @@ def record_step_in_transaction(
         step = guarded_work(step_work, transaction)
         written.append(step)
         # Read last, as a handler's completion does: no lock on the row while the step runs.
-        record = _held_for_a_step(store._read_run(transaction, run_id), run_id, attempt_id)
+        record = _held_for_a_step(store.read_run(transaction, run_id), run_id, attempt_id)
         recorded = with_step(record, step)
-        transaction.insert_or_update(store.table, schema.WRITE_COLUMNS, [store._row(recorded)])
+        transaction.insert_or_update(store.table, schema.WRITE_COLUMNS, [store.row_of(recorded)])
         return step
 
     def before_rerun() -> None:

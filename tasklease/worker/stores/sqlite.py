@@ -32,7 +32,7 @@ from typing import Any, ClassVar, TypeVar
 
 from tasklease.errors import StoreUnavailable
 from tasklease.plumbing import private_files
-from tasklease.plumbing.group_commit import GroupCommit, Pending
+from tasklease.plumbing.group_commit import ChangeBatcher, Pending
 from tasklease.plumbing.per_process import PerProcess
 from tasklease.plumbing.writer_lock import WriterLock, WriterLockTimeout
 from tasklease.worker.core import decisions, steps
@@ -177,7 +177,7 @@ class SqliteStore(LockStore, OperatorQueries, tally.SqliteTally, TransactionalSt
         self._schema_lock = threading.Lock()
         self._next_purge = 0.0
         # A child must not inherit a batch in flight at fork: each process groups its own.
-        self._batches = PerProcess(lambda: GroupCommit(self._commit_batch))
+        self._batches = PerProcess(lambda: ChangeBatcher(self._commit_batch))
         # The one connection this process's batches write through (one batch at a time).
         # SQLite empties a connection's page cache whenever another connection changed the
         # file, so a batch on a per-thread connection would reread its pages after every

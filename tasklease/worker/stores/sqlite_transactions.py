@@ -3,7 +3,7 @@ store's own database file, so the handler's writes and the run's completion reco
 one ``BEGIN IMMEDIATE`` transaction, with one sync.
 
 The transaction runs on the handler's own thread while no group-commit batch of the process
-is in flight (:meth:`~tasklease.plumbing.group_commit.GroupCommit.alone`), on the process's
+is in flight (:meth:`~tasklease.plumbing.group_commit.ChangeBatcher.alone`), on the process's
 writing connection, under the cross-process writer lock: it holds SQLite's one write lock for
 the handler's whole run, so other writers of the file (claims, renewals, its own attempt's
 renewals too) wait for it. Keep transactional handlers on SQLite well within their lease:

@@ -1,10 +1,9 @@
-"""How the Spanner store calls Spanner: bounded RPCs, read-write transactions run again on
-contention, and every failure turned into :class:`StoreUnavailable`.
+"""How the Spanner store and the Spanner outbox call Spanner: bounded RPCs, read-write
+transactions run again on contention, and every failure turned into :class:`StoreUnavailable`.
 
-The client's own defaults let a Commit or a streaming read wait up to an hour
-(``spanner_v1/services/spanner/transports/base.py``: ``default_timeout=3600.0``), so a frozen
+The client's own defaults let a Commit or a streaming read wait up to an hour, so a frozen
 database would hang the request. :func:`bound_calls` gives every RPC of a client one deadline,
-its retries on UNAVAILABLE included.
+its retries on UNAVAILABLE included (:mod:`tasklease.plumbing.rpc_deadlines`).
 """
 
 from __future__ import annotations
@@ -16,10 +15,10 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from google.api_core import exceptions as api
-from google.api_core import gapic_v1
 from google.api_core import retry as retries
 
 from tasklease.errors import StoreUnavailable
+from tasklease.plumbing.rpc_deadlines import bound_rpcs
 
 _T = TypeVar("_T")
 
@@ -45,28 +44,10 @@ MAX_PAUSE = 0.5
 def bound_calls(database: Any, timeout: float) -> None:
     """Give every RPC ``database``'s client makes a deadline of ``timeout`` seconds, its own
     retries on UNAVAILABLE included, unless the call sets one itself."""
-    transport = database.spanner_api._transport
     retry = retries.Retry(
         predicate=_TRANSIENT, initial=0.05, maximum=1.0, multiplier=2.0, timeout=timeout
     )
-    for method, wrapped in list(transport._wrapped_methods.items()):
-        transport._wrapped_methods[method] = _bounded(wrapped, retry, timeout)
-
-
-def _bounded(wrapped: Callable[..., Any], retry: Any, timeout: float) -> Callable[..., Any]:
-    def call(
-        *args: Any, retry: Any = gapic_v1.method.DEFAULT, timeout: Any = gapic_v1.method.DEFAULT,
-        **kwargs: Any,
-    ) -> Any:  # fmt: skip
-        return wrapped(
-            *args,
-            retry=bounded_retry if retry is gapic_v1.method.DEFAULT else retry,
-            timeout=bounded_timeout if timeout in (gapic_v1.method.DEFAULT, None) else timeout,
-            **kwargs,
-        )
-
-    bounded_retry, bounded_timeout = retry, timeout
-    return call
+    bound_rpcs(database.spanner_api.transport, retry, timeout)
 
 
 def contended(error: BaseException) -> bool:
