@@ -10,6 +10,7 @@ Chromium that cannot be had fails them.
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import shutil
@@ -67,6 +68,19 @@ def find_chromium() -> str:
     pytest.skip(f"NO BROWSER TEST: {reason} (as root: apt-get install chromium)")
 
 
+def _above_4(*fds: int) -> tuple[int, ...]:
+    """``fds`` moved to descriptors above 4. The script below maps ours onto the browser's 3
+    and 4 one redirection at a time, so one of ours that already is 3 or 4 (free again late
+    in a long test session) would be overwritten or closed by the other's redirection, and
+    Chromium would never answer."""
+    moved = []
+    for fd in fds:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 5)
+        os.close(fd)
+        moved.append(high)
+    return tuple(moved)
+
+
 def _which() -> str | None:
     if DEBIAN_BINARY.exists():
         return str(DEBIAN_BINARY)
@@ -77,8 +91,8 @@ class Browser:
     """One headless Chromium; :meth:`tab` opens a page to drive."""
 
     def __init__(self, binary: str, profile: Path, extra_flags: Sequence[str] = ()) -> None:
-        to_chrome_read, to_chrome_write = os.pipe()
-        from_chrome_read, from_chrome_write = os.pipe()
+        to_chrome_read, to_chrome_write = _above_4(*os.pipe())
+        from_chrome_read, from_chrome_write = _above_4(*os.pipe())
         flags = [*FLAGS, *extra_flags, f"--user-data-dir={profile}"]
         if os.geteuid() == 0:
             flags.append("--no-sandbox")  # Chromium refuses to run as root with its sandbox.
