@@ -24,7 +24,7 @@ from collections import Counter
 from typing import Any
 
 from bench.asgi_apps import bare, tasklease
-from tasklease.worker.asgi_routes import ASGIApp
+from tasklease.worker.serving.asgi_routes import ASGIApp
 
 BODY = b'{"order_id": 42}'
 CONCURRENCY = 16

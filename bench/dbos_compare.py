@@ -34,11 +34,11 @@ from dbos import DBOS, SetWorkflowID, SQLAlchemyDatasource
 from psycopg._pipeline_base import BasePipeline
 
 from bench.common import ROOT
-from tasklease.worker.auth import NoAuth
 from tasklease.worker.core.identity import Kind
-from tasklease.worker.execution import Delivery, Executor
-from tasklease.worker.router import Router
-from tasklease.worker.stores.postgres import PostgresStore
+from tasklease.worker.delivery.auth import NoAuth
+from tasklease.worker.delivery.executor import Delivery, Executor
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.stores.postgres.store import PostgresStore
 
 sys.path.insert(0, str(ROOT))
 from tests.postgres_support import running_cluster

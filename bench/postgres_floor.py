@@ -37,7 +37,7 @@ import psycopg
 from bench.common import ROOT
 from tasklease.worker.core import decisions
 from tasklease.worker.core.records import ClaimRequest
-from tasklease.worker.stores.postgres_schema import (
+from tasklease.worker.stores.postgres.schema import (
     Statements,
     encode_run,
     encode_run_changes,

@@ -26,7 +26,7 @@ from typing import Any
 
 # The store's own schema and statements, so the floor is the store's (private on purpose:
 # a benchmark of internals).
-from tasklease.worker.stores.sqlite import _INSERT, _SCHEMA, _SELECT_ONE, _UPDATE
+from tasklease.worker.stores.sqlite.store import _INSERT, _SCHEMA, _SELECT_ONE, _UPDATE
 
 _FINISH_AT = 10**15 + 10**11
 

@@ -19,7 +19,7 @@ from typing import Any
 import flask
 
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.logs import CloudLoggingFormatter
+from tasklease.worker.observe.logs import CloudLoggingFormatter
 from tasklease.worker.stores import MemoryStore, SqliteStore
 
 HEADERS = {

@@ -2,7 +2,7 @@
 
 A package lists ``{name: defining module}`` and assigns the two hooks PEP 562 reads::
 
-    __getattr__, __dir__ = lazy_exports(__name__, {"Router": "tasklease.worker.router"})
+    __getattr__, __dir__ = lazy_exports(__name__, {"Router": "tasklease.worker.handlers.router"})
 
 Static tools read the same names from an ``if TYPE_CHECKING:`` import block beside it.
 """

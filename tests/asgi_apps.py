@@ -19,7 +19,7 @@ from tasklease.worker import Router, TaskContext
 from tasklease.worker.asgi import AsgiDeliveries, create_asgi_app
 from tasklease.worker.core.records import Claim, ClaimRequest
 from tasklease.worker.stores import SqliteStore, store_from_url
-from tasklease.worker.stores.base import Moment
+from tasklease.worker.stores.base.store import Moment
 from tests.helpers import SwitchableStore
 
 router = Router()

@@ -7,9 +7,9 @@ import random
 from datetime import datetime, timedelta
 
 from tasklease.worker.core.decisions import replay_pending
-from tasklease.worker.stores.base import LeaseStore
-from tasklease.worker.stores.delivery_tally import DeliveryTally, TallyKey, minute_of
-from tasklease.worker.stores.operator_queries import OperatorQueries
+from tasklease.worker.stores.base.queries import OperatorQueries
+from tasklease.worker.stores.base.store import LeaseStore
+from tasklease.worker.stores.base.tally import DeliveryTally, TallyKey, minute_of
 from tests.helpers import claim_request
 
 LONG_TASK = "export_" + "quarterly_ledger_" * 8 + "2026Q3"  # No break opportunity.

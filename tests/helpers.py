@@ -9,8 +9,8 @@ from typing import Any, TypedDict
 from tasklease.errors import StoreUnavailable
 from tasklease.testing.contract_support import T0, claim_request
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
-from tasklease.worker.stores.base import LeaseStore, Moment
-from tasklease.worker.stores.lock_store import LockStore, lock_store
+from tasklease.worker.stores.base.locks import LockStore, lock_store
+from tasklease.worker.stores.base.store import LeaseStore, Moment
 
 
 class FakeClock:

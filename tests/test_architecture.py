@@ -167,15 +167,15 @@ def test_the_import_scan_sees_lazy_typing_and_relative_imports(tmp_path: Path) -
     source = tmp_path / "tracing.py"
     source.write_text(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from tasklease.worker.router import Router\n"
-        "def later():\n    import tasklease.worker.telemetry\n"
+        "if TYPE_CHECKING:\n    from tasklease.worker.handlers.router import Router\n"
+        "def later():\n    import tasklease.worker.observe.telemetry\n"
         "from ..worker import stores\n"
         "from tasklease import create_app\n"
     )
     found = imported_names("tasklease.producer.tracing", source)
-    assert {"tasklease.worker.router", "tasklease.worker.telemetry"} <= found
+    assert {"tasklease.worker.handlers.router", "tasklease.worker.observe.telemetry"} <= found
     assert "tasklease.worker.stores" in found
-    assert "tasklease.worker.app" in found  # Through tasklease's lazy exports.
+    assert "tasklease.worker.serving.app" in found  # Through tasklease's lazy exports.
 
 
 def test_no_module_is_longer_than_500_lines() -> None:

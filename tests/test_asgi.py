@@ -20,8 +20,8 @@ import requests
 from pytest_httpserver import HTTPServer
 
 from tasklease.plumbing.serve import GunicornWorker, free_port
-from tasklease.worker.asgi_routes import read_body
-from tasklease.worker.wsgi_routes import BadBody
+from tasklease.worker.serving.asgi_routes import read_body
+from tasklease.worker.serving.wsgi_routes import BadBody
 from tests.helpers import job_headers, task_headers
 from tests.test_security import Keys
 
@@ -115,7 +115,8 @@ def test_a_permanent_failure_is_a_dead_letter_and_a_raise_is_released_for_a_retr
 def test_on_memory_store_retries_are_answered_from_the_record_and_a_released_run_runs_again(
     tmp_path: Path,
 ) -> None:
-    # MemoryStore with auth off: a retry is read on the loop (tasklease.worker.settled_answers).
+    # MemoryStore with auth off: a retry is read on the loop
+    # (tasklease.worker.runtime.settled_answers).
     memory = GunicornWorker(
         "tests.asgi_apps:router",
         store="memory://",

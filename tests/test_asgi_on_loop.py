@@ -25,11 +25,11 @@ from tasklease.errors import LeaseLost, PermanentFailure
 from tasklease.plumbing.serve import GunicornWorker
 from tasklease.worker import Router, TaskContext
 from tasklease.worker.asgi import AsgiDeliveries, create_asgi_app
-from tasklease.worker.asgi_routes import Message
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.logs import FIELDS_ATTRIBUTE
+from tasklease.worker.observe.logs import FIELDS_ATTRIBUTE
+from tasklease.worker.serving.asgi_routes import Message
 from tasklease.worker.stores import MemoryStore
-from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.base.store import LeaseStore
 from tests.helpers import FakeClock, SwitchableStore, claim_request, task_headers
 
 Answer = tuple[int, dict[str, str], dict[str, Any]]
@@ -119,7 +119,7 @@ class Loop:
 def _no_opentelemetry(monkeypatch: pytest.MonkeyPatch) -> None:
     # Another test in this process may have loaded OpenTelemetry, which keeps every delivery
     # in a thread; these tests are about the loop path.
-    monkeypatch.setattr("tasklease.worker.telemetry.opentelemetry_in_use", lambda: False)
+    monkeypatch.setattr("tasklease.worker.observe.telemetry.opentelemetry_in_use", lambda: False)
 
 
 @pytest.fixture
@@ -368,7 +368,7 @@ def test_a_store_that_may_block_is_never_called_on_the_loop_for_an_async_handler
 def test_with_opentelemetry_loaded_an_async_handler_runs_off_the_loop(
     loops: list[Loop], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("tasklease.worker.telemetry.opentelemetry_in_use", lambda: True)
+    monkeypatch.setattr("tasklease.worker.observe.telemetry.opentelemetry_in_use", lambda: True)
     ran_on: list[int] = []
     store = WatchedMemory()
     running = Loop(outcome_router(ran_on), store)
@@ -485,7 +485,7 @@ def test_a_continuations_enqueue_leaves_the_loop_and_the_rest_stays_on_it(
 def test_only_an_asyncio_server_runs_an_async_handler_on_its_own_loop() -> None:
     # Under trio (hypercorn --worker-class trio) no asyncio loop runs: a handler written for
     # asyncio is awaited on tasklease's handler loop instead, as before.
-    from tasklease.worker.asgi_routes import _on_asyncio  # noqa: PLC0415 - private helper.
+    from tasklease.worker.serving.asgi_routes import _on_asyncio  # noqa: PLC0415 - private helper.
 
     async def inside() -> bool:
         return _on_asyncio()

@@ -24,7 +24,7 @@ from tasklease.errors import LeaseLost, PermanentFailure
 from tasklease.plumbing.serve import GunicornWorker
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.event_loop import HANDLER_LOOP, LoopNotStarted
+from tasklease.worker.runtime.event_loop import HANDLER_LOOP, LoopNotStarted
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import (
     FakeClock,

@@ -17,16 +17,17 @@ import flask
 import pytest
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker import Router, TaskContext, create_app, tally_flusher
+from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.activity import window_start
 from tasklease.worker.core.deliveries import delivery_minutes
 from tasklease.worker.dashboard import create_dashboard_app
-from tasklease.worker.execution import Executor
+from tasklease.worker.delivery.executor import Executor
+from tasklease.worker.observe import tally_flusher
+from tasklease.worker.observe.tally_flusher import DeliveryCounter
 from tasklease.worker.stores import MemoryStore, SqliteStore
-from tasklease.worker.stores.delivery_tally import DeliveryTally, MinuteCounts, TallyKey, minute_of
-from tasklease.worker.stores.lock_store import LockStore
-from tasklease.worker.stores.operator_queries import OperatorQueries
-from tasklease.worker.tally_flusher import DeliveryCounter
+from tasklease.worker.stores.base.locks import LockStore
+from tasklease.worker.stores.base.queries import OperatorQueries
+from tasklease.worker.stores.base.tally import DeliveryTally, MinuteCounts, TallyKey, minute_of
 from tests.helpers import task_headers
 
 

@@ -11,7 +11,7 @@ from functools import partial
 
 import pytest
 
-from tasklease.worker.delivery_threads import DeliveryThreads
+from tasklease.worker.runtime.delivery_threads import DeliveryThreads
 
 TRACE: contextvars.ContextVar[str] = contextvars.ContextVar("trace", default="none")
 

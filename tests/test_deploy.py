@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tasklease.deploy.config import load_config
-from tasklease.worker.stores.firestore import FirestoreStore
+from tasklease.worker.stores.firestore.store import FirestoreStore
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tasklease" / "deploy" / "deploy.py"

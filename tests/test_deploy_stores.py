@@ -20,8 +20,8 @@ from tasklease.deploy.errors import DeployError
 from tasklease.deploy.gcloud import Gcloud
 from tasklease.deploy.plan import worker_env
 from tasklease.worker.stores import store_from_url
-from tasklease.worker.stores.postgres_options import Options
-from tasklease.worker.stores.spanner import SpannerStore
+from tasklease.worker.stores.postgres.options import Options
+from tasklease.worker.stores.spanner.store import SpannerStore
 from tests.test_deploy import EXAMPLE, user_project
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,9 +14,9 @@ from werkzeug import Response
 from tasklease.emulator import CloudTasksEmulator, Faults
 from tasklease.emulator.api import CERTS_PATH
 from tasklease.emulator.model import ApiError
-from tasklease.worker.auth import AuthRequest, OidcAuth
 from tasklease.worker.core.identity import Kind
-from tasklease.worker.router import HandlerSpec
+from tasklease.worker.delivery.auth import AuthRequest, OidcAuth
+from tasklease.worker.handlers.router import HandlerSpec
 from tests.emulator_target import Target
 
 QUEUE = "projects/p/locations/us-central1/queues/q"

@@ -16,9 +16,9 @@ from google.cloud import tasks_v2
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from tasklease.emulator import CloudTasksEmulator
-from tasklease.worker.auth import AuthRequest, OidcAuth
 from tasklease.worker.core.identity import Kind
-from tasklease.worker.router import HandlerSpec
+from tasklease.worker.delivery.auth import AuthRequest, OidcAuth
+from tasklease.worker.handlers.router import HandlerSpec
 from tests.emulator_target import Target
 
 PROJECT, LOCATION, QUEUE_ID = "my-project-id", "us-central1", "my-queue"

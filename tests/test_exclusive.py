@@ -17,7 +17,7 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core import locking
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.core.records import LockRequest, RunStatus
-from tasklease.worker.lease import LeaseKeeper
+from tasklease.worker.delivery.lease import LeaseKeeper
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import FakeClock, job_headers, task_headers
 from tests.test_lease_keeper import context_for, wait_for

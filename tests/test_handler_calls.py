@@ -1,5 +1,5 @@
-"""The handler call in progress (``tasklease.worker.running``): the keys it gives the tasks a
-handler enqueues without naming them (Django's ``enqueue()``), the same on every try of the
+"""The handler call in progress (``tasklease.worker.handlers.running``): the keys it gives the
+tasks a handler enqueues without naming them (Django's ``enqueue()``), the same on every try of the
 handler's code within a run, and none outside a handler."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 
 from tasklease.worker import Router, create_app
 from tasklease.worker.asgi import create_asgi_app
-from tasklease.worker.context import TaskContext
-from tasklease.worker.running import current_call, handler_call
-from tasklease.worker.stores.memory import MemoryStore
-from tasklease.worker.stores.sqlite import SqliteStore
-from tasklease.worker.stores.transactional import TransactionOutcome, Work
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.running import current_call, handler_call
+from tasklease.worker.stores.base.transactional import TransactionOutcome, Work
+from tasklease.worker.stores.memory.store import MemoryStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import task_headers
 
 

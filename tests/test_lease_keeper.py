@@ -14,9 +14,9 @@ import pytest
 
 from tasklease.errors import LeaseLost
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.attempt import Attempt
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
-from tasklease.worker.lease import LeaseKeeper
+from tasklease.worker.delivery.attempt import Attempt
+from tasklease.worker.delivery.lease import LeaseKeeper
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import SwitchableStore, claim_request, task_headers
 

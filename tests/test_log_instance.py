@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from tasklease.worker.logs import instance_id
+from tasklease.worker.observe.logs import instance_id
 
 
 def test_a_forked_child_names_its_own_pid_in_the_instance() -> None:

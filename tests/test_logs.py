@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasklease.worker import logs
-from tasklease.worker.logs import CloudLoggingFormatter, ReadableFormatter
+from tasklease.worker.observe import logs
+from tasklease.worker.observe.logs import CloudLoggingFormatter, ReadableFormatter
 
 
 def test_log_line_has_the_shape_cloud_logging_reads() -> None:

@@ -107,10 +107,10 @@ def test_a_memory_store_worker_loads_only_what_it_uses() -> None:
         "tasklease.emulator",
         "tasklease.worker.dashboard",
         "tasklease.worker.targets",
-        "tasklease.worker.stores.sqlite",
+        "tasklease.worker.stores.sqlite.store",
         "tasklease.worker.core.queries",  # The operators' listing of runs.
         "tasklease.plumbing.otel_setup",  # Nothing asks for an SDK.
-        "tasklease.worker.stores.firestore",
+        "tasklease.worker.stores.firestore.store",
         "google",  # google-auth too: it verifies tokens, and authentication is off here.
         "requests",
         "cachecontrol",

@@ -12,8 +12,13 @@ from tasklease.jobs import Job
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.operations import OperationRefused, Operations, replay_key, run_summary
-from tasklease.worker.schedules import load_schedules
+from tasklease.worker.operate.operations import (
+    OperationRefused,
+    Operations,
+    replay_key,
+    run_summary,
+)
+from tasklease.worker.operate.stuck_schedules import load_schedules
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import T0, FakeClock, claim_request
 

@@ -23,7 +23,7 @@ from tasklease.worker.core.outcome import (
     lease_retry_after,
     lock_retry_after,
 )
-from tasklease.worker.reply import Reply
+from tasklease.worker.delivery.reply import Reply
 from tests.checkout import ROOT
 
 NOW = datetime(2026, 10, 16, 12, tzinfo=UTC)

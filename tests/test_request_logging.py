@@ -13,7 +13,7 @@ import flask
 import pytest
 
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.logs import ReadableFormatter
+from tasklease.worker.observe.logs import ReadableFormatter
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import job_headers, task_headers
 

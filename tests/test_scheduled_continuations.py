@@ -21,7 +21,7 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core import steps
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import FakeClock, job_headers, task_headers
 
 SLOT = "2026-10-16T12:00:00Z"  # T0: the slot's own delivery, not a manual run.

@@ -13,7 +13,7 @@ from tasklease.errors import ConfigurationError
 from tasklease.jobs import InvalidJob, Job, Retry, load_jobs, parse_jobs
 from tasklease.testing.stubs import StubScheduler
 from tasklease.worker import TaskContext, create_app
-from tasklease.worker.declared_jobs import declared_jobs, router_jobs
+from tasklease.worker.handlers.declared_jobs import declared_jobs, router_jobs
 from tasklease.worker.stores import MemoryStore
 
 pytest_plugins = ["pytester"]

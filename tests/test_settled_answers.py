@@ -20,13 +20,13 @@ import pytest
 
 from tasklease.worker import Router, TaskContext
 from tasklease.worker.asgi import AsgiDeliveries, create_asgi_app
-from tasklease.worker.asgi_routes import Message
-from tasklease.worker.auth import NoAuth, OidcAuth
 from tasklease.worker.core.identity import Kind, parse_identity
 from tasklease.worker.core.records import ClaimRequest
-from tasklease.worker.execution import utc_now
-from tasklease.worker.logs import FIELDS_ATTRIBUTE
-from tasklease.worker.settled_answers import answers_on_loop
+from tasklease.worker.delivery.auth import NoAuth, OidcAuth
+from tasklease.worker.delivery.executor import utc_now
+from tasklease.worker.observe.logs import FIELDS_ATTRIBUTE
+from tasklease.worker.runtime.settled_answers import answers_on_loop
+from tasklease.worker.serving.asgi_routes import Message
 from tasklease.worker.stores import MemoryStore, SqliteStore
 from tests.helpers import task_headers
 
@@ -101,7 +101,7 @@ def worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Worker]:
     # Another test in this process may have loaded OpenTelemetry, which keeps every delivery
     # in a thread (a delivery given up for a claim would leave a span); these tests are about
     # the loop path.
-    monkeypatch.setattr("tasklease.worker.telemetry.opentelemetry_in_use", lambda: False)
+    monkeypatch.setattr("tasklease.worker.observe.telemetry.opentelemetry_in_use", lambda: False)
     running = Worker()
     yield running
     running.close()
@@ -223,7 +223,7 @@ def test_only_memory_store_with_authentication_off_and_no_opentelemetry_is_read_
             assert not answers_on_loop(executor)
     finally:
         sqlite.close()
-    monkeypatch.setattr("tasklease.worker.telemetry.opentelemetry_in_use", lambda: True)
+    monkeypatch.setattr("tasklease.worker.observe.telemetry.opentelemetry_in_use", lambda: True)
     assert not answers_on_loop(executor)
     assert NoAuth.nonblocking and not OidcAuth.nonblocking
 
@@ -249,7 +249,7 @@ def test_a_subclass_of_memory_store_or_no_auth_is_not_nonblocking_unless_it_says
 def test_a_subclassed_memory_store_keeps_every_read_in_a_delivery_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("tasklease.worker.telemetry.opentelemetry_in_use", lambda: False)
+    monkeypatch.setattr("tasklease.worker.observe.telemetry.opentelemetry_in_use", lambda: False)
 
     class Watched(MemoryStore):
         def __init__(self) -> None:

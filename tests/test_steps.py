@@ -20,8 +20,8 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core import steps
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores.base import Change, LeaseStore
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.base.store import Change, LeaseStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import FakeClock, task_headers
 
 
@@ -343,7 +343,7 @@ def test_the_delivery_log_line_counts_steps_replayed_and_run(
     caplog.clear()
     with caplog.at_level("INFO", logger="tasklease"):
         post(app)
-    from tasklease.worker.logs import FIELDS_ATTRIBUTE  # noqa: PLC0415
+    from tasklease.worker.observe.logs import FIELDS_ATTRIBUTE  # noqa: PLC0415
 
     (line,) = [r for r in caplog.records if r.name == "tasklease.execution"]
     fields = getattr(line, FIELDS_ATTRIBUTE)
@@ -409,10 +409,10 @@ def test_a_continuation_state_past_the_per_step_cap_fails_the_run_with_a_clear_e
 
 def test_a_continuation_of_another_callers_run_is_refused_revealing_nothing_of_it() -> None:
     from tasklease.testing.contract_support import T0  # noqa: PLC0415
-    from tasklease.worker import continuation  # noqa: PLC0415
     from tasklease.worker.core import decisions  # noqa: PLC0415
     from tasklease.worker.core.identity import DeliveryIdentity  # noqa: PLC0415
     from tasklease.worker.core.records import Verdict  # noqa: PLC0415
+    from tasklease.worker.delivery import continuation  # noqa: PLC0415
 
     router = Router()
     router.task("h")(lambda payload, ctx: None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tasklease.testing.contract_support import T0, claim_request
 from tasklease.worker.core import steps
 from tasklease.worker.core.steps import StepRecord
-from tasklease.worker.stores.postgres_schema import SCHEMA_VERSION
+from tasklease.worker.stores.postgres.schema import SCHEMA_VERSION
 from tests import postgres_support
 
 
@@ -17,7 +17,7 @@ def _step() -> StepRecord:
 def test_a_version_1_postgres_schema_is_migrated_and_keeps_its_runs(
     postgres_cluster: postgres_support.Cluster,
 ) -> None:
-    from tasklease.worker.stores.postgres import PostgresStore  # noqa: PLC0415
+    from tasklease.worker.stores.postgres.store import PostgresStore  # noqa: PLC0415
 
     schema = postgres_support.fresh_schema()
     url = postgres_cluster.url(schema=schema)
@@ -42,8 +42,8 @@ def test_a_version_1_postgres_schema_is_migrated_and_keeps_its_runs(
 def test_a_spanner_table_without_the_step_columns_gains_them(spanner_database: str) -> None:
     from google.cloud import spanner  # noqa: PLC0415
 
-    from tasklease.worker.stores import spanner_schema  # noqa: PLC0415
-    from tasklease.worker.stores.spanner import DEFAULT_TABLE, SpannerStore  # noqa: PLC0415
+    from tasklease.worker.stores.spanner import schema as spanner_schema  # noqa: PLC0415
+    from tasklease.worker.stores.spanner.store import DEFAULT_TABLE, SpannerStore  # noqa: PLC0415
 
     _, project, _, instance, _, database_id = spanner_database.split("/")
     database = spanner.Client(project=project).instance(instance)  # type: ignore[no-untyped-call]

@@ -148,7 +148,8 @@ def _old_firestore_document(record: RunRecord) -> dict[str, object]:
 
 def test_firestore_documents_keep_their_field_names_and_old_ones_read_back() -> None:
     pytest.importorskip("google.cloud.firestore")
-    from tasklease.worker.stores import firestore_codec, firestore_locks  # noqa: PLC0415
+    from tasklease.worker.stores.firestore import codec as firestore_codec  # noqa: PLC0415
+    from tasklease.worker.stores.firestore import locks as firestore_locks  # noqa: PLC0415
 
     # Durable steps added two fields; a document written before them reads back without.
     assert firestore_codec.encode_run(RECORD) == {
@@ -182,7 +183,7 @@ def test_firestore_documents_keep_their_field_names_and_old_ones_read_back() -> 
 
 def test_postgres_columns_are_the_field_names_of_the_tables_created() -> None:
     pytest.importorskip("psycopg")
-    from tasklease.worker.stores import postgres_schema  # noqa: PLC0415
+    from tasklease.worker.stores.postgres import schema as postgres_schema  # noqa: PLC0415
 
     assert postgres_schema.RUN_COLUMNS == (
         "run_id", "kind", "handler", "status", "attempt_id", "fencing_token", "attempts",
@@ -197,7 +198,7 @@ def test_postgres_columns_are_the_field_names_of_the_tables_created() -> None:
 
 
 def test_encode_changed_gives_only_the_fields_that_differ_encoded_as_stored() -> None:
-    from tasklease.worker.stores.codec import Conversion, RecordCodec  # noqa: PLC0415
+    from tasklease.worker.stores.base.codec import Conversion, RecordCodec  # noqa: PLC0415
 
     codec = RecordCodec(RunRecord, time=Conversion(encode=datetime.isoformat))
     done = dataclasses.replace(

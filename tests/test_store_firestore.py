@@ -26,7 +26,7 @@ from tasklease.worker import Router, create_app
 from tasklease.worker.core.locking import token_floor
 from tasklease.worker.core.records import RunRecord, RunStatus, Verdict
 from tasklease.worker.stores import FirestoreStore, LockStore, store_from_url
-from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.base.store import LeaseStore
 from tests.firestore_support import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.helpers import T0, FakeClock, claim_request, job_headers, task_headers
 

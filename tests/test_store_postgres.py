@@ -25,9 +25,9 @@ from tasklease.testing.store_contract import (
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import store_from_url
-from tasklease.worker.stores.postgres import PostgresStore
-from tasklease.worker.stores.postgres_options import Options
-from tasklease.worker.stores.postgres_schema import SCHEMA_VERSION, Statements
+from tasklease.worker.stores.postgres.options import Options
+from tasklease.worker.stores.postgres.schema import SCHEMA_VERSION, Statements
+from tasklease.worker.stores.postgres.store import PostgresStore
 from tests import postgres_support
 from tests.helpers import T0, claim_request, task_headers
 
@@ -315,6 +315,6 @@ def test_bad_store_options_are_a_configuration_error(query: str) -> None:
 
 
 def test_without_psycopg_the_store_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "tasklease.worker.stores.postgres", None)
+    monkeypatch.setitem(sys.modules, "tasklease.worker.stores.postgres.store", None)
     with pytest.raises(ConfigurationError, match=r"pip install 'tasklease\[postgres\]'"):
         store_from_url("postgresql://localhost/db")

@@ -18,11 +18,11 @@ from psycopg._pipeline_base import BasePipeline
 
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import RunStatus, Verdict
-from tasklease.worker.stores import postgres_group_commit
-from tasklease.worker.stores.postgres import PostgresStore
-from tasklease.worker.stores.postgres_group_commit import LOCK_WAIT, StatementBatcher
-from tasklease.worker.stores.postgres_options import Options
-from tasklease.worker.stores.postgres_schema import Statements
+from tasklease.worker.stores.postgres import group_commit as postgres_group_commit
+from tasklease.worker.stores.postgres.group_commit import LOCK_WAIT, StatementBatcher
+from tasklease.worker.stores.postgres.options import Options
+from tasklease.worker.stores.postgres.schema import Statements
+from tasklease.worker.stores.postgres.store import PostgresStore
 from tests import postgres_support
 from tests.helpers import T0, claim_request, task_headers
 

@@ -22,7 +22,7 @@ from tasklease.testing.tally_contract import TallyContract
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import SpannerStore, store_from_url
-from tasklease.worker.stores import spanner_schema as schema
+from tasklease.worker.stores.spanner import schema
 from tests.helpers import T0, claim_request, task_headers
 from tests.spanner_support import Emulator, RpcCounter
 

@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 from tasklease.worker.stores import SqliteStore
-from tasklease.worker.stores.sqlite import _SCHEMA_VERSION
+from tasklease.worker.stores.sqlite.store import _SCHEMA_VERSION
 from tests.helpers import T0, claim_request
 
 

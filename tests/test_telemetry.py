@@ -34,12 +34,12 @@ from tasklease.worker import (
     Router,
     TaskContext,
     create_app,
-    store_retries,
-    telemetry,
 )
-from tasklease.worker.attempt import Attempt
-from tasklease.worker.lease import LeaseKeeper
-from tasklease.worker.logs import CloudLoggingFormatter
+from tasklease.worker.delivery import store_retries
+from tasklease.worker.delivery.attempt import Attempt
+from tasklease.worker.delivery.lease import LeaseKeeper
+from tasklease.worker.observe import telemetry
+from tasklease.worker.observe.logs import CloudLoggingFormatter
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import T0, FakeClock, SwitchableStore, claim_request, job_headers, task_headers
 

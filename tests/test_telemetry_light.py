@@ -17,7 +17,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from tasklease.worker import telemetry
+from tasklease.worker.observe import telemetry
 from tests.checkout import ROOT
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -27,7 +27,7 @@ TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 # reads them.
 PRELUDE = """
 import json, logging, sys
-from tasklease.worker.logs import CloudLoggingFormatter
+from tasklease.worker.observe.logs import CloudLoggingFormatter
 
 lines = []
 

@@ -14,10 +14,10 @@ from tasklease.testing.contract_support import EXPIRED
 from tasklease.testing.transaction_contract import TransactionContract
 from tasklease.testing.transactional_step_contract import TransactionalStepContract
 from tasklease.worker import Router, create_app
-from tasklease.worker.context import TaskContext
 from tasklease.worker.core.records import Verdict
-from tasklease.worker.stores.postgres import PostgresStore
-from tasklease.worker.stores.postgres_schema import Statements
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.stores.postgres.schema import Statements
+from tasklease.worker.stores.postgres.store import PostgresStore
 from tests.helpers import FakeClock, claim_request, task_headers
 
 pytestmark = pytest.mark.service

@@ -17,10 +17,10 @@ from tasklease.errors import ConfigurationError, PermanentFailure, StoreUnavaila
 from tasklease.testing.transaction_contract import TransactionContract
 from tasklease.testing.transactional_step_contract import TransactionalStepContract
 from tasklease.worker import Router, create_app
-from tasklease.worker.context import TaskContext
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores.memory import MemoryStore
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.stores.memory.store import MemoryStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import task_headers
 
 

@@ -19,16 +19,16 @@ import pytest
 from tasklease.errors import LeaseLost, StoreUnavailable
 from tasklease.testing.contract_support import EXPIRED, T0
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.attempt import Attempt
 from tasklease.worker.core import steps
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.core.steps import StepRecord
-from tasklease.worker.steps import StepRunner
-from tasklease.worker.stores.memory import MemoryStore
-from tasklease.worker.stores.postgres import PostgresStore
-from tasklease.worker.stores.sqlite import SqliteStore
-from tasklease.worker.stores.transactional import TRANSACTIONAL_STEP_STORES, TransactionalStore
+from tasklease.worker.delivery.attempt import Attempt
+from tasklease.worker.handlers.steps import StepRunner
+from tasklease.worker.stores.base.transactional import TRANSACTIONAL_STEP_STORES, TransactionalStore
+from tasklease.worker.stores.memory.store import MemoryStore
+from tasklease.worker.stores.postgres.store import PostgresStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import claim_request, task_headers
 
 

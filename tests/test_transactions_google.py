@@ -29,7 +29,7 @@ from tasklease.testing.contract_support import EXPIRED, LEASE, T0, claim_request
 from tasklease.worker.core import decisions
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import FirestoreStore, SpannerStore, TransactionalStore
-from tasklease.worker.stores.firestore_codec import decode_run, encode_run
+from tasklease.worker.stores.firestore.codec import decode_run, encode_run
 from tests.faults.private_firestore import private_firestore
 from tests.firestore_support import PROJECT, RpcCounter, unique_collection
 from tests.spanner_support import Emulator

@@ -11,7 +11,7 @@ import pytest
 
 from tasklease import PermanentFailure
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.logs import ReadableFormatter
+from tasklease.worker.observe.logs import ReadableFormatter
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import task_headers
 

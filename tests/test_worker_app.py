@@ -14,10 +14,11 @@ import flask
 import pytest
 
 from tasklease.errors import ConfigurationError
-from tasklease.worker import PermanentFailure, Router, TaskContext, create_app, store_retries
+from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind, parse_identity
 from tasklease.worker.core.records import RunStatus
+from tasklease.worker.delivery import store_retries
 from tasklease.worker.stores import MemoryStore, SqliteStore
 from tests.helpers import FakeClock, SwitchableStore, claim_request, job_headers, task_headers
 

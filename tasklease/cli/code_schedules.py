@@ -30,7 +30,7 @@ def code_schedules(reference: str | None, err: TextIO = sys.stderr) -> list[Job]
     """The jobs the router declares in code. A router named by ``reference`` that does not
     import is a ConfigurationError; one found by default is only warned about on ``err``
     (the commands still check the file's jobs), and no router at all declares none."""
-    from tasklease.worker.declared_jobs import declared_jobs  # noqa: PLC0415
+    from tasklease.worker.handlers.declared_jobs import declared_jobs  # noqa: PLC0415
 
     if reference:
         try:

@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Any, Protocol
 
-from tasklease.worker.logs import ReadableFormatter, configure_logging
+from tasklease.worker.observe.logs import ReadableFormatter, configure_logging
 
 
 class Subcommands(Protocol):

@@ -23,7 +23,7 @@ from tasklease.cli.store_choice import STORE_HELP, existing_store_url
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.loopback import is_loopback_url
 from tasklease.plumbing.url_secrets import shown_url
-from tasklease.worker.logs import configure_logging
+from tasklease.worker.observe.logs import configure_logging
 
 if TYPE_CHECKING:
     from tasklease.jobs import Job
@@ -119,7 +119,7 @@ def serving_dashboard(
     from tasklease.outbox.locate import outbox_url  # noqa: PLC0415
     from tasklease.producer import Producer  # noqa: PLC0415
     from tasklease.worker.dashboard import create_dashboard_app  # noqa: PLC0415
-    from tasklease.worker.schedules import default_schedules, load_schedules  # noqa: PLC0415
+    from tasklease.worker.operate.stuck_schedules import default_schedules, load_schedules  # noqa: PLC0415
     from tasklease.worker.stores import store_from_url  # noqa: PLC0415
 
     app = create_dashboard_app(

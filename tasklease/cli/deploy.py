@@ -22,7 +22,7 @@ from tasklease.deploy.code_jobs import code_jobs, configured_router, router_hand
 from tasklease.worker.core.identity import Kind
 
 if TYPE_CHECKING:
-    from tasklease.worker.router import HandlerSpec
+    from tasklease.worker.handlers.router import HandlerSpec
 
 NAME = "deploy"
 CONFIG_NAME = "tasklease.toml"

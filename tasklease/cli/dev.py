@@ -36,7 +36,7 @@ from tasklease.cli.ports import Port, first_clash
 from tasklease.cli.store_choice import DEV_STORE_FILE, write_dev_store
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.url_secrets import has_password, shown_url
-from tasklease.worker.declared_jobs import declared_jobs
+from tasklease.worker.handlers.declared_jobs import declared_jobs
 
 if TYPE_CHECKING:
     from tasklease.emulator.sender import AttemptResult

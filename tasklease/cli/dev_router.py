@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from tasklease.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from tasklease.worker.router import HandlerSpec
+    from tasklease.worker.handlers.router import HandlerSpec
 
 CONFIG = Path("tasklease.toml")
 
@@ -51,8 +51,8 @@ def check_router(reference: str) -> list[HandlerSpec]:
     """Import the router as the worker will (the current directory first on the path), and
     return its handlers (those of the router a Flask app of create_app serves);
     ConfigurationError says what is wrong with the reference."""
-    from tasklease.worker.app import EXECUTOR_EXTENSION  # noqa: PLC0415
-    from tasklease.worker.router import Router  # noqa: PLC0415
+    from tasklease.worker.handlers.router import Router  # noqa: PLC0415
+    from tasklease.worker.serving.app import EXECUTOR_EXTENSION  # noqa: PLC0415
     from tasklease.worker.wsgi import load_router  # noqa: PLC0415
 
     here = str(Path.cwd())

@@ -10,7 +10,7 @@ from datetime import datetime
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core.queries import RunFilter
 from tasklease.worker.core.records import RunRecord, RunStatus
-from tasklease.worker.operations import Operations
+from tasklease.worker.operate.operations import Operations
 from tasklease.worker.stores import store_from_url
 
 

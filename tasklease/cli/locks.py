@@ -20,8 +20,8 @@ from tasklease.cli.store_choice import STORE_HELP, open_existing_store
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.protocol import rfc3339_or_none
 from tasklease.worker.core.locking import LockReleaseOutcome, LockState, OperatorLockRelease
-from tasklease.worker.logs import escape_controls
-from tasklease.worker.operations import Operations, lock_summary
+from tasklease.worker.observe.logs import escape_controls
+from tasklease.worker.operate.operations import Operations, lock_summary
 from tasklease.worker.stores import LeaseStore, store_from_url
 
 NAME = "locks"

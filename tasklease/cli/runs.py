@@ -27,17 +27,22 @@ from tasklease.worker.core import steps
 from tasklease.worker.core.decisions import ReleaseOutcome
 from tasklease.worker.core.queries import RunFilter, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
-from tasklease.worker.logs import escape_controls
-from tasklease.worker.operations import (
+from tasklease.worker.observe.logs import escape_controls
+from tasklease.worker.operate.operations import (
     OperationRefused,
     Operations,
     ProducerNotConfigured,
     StuckReport,
     run_summary,
 )
-from tasklease.worker.redaction import redacted_bodies
-from tasklease.worker.run_ids import AmbiguousRunId
-from tasklease.worker.schedules import DEFAULT_GRACE, OverdueJob, default_schedules, load_schedules
+from tasklease.worker.operate.redaction import redacted_bodies
+from tasklease.worker.operate.run_ids import AmbiguousRunId
+from tasklease.worker.operate.stuck_schedules import (
+    DEFAULT_GRACE,
+    OverdueJob,
+    default_schedules,
+    load_schedules,
+)
 from tasklease.worker.stores import LeaseStore, store_from_url
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tasklease.jobs import Job
-    from tasklease.worker.router import HandlerSpec
+    from tasklease.worker.handlers.router import HandlerSpec
 
 
 def configured_router(config: Path) -> str | None:
@@ -49,6 +49,6 @@ def router_handlers(router: str | None, source: Path, who: str) -> list[HandlerS
 
 def code_jobs(handlers: list[HandlerSpec] | None) -> list[Job]:
     """The jobs ``handlers`` declare (none when the router did not import)."""
-    from tasklease.worker.declared_jobs import declared_jobs  # noqa: PLC0415
+    from tasklease.worker.handlers.declared_jobs import declared_jobs  # noqa: PLC0415
 
     return declared_jobs(handlers or [])

@@ -47,7 +47,7 @@ def ensure_database(config: Config, gcloud: Gcloud) -> None:
         else:
             gcloud.unchanged(f"Spanner database {sp.database}")
         # The store creates its tables and their row deletion policies (Spanner's TTL) itself
-        # (tasklease.worker.stores.spanner_schema); roles/spanner.databaseUser may update DDL.
+        # (tasklease.worker.stores.spanner.schema); roles/spanner.databaseUser may update DDL.
     else:
         ensure_firestore(config, gcloud)
 

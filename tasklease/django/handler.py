@@ -22,9 +22,9 @@ from django.utils.module_loading import import_string
 
 from tasklease.django import compat
 from tasklease.errors import PermanentFailure
-from tasklease.worker.context import TaskContext
-from tasklease.worker.logs import instance_id
-from tasklease.worker.router import Router
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.observe.logs import instance_id
 
 DJANGO_TASK_HANDLER = "django_task"  # The route: POST /tasks/django_task.
 

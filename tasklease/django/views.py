@@ -12,10 +12,10 @@ from django.views.decorators.csrf import csrf_exempt
 from tasklease import protocol
 from tasklease.django import worker
 from tasklease.worker.core.identity import Kind
-from tasklease.worker.execution import Delivery
-from tasklease.worker.logs import request_fields
-from tasklease.worker.reply import Reply
-from tasklease.worker.wsgi_routes import BadBody, crashed, header_lookup, read_body
+from tasklease.worker.delivery.executor import Delivery
+from tasklease.worker.delivery.reply import Reply
+from tasklease.worker.observe.logs import request_fields
+from tasklease.worker.serving.wsgi_routes import BadBody, crashed, header_lookup, read_body
 
 _PREFIXES = {Kind.TASK: protocol.TASK_ROUTE_PREFIX, Kind.SCHEDULER: protocol.SCHEDULER_ROUTE_PREFIX}
 

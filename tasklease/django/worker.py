@@ -18,10 +18,10 @@ from django.conf import settings
 from django.core.signals import setting_changed
 
 from tasklease.django.handler import register
-from tasklease.worker.app import ROUTES_EXTENSION, create_app
-from tasklease.worker.router import Router
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import ROUTES_EXTENSION, create_app
+from tasklease.worker.serving.wsgi_routes import DeliveryRoutes
 from tasklease.worker.wsgi import load_router
-from tasklease.worker.wsgi_routes import DeliveryRoutes
 
 SETTINGS = (
     "TASKLEASE_STORE",

@@ -38,9 +38,9 @@ class NotInTransaction(TaskleaseError, ValueError):
 # wrapped; on Spanner and Firestore, the client's transaction, wrapped (named here so as to
 # import nothing of the worker).
 _HANDLER_TRANSACTIONS = {
-    "tasklease.worker.stores.sqlite_transactions.SqliteTransaction": "sqlite3",
-    "tasklease.worker.stores.postgres_handler_transaction.PostgresTransaction": "psycopg",
-    "tasklease.worker.stores.google_handler_transaction.GoogleTransaction": "google",
+    "tasklease.worker.stores.sqlite.transactions.SqliteTransaction": "sqlite3",
+    "tasklease.worker.stores.postgres.handler_transaction.PostgresTransaction": "psycopg",
+    "tasklease.worker.stores.base.google_handler_transaction.GoogleTransaction": "google",
 }
 
 

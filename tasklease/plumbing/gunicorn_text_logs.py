@@ -1,6 +1,6 @@
 """``gunicorn --config python:tasklease.plumbing.gunicorn_text_logs``: one log format in the
 terminal (``tasklease dev``): gunicorn's own lines, tasklease's and the application's all
-through :class:`tasklease.worker.logs.ReadableFormatter` on stderr, and a handler's own
+through :class:`tasklease.worker.observe.logs.ReadableFormatter` on stderr, and a handler's own
 ``logging`` lines carrying its run id and name.
 
 gunicorn merges ``logconfig_dict`` into its defaults one top-level key at a time
@@ -14,8 +14,8 @@ from typing import Any
 logconfig_dict: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"run": {"()": "tasklease.worker.logs.RunFieldsFilter"}},
-    "formatters": {"generic": {"()": "tasklease.worker.logs.ReadableFormatter"}},
+    "filters": {"run": {"()": "tasklease.worker.observe.logs.RunFieldsFilter"}},
+    "formatters": {"generic": {"()": "tasklease.worker.observe.logs.ReadableFormatter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",

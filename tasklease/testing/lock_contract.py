@@ -11,7 +11,7 @@ from tasklease.testing.contract_support import EXPIRED, HOUR, LEASE, T0, claim_r
 from tasklease.worker.core import locking
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.core.locking import LockReleaseOutcome, token_floor
-from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.base.locks import LockStore
 
 
 class LockContract:

@@ -11,8 +11,8 @@ from tasklease.testing.contract_support import EXPIRED, LEASE, T0, claim_request
 from tasklease.worker.core.decisions import ReleaseOutcome, replay_pending
 from tasklease.worker.core.queries import RunFilter
 from tasklease.worker.core.records import RunRecord, RunStatus, Verdict
-from tasklease.worker.stores.base import LeaseStore
-from tasklease.worker.stores.operator_queries import OperatorQueries
+from tasklease.worker.stores.base.queries import OperatorQueries
+from tasklease.worker.stores.base.store import LeaseStore
 
 # The moment the listing tests look from: one run in every state.
 NOW = T0 + timedelta(hours=1)

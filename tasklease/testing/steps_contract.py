@@ -11,7 +11,7 @@ from tasklease.testing.contract_support import EXPIRED, LEASE, T0, claim_request
 from tasklease.worker.core import steps
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.core.steps import StepError, StepRecord
-from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.base.store import LeaseStore
 
 
 def _step(name: str, result_json: str, attempt_id: str = "attempt-1") -> StepRecord:

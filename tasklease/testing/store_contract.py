@@ -17,7 +17,7 @@ fixture (a fresh, empty store)::
   durable steps included (:class:`~tasklease.testing.steps_contract.StepsContract`).
 - :class:`LockContract`: :class:`~tasklease.worker.stores.LockStore` (locks).
 - :class:`OperationsContract`: :class:`~tasklease.worker.stores.OperatorQueries`.
-- :class:`TallyContract`: :class:`~tasklease.worker.stores.delivery_tally.DeliveryTally`
+- :class:`TallyContract`: :class:`~tasklease.worker.stores.base.tally.DeliveryTally`
   (per-minute delivery counts for the dashboard).
 - :class:`CrossProcessContract`: for a store several processes share; it also needs a
   ``store_factory`` fixture (a picklable callable opening the same store in another process).
@@ -40,7 +40,7 @@ from tasklease.testing.operations_contract import OperationsContract
 from tasklease.testing.steps_contract import StepsContract
 from tasklease.testing.tally_contract import TallyContract
 from tasklease.worker.core.records import RunStatus, Verdict
-from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.base.store import LeaseStore
 
 
 class StoreContract(StepsContract):

@@ -31,7 +31,7 @@ from tasklease.producer.transport import TaskRequest
 from tasklease.worker.core import constants as c
 
 if TYPE_CHECKING:
-    from tasklease.worker.router import Router
+    from tasklease.worker.handlers.router import Router
 
 PROJECT, LOCATION, QUEUE = "test-project", "us-central1", "default"
 WORKER_URL = "http://worker.test"
@@ -337,7 +337,7 @@ class StubScheduler:
     def bind(self, router: Router) -> StubScheduler:
         """Add the jobs ``router`` declares in code (``@router.scheduled(...,
         schedule=...)``), with the tables of :meth:`load` over them, as a deploy makes them."""
-        from tasklease.worker.declared_jobs import router_jobs  # noqa: PLC0415
+        from tasklease.worker.handlers.declared_jobs import router_jobs  # noqa: PLC0415
 
         for job in router_jobs(router, self._tables, self._source):
             self._add(job)

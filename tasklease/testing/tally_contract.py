@@ -1,5 +1,5 @@
 """The delivery tally part of the store contract: what a
-:class:`~tasklease.worker.stores.delivery_tally.DeliveryTally` store must do for the
+:class:`~tasklease.worker.stores.base.tally.DeliveryTally` store must do for the
 dashboard's deliveries chart. Mix :class:`TallyContract` into a test class with a ``store``
 fixture of a store that has the capability."""
 
@@ -9,8 +9,8 @@ from collections import Counter
 from datetime import timedelta
 
 from tasklease.testing.contract_support import T0
-from tasklease.worker.stores.base import LeaseStore
-from tasklease.worker.stores.delivery_tally import TALLY_KEPT, DeliveryTally, TallyKey
+from tasklease.worker.stores.base.store import LeaseStore
+from tasklease.worker.stores.base.tally import TALLY_KEPT, DeliveryTally, TallyKey
 
 MINUTE = timedelta(minutes=1)
 PROCESSED = TallyKey("task", "send_receipt", "processed")

@@ -24,7 +24,7 @@ import pytest
 from tasklease.testing.contract_support import EXPIRED, T0, claim_request
 from tasklease.worker.core import decisions
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores.transactional import TransactionalStore
+from tasklease.worker.stores.base.transactional import TransactionalStore
 
 WriteEffect = Callable[[Any, str], None]
 CountEffects = Callable[[str], int]

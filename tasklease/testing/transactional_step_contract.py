@@ -21,7 +21,7 @@ from tasklease.testing.transaction_contract import Boom, CountEffects, WriteEffe
 from tasklease.worker.core import decisions, steps
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.core.steps import StepError, StepRecord
-from tasklease.worker.stores.transactional import StepWork, TransactionalStore
+from tasklease.worker.stores.base.transactional import StepWork, TransactionalStore
 
 
 def _work(write_effect: WriteEffect, key: str, name: str, result_json: str = "1") -> StepWork:

@@ -25,24 +25,30 @@ if TYPE_CHECKING:
         PermanentFailure,
         StoreUnavailable,
     )
-    from tasklease.worker.app import create_app
-    from tasklease.worker.auth import Authenticator, AuthRequest, AuthResult, NoAuth, OidcAuth
-    from tasklease.worker.context import TaskContext
     from tasklease.worker.core.outcome import Outcome
     from tasklease.worker.core.records import RunRecord, RunStatus
     from tasklease.worker.core.steps import StepError
-    from tasklease.worker.declared_jobs import JobRetry
-    from tasklease.worker.router import HandlerSpec, Router
+    from tasklease.worker.delivery.auth import (
+        Authenticator,
+        AuthRequest,
+        AuthResult,
+        NoAuth,
+        OidcAuth,
+    )
+    from tasklease.worker.handlers.context import TaskContext
+    from tasklease.worker.handlers.declared_jobs import JobRetry
+    from tasklease.worker.handlers.router import HandlerSpec, Router
+    from tasklease.worker.serving.app import create_app
 
 # Each public name and the module that defines it (imported when the name is first read).
 _EXPORTS: dict[str, str] = {
-    "create_app": "tasklease.worker.app",
-    "Authenticator": "tasklease.worker.auth",
-    "AuthRequest": "tasklease.worker.auth",
-    "AuthResult": "tasklease.worker.auth",
-    "NoAuth": "tasklease.worker.auth",
-    "OidcAuth": "tasklease.worker.auth",
-    "TaskContext": "tasklease.worker.context",
+    "create_app": "tasklease.worker.serving.app",
+    "Authenticator": "tasklease.worker.delivery.auth",
+    "AuthRequest": "tasklease.worker.delivery.auth",
+    "AuthResult": "tasklease.worker.delivery.auth",
+    "NoAuth": "tasklease.worker.delivery.auth",
+    "OidcAuth": "tasklease.worker.delivery.auth",
+    "TaskContext": "tasklease.worker.handlers.context",
     "ConfigurationError": "tasklease.errors",
     "InvalidDelivery": "tasklease.errors",
     "LeaseLost": "tasklease.errors",
@@ -52,9 +58,9 @@ _EXPORTS: dict[str, str] = {
     "RunRecord": "tasklease.worker.core.records",
     "RunStatus": "tasklease.worker.core.records",
     "StepError": "tasklease.worker.core.steps",
-    "HandlerSpec": "tasklease.worker.router",
-    "JobRetry": "tasklease.worker.declared_jobs",
-    "Router": "tasklease.worker.router",
+    "HandlerSpec": "tasklease.worker.handlers.router",
+    "JobRetry": "tasklease.worker.handlers.declared_jobs",
+    "Router": "tasklease.worker.handlers.router",
 }
 
 __all__ = [

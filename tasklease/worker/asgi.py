@@ -8,13 +8,13 @@ Starlette: ``pip install 'tasklease[asgi]'``.
 ``gunicorn tasklease.worker.wsgi:app`` does. The deliveries are answered by the same executor
 as under WSGI (same OIDC, answers, log line, traces and metrics); every store call and every
 handler runs in a worker thread, never on the server's event loop, and ``async def`` handlers
-are awaited on tasklease's own handler loop (:mod:`tasklease.worker.event_loop`), so a
+are awaited on tasklease's own handler loop (:mod:`tasklease.worker.runtime.event_loop`), so a
 loop-bound client a handler uses must be created by the handlers, not by the server's
 lifespan. The exception is a store that never waits (MemoryStore) with authentication off
 and no OpenTelemetry: there an ``async def`` handler's whole delivery runs on the server's
-loop, without a thread (:mod:`tasklease.worker.delivery_steps`). The dashboard, ``/metrics``
+loop, without a thread (:mod:`tasklease.worker.delivery.flow`). The dashboard, ``/metrics``
 and the Flask app's other routes are served too, by a small WSGI bridge
-(:mod:`tasklease.worker.asgi_wsgi`).
+(:mod:`tasklease.worker.serving.asgi_wsgi`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import flask
 
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
-from tasklease.worker.app import ROUTES_EXTENSION, create_app
-from tasklease.worker.asgi_routes import ASGIApp, AsgiDeliveries
-from tasklease.worker.asgi_wsgi import WsgiBridge
-from tasklease.worker.auth import Authenticator
-from tasklease.worker.execution import Clock, utc_now
-from tasklease.worker.router import Router
+from tasklease.worker.delivery.auth import Authenticator
+from tasklease.worker.delivery.executor import Clock, utc_now
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import ROUTES_EXTENSION, create_app
+from tasklease.worker.serving.asgi_routes import ASGIApp, AsgiDeliveries
+from tasklease.worker.serving.asgi_wsgi import WsgiBridge
 from tasklease.worker.stores import LeaseStore
 from tasklease.worker.wsgi import load_router
 

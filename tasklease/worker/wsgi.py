@@ -15,8 +15,8 @@ import flask
 
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
-from tasklease.worker.app import create_app
-from tasklease.worker.router import Router
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
 
 
 def load_router(reference: str) -> Router | flask.Flask:

@@ -23,7 +23,8 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_importing_tasklease_the_worker_and_the_producer_imports_no_django() -> None:
     done = _python(
-        "import sys, tasklease, tasklease.worker.app, tasklease.producer, tasklease.django\n"
+        "import sys, tasklease, tasklease.worker.serving.app, tasklease.producer,"
+        " tasklease.django\n"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('django', 'django_tasks')]"
     )
     assert done.returncode == 0, done.stderr

@@ -13,8 +13,8 @@ from pytest_httpserver import HTTPServer
 
 from tasklease.django import DJANGO_TASK_HANDLER
 from tasklease.emulator.oidc import TokenIssuer
-from tasklease.worker.auth import OidcAuth
-from tasklease.worker.logs import EXECUTION_LOGGER
+from tasklease.worker.delivery.auth import OidcAuth
+from tasklease.worker.observe.logs import EXECUTION_LOGGER
 from tests.django_project import tasks
 from tests.helpers import task_headers
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from tasklease.emulator import CloudTasksEmulator
-from tasklease.worker.auth import AuthRequest, OidcAuth
 from tasklease.worker.core.identity import Kind
-from tasklease.worker.router import HandlerSpec
+from tasklease.worker.delivery.auth import AuthRequest, OidcAuth
+from tasklease.worker.handlers.router import HandlerSpec
 from tests.emulator_conformance.conftest import LOCATION, PROJECT, Gcloud
 from tests.emulator_target import Target
 

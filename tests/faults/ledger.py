@@ -30,8 +30,8 @@ import psycopg
 from tasklease import protocol
 from tasklease.worker import Router, TaskContext
 from tasklease.worker.stores import SqliteStore
-from tasklease.worker.stores.postgres import PostgresStore
-from tasklease.worker.stores.postgres_options import Options
+from tasklease.worker.stores.postgres.options import Options
+from tasklease.worker.stores.postgres.store import PostgresStore
 
 ENV_EFFECTS = "TASKLEASE_FAULTS_EFFECTS"
 LEASE = timedelta(seconds=2)

@@ -20,7 +20,7 @@ import pytest
 
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core.records import Verdict
-from tasklease.worker.stores.postgres import PostgresStore
+from tasklease.worker.stores.postgres.store import PostgresStore
 from tests import postgres_support
 from tests.helpers import T0, claim_request
 

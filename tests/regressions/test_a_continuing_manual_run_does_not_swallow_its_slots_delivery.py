@@ -15,9 +15,10 @@ import pytest
 
 from tasklease import protocol
 from tasklease.errors import StoreUnavailable
-from tasklease.worker import Router, TaskContext, create_app, store_retries
+from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.delivery import store_retries
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import FakeClock, job_headers, task_headers
 
 SLOT = "2026-10-16T15:00:00Z"  # Three hours after the clock starts: "jobs run" sends it.

@@ -18,9 +18,9 @@ from psycopg.rows import dict_row
 
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores.base import LeaseStore
-from tasklease.worker.stores.postgres import PostgresStore
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.base.store import LeaseStore
+from tasklease.worker.stores.postgres.store import PostgresStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import task_headers
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.stores.postgres import PostgresStore
+from tasklease.worker.stores.postgres.store import PostgresStore
 from tests.helpers import task_headers
 
 pytestmark = pytest.mark.service

@@ -13,10 +13,10 @@ import psycopg
 import pytest
 
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.stores.base import LeaseStore
-from tasklease.worker.stores.handler_transaction import ends_transaction
-from tasklease.worker.stores.postgres import PostgresStore
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.base.handler_transaction import ends_transaction
+from tasklease.worker.stores.base.store import LeaseStore
+from tasklease.worker.stores.postgres.store import PostgresStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import task_headers
 
 

@@ -17,7 +17,7 @@ import pytest
 from tasklease.outbox import NotInTransaction
 from tasklease.outbox.ddl import statements
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.stores.postgres import PostgresStore
+from tasklease.worker.stores.postgres.store import PostgresStore
 from tests.helpers import task_headers
 from tests.outbox_support import producer
 

@@ -16,9 +16,9 @@ import pytest
 
 from tasklease.testing.contract_support import T0
 from tasklease.worker.core.records import ClaimRequest, RunStatus, Verdict
-from tasklease.worker.stores.base import LeaseStore
-from tasklease.worker.stores.memory import MemoryStore
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.base.store import LeaseStore
+from tasklease.worker.stores.memory.store import MemoryStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 
 LEASE = timedelta(seconds=30)
 RETENTION = timedelta(minutes=2)
@@ -38,7 +38,7 @@ def _request(attempt_id: str) -> ClaimRequest:
 @pytest.fixture(params=["postgres", "sqlite", "memory"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
     if request.param == "postgres":
-        from tasklease.worker.stores.postgres import PostgresStore  # noqa: PLC0415
+        from tasklease.worker.stores.postgres.store import PostgresStore  # noqa: PLC0415
 
         url: str = request.getfixturevalue("postgres_url")
         made: LeaseStore = PostgresStore.from_url(url)

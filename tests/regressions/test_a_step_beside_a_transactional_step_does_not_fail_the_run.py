@@ -22,7 +22,7 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core import steps
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import task_headers
 
 # Only a guard against a hang should the steps not overlap; no assertion depends on it.

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.stores.postgres import PostgresStore
+from tasklease.worker.stores.postgres.store import PostgresStore
 from tests.helpers import task_headers
 
 pytestmark = pytest.mark.service

@@ -9,8 +9,8 @@ from typing import Any
 
 from tasklease.worker import Router
 from tasklease.worker.asgi import create_asgi_app
-from tasklease.worker.asgi_routes import Message
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.serving.asgi_routes import Message
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import task_headers
 
 

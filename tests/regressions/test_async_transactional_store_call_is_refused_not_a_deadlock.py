@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import task_headers
 
 

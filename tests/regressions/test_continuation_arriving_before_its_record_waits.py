@@ -14,7 +14,7 @@ import flask
 from tasklease import protocol
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import FakeClock, task_headers
 
 

@@ -13,7 +13,7 @@ from tasklease import PermanentFailure, protocol
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import FakeClock, task_headers
 
 

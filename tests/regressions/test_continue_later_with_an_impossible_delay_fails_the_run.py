@@ -20,7 +20,7 @@ import pytest
 from tasklease import protocol
 from tasklease.producer import Producer
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import FakeClock, task_headers
 
 

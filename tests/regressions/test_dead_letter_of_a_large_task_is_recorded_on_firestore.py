@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from tasklease.errors import PermanentFailure
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
 from tasklease.worker.core import decisions
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.router import Router
-from tasklease.worker.stores.firestore import FirestoreStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.firestore.store import FirestoreStore
 from tests.firestore_support import PROJECT, unique_collection
 from tests.helpers import T0, claim_request, task_headers
 

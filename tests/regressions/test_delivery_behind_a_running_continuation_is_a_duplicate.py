@@ -12,7 +12,7 @@ from typing import Any
 
 from tasklease import protocol
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import FakeClock
 from tests.test_scheduled_continuations import (
     CapturingProducer,

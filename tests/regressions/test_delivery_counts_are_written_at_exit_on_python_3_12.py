@@ -20,7 +20,7 @@ import sys
 from datetime import UTC, datetime
 sys.path.insert(0, sys.argv[1])
 from tasklease.worker.stores import SqliteStore
-from tasklease.worker.tally_flusher import DeliveryCounter
+from tasklease.worker.observe.tally_flusher import DeliveryCounter
 counter = DeliveryCounter(SqliteStore(sys.argv[2]), lambda: datetime.now(UTC), interval=3600)
 counter.count("task", "charge", "processed")
 counter.count("task", "charge", "duplicate")

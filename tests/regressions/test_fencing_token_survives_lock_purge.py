@@ -17,7 +17,7 @@ from tasklease.worker.core import locking
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.core.records import LockRequest
 from tasklease.worker.stores import MemoryStore, SqliteStore
-from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.base.locks import LockStore
 from tests.helpers import FakeClock, job_headers
 
 NOW = datetime(2026, 10, 16, 13, 0, tzinfo=UTC)

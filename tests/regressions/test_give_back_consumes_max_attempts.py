@@ -8,12 +8,12 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
 from tasklease.worker.core.records import Claim, ClaimRequest
-from tasklease.worker.router import Router
-from tasklease.worker.stores.base import Moment
-from tasklease.worker.stores.memory import MemoryStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.base.store import Moment
+from tasklease.worker.stores.memory.store import MemoryStore
 from tests.helpers import FakeClock, task_headers
 
 

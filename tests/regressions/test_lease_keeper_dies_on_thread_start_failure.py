@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from tasklease.worker import lease as lease_module
-from tasklease.worker.attempt import Attempt
-from tasklease.worker.lease import LeaseKeeper
-from tasklease.worker.stores.memory import MemoryStore
+from tasklease.worker.delivery import lease as lease_module
+from tasklease.worker.delivery.attempt import Attempt
+from tasklease.worker.delivery.lease import LeaseKeeper
+from tasklease.worker.stores.memory.store import MemoryStore
 from tests.helpers import claim_request
 
 # Renewed every 2 s. The retried renewal must come before the lease lapses by the local clock

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from tasklease.worker import lease as lease_module
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
-from tasklease.worker.router import Router
-from tasklease.worker.stores.memory import MemoryStore
+from tasklease.worker.delivery import lease as lease_module
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.memory.store import MemoryStore
 from tests.helpers import task_headers
 
 LEASE = timedelta(seconds=1.5)  # Renewed every 0.5 s.

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from tasklease.worker import logs
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
-from tasklease.worker.router import Router
-from tasklease.worker.stores.memory import MemoryStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.observe import logs
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.memory.store import MemoryStore
 from tests.helpers import FakeClock, task_headers
 
 

@@ -14,7 +14,7 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core import steps
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import FakeClock, task_headers
 
 PAGES = 900  # Each page's summary about 500 bytes: well under the per-step cap.

@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker import Router, TaskContext, create_app, store_retries
+from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core import locking
 from tasklease.worker.core.records import RunStatus
+from tasklease.worker.delivery import store_retries
 from tasklease.worker.stores import MemoryStore, SqliteStore
-from tasklease.worker.stores.base import Moment
-from tasklease.worker.stores.lock_store import LockStore
+from tasklease.worker.stores.base.locks import LockStore
+from tasklease.worker.stores.base.store import Moment
 from tests.helpers import FakeClock, job_headers
 
 NOW = datetime(2026, 10, 16, 13, 0, tzinfo=UTC)

@@ -10,12 +10,12 @@ from datetime import timedelta
 import pytest
 
 from tasklease.errors import ConfigurationError
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind, parse_identity
-from tasklease.worker.router import Router
-from tasklease.worker.stores.memory import MemoryStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.memory.store import MemoryStore
 from tests.helpers import T0, FakeClock, job_headers
 
 BEHIND = timedelta(milliseconds=10)

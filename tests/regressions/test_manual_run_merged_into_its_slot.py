@@ -14,12 +14,12 @@ from datetime import datetime, timedelta
 
 import flask
 
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
 from tasklease.worker.core.identity import Kind, parse_identity
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.router import Router
-from tasklease.worker.stores.memory import MemoryStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.memory.store import MemoryStore
 from tests.helpers import T0, FakeClock, SwitchableStore, claim_request, job_headers
 
 # `gcloud scheduler jobs run` at 12:00:00 sends the next slot, 12:01:10 (70 s ahead).

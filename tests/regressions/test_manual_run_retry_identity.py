@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
-from tasklease.worker.router import Router
-from tasklease.worker.stores.memory import MemoryStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.memory.store import MemoryStore
 from tests.helpers import FakeClock, job_headers
 
 

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.router import Router
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import FakeClock, task_headers
 
 

@@ -21,7 +21,7 @@ from tasklease.emulator import CloudTasksEmulator
 from tasklease.emulator.db import EmulatorDB
 from tasklease.emulator.job_table import JobTable
 from tasklease.jobs import Job
-from tasklease.worker.schedules import overdue_jobs
+from tasklease.worker.operate.stuck_schedules import overdue_jobs
 from tasklease.worker.stores import MemoryStore
 from tests.emulator_target import Target
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from tasklease.errors import PermanentFailure
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.router import Router
-from tasklease.worker.stores.postgres import PostgresStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.postgres.store import PostgresStore
 from tests.helpers import task_headers
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from tasklease.outbox.ddl import statements
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.stores.postgres import PostgresStore
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.postgres.store import PostgresStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import task_headers
 from tests.outbox_support import producer, sqlite_app_db
 

@@ -16,9 +16,9 @@ import pytest
 
 from tasklease.testing.contract_support import EXPIRED
 from tasklease.worker import Router, create_app
-from tasklease.worker.context import TaskContext
 from tasklease.worker.core.records import Verdict
-from tasklease.worker.stores.postgres import PostgresStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.stores.postgres.store import PostgresStore
 from tests.helpers import FakeClock, claim_request, task_headers
 
 pytestmark = pytest.mark.service

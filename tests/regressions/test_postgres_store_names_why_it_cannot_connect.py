@@ -8,7 +8,7 @@ import pytest
 
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.stores import PostgresStore
-from tasklease.worker.stores.postgres_options import Options
+from tasklease.worker.stores.postgres.options import Options
 from tests import postgres_support
 
 

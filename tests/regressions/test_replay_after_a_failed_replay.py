@@ -17,7 +17,7 @@ from tasklease.errors import StoreUnavailable
 from tasklease.producer import MemoryTransport, Producer
 from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
 from tasklease.worker.core.records import RunRecord, RunStatus
-from tasklease.worker.operations import OperationRefused, Operations, ReplayOutcome
+from tasklease.worker.operate.operations import OperationRefused, Operations, ReplayOutcome
 from tasklease.worker.stores import SqliteStore
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tasklease.worker.core.records import Verdict
-from tasklease.worker.stores.memory import MemoryStore
+from tasklease.worker.stores.memory.store import MemoryStore
 from tests.helpers import T0, claim_request
 
 

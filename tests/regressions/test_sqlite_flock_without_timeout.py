@@ -13,7 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import T0, claim_request
 
 

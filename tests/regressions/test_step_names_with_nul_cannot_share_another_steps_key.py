@@ -13,7 +13,7 @@ from typing import Any
 from tasklease import protocol
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import FakeClock, task_headers
 
 RUN_ID = DeliveryIdentity(Kind.TASK, "h", queue="default", task_name="t-1").run_id

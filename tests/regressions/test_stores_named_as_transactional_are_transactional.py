@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from tasklease.worker import stores
-from tasklease.worker.stores.transactional import TRANSACTIONAL_STORES, TransactionalStore
+from tasklease.worker.stores.base.transactional import TRANSACTIONAL_STORES, TransactionalStore
 
 
 def test_every_store_the_transactional_refusal_names_implements_transactional_store() -> None:

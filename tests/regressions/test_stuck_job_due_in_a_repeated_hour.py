@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from tasklease.worker.schedules import load_schedules, overdue_jobs
+from tasklease.worker.operate.stuck_schedules import load_schedules, overdue_jobs
 from tasklease.worker.stores import MemoryStore
 from tests.helpers import claim_request
 

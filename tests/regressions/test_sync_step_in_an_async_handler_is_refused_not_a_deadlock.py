@@ -20,7 +20,7 @@ import asyncio, json, sys, threading
 from pathlib import Path
 from tasklease import protocol
 from tasklease.worker import Router, create_app
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import task_headers
 
 router = Router()

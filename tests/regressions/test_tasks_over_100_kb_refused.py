@@ -17,10 +17,10 @@ from tasklease.producer import InvalidTask, Producer
 from tasklease.producer.memory import MemoryTransport
 from tasklease.testing.stubs import StubQueue
 from tasklease.worker import ConfigurationError
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
-from tasklease.worker.router import Router
-from tasklease.worker.stores.memory import MemoryStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.memory.store import MemoryStore
 from tests.helpers import task_headers
 
 MIB = 1024 * 1024

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
-from tasklease.worker.router import Router
-from tasklease.worker.stores.base import LeaseStore
-from tasklease.worker.stores.postgres import PostgresStore
-from tasklease.worker.stores.sqlite import SqliteStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.base.store import LeaseStore
+from tasklease.worker.stores.postgres.store import PostgresStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.helpers import task_headers
 
 

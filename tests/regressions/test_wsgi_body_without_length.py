@@ -12,10 +12,10 @@ from typing import Any
 from werkzeug.datastructures import Headers
 from werkzeug.test import EnvironBuilder
 
-from tasklease.worker.app import create_app
-from tasklease.worker.context import TaskContext
-from tasklease.worker.router import Router
-from tasklease.worker.stores.memory import MemoryStore
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.serving.app import create_app
+from tasklease.worker.stores.memory.store import MemoryStore
 from tests.helpers import FakeClock, task_headers
 
 

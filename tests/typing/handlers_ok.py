@@ -8,7 +8,7 @@ from typing import Any, TypedDict, assert_type
 
 from tasklease.producer import EnqueueResult, Producer
 from tasklease.worker import Router, TaskContext
-from tasklease.worker.handles import JobHandler, TaskHandler
+from tasklease.worker.handlers.handles import JobHandler, TaskHandler
 
 router = Router()
 

@@ -65,8 +65,8 @@ class DeliveryIdentity:
     # Not certainly manual, nor certainly the slot's own: arrived within the manual-run margin
     # of its schedule time, before or after it. A manual run's retries carry the same headers
     # as the slot's own delivery, so only the store's record of the manual run can tell
-    # (tasklease.worker.manual_runs). On a manual identity: taken as the manual run's because
-    # that run was waiting for a retry; the slot's own if it cannot claim it.
+    # (tasklease.worker.delivery.manual_runs). On a manual identity: taken as the manual run's
+    # because that run was waiting for a retry; the slot's own if it cannot claim it.
     maybe_manual: bool = False
     # A continuation task (ctx.continue_later) resumes the run it names: its own queue and
     # task name are not the run's identity. 0: not a continuation.

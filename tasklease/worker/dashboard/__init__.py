@@ -1,9 +1,9 @@
 """The operators' web page: runs with filters, a run's detail, stuck runs, release and replay.
 
-Server-rendered (Flask + Jinja, no JavaScript), over the same :class:`~tasklease.worker.operations.
-Operations` as ``tasklease runs``. Standalone: ``tasklease dashboard`` (loopback, no login,
-answering loopback ``Host`` names only); inside the worker: ``create_app(...,
-dashboard="/tasklease")``, behind OIDC for the operators named.
+Server-rendered (Flask + Jinja, no JavaScript), over the same
+:class:`~tasklease.worker.operate.operations.Operations` as ``tasklease runs``. Standalone:
+``tasklease dashboard`` (loopback, no login, answering loopback ``Host`` names only); inside
+the worker: ``create_app(..., dashboard="/tasklease")``, behind OIDC for the operators named.
 
 Here: the blueprint and its two mounts. The pages are :mod:`.views` (the summary's
 :mod:`.summary`, the pictures :mod:`.charts`, the outbox's :mod:`.outbox`), what each request passes
@@ -20,16 +20,16 @@ import flask
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.jobs import Job
 from tasklease.plumbing.hosts import LOOPBACK_HOSTS, allowed_host_names
-from tasklease.worker.auth import Authenticator
 from tasklease.worker.dashboard.csrf import CSRF_COOKIE, CSRF_FIELD, Csrf
 from tasklease.worker.dashboard.guard import Guard
 from tasklease.worker.dashboard.operators import OperatorAuth
 from tasklease.worker.dashboard.outbox import OutboxView, locate
 from tasklease.worker.dashboard.summary import SummaryView
 from tasklease.worker.dashboard.views import Views
-from tasklease.worker.operations import Operations
-from tasklease.worker.router import HandlerSpec
-from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.delivery.auth import Authenticator
+from tasklease.worker.handlers.router import HandlerSpec
+from tasklease.worker.operate.operations import Operations
+from tasklease.worker.stores.base.store import LeaseStore
 
 
 def dashboard_blueprint(

@@ -10,7 +10,8 @@ from typing import Any
 
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
-from tasklease.worker.auth import (
+from tasklease.worker.core.identity import Kind
+from tasklease.worker.delivery.auth import (
     Authenticator,
     AuthRequest,
     AuthResult,
@@ -18,8 +19,7 @@ from tasklease.worker.auth import (
     OidcAuth,
     expected_audiences,
 )
-from tasklease.worker.core.identity import Kind
-from tasklease.worker.router import HandlerSpec
+from tasklease.worker.handlers.router import HandlerSpec
 
 _log = logging.getLogger("tasklease.dashboard")
 

@@ -23,7 +23,7 @@ from tasklease.plumbing.url_secrets import scrubbed, shown_url
 from tasklease.worker.dashboard.charts import seconds_text
 from tasklease.worker.dashboard.csrf import Csrf
 from tasklease.worker.dashboard.views import render
-from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.base.store import LeaseStore
 
 if TYPE_CHECKING:
     from tasklease.outbox.db import Status

@@ -14,8 +14,8 @@ from tasklease.worker.core.queries import MAX_PAGE, RunFilter
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.dashboard import charts
 from tasklease.worker.dashboard.views import render
-from tasklease.worker.operations import Operations
-from tasklease.worker.stores.delivery_tally import DeliveryTally
+from tasklease.worker.operate.operations import Operations
+from tasklease.worker.stores.base.tally import DeliveryTally
 
 # At most this many runs of the last hour are read for one page view (four store pages).
 MAX_RUNS = 2000

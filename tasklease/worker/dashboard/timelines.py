@@ -9,7 +9,7 @@ from typing import Any
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.core.timeline import timeline
 from tasklease.worker.dashboard import charts
-from tasklease.worker.stores.base import LeaseStore
+from tasklease.worker.stores.base.store import LeaseStore
 
 
 def run_timeline(store: LeaseStore, record: RunRecord, now: datetime) -> dict[str, Any]:

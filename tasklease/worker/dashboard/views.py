@@ -17,9 +17,9 @@ from tasklease.worker.core.queries import RunFilter, is_stuck, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.dashboard.csrf import Csrf
 from tasklease.worker.dashboard.timelines import run_timeline
-from tasklease.worker.operations import OperationRefused, Operations, run_summary
-from tasklease.worker.redaction import redacted_bodies
-from tasklease.worker.run_ids import AmbiguousRunId
+from tasklease.worker.operate.operations import OperationRefused, Operations, run_summary
+from tasklease.worker.operate.redaction import redacted_bodies
+from tasklease.worker.operate.run_ids import AmbiguousRunId
 
 _log = logging.getLogger("tasklease.dashboard")
 

@@ -13,18 +13,18 @@ from tasklease.errors import ConfigurationError
 from tasklease.lazy import lazy_exports
 from tasklease.plumbing.url_secrets import shown_url
 from tasklease.worker.core import constants as c
-from tasklease.worker.stores.base import LeaseStore
-from tasklease.worker.stores.delivery_tally import DeliveryTally
-from tasklease.worker.stores.lock_store import LockStore
-from tasklease.worker.stores.operator_queries import OperatorQueries
-from tasklease.worker.stores.transactional import TransactionalStore
+from tasklease.worker.stores.base.locks import LockStore
+from tasklease.worker.stores.base.queries import OperatorQueries
+from tasklease.worker.stores.base.store import LeaseStore
+from tasklease.worker.stores.base.tally import DeliveryTally
+from tasklease.worker.stores.base.transactional import TransactionalStore
 
 if TYPE_CHECKING:
-    from tasklease.worker.stores.firestore import FirestoreStore
-    from tasklease.worker.stores.memory import MemoryStore
-    from tasklease.worker.stores.postgres import PostgresStore
-    from tasklease.worker.stores.spanner import SpannerStore
-    from tasklease.worker.stores.sqlite import SqliteStore
+    from tasklease.worker.stores.firestore.store import FirestoreStore
+    from tasklease.worker.stores.memory.store import MemoryStore
+    from tasklease.worker.stores.postgres.store import PostgresStore
+    from tasklease.worker.stores.spanner.store import SpannerStore
+    from tasklease.worker.stores.sqlite.store import SqliteStore
 
 __all__ = [
     "DeliveryTally",
@@ -73,7 +73,7 @@ def store_from_url(url: str | None = None) -> LeaseStore:
     - ``firestore://?collection=tasklease_runs&database=(default)`` (project from
       ``GOOGLE_CLOUD_PROJECT``; needs ``tasklease[firestore]``)
     - ``postgresql://user:password@host:5432/db?schema=tasklease`` (or ``postgres://``;
-      options in :mod:`tasklease.worker.stores.postgres_options`; needs
+      options in :mod:`tasklease.worker.stores.postgres.options`; needs
       ``tasklease[postgres]``)
     - ``spanner://projects/P/instances/I/databases/D?table=tasklease_runs&call_timeout=10``
       (needs ``tasklease[spanner]``)
@@ -81,7 +81,7 @@ def store_from_url(url: str | None = None) -> LeaseStore:
     url = url or os.environ.get(protocol.ENV_STORE) or c.DEFAULT_STORE_URL
     scheme, _, rest = url.partition("://")
     if scheme == "memory":
-        from tasklease.worker.stores.memory import MemoryStore  # noqa: PLC0415 - on use only.
+        from tasklease.worker.stores.memory.store import MemoryStore  # noqa: PLC0415 - on use only.
 
         return MemoryStore()
     if scheme == "sqlite":
@@ -90,7 +90,7 @@ def store_from_url(url: str | None = None) -> LeaseStore:
             raise ConfigurationError(
                 f"store URL {shown_url(url)!r} names no file: use sqlite:///runs.db"
             )
-        from tasklease.worker.stores.sqlite import SqliteStore  # noqa: PLC0415 - on use only.
+        from tasklease.worker.stores.sqlite.store import SqliteStore  # noqa: PLC0415 - on use only.
 
         return SqliteStore(path)
     if scheme == "firestore":
@@ -132,7 +132,7 @@ def _spanner_store_from_url(url: str) -> LeaseStore:
 
 def _firestore_store() -> type[FirestoreStore]:
     try:
-        from tasklease.worker.stores.firestore import FirestoreStore  # noqa: PLC0415 - optional extra.
+        from tasklease.worker.stores.firestore.store import FirestoreStore  # noqa: PLC0415 - optional extra.
     except ImportError as exc:
         raise ConfigurationError(
             "the Firestore store needs google-cloud-firestore: pip install 'tasklease[firestore]'"
@@ -142,7 +142,7 @@ def _firestore_store() -> type[FirestoreStore]:
 
 def _postgres_store() -> type[PostgresStore]:
     try:
-        from tasklease.worker.stores.postgres import PostgresStore  # noqa: PLC0415 - optional extra.
+        from tasklease.worker.stores.postgres.store import PostgresStore  # noqa: PLC0415 - optional extra.
     except ImportError as exc:
         raise ConfigurationError(
             "the Postgres store needs psycopg 3 and psycopg_pool: pip install 'tasklease[postgres]'"
@@ -152,7 +152,7 @@ def _postgres_store() -> type[PostgresStore]:
 
 def _spanner_store() -> type[SpannerStore]:
     try:
-        from tasklease.worker.stores.spanner import SpannerStore  # noqa: PLC0415 - optional extra.
+        from tasklease.worker.stores.spanner.store import SpannerStore  # noqa: PLC0415 - optional extra.
     except ImportError as exc:
         raise ConfigurationError(
             "the Spanner store needs google-cloud-spanner: pip install 'tasklease[spanner]'"
@@ -164,8 +164,8 @@ def _spanner_store() -> type[SpannerStore]:
 _lazy_getattr, __dir__ = lazy_exports(
     __name__,
     {
-        "MemoryStore": "tasklease.worker.stores.memory",
-        "SqliteStore": "tasklease.worker.stores.sqlite",
+        "MemoryStore": "tasklease.worker.stores.memory.store",
+        "SqliteStore": "tasklease.worker.stores.sqlite.store",
     },
 )
 

@@ -16,7 +16,7 @@ import grpc
 from google.api_core import exceptions as api_exceptions
 
 from tasklease.errors import ConfigurationError, PermanentFailure
-from tasklease.worker.context import TaskContext
+from tasklease.worker.handlers.context import TaskContext
 
 _Client = TypeVar("_Client")
 

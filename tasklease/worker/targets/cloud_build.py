@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tasklease.errors import ConfigurationError
-from tasklease.worker.context import TaskContext
+from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.targets.base import (
     DEFAULT_MAX_SCAN,
     DEFAULT_TIMEOUT,

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from tasklease.errors import ConfigurationError
-from tasklease.worker.context import TaskContext
+from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.targets.base import (
     DEFAULT_MAX_SCAN,
     DEFAULT_TIMEOUT,

@@ -11,7 +11,7 @@ from typing import Any
 from google.api_core import exceptions as api_exceptions
 
 from tasklease.errors import ConfigurationError, PermanentFailure
-from tasklease.worker.context import TaskContext
+from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.targets.base import DEFAULT_TIMEOUT, ProxyTarget, Started, loopback_channel
 
 _WORKFLOW = re.compile(r"projects/[^/]+/locations/[^/]+/workflows/[^/]+")

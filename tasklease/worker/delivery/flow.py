@@ -1,0 +1,103 @@
+"""What a delivery waits for, yielded by :meth:`Executor.steps
+<tasklease.worker.delivery.executor.Executor.steps>` to the code that drives it.
+
+The delivery protocol is written once, as a generator: it yields an :class:`Await` for an
+``async def`` handler's coroutine and a :class:`Blocking` call for work that waits on I/O
+outside the store (a continuation's enqueue), and is sent back each one's result (or thrown
+its exception) at the point it yielded, inside the same ``with`` blocks (lease renewal, log
+fields). Two drivers:
+
+- :func:`run_in_thread`, for a request thread (gunicorn, an ASGI delivery thread): awaits a
+  coroutine on tasklease's handler loop (:mod:`tasklease.worker.runtime.event_loop`), calls a
+  blocking function in place. :meth:`Executor.execute` is this.
+- :func:`run_on_loop`, for an ``async def`` handler on a store that never waits
+  (:mod:`tasklease.worker.runtime.settled_answers`): the whole delivery runs on the caller's event
+  loop, the coroutine awaited there, and only a :class:`Blocking` call hops to a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, TypeVar
+
+from tasklease.worker.runtime.event_loop import HANDLER_LOOP, HandlerCancelled
+from tasklease.worker.runtime.thread_wait import to_its_end
+
+T = TypeVar("T")
+
+
+class Await:
+    """Await ``awaitable`` (a handler's coroutine) and send back its result."""
+
+    __slots__ = ("awaitable",)
+
+    def __init__(self, awaitable: Awaitable[Any]) -> None:
+        self.awaitable = awaitable
+
+
+class Blocking:
+    """Call ``function()``, which may wait on I/O, never on an event loop."""
+
+    __slots__ = ("function",)
+
+    def __init__(self, function: Callable[[], Any]) -> None:
+        self.function = function
+
+
+Step = Await | Blocking
+Steps = Generator[Step, Any, T]
+Hop = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+
+def run_in_thread(steps: Steps[T]) -> T:
+    """Drive ``steps`` in the calling thread, blocking it while a coroutine runs on the
+    handler loop."""
+    try:
+        step = next(steps)
+        while True:
+            try:
+                if isinstance(step, Await):
+                    value = HANDLER_LOOP.run(step.awaitable)
+                else:
+                    value = step.function()
+            except BaseException as exc:  # Raised where the step was yielded.
+                step = steps.throw(exc)
+            else:
+                step = steps.send(value)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+
+
+async def run_on_loop(steps: Steps[T], hop: Hop) -> T:
+    """Drive ``steps`` on the running event loop: await each coroutine here, ``hop`` each
+    blocking call to a thread. A handler that cancels itself is a :class:`HandlerCancelled`
+    failure, as on the handler loop; when the request itself is cancelled (the server shuts
+    down), the handler's run is released for a retry and the cancellation raised again; a
+    blocking call in its thread is waited for first, and the delivery ends as it would."""
+    cancelled: asyncio.CancelledError | None = None
+    try:
+        step = next(steps)
+        while True:
+            try:
+                if isinstance(step, Await):
+                    value = await step.awaitable
+                else:
+                    done, cut = await to_its_end(hop(step.function))
+                    cancelled = cancelled or cut
+                    value = done.result()  # Raises the call's error here.
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    cancelled = exc
+                step = steps.throw(HandlerCancelled("the handler's task was cancelled"))
+            except BaseException as exc:  # Raised where the step was yielded.
+                step = steps.throw(exc)
+            else:
+                step = steps.send(value)
+    except StopIteration as stop:
+        if cancelled is not None:
+            raise cancelled from None
+        result: T = stop.value
+        return result

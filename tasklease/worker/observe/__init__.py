@@ -1,0 +1,1 @@
+"""What a delivery tells the outside: traces, metrics, structured logs, the delivery tally."""

@@ -1,0 +1,1 @@
+"""Where handler code runs: delivery threads, the event loop for async handlers."""

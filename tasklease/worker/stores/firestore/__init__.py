@@ -1,0 +1,1 @@
+"""The Firestore store: Google's client library, Firestore in Native mode."""

@@ -1,0 +1,1 @@
+"""The in-memory store: one process, for tests and the local demo."""

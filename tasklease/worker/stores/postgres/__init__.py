@@ -1,0 +1,1 @@
+"""The Postgres store (Cloud SQL): psycopg 3 and its pool."""

@@ -1,0 +1,1 @@
+"""The Spanner store: Google's client library."""

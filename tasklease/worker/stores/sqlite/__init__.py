@@ -1,0 +1,1 @@
+"""The SQLite store, the embedded default: one file shared by a machine's processes."""
