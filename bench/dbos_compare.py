@@ -41,7 +41,7 @@ from tasklease.worker.handlers.router import Router
 from tasklease.worker.stores.postgres.store import PostgresStore
 
 sys.path.insert(0, str(ROOT))
-from tests.postgres_support import running_cluster
+from tests.support.postgres import running_cluster
 
 
 class RoundTrips:

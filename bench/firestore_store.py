@@ -22,8 +22,8 @@ from google.cloud import firestore
 from tasklease.worker.core import decisions
 from tasklease.worker.core.records import Verdict
 from tasklease.worker.stores import FirestoreStore
-from tests.firestore_support import RpcCounter, run_gcloud_emulator, run_npm_emulator
-from tests.helpers import claim_request
+from tests.support.firestore import RpcCounter, run_gcloud_emulator, run_npm_emulator
+from tests.support.helpers import claim_request
 
 LEASE = timedelta(minutes=5)
 RETENTION = timedelta(days=1)

@@ -40,10 +40,10 @@ from tasklease.emulator import CloudTasksEmulator
 from tasklease.outbox import Relay, RelayThread, open_outbox, relay_producer
 
 sys.path.insert(0, str(ROOT))
-from tests.firestore_support import run_gcloud_emulator
-from tests.outbox_support import QUEUE_PATH, producer, sqlite_app_db
-from tests.postgres_support import running_cluster
-from tests.spanner_support import create_database, run_emulator
+from tests.support.firestore import run_gcloud_emulator
+from tests.support.outbox import QUEUE_PATH, producer, sqlite_app_db
+from tests.support.postgres import running_cluster
+from tests.support.spanner import create_database, run_emulator
 
 
 def pct(values: list[float], p: float) -> float:

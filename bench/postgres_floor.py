@@ -45,7 +45,7 @@ from tasklease.worker.stores.postgres.schema import (
 )
 
 sys.path.insert(0, str(ROOT))
-from tests.postgres_support import Cluster, running_cluster
+from tests.support.postgres import Cluster, running_cluster
 
 
 @contextmanager

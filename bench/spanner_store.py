@@ -4,7 +4,7 @@ emulator, against a baseline of two read-write transactions per execution, in on
 The baseline is the seed's sample algorithm (claim: read then write in a transaction; finish:
 read then update in another) written for Spanner with the same client. Both do the same work:
 N first executions (claim, then complete) and N duplicate deliveries of completed runs,
-marked as retries. RPCs are counted at the client's transport (tests/spanner_support.py).
+marked as retries. RPCs are counted at the client's transport (tests/support/spanner.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from google.cloud import spanner
 from tasklease.worker.core import decisions
 from tasklease.worker.core.records import Verdict
 from tasklease.worker.stores import SpannerStore
-from tests.helpers import claim_request
-from tests.spanner_support import RpcCounter, create_database, run_emulator
+from tests.support.helpers import claim_request
+from tests.support.spanner import RpcCounter, create_database, run_emulator
 
 LEASE = timedelta(minutes=5)
 RETENTION = timedelta(days=1)

@@ -9,7 +9,7 @@ Daylight saving time. Cloud Scheduler "runs on wall clock time" in the job's tim
 (default ``Etc/UTC``), and Google documents only that around a change jobs may "run or not run
 unexpectedly": a time that occurs twice "may observe execution anomalies", and UTC avoids the
 problem (cloud.google.com/scheduler/docs/configuring/cron-job-schedules, "Time zone"). The
-slots here are croniter's, which ``tests/test_cron.py`` pins:
+slots here are croniter's, which ``tests/worker/test_cron.py`` pins:
 
 - a wall time the spring-forward gap skips fires once, at the end of the gap (``30 2 * * *``
   in Europe/Paris on 2026-03-29 fires at 03:00 CEST);

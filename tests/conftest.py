@@ -10,11 +10,13 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from tasklease.emulator import CloudTasksEmulator
-from tests import firestore_support, postgres_support, spanner_support
-from tests.emulator_target import Target
-from tests.fake_cloud_tasks import FakeCloudTasks
-from tests.gcloud_judge import GcloudBatch, offline_env
-from tests.helpers import FakeClock
+from tests.support import firestore as firestore_support
+from tests.support import postgres as postgres_support
+from tests.support import spanner as spanner_support
+from tests.support.emulator_target import Target
+from tests.support.fake_cloud_tasks import FakeCloudTasks
+from tests.support.gcloud_judge import GcloudBatch, offline_env
+from tests.support.helpers import FakeClock
 
 
 @pytest.fixture
@@ -34,9 +36,9 @@ def _tasklease_logs_propagate() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def gcloud_verdicts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcloudBatch]:
-    """Every deploy test's gcloud commands, started at once (tests/gcloud_judge.py)."""
+    """Every deploy test's gcloud commands, started at once (tests/support/gcloud_judge.py)."""
     # Imported here: these modules fail or skip at import where gcloud is missing.
-    from tests import (  # noqa: PLC0415
+    from tests.deploy import (  # noqa: PLC0415
         test_deploy_gcloud,
         test_deploy_proxy_gcloud,
         test_deploy_stores_gcloud,
@@ -123,7 +125,7 @@ def firestore_host() -> Iterator[str | None]:
 
 @pytest.fixture(scope="session")
 def postgres_cluster() -> Iterator[postgres_support.Cluster]:
-    """A private PostgreSQL cluster for the session (tests/postgres_support.py)."""
+    """A private PostgreSQL cluster for the session (tests/support/postgres.py)."""
     with postgres_support.running_cluster() as cluster:
         yield cluster
 

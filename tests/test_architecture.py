@@ -20,7 +20,7 @@ import pytest
 import tasklease.emulator
 import tasklease.plumbing
 import tasklease.worker.core
-from tests.checkout import ROOT
+from tests.support.checkout import ROOT
 
 # What a pure module must never bring in: I/O, threads, web frameworks, Google's clients.
 IMPURE = (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests import postgres_support
+from tests.support import postgres as postgres_support
 
 ROOT = Path(__file__).resolve().parents[2]
 

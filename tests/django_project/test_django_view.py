@@ -16,7 +16,7 @@ from tasklease.emulator.oidc import TokenIssuer
 from tasklease.worker.delivery.auth import OidcAuth
 from tasklease.worker.observe.logs import EXECUTION_LOGGER
 from tests.django_project import tasks
-from tests.helpers import task_headers
+from tests.support.helpers import task_headers
 
 ACCOUNT = "tasks@p.iam.gserviceaccount.com"
 PATH = f"/worker/tasks/{DJANGO_TASK_HANDLER}"

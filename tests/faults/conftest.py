@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests import firestore_support, postgres_support
 from tests.faults.harness import FULL, Backend, Tally
+from tests.support import firestore as firestore_support
+from tests.support import postgres as postgres_support
 
 REPORT_FILE = os.environ.get("TASKLEASE_FAULTS_REPORT")
 

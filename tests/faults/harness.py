@@ -25,7 +25,7 @@ from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.stores import SqliteStore, store_from_url
 from tests.faults.app import ENV_CLOCK_SKEW, ENV_DOWNSTREAM, ENV_REVISION
 from tests.faults.downstream import Downstream, Execution
-from tests.helpers import task_headers
+from tests.support.helpers import task_headers
 
 FULL = os.environ.get("TASKLEASE_FAULTS", "").lower() == "full"
 

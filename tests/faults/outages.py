@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from tasklease.worker.stores import store_from_url
-from tests import postgres_support, spanner_support
 from tests.faults.harness import Backend
 from tests.faults.private_firestore import PROJECT, PrivateFirestore, private_firestore
+from tests.support import postgres as postgres_support
+from tests.support import spanner as spanner_support
 
 HOLD_LOCK = """
 import sqlite3, sys, time

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from tasklease.outbox import RelayThread, relay_producer
-from tests.outbox_support import producer, spanner_database
+from tests.support.outbox import producer, spanner_database
 
 
 def connect(url: str) -> Any:

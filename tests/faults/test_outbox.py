@@ -23,9 +23,9 @@ from tasklease.emulator import CloudTasksEmulator
 from tasklease.emulator.scheduler import Job
 from tasklease.outbox import SWEEP_JOB, open_outbox
 from tasklease.plumbing.serve import GunicornWorker, free_port
-from tests import postgres_support
 from tests.faults.harness import FULL, scale
-from tests.outbox_support import (
+from tests.support import postgres as postgres_support
+from tests.support.outbox import (
     QUEUE_PATH,
     SPANNER_ORDERS,
     producer,
@@ -91,13 +91,13 @@ def sweep_job(worker: GunicornWorker) -> Job:
         "sqlite",
         "postgres",
         # A killed Firestore transaction holds its locks ~30 s on the emulator: full suite only
-        # (tests/test_outbox_firestore.py covers the adapter in every run).
+        # (tests/outbox/test_outbox_firestore.py covers the adapter in every run).
         pytest.param(
             "firestore",
             marks=pytest.mark.skipif(not FULL, reason="in the full suite only (make faults)"),
         ),
         # The emulator runs one read-write transaction at a time: slow at scale; full suite
-        # only (tests/test_outbox_spanner.py covers the adapter in every run).
+        # only (tests/outbox/test_outbox_spanner.py covers the adapter in every run).
         pytest.param(
             "spanner",
             marks=pytest.mark.skipif(not FULL, reason="in the full suite only (make faults)"),

@@ -31,7 +31,7 @@ from tasklease.worker.stores import FirestoreStore, SpannerStore
 from tests.faults.conftest import NEEDS_ISOLATION
 from tests.faults.harness import FULL, Tally, scale
 from tests.faults.transaction_child import PROJECT, STEPS
-from tests.firestore_support import unique_collection
+from tests.support.firestore import unique_collection
 
 pytestmark = pytest.mark.faults
 

@@ -1,4 +1,4 @@
-"""Checked by mypy --strict (tests/test_handler_typing.py): each line marked ``# E: <code>``
+"""Checked by mypy --strict (tests/worker/test_handler_typing.py): each line marked ``# E: <code>``
 must be an error of that code, and no other line may be."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checked by mypy --strict (tests/test_handler_typing.py): what the decorators' types let
+"""Checked by mypy --strict (tests/worker/test_handler_typing.py): what the decorators' types let
 through, and what they infer."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Checked by mypy --strict (tests/regressions/, test_handle_enqueue_many_takes_a_transaction_
-typed.py): every enqueue of a handle takes ``transaction=``, as the producer's own do."""
+"""Checked by mypy --strict
+(tests/producer/regressions/test_handle_enqueue_many_takes_a_transaction_typed.py): every
+enqueue of a handle takes ``transaction=``, as the producer's own do."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ def use_wal(connection: sqlite3.Connection, path: Path, busy_timeout: timedelta)
 
     Switching needs the file alone, and SQLite can answer "database is locked" at once
     there instead of waiting for busy_timeout: seen when several gunicorn workers open a
-    fresh file together (tests/test_store_sqlite_open.py).
+    fresh file together (tests/stores/test_store_sqlite_open.py).
     """
     deadline = time.monotonic() + busy_timeout.total_seconds()
     pause = 0.005

@@ -1,0 +1,1 @@
+"""Regressions of tests/dashboard: one file per bug, named as the sentence that must hold."""

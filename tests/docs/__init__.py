@@ -1,0 +1,1 @@
+"""Tests of the docs, the README and the examples."""

@@ -1,0 +1,1 @@
+"""Tests of the local Cloud Tasks and Cloud Scheduler emulator."""

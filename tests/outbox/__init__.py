@@ -1,0 +1,1 @@
+"""Tests of the transactional outbox and its relay."""

@@ -1,0 +1,1 @@
+"""Regressions of tests/outbox: one file per bug, named as the sentence that must hold."""

@@ -1,0 +1,1 @@
+"""Tests of the stores and their contract suites."""

@@ -1,0 +1,1 @@
+"""Regressions of tests/stores: one file per bug, named as the sentence that must hold."""

@@ -1,0 +1,1 @@
+"""Shared test helpers: apps, services the fixtures start, fakes."""

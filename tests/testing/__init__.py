@@ -1,0 +1,1 @@
+"""Tests of the pytest plugin users' tests use."""

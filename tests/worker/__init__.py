@@ -1,0 +1,1 @@
+"""Tests of the worker: handlers, delivery, serving, observing, operating."""

@@ -1,0 +1,73 @@
+"""A transactional handler on Spanner that runs past a third of its lease sees the lease
+keeper renew the run while its transaction is open. The transaction read (and locked) the
+run's row first, so each renewal aborted it; Spanner's client ran the handler again, up to 8
+times, and the delivery answered 503, on every redelivery. The handler must run once, its
+writes and the completion committed together, the lease renewed meanwhile."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from google.cloud.spanner_v1 import param_types
+
+from tasklease.worker import Router, TaskContext, create_app
+from tasklease.worker.core.records import RunStatus
+from tasklease.worker.stores import SpannerStore
+from tests.support.helpers import task_headers
+
+pytestmark = pytest.mark.service
+
+EFFECTS_DDL = "CREATE TABLE effects (id STRING(64) NOT NULL, key STRING(64)) PRIMARY KEY (id)"
+LEASE = timedelta(seconds=3)
+
+
+@pytest.fixture
+def store(spanner_database: str) -> Iterator[SpannerStore]:
+    store = SpannerStore(spanner_database, call_timeout=5.0)
+    store.database.update_ddl([EFFECTS_DDL]).result(60)
+    yield store
+    store.close()
+
+
+def _effects(store: SpannerStore) -> int:
+    with store.database.snapshot() as snapshot:
+        return int(next(iter(snapshot.execute_sql("SELECT COUNT(*) FROM effects")))[0])
+
+
+def test_a_spanner_transactional_handler_outlasting_a_renewal_commits_once(
+    store: SpannerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = Router()
+    calls: list[int] = []
+    renewals: list[datetime | None] = []
+    renew = store.renew
+
+    def counted_renew(*args: Any, **kwargs: Any) -> datetime | None:
+        renewals.append(renew(*args, **kwargs))
+        return renewals[-1]
+
+    monkeypatch.setattr(store, "renew", counted_renew)
+
+    @router.task("settle", transactional=True, lease=LEASE)
+    def settle(payload: Any, ctx: TaskContext) -> None:
+        calls.append(ctx.attempt)
+        ctx.transaction.execute_update(
+            "INSERT INTO effects (id, key) VALUES (@id, 'settled')",
+            params={"id": str(uuid.uuid4())},
+            param_types={"id": param_types.STRING},
+        )
+        # Two renewals fall inside the open transaction (every lease / 3).
+        time.sleep(LEASE.total_seconds() * 0.8)
+
+    client = create_app(router, store=store, auth="none").test_client()
+    answer = client.post("/tasks/settle", headers=task_headers(), data=b"{}")
+    (record,) = store.list_runs()
+    assert (answer.status_code, answer.headers["X-Tasklease-Outcome"]) == (200, "processed")
+    assert (len(calls), _effects(store)) == (1, 1)
+    assert record.status is RunStatus.COMPLETED
+    assert len(renewals) >= 2 and None not in renewals  # Renewed meanwhile, never lost.
