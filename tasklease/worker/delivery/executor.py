@@ -36,7 +36,6 @@ from tasklease.worker.observe import telemetry
 from tasklease.worker.observe.log_levels import execution_level, known_handlers
 from tasklease.worker.observe.logs import instance_id, log_execution, note_error
 from tasklease.worker.observe.tally_flusher import DeliveryCounter
-from tasklease.worker.runtime.settled_answers import ClaimNeeded
 from tasklease.worker.stores.base.store import LeaseStore
 
 # Reply lives in its own module; it is exported here too, where the adapters import it from.
@@ -96,14 +95,11 @@ class Executor:
         self.finisher = Finisher(store, clock, self.locks, router)
         self.tally: DeliveryCounter | None = None  # Set by create_app on a tally store.
 
-    def execute(self, delivery: Delivery, *, settled_only: bool = False) -> Reply:
-        """Handle one delivery and write its one structured log line.
+    def execute(self, delivery: Delivery) -> Reply:
+        """Handle one delivery and write its one structured log line."""
+        return run_in_thread(self.steps(delivery))
 
-        ``settled_only``: raise :class:`ClaimNeeded`, having written and logged nothing, where
-        the delivery would need a claim (:mod:`tasklease.worker.runtime.settled_answers`)."""
-        return run_in_thread(self.steps(delivery, settled_only=settled_only))
-
-    def steps(self, delivery: Delivery, *, settled_only: bool = False) -> Steps[Reply]:
+    def steps(self, delivery: Delivery) -> Steps[Reply]:
         """:meth:`execute` as steps for a driver (:mod:`tasklease.worker.delivery.flow`)."""
         started = time.monotonic()
         # The handler name comes from the URL: cap what an unknown one can put in the log.
@@ -112,7 +108,7 @@ class Executor:
         spec = self.router.handler(delivery.kind, delivery.handler)
         label = spec.name if spec is not None else telemetry.UNKNOWN_HANDLER
         with telemetry.start_delivery(delivery.header, delivery.kind.value, label) as traced:
-            reply = yield from self._execute(delivery, log, settled_only)
+            reply = yield from self._execute(delivery, log)
             if "held_by" in reply.details:  # An exclusive job or key held by another run.
                 log["held_by"] = reply.details["held_by"]
             seconds = time.monotonic() - started
@@ -132,7 +128,7 @@ class Executor:
         log_execution(f"{delivery.kind.value} {handler}: {reply.message}", log, level)
         return reply
 
-    def _execute(self, delivery: Delivery, log: dict[str, Any], settled_only: bool) -> Steps[Reply]:
+    def _execute(self, delivery: Delivery, log: dict[str, Any]) -> Steps[Reply]:
         if delivery.method != "POST":
             return Reply.rejected(
                 Rejection.NOT_POST,
@@ -172,9 +168,7 @@ class Executor:
             identity = self.manual_runs.resolve(identity, auth.principal)
         except StoreUnavailable as exc:
             return store_unavailable(f"lease store unavailable: {exc}", identity.run_id)
-        reply = yield from self._claim_and_run(
-            spec, identity, delivery.body, log, auth.principal, settled_only=settled_only
-        )
+        reply = yield from self._claim_and_run(spec, identity, delivery.body, log, auth.principal)
         self.manual_runs.answered(identity, reply.status)
         return reply
 
@@ -185,8 +179,6 @@ class Executor:
         body: bytes,
         log: dict[str, Any],
         caller: str | None,
-        *,
-        settled_only: bool = False,
     ) -> Steps[Reply]:
         log.update(_identity_fields(identity))
         run_id = identity.run_id
@@ -205,8 +197,6 @@ class Executor:
             verdict = decisions.decide(seen, now, caller)
             if seen is not None and verdict in _SETTLED:
                 return self._settled(verdict, seen, log)
-        if settled_only:
-            raise ClaimNeeded(run_id)
         request = ClaimRequest(
             run_id=run_id,
             kind=identity.kind.value,

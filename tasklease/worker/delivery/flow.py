@@ -17,7 +17,6 @@ and for the transactional one (whose store calls it inside its transaction, driv
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
@@ -25,8 +24,7 @@ from typing import Any, TypeVar
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import HandlerSpec
-from tasklease.worker.runtime.event_loop import HANDLER_LOOP, HandlerCancelled
-from tasklease.worker.runtime.thread_wait import to_its_end
+from tasklease.worker.runtime.event_loop import HANDLER_LOOP
 
 T = TypeVar("T")
 
@@ -51,7 +49,6 @@ class Blocking:
 
 Step = Await | Blocking
 Steps = Generator[Step, Any, T]
-Hop = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
 def run_in_thread(steps: Steps[T]) -> T:
@@ -81,36 +78,3 @@ def handler_run(spec: HandlerSpec, payload: Any, ctx: TaskContext) -> Steps[Any]
     while inspect.isawaitable(result):
         result = yield Await(result)
     return result
-
-
-async def run_on_loop(steps: Steps[T], hop: Hop) -> T:
-    """Drive ``steps`` on the running event loop: await each coroutine here, ``hop`` each
-    blocking call to a thread. A handler that cancels itself is a :class:`HandlerCancelled`
-    failure, as on the handler loop; when the request itself is cancelled (the server shuts
-    down), the handler's run is released for a retry and the cancellation raised again; a
-    blocking call in its thread is waited for first, and the delivery ends as it would."""
-    cancelled: asyncio.CancelledError | None = None
-    try:
-        step = next(steps)
-        while True:
-            try:
-                if isinstance(step, Await):
-                    value = await step.awaitable
-                else:
-                    done, cut = await to_its_end(hop(step.function))
-                    cancelled = cancelled or cut
-                    value = done.result()  # Raises the call's error here.
-            except asyncio.CancelledError as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    cancelled = exc
-                step = steps.throw(HandlerCancelled("the handler's task was cancelled"))
-            except BaseException as exc:  # Raised where the step was yielded.
-                step = steps.throw(exc)
-            else:
-                step = steps.send(value)
-    except StopIteration as stop:
-        if cancelled is not None:
-            raise cancelled from None
-        result: T = stop.value
-        return result
