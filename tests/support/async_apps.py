@@ -46,11 +46,3 @@ async def flaky_async(payload: Any, ctx: TaskContext) -> str:
 async def async_job(ctx: TaskContext) -> str:
     await asyncio.sleep(0)
     return "ran"
-
-
-@router.task("where_async")
-async def where_async(payload: Any, ctx: TaskContext) -> dict[str, Any]:
-    """Says which thread it ran on (under uvicorn on MemoryStore: the server's loop)."""
-    await asyncio.sleep(0)
-    ctx.check_lease()
-    return {"n": payload["n"], "thread": threading.current_thread().name}

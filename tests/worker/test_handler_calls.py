@@ -142,12 +142,6 @@ def test_a_step_names_its_enqueues_apart_from_the_handlers(store: SqliteStore) -
     assert retried_key == handler_key != step_key
 
 
-class NonblockingMemory(MemoryStore):
-    """The memory store, declared as one that never waits: deliveries run on the loop."""
-
-    nonblocking = True
-
-
 def _post_asgi(app: Any, name: str, retry: int) -> str:
     """One delivery to the ASGI app, driven on an event loop of this thread."""
     headers = task_headers(retry=retry, execution=retry)
@@ -173,7 +167,7 @@ def _post_asgi(app: Any, name: str, retry: int) -> str:
     return answer["x-tasklease-outcome"]
 
 
-def test_an_async_handler_on_the_asgi_loop_enqueues_the_tasks_of_its_first_attempt() -> None:
+def test_an_async_handler_served_by_the_asgi_app_enqueues_the_tasks_of_its_first_attempt() -> None:
     router = Router()
     keys: list[list[str]] = []
 
@@ -184,7 +178,7 @@ def test_an_async_handler_on_the_asgi_loop_enqueues_the_tasks_of_its_first_attem
         if ctx.attempt == 1:
             raise ConnectionError("retried after its enqueues")
 
-    app = create_asgi_app(router, store=NonblockingMemory(), auth="none")
+    app = create_asgi_app(router, store=MemoryStore(), auth="none")
     assert _post_asgi(app, "ship", 0) == "released"
     assert _post_asgi(app, "ship", 1) == "processed"
     first, retried = keys

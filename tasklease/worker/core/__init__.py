@@ -3,7 +3,8 @@
 ``decisions`` (claim, renew, finish, operator actions), ``locking`` (exclusive jobs and
 concurrency keys), ``identity`` (a delivery's run key from its headers), ``records`` (the
 records the stores keep), ``queries`` (listing filters and cursors), ``outcome`` (what the
-worker did) and ``constants`` (leases, retention, clock skew, the headers Google sends).
+worker did), ``endings`` (how a handler run ends) and ``constants`` (leases, retention,
+clock skew, the headers Google sends).
 
 The one rule of this folder (README.md beside this file): no I/O, no threads, no clock reads.
 Time is an argument. Every store applies these rules through one primitive, so memory, SQLite

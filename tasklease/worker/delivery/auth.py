@@ -13,7 +13,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from tasklease import protocol
@@ -76,11 +76,8 @@ class Authenticator(ABC):
     """Decides whether a request may run ``spec``. Implement :meth:`authenticate`.
 
     Called once per request from many threads; must not raise for a bad request (answer a
-    401 or 403 :class:`AuthResult`), and must never log the token itself. ``nonblocking``:
-    :meth:`authenticate` never waits on I/O (no key fetch), so it may run on an event loop.
+    401 or 403 :class:`AuthResult`), and must never log the token itself.
     """
-
-    nonblocking: ClassVar[bool] = False
 
     @abstractmethod
     def authenticate(self, request: AuthRequest, spec: HandlerSpec) -> AuthResult:
@@ -89,14 +86,6 @@ class Authenticator(ABC):
 
 class NoAuth(Authenticator):
     """Lets every request through. Only for local development behind a private network."""
-
-    nonblocking: ClassVar[bool] = True
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        # A subclass may check something that waits: nonblocking only if it says so itself.
-        super().__init_subclass__(**kwargs)
-        if "nonblocking" not in cls.__dict__:
-            cls.nonblocking = False
 
     def authenticate(self, request: AuthRequest, spec: HandlerSpec) -> AuthResult:
         return AuthResult(200, "authentication is off")

@@ -3,31 +3,30 @@ finish. Framework-neutral: :mod:`tasklease.worker.serving.app` adapts it to Flas
 
 from __future__ import annotations
 
-import inspect
 import json
-import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from tasklease import protocol
-from tasklease.errors import InvalidDelivery, LeaseLost, PermanentFailure, StoreUnavailable
+from tasklease.errors import InvalidDelivery, StoreUnavailable
 from tasklease.worker.core import decisions
+from tasklease.worker.core.endings import ending_of
 from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
 from tasklease.worker.core.outcome import Outcome, Rejection
 from tasklease.worker.core.records import ClaimRequest, RunRecord, Verdict
-from tasklease.worker.delivery import continuation, lease
+from tasklease.worker.delivery import continuation
 from tasklease.worker.delivery.attempt import Attempt
 from tasklease.worker.delivery.auth import Authenticator, AuthRequest
-from tasklease.worker.delivery.flow import Await, Blocking, Steps, run_in_thread
+from tasklease.worker.delivery.endings import Finisher, store_unavailable
+from tasklease.worker.delivery.flow import Blocking, Steps, handler_run, run_in_thread
 from tasklease.worker.delivery.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.delivery.locks import ExecutionLocks
 from tasklease.worker.delivery.manual_runs import ManualRuns
 from tasklease.worker.delivery.reply import Reply, settled
-from tasklease.worker.delivery.store_retries import retry_while_unavailable
 from tasklease.worker.delivery.transactional_run import run_in_transaction
 from tasklease.worker.handlers.context import TaskContext, view_of
 from tasklease.worker.handlers.router import HandlerSpec, Router
@@ -37,15 +36,12 @@ from tasklease.worker.observe import telemetry
 from tasklease.worker.observe.log_levels import execution_level, known_handlers
 from tasklease.worker.observe.logs import instance_id, log_execution, note_error
 from tasklease.worker.observe.tally_flusher import DeliveryCounter
-from tasklease.worker.runtime.event_loop import LoopNotStarted
-from tasklease.worker.runtime.settled_answers import ClaimNeeded
 from tasklease.worker.stores.base.store import LeaseStore
 
 # Reply lives in its own module; it is exported here too, where the adapters import it from.
 __all__ = ["Clock", "Delivery", "Executor", "Reply", "decode_payload", "utc_now"]
 
 Clock = Callable[[], datetime]
-_log = logging.getLogger("tasklease.execution")
 
 # Verdicts a read alone may act on: a finished run stays finished until its record expires.
 _SETTLED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.FORBIDDEN, Verdict.SKIPPED})
@@ -96,16 +92,14 @@ class Executor:
         self.lease_keeper = LeaseKeeper(store, clock)
         self.manual_runs = ManualRuns(store, clock)
         self.locks = ExecutionLocks(store, clock)
+        self.finisher = Finisher(store, clock, self.locks, router)
         self.tally: DeliveryCounter | None = None  # Set by create_app on a tally store.
 
-    def execute(self, delivery: Delivery, *, settled_only: bool = False) -> Reply:
-        """Handle one delivery and write its one structured log line.
+    def execute(self, delivery: Delivery) -> Reply:
+        """Handle one delivery and write its one structured log line."""
+        return run_in_thread(self.steps(delivery))
 
-        ``settled_only``: raise :class:`ClaimNeeded`, having written and logged nothing, where
-        the delivery would need a claim (:mod:`tasklease.worker.runtime.settled_answers`)."""
-        return run_in_thread(self.steps(delivery, settled_only=settled_only))
-
-    def steps(self, delivery: Delivery, *, settled_only: bool = False) -> Steps[Reply]:
+    def steps(self, delivery: Delivery) -> Steps[Reply]:
         """:meth:`execute` as steps for a driver (:mod:`tasklease.worker.delivery.flow`)."""
         started = time.monotonic()
         # The handler name comes from the URL: cap what an unknown one can put in the log.
@@ -114,7 +108,7 @@ class Executor:
         spec = self.router.handler(delivery.kind, delivery.handler)
         label = spec.name if spec is not None else telemetry.UNKNOWN_HANDLER
         with telemetry.start_delivery(delivery.header, delivery.kind.value, label) as traced:
-            reply = yield from self._execute(delivery, log, settled_only)
+            reply = yield from self._execute(delivery, log)
             if "held_by" in reply.details:  # An exclusive job or key held by another run.
                 log["held_by"] = reply.details["held_by"]
             seconds = time.monotonic() - started
@@ -134,7 +128,7 @@ class Executor:
         log_execution(f"{delivery.kind.value} {handler}: {reply.message}", log, level)
         return reply
 
-    def _execute(self, delivery: Delivery, log: dict[str, Any], settled_only: bool) -> Steps[Reply]:
+    def _execute(self, delivery: Delivery, log: dict[str, Any]) -> Steps[Reply]:
         if delivery.method != "POST":
             return Reply.rejected(
                 Rejection.NOT_POST,
@@ -173,10 +167,8 @@ class Executor:
         try:
             identity = self.manual_runs.resolve(identity, auth.principal)
         except StoreUnavailable as exc:
-            return _store_unavailable(f"lease store unavailable: {exc}", identity.run_id)
-        reply = yield from self._claim_and_run(
-            spec, identity, delivery.body, log, auth.principal, settled_only=settled_only
-        )
+            return store_unavailable(f"lease store unavailable: {exc}", identity.run_id)
+        reply = yield from self._claim_and_run(spec, identity, delivery.body, log, auth.principal)
         self.manual_runs.answered(identity, reply.status)
         return reply
 
@@ -187,8 +179,6 @@ class Executor:
         body: bytes,
         log: dict[str, Any],
         caller: str | None,
-        *,
-        settled_only: bool = False,
     ) -> Steps[Reply]:
         log.update(_identity_fields(identity))
         run_id = identity.run_id
@@ -198,7 +188,7 @@ class Executor:
             try:
                 seen = self.store.get(run_id)
             except StoreUnavailable as exc:
-                return _store_unavailable(f"lease store unavailable: {exc}", run_id)
+                return store_unavailable(f"lease store unavailable: {exc}", run_id)
             now = self.clock()
             if identity.continues is not None:
                 refused = continuation.refusal(seen, identity, spec, caller, now)
@@ -207,8 +197,6 @@ class Executor:
             verdict = decisions.decide(seen, now, caller)
             if seen is not None and verdict in _SETTLED:
                 return self._settled(verdict, seen, log)
-        if settled_only:
-            raise ClaimNeeded(run_id)
         request = ClaimRequest(
             run_id=run_id,
             kind=identity.kind.value,
@@ -224,7 +212,7 @@ class Executor:
             with telemetry.claim_step():
                 claim = self.store.claim(request, self.clock)
         except StoreUnavailable as exc:
-            return _store_unavailable(f"lease store unavailable: {exc}", run_id)
+            return store_unavailable(f"lease store unavailable: {exc}", run_id)
         record = claim.record
         if claim.verdict is not Verdict.CLAIMED and identity.manual and identity.maybe_manual:
             # Another delivery took the waiting manual run first: this one is the slot's.
@@ -253,11 +241,13 @@ class Executor:
         if live.lease_seconds_left < spec.lease.total_seconds() / RENEWALS_PER_LEASE:
             # The lease would run out before its first renewal (a clock read long before the
             # store wrote it): running the handler now could overlap a takeover.
-            self.give_back(live, "the claim took too long; lease store overloaded", count=False)
-            return _store_unavailable("the lease store took too long to grant the claim", run_id)
+            self.finisher.give_back(
+                live, "the claim took too long; lease store overloaded", count=False
+            )
+            return store_unavailable("the lease store took too long to grant the claim", run_id)
         waiting = continuation.gate(record, identity)
         if waiting is not None:  # Another delivery of the chain runs the run, or will.
-            self.give_back(live, waiting.message, count=False)
+            self.finisher.give_back(live, waiting.message, count=False)
             return waiting
         reply = yield from self._run(spec, ctx, runner, live, body, log=log)
         log.update(runner.log_fields())
@@ -286,66 +276,48 @@ class Executor:
         *,
         log: dict[str, Any],
     ) -> Steps[Reply]:
+        finisher = self.finisher
         if spec.max_attempts is not None and ctx.attempt > spec.max_attempts:
             # Only reached through a claim: every earlier attempt's lease had run out.
             error = f"gave up after {spec.max_attempts} attempts (max_attempts)"
-            return self.fail(live, error, body)
+            return finisher.fail(live, error, body)
         payload: Any = None
         if spec.kind is Kind.TASK:
             try:
                 payload = decode_payload(body)
             except ValueError as exc:
-                return self.fail(live, f"payload is not valid JSON: {exc}", body)
+                return finisher.fail(live, f"payload is not valid JSON: {exc}", body)
         lock = self.locks.request_for(spec, ctx, payload)
         if isinstance(lock, str):
-            return self.fail(live, lock, body)
+            return finisher.fail(live, lock, body)
         if lock is not None:
             try:
                 overlap = self.locks.take(spec, live, lock, continued=ctx.continuation > 0)
             except StoreUnavailable as exc:
-                self.give_back(live, f"could not take the lock {lock.name}: {exc}", count=False)
-                return _store_unavailable(f"lease store unavailable: {exc}", live.run_id)
+                finisher.give_back(live, f"could not take the lock {lock.name}: {exc}", count=False)
+                return store_unavailable(f"lease store unavailable: {exc}", live.run_id)
             if overlap is not None:
-                return self.finish(live, overlap.write, overlap.reply)
+                return finisher.finish(live, overlap.write, overlap.reply)
         if spec.transactional:
-            return run_in_transaction(self, spec, ctx, live, payload=payload, body=body, log=log)
+            return run_in_transaction(
+                self.lease_keeper,
+                finisher,
+                spec,
+                ctx,
+                live,
+                payload=payload,
+                body=body,
+                log=log,
+            )
         try:
             with (
                 self.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),
                 telemetry.step("handler"),
                 handler_call(ctx.run_id, spec.name, ctx.continuation),
             ):
-                if spec.kind is Kind.TASK:
-                    result = spec.function(payload, ctx)
-                else:
-                    result = spec.function(ctx)
-                while inspect.isawaitable(result):  # async def, or returning one: awaited.
-                    result = yield Await(result)
-        except (lease.KeeperNotStarted, LoopNotStarted) as exc:  # The handler never ran.
-            self.give_back(live, str(exc), count=False)
-            return _store_unavailable(str(exc), live.run_id)
-        except PermanentFailure as exc:
-            return self.fail(live, f"PermanentFailure: {exc}", body)
-        except LeaseLost as exc:
-            self.give_back(live, f"LeaseLost: {exc}")
-            return Reply.of(Outcome.LOST_CLAIM, str(exc), live.run_id)
+                result = yield from handler_run(spec, payload, ctx)
         except BaseException as exc:  # SystemExit too: sys.exit(), argparse's error().
-            note_error(exc)  # Its stack trace goes into the request's one log line.
-            error = f"{type(exc).__name__}: {exc}"
-            reply = self.finish(
-                live,
-                lambda: self.store.release(
-                    live.run_id, live.attempt_id, error, self.clock, keep_for=spec.retention
-                ),
-                Reply.of(
-                    Outcome.RELEASED,
-                    f"handler raised {type(exc).__name__}; released for a retry",
-                    live.run_id,
-                ),
-            )
-            if isinstance(exc, KeyboardInterrupt):
-                raise  # The process is being stopped: its run was given back first.
-            return reply
+            return finisher.end(live, ending_of(exc, in_transaction=False), exc, body)
         if runner.continuation is not None:
             return (yield from self._continue(spec, ctx, runner, live, payload))
         try:
@@ -354,14 +326,8 @@ class Executor:
         except ValueError as exc:
             # The handler's effects happened: a retry must not repeat them. A dead letter
             # with the reason, not a 500 on every delivery.
-            return self.fail(live, str(exc), body)
-        return self.finish(
-            live,
-            lambda: self.store.complete(
-                live.run_id, live.attempt_id, result_json, self.clock, keep_for=spec.retention
-            ),
-            Reply.of(Outcome.PROCESSED, "processed", live.run_id, result_json=result_json),
-        )
+            return finisher.fail(live, str(exc), body)
+        return finisher.complete(live, result_json)
 
     def _continue(
         self, spec: HandlerSpec, ctx: TaskContext, runner: StepRunner, live: Attempt, payload: Any
@@ -376,106 +342,15 @@ class Executor:
         except Exception as exc:
             note_error(exc)
             error = f"could not enqueue the continuation: {type(exc).__name__}: {exc}"
-            return self.finish(
-                live,
-                lambda: self.store.release(
-                    live.run_id, live.attempt_id, error, self.clock, keep_for=spec.retention
-                ),
-                Reply.of(Outcome.RELEASED, error, live.run_id),
-            )
+            return self.finisher.release(live, error, error)
         seq = runner.continuation.seq if runner.continuation else 0
-        return self.finish(
+        return self.finisher.finish(
             live,
             lambda: self.store.continue_run(
                 live.run_id, live.attempt_id, state_json, self.clock, keep_for=spec.retention
             ),
             Reply.of(Outcome.PROCESSED, f"continued: delivery {seq} enqueued", live.run_id),
         )
-
-    def _retention(self, live: Attempt) -> timedelta | None:
-        """The retention of the handler the attempt runs, to keep its record that long after a
-        finish (a run can outlive the retention counted from its claim)."""
-        spec = self.router.handler(Kind(live.kind), live.handler)
-        return spec.retention if spec is not None else None
-
-    def give_back(self, live: Attempt, error: str, *, count: bool = True) -> None:
-        """Release a claim this attempt will not use, if it still holds it (best effort: a
-        lease that runs out does the same, later). ``count=False``: the handler never ran,
-        the attempt does not count. Its lock, if any, is released first."""
-        try:
-            self.locks.release(live)
-            if not count:
-                self.store.yield_claim(live.run_id, live.attempt_id, error, self.clock)
-                return
-            self.store.release(
-                live.run_id, live.attempt_id, error, self.clock, keep_for=self._retention(live)
-            )
-        except StoreUnavailable:
-            _log.warning("run %s: could not release attempt %s", live.run_id, live.attempt_id)
-
-    def fail(self, live: Attempt, error: str, body: bytes) -> Reply:
-        """Record the run as failed (a dead letter keeping ``body``), as :meth:`finish` does."""
-        payload = body.decode("utf-8", errors="backslashreplace")
-        return self.finish(
-            live,
-            lambda: self.store.fail(
-                live.run_id,
-                live.attempt_id,
-                error,
-                self.clock,
-                payload,
-                keep_for=self._retention(live),
-            ),
-            Reply.of(Outcome.FAILED, error, live.run_id, {"status": "failed"}),
-        )
-
-    def finish(self, live: Attempt, write: Callable[[], bool], reply: Reply) -> Reply:
-        """Record how the execution ended, only while this attempt still holds the claim.
-
-        A retried write that finds its own earlier try landed counts as done (the store
-        recognises it by attempt id). The lock the attempt holds is released first, fenced:
-        if another run took it, this attempt's lease lapsed while it ran, and its outcome is
-        refused like that of a run taken over.
-        """
-        lock = live.lock
-        if not self.locks.release(live):
-            self.give_back(live, f"the lock {lock} was taken over by another run while it ran")
-            return Reply.of(
-                Outcome.LOST_CLAIM,
-                f"the lock {lock} was taken over by another run; "
-                f"this attempt's {reply.outcome.value} outcome was not recorded",
-                live.run_id,
-            )
-
-        def write_once() -> bool:
-            with telemetry.step("finish"):
-                return write()
-
-        try:
-            held = retry_while_unavailable(write_once)
-        except StoreUnavailable as exc:
-            # The record stays in progress until its lease expires; then a retry runs.
-            return _store_unavailable(
-                f"could not record the outcome ({reply.outcome.value}): {exc}",
-                live.run_id,
-                Outcome.UNRECORDED,
-            )
-        if not held:
-            # Another attempt took over after this one's lease expired: it owns the record now,
-            # and a retry will see its outcome. Never overwrite it.
-            return Reply.of(
-                Outcome.LOST_CLAIM,
-                "the lease was taken over by another attempt; "
-                f"this attempt's {reply.outcome.value} outcome was not recorded",
-                live.run_id,
-            )
-        return reply
-
-
-def _store_unavailable(
-    message: str, run_id: str | None, outcome: Outcome = Outcome.UNAVAILABLE
-) -> Reply:
-    return Reply.of(outcome, message, run_id)
 
 
 def decode_payload(body: bytes) -> Any:

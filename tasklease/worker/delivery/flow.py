@@ -5,24 +5,26 @@ The delivery protocol is written once, as a generator: it yields an :class:`Awai
 ``async def`` handler's coroutine and a :class:`Blocking` call for work that waits on I/O
 outside the store (a continuation's enqueue), and is sent back each one's result (or thrown
 its exception) at the point it yielded, inside the same ``with`` blocks (lease renewal, log
-fields). Two drivers:
+fields). :func:`run_in_thread` drives it in a request thread (gunicorn, an ASGI delivery
+thread): it awaits a coroutine on tasklease's handler loop
+(:mod:`tasklease.worker.runtime.event_loop`) and calls a blocking function in place;
+:meth:`Executor.execute` is this. A test may drive the steps one by one instead.
 
-- :func:`run_in_thread`, for a request thread (gunicorn, an ASGI delivery thread): awaits a
-  coroutine on tasklease's handler loop (:mod:`tasklease.worker.runtime.event_loop`), calls a
-  blocking function in place. :meth:`Executor.execute` is this.
-- :func:`run_on_loop`, for an ``async def`` handler on a store that never waits
-  (:mod:`tasklease.worker.runtime.settled_answers`): the whole delivery runs on the caller's event
-  loop, the coroutine awaited there, and only a :class:`Blocking` call hops to a thread.
+:func:`handler_run` is the handler's call and its awaits, the same steps for the plain path
+and for the transactional one (whose store calls it inside its transaction, driven there by
+:func:`run_in_thread`).
 """
 
 from __future__ import annotations
 
-import asyncio
+import inspect
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
-from tasklease.worker.runtime.event_loop import HANDLER_LOOP, HandlerCancelled
-from tasklease.worker.runtime.thread_wait import to_its_end
+from tasklease.worker.core.identity import Kind
+from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.handlers.router import HandlerSpec
+from tasklease.worker.runtime.event_loop import HANDLER_LOOP
 
 T = TypeVar("T")
 
@@ -47,7 +49,6 @@ class Blocking:
 
 Step = Await | Blocking
 Steps = Generator[Step, Any, T]
-Hop = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
 def run_in_thread(steps: Steps[T]) -> T:
@@ -70,34 +71,10 @@ def run_in_thread(steps: Steps[T]) -> T:
         return result
 
 
-async def run_on_loop(steps: Steps[T], hop: Hop) -> T:
-    """Drive ``steps`` on the running event loop: await each coroutine here, ``hop`` each
-    blocking call to a thread. A handler that cancels itself is a :class:`HandlerCancelled`
-    failure, as on the handler loop; when the request itself is cancelled (the server shuts
-    down), the handler's run is released for a retry and the cancellation raised again; a
-    blocking call in its thread is waited for first, and the delivery ends as it would."""
-    cancelled: asyncio.CancelledError | None = None
-    try:
-        step = next(steps)
-        while True:
-            try:
-                if isinstance(step, Await):
-                    value = await step.awaitable
-                else:
-                    done, cut = await to_its_end(hop(step.function))
-                    cancelled = cancelled or cut
-                    value = done.result()  # Raises the call's error here.
-            except asyncio.CancelledError as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    cancelled = exc
-                step = steps.throw(HandlerCancelled("the handler's task was cancelled"))
-            except BaseException as exc:  # Raised where the step was yielded.
-                step = steps.throw(exc)
-            else:
-                step = steps.send(value)
-    except StopIteration as stop:
-        if cancelled is not None:
-            raise cancelled from None
-        result: T = stop.value
-        return result
+def handler_run(spec: HandlerSpec, payload: Any, ctx: TaskContext) -> Steps[Any]:
+    """Call ``spec``'s handler (a task's with its payload) and await what it returns while
+    that is awaitable (``async def``, or a function returning a coroutine): its result."""
+    result = spec.function(payload, ctx) if spec.kind is Kind.TASK else spec.function(ctx)
+    while inspect.isawaitable(result):
+        result = yield Await(result)
+    return result

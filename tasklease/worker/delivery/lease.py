@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tasklease.errors import StoreUnavailable
+from tasklease.worker.core.endings import HandlerNotStarted
 from tasklease.worker.delivery.attempt import Attempt
 from tasklease.worker.observe import telemetry
 from tasklease.worker.stores.base.locks import lock_store
@@ -39,7 +40,7 @@ IDLE_WAKE = 1.0
 MIN_RETRY_PAUSE = 0.05
 
 
-class KeeperNotStarted(Exception):
+class KeeperNotStarted(HandlerNotStarted):
     """The scheduler thread could not be started: no lease would be renewed, so the
     execution must not begin (its claim is given back without counting the attempt)."""
 

@@ -9,38 +9,30 @@ retry runs the handler again, on a database without its effects).
 
 from __future__ import annotations
 
-import inspect
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
 
-from tasklease.errors import LeaseLost, PermanentFailure, StoreUnavailable
 from tasklease.worker.core import decisions
-from tasklease.worker.core.identity import Kind
+from tasklease.worker.core.endings import UnserialisableResult, ending_of
 from tasklease.worker.core.outcome import Outcome
-from tasklease.worker.core.records import RunStatus
-from tasklease.worker.delivery import lease
 from tasklease.worker.delivery.attempt import Attempt
+from tasklease.worker.delivery.endings import Finisher
+from tasklease.worker.delivery.flow import handler_run, run_in_thread
+from tasklease.worker.delivery.lease import LeaseKeeper
 from tasklease.worker.delivery.reply import Reply
-from tasklease.worker.delivery.store_retries import retry_while_unavailable
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import HandlerSpec
 from tasklease.worker.handlers.running import current_call, handler_call
 from tasklease.worker.observe import telemetry
-from tasklease.worker.observe.logs import note_error
-from tasklease.worker.runtime.event_loop import HANDLER_LOOP, LoopNotStarted
 from tasklease.worker.stores.base.transactional import TransactionalStore, TransactionOutcome
-
-if TYPE_CHECKING:
-    from tasklease.worker.delivery.executor import Executor
 
 __all__ = ["run_in_transaction"]
 
 
-class _Unserialisable(Exception):
-    """The handler's result is not JSON: raised inside the transaction, so it rolls back."""
-
-
 def run_in_transaction(
-    executor: Executor,
+    keeper: LeaseKeeper,
+    finisher: Finisher,
     spec: HandlerSpec,
     ctx: TaskContext,
     live: Attempt,
@@ -49,11 +41,14 @@ def run_in_transaction(
     body: bytes,
     log: dict[str, Any],
 ) -> Reply:
-    """Run ``spec``'s handler for the claimed attempt ``live`` in the store's transaction,
-    and answer as the executor does for any handler. ``log`` gets ``transaction_tries``."""
-    store = executor.store
+    """Run ``spec``'s handler for the claimed attempt ``live`` in the transaction of the
+    store ``finisher`` writes to, its lease renewed by ``keeper``, and answer as the plain
+    path does for any handler: every ending but the commit is written by ``finisher``.
+    ``log`` gets ``transaction_tries``."""
+    store = finisher.store
     if not isinstance(store, TransactionalStore):  # create_app refuses it at start.
         raise TypeError(f"{store!r} cannot run the transactional handler {spec.name}")
+    clock: Callable[[], datetime] = finisher.clock
     tries = 0
 
     def work(transaction: Any) -> str | None:
@@ -65,54 +60,27 @@ def run_in_transaction(
             call.restart()
         live.transaction = transaction
         try:
-            result = spec.function(payload, ctx) if spec.kind is Kind.TASK else spec.function(ctx)
-            while inspect.isawaitable(result):  # async def, or returning one: awaited.
-                result = HANDLER_LOOP.run(result)
+            # The store calls this inside its transaction: the handler's awaits are driven
+            # here, by the driver the plain path's delivery uses.
+            result = run_in_thread(handler_run(spec, payload, ctx))
         finally:
             live.transaction = None
         try:
             return decisions.serialize_result(result)
-        except ValueError as exc:
-            raise _Unserialisable(str(exc)) from exc
+        except ValueError as exc:  # Raised inside the transaction, so it rolls back.
+            raise UnserialisableResult(str(exc)) from exc
 
     try:
         with (
-            executor.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),
+            keeper.kept(live, spec.lease, keep_for=spec.retention),
             telemetry.step("handler"),
             handler_call(ctx.run_id, spec.name, ctx.continuation),
         ):
             outcome = store.complete_in_transaction(
-                live.run_id, live.attempt_id, work, executor.clock, keep_for=spec.retention
+                live.run_id, live.attempt_id, work, clock, keep_for=spec.retention
             )
-    except (lease.KeeperNotStarted, LoopNotStarted) as exc:  # The handler never ran.
-        executor.give_back(live, str(exc), count=False)
-        return Reply.of(Outcome.UNAVAILABLE, str(exc), live.run_id)
-    except PermanentFailure as exc:  # Rolled back: nothing it wrote was kept.
-        return executor.fail(live, f"PermanentFailure: {exc}", body)
-    except _Unserialisable as exc:  # Rolled back too; a retry would get the same result.
-        return executor.fail(live, str(exc), body)
-    except LeaseLost as exc:
-        executor.give_back(live, f"LeaseLost: {exc}")
-        return Reply.of(Outcome.LOST_CLAIM, str(exc), live.run_id)
-    except StoreUnavailable as exc:
-        return _commit_unknown(executor, live, exc)
     except BaseException as exc:  # SystemExit too: sys.exit(), argparse's error().
-        note_error(exc)  # Its stack trace goes into the request's one log line.
-        error = f"{type(exc).__name__}: {exc}"
-        reply = executor.finish(
-            live,
-            lambda: store.release(
-                live.run_id, live.attempt_id, error, executor.clock, keep_for=spec.retention
-            ),
-            Reply.of(
-                Outcome.RELEASED,
-                f"handler raised {type(exc).__name__}; rolled back and released for a retry",
-                live.run_id,
-            ),
-        )
-        if isinstance(exc, KeyboardInterrupt):
-            raise  # The process is being stopped: its run was given back first.
-        return reply
+        return finisher.end(live, ending_of(exc, in_transaction=True), exc, body)
     log["transaction_tries"] = outcome.tries
     return _answer(outcome, live)
 
@@ -127,23 +95,3 @@ def _answer(outcome: TransactionOutcome, live: Attempt) -> Reply:
             live.run_id,
         )
     return Reply.of(Outcome.PROCESSED, "processed", live.run_id, result_json=outcome.result_json)
-
-
-def _commit_unknown(executor: Executor, live: Attempt, error: StoreUnavailable) -> Reply:
-    """The database failed during the transaction: its record tells whether it committed."""
-    try:
-        record = retry_while_unavailable(lambda: executor.store.get(live.run_id))
-    except StoreUnavailable as exc:
-        # In progress until its lease expires; then a retry finds the record or runs again.
-        return Reply.of(
-            Outcome.UNRECORDED,
-            f"the transaction's outcome is unknown ({error}); the record unreadable: {exc}",
-            live.run_id,
-        )
-    if decisions.finished_by(record, live.attempt_id, RunStatus.COMPLETED):
-        assert record is not None
-        return Reply.of(Outcome.PROCESSED, "processed", live.run_id, result_json=record.result_json)
-    executor.give_back(live, f"the transaction did not commit: {error}")
-    return Reply.of(
-        Outcome.UNAVAILABLE, f"lease store unavailable; rolled back: {error}", live.run_id
-    )

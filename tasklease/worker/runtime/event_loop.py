@@ -27,11 +27,13 @@ from collections.abc import Awaitable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from tasklease.worker.core.endings import HandlerNotStarted
+
 _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.event_loop")
 
 
-class LoopNotStarted(Exception):
+class LoopNotStarted(HandlerNotStarted):
     """The loop's thread could not be started: the handler's coroutine never ran, so its
     claim is given back without counting the attempt."""
 

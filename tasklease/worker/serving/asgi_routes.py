@@ -6,11 +6,7 @@ The event loop reads the request and writes the answer. The whole of ``Executor.
 (authentication, claim, handler, finish: every store call) runs in a worker thread, at most
 ``threads`` at once, so no store call ever blocks the loop, and an ``async def`` handler is
 awaited on tasklease's own handler loop (:mod:`tasklease.worker.runtime.event_loop`), as under
-gunicorn. Only where the store and the authenticator never wait on I/O (MemoryStore, auth
-off; :mod:`tasklease.worker.runtime.settled_answers`) is anything done on the loop: a retry of a
-settled run is answered there without the hop, and an ``async def`` handler's whole delivery
-runs there, its coroutine awaited on the server's loop (:mod:`tasklease.worker.delivery.flow`;
-the lease keeper's threads renew it as they renew every other).
+gunicorn, whatever the store.
 """
 
 from __future__ import annotations
@@ -26,16 +22,9 @@ import anyio.to_thread
 
 from tasklease.worker.core.identity import HeaderLookup, Kind
 from tasklease.worker.delivery.executor import Delivery
-from tasklease.worker.delivery.flow import run_on_loop
 from tasklease.worker.delivery.reply import Reply
 from tasklease.worker.observe.logs import request_fields
 from tasklease.worker.runtime.delivery_threads import DeliveryThreads
-from tasklease.worker.runtime.settled_answers import (
-    answer_settled,
-    answers_on_loop,
-    may_be_settled,
-    runs_on_loop,
-)
 from tasklease.worker.serving.wsgi_routes import PREFIXES, BadBody, DeliveryRoutes, crashed
 
 PREFIX_OF = {kind: prefix for prefix, kind in PREFIXES}
@@ -75,7 +64,7 @@ class AsgiDeliveries:
         self._pool: DeliveryThreads | None = None
         self._pool_pid: int | None = None
 
-    async def _in_thread(self, function: Callable[[], Reply | None]) -> Reply | None:
+    async def _in_thread(self, function: Callable[[], Reply]) -> Reply:
         """``function()`` in one of this process's delivery threads, in the caller's context
         (its trace). On asyncio (uvicorn, hypercorn) threads of its own
         (:mod:`tasklease.worker.runtime.delivery_threads`, a third of ``run_in_executor``'s cost per
@@ -139,24 +128,14 @@ class AsgiDeliveries:
             mount=root.rstrip("/"),
         )
 
-        def execute(settled_only: bool) -> Reply | None:
+        def execute() -> Reply:
             with request_fields(self.fields):
                 try:
-                    if settled_only:
-                        return answer_settled(self.executor, delivery)
                     return self.executor.execute(delivery)
                 except Exception as exc:  # A bug: still one line and a JSON answer.
                     return crashed(kind, name, delivery.method, started, exc)
 
-        reply = None
-        if answers_on_loop(self.executor):  # Its store never waits: it may be read here.
-            if runs_on_loop(self.executor.router.handler(kind, name)) and _on_asyncio():
-                reply = await self._on_loop(delivery, started)
-            elif may_be_settled(delivery):
-                reply = execute(settled_only=True)
-        if reply is None:
-            reply = await self._in_thread(lambda: execute(settled_only=False))
-        assert reply is not None  # execute(settled_only=False) always answers.
+        reply = await self._in_thread(execute)
         extra = [
             (key.encode("latin-1"), value.encode("latin-1"))
             for key, value in reply.headers().items()
@@ -166,25 +145,6 @@ class AsgiDeliveries:
         await _send(
             send, reply.status, reply.body_bytes(), [(b"content-type", b"application/json"), *extra]
         )
-
-    async def _on_loop(self, delivery: Delivery, started: float) -> Reply:
-        """The whole delivery of an ``async def`` handler, on this loop: only a call that
-        waits on I/O beyond the store (a continuation's enqueue) goes to a thread."""
-        with request_fields(self.fields):
-            try:
-                return await run_on_loop(self.executor.steps(delivery), self._in_thread)
-            except Exception as exc:  # A bug: still one line and a JSON answer.
-                return crashed(delivery.kind, delivery.handler, delivery.method, started, exc)
-
-
-def _on_asyncio() -> bool:
-    """Whether the server runs asyncio (uvicorn, hypercorn's default): a handler written for
-    asyncio is awaited on another event loop (trio) only on tasklease's handler loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _headers(scope: Scope) -> dict[str, list[str]]:

@@ -82,14 +82,10 @@ class LeaseStore(ABC):
 
     ``max_record_bytes`` is the most one run's record may take in the store (None: no limit
     a record nears); a dead letter whose payload would pass it keeps no payload, and says so.
-
-    ``nonblocking`` says that no method ever waits on I/O (process memory): only then may the
-    ASGI worker read it on its event loop (:mod:`tasklease.worker.runtime.settled_answers`).
     """
 
     shared_across_instances: ClassVar[bool] = True
     max_record_bytes: ClassVar[int | None] = None
-    nonblocking: ClassVar[bool] = False
 
     @abstractmethod
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:

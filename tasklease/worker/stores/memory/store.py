@@ -36,14 +36,6 @@ class MemoryStore(LockStore, OperatorQueries, DeliveryTally):
     """
 
     shared_across_instances: ClassVar[bool] = False  # One process / one machine's disk.
-    nonblocking: ClassVar[bool] = True  # A dict behind a lock held for microseconds.
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        # A subclass may override a method with one that waits (tests' slow stores do): it is
-        # nonblocking only if it says so itself.
-        super().__init_subclass__(**kwargs)
-        if "nonblocking" not in cls.__dict__:
-            cls.nonblocking = False
 
     def __init__(self) -> None:
         self._records: dict[str, Packed] = {}

@@ -1,0 +1,199 @@
+"""Writing how an execution ended: complete, fail, release for a retry, give the claim back,
+each fenced by the attempt id, the execution's lock released first, and each write retried
+while the store is briefly unavailable (:mod:`tasklease.worker.delivery.store_retries`).
+
+The plain path (:mod:`tasklease.worker.delivery.executor`) and the transactional path
+(:mod:`tasklease.worker.delivery.transactional_run`) both end here, through the one table
+of :func:`~tasklease.worker.core.endings.ending_of`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from tasklease.errors import StoreUnavailable
+from tasklease.worker.core import decisions
+from tasklease.worker.core.endings import Action, Ending
+from tasklease.worker.core.identity import Kind
+from tasklease.worker.core.outcome import Outcome
+from tasklease.worker.core.records import RunStatus
+from tasklease.worker.delivery.attempt import Attempt
+from tasklease.worker.delivery.locks import ExecutionLocks
+from tasklease.worker.delivery.reply import Reply
+from tasklease.worker.delivery.store_retries import retry_while_unavailable
+from tasklease.worker.handlers.router import Router
+from tasklease.worker.observe import telemetry
+from tasklease.worker.observe.logs import note_error
+from tasklease.worker.stores.base.store import LeaseStore
+
+__all__ = ["Finisher", "store_unavailable"]
+
+_log = logging.getLogger("tasklease.execution")
+
+
+def store_unavailable(
+    message: str, run_id: str | None, outcome: Outcome = Outcome.UNAVAILABLE
+) -> Reply:
+    """The answer when the store could not be reached: nothing was recorded."""
+    return Reply.of(outcome, message, run_id)
+
+
+class Finisher:
+    """Records how each execution ended, only while its attempt still holds the claim."""
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        clock: Callable[[], datetime],
+        locks: ExecutionLocks,
+        router: Router,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.locks = locks
+        self.router = router
+
+    def end(self, live: Attempt, ending: Ending, exc: BaseException, body: bytes) -> Reply:
+        """Write ``ending`` (any but :attr:`Action.COMPLETE`, which only the path that holds
+        the result can write) for the handler run that raised ``exc``, and answer.
+        ``exc`` is raised again once written where the ending says so (KeyboardInterrupt)."""
+        if ending.action is Action.FAIL:
+            return self.fail(live, ending.reason, body)
+        if ending.action is Action.GIVE_BACK:
+            self.give_back(live, ending.reason, count=ending.counts)
+            return Reply.of(ending.outcome, ending.message, live.run_id)
+        if ending.action is Action.CHECK_COMMIT:
+            return self._commit_unknown(live, ending)
+        # A completion is written by the path that holds the result (complete, or the commit).
+        assert ending.action is Action.RETRY, ending
+        note_error(exc)  # Its stack trace goes into the request's one log line.
+        reply = self.release(live, ending.reason, ending.message)
+        if ending.reraise:
+            raise exc  # The process is being stopped: its run was given back first.
+        return reply
+
+    def complete(self, live: Attempt, result_json: str | None) -> Reply:
+        """Record the run as completed with ``result_json``, as :meth:`finish` does."""
+        return self.finish(
+            live,
+            lambda: self.store.complete(
+                live.run_id,
+                live.attempt_id,
+                result_json,
+                self.clock,
+                keep_for=self.retention(live),
+            ),
+            Reply.of(Outcome.PROCESSED, "processed", live.run_id, result_json=result_json),
+        )
+
+    def release(self, live: Attempt, error: str, message: str) -> Reply:
+        """Release the run for a retry, counting the attempt, keeping ``error``; answer
+        ``released`` with ``message`` once recorded, as :meth:`finish` does."""
+        return self.finish(
+            live,
+            lambda: self.store.release(
+                live.run_id, live.attempt_id, error, self.clock, keep_for=self.retention(live)
+            ),
+            Reply.of(Outcome.RELEASED, message, live.run_id),
+        )
+
+    def fail(self, live: Attempt, error: str, body: bytes) -> Reply:
+        """Record the run as failed (a dead letter keeping ``body``), as :meth:`finish` does."""
+        payload = body.decode("utf-8", errors="backslashreplace")
+        return self.finish(
+            live,
+            lambda: self.store.fail(
+                live.run_id,
+                live.attempt_id,
+                error,
+                self.clock,
+                payload,
+                keep_for=self.retention(live),
+            ),
+            Reply.of(Outcome.FAILED, error, live.run_id, {"status": "failed"}),
+        )
+
+    def give_back(self, live: Attempt, error: str, *, count: bool = True) -> None:
+        """Release a claim this attempt will not use, if it still holds it (best effort: a
+        lease that runs out does the same, later). ``count=False``: the handler never ran,
+        the attempt does not count. Its lock, if any, is released first."""
+        try:
+            self.locks.release(live)
+            if not count:
+                self.store.yield_claim(live.run_id, live.attempt_id, error, self.clock)
+                return
+            self.store.release(
+                live.run_id, live.attempt_id, error, self.clock, keep_for=self.retention(live)
+            )
+        except StoreUnavailable:
+            _log.warning("run %s: could not release attempt %s", live.run_id, live.attempt_id)
+
+    def finish(self, live: Attempt, write: Callable[[], bool], reply: Reply) -> Reply:
+        """Record how the execution ended, only while this attempt still holds the claim.
+
+        A retried write that finds its own earlier try landed counts as done (the store
+        recognises it by attempt id). The lock the attempt holds is released first, fenced:
+        if another run took it, this attempt's lease lapsed while it ran, and its outcome is
+        refused like that of a run taken over.
+        """
+        lock = live.lock
+        if not self.locks.release(live):
+            self.give_back(live, f"the lock {lock} was taken over by another run while it ran")
+            return Reply.of(
+                Outcome.LOST_CLAIM,
+                f"the lock {lock} was taken over by another run; "
+                f"this attempt's {reply.outcome.value} outcome was not recorded",
+                live.run_id,
+            )
+
+        def write_once() -> bool:
+            with telemetry.step("finish"):
+                return write()
+
+        try:
+            held = retry_while_unavailable(write_once)
+        except StoreUnavailable as exc:
+            # The record stays in progress until its lease expires; then a retry runs.
+            return store_unavailable(
+                f"could not record the outcome ({reply.outcome.value}): {exc}",
+                live.run_id,
+                Outcome.UNRECORDED,
+            )
+        if not held:
+            # Another attempt took over after this one's lease expired: it owns the record now,
+            # and a retry will see its outcome. Never overwrite it.
+            return Reply.of(
+                Outcome.LOST_CLAIM,
+                "the lease was taken over by another attempt; "
+                f"this attempt's {reply.outcome.value} outcome was not recorded",
+                live.run_id,
+            )
+        return reply
+
+    def retention(self, live: Attempt) -> timedelta | None:
+        """The retention of the handler the attempt runs, to keep its record that long after a
+        finish (a run can outlive the retention counted from its claim)."""
+        spec = self.router.handler(Kind(live.kind), live.handler)
+        return spec.retention if spec is not None else None
+
+    def _commit_unknown(self, live: Attempt, ending: Ending) -> Reply:
+        """The database failed during the transaction: its record tells whether it committed."""
+        try:
+            record = retry_while_unavailable(lambda: self.store.get(live.run_id))
+        except StoreUnavailable as exc:
+            # In progress until its lease expires; then a retry finds the record or runs again.
+            return Reply.of(
+                Outcome.UNRECORDED,
+                f"the transaction's outcome is unknown ({ending.cause}); "
+                f"the record unreadable: {exc}",
+                live.run_id,
+            )
+        if decisions.finished_by(record, live.attempt_id, RunStatus.COMPLETED):
+            assert record is not None
+            return Reply.of(
+                Outcome.PROCESSED, "processed", live.run_id, result_json=record.result_json
+            )
+        self.give_back(live, ending.reason)
+        return Reply.of(ending.outcome, ending.message, live.run_id)
