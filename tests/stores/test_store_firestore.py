@@ -26,6 +26,7 @@ from tasklease.worker import Router, create_app
 from tasklease.worker.core.locking import token_floor
 from tasklease.worker.core.records import RunRecord, RunStatus, Verdict
 from tasklease.worker.stores import FirestoreStore, LockStore, store_from_url
+from tasklease.worker.stores.base.conditional_claims import Versioned
 from tasklease.worker.stores.base.store import LeaseStore
 from tests.support.firestore import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.support.helpers import T0, FakeClock, claim_request, job_headers, task_headers
@@ -92,14 +93,16 @@ def _takeover_racer(collection: str, index: int, barrier: Any, results: Any) -> 
     """One racing process: per round, wait for the others, then claim the contested run."""
     store = FirestoreStore.from_options(collection=collection, project=PROJECT)
     writes = 0
-    conditional_update = store._update_if_unchanged
+    conditional_update = store.runs.write_if_version
 
-    def counted(ref: Any, record: RunRecord, update_time: datetime) -> datetime | None:
+    def counted(
+        before: Versioned[datetime], record: RunRecord, *, finishing: bool = False
+    ) -> datetime | None:
         nonlocal writes
         writes += 1
-        return conditional_update(ref, record, update_time)
+        return conditional_update(before, record, finishing=finishing)
 
-    store._update_if_unchanged = counted  # type: ignore[method-assign]
+    store.runs.write_if_version = counted  # type: ignore[method-assign]
     try:
         store.get("contested")  # Connect before the race, so the race is about the write.
         for round_ in range(ROUNDS):
@@ -285,9 +288,9 @@ class Scripted:
 
     def __init__(self, store: FirestoreStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.script: dict[str, list[tuple[BaseException, bool, Any]]] = {}
-        documents = store.run_document
+        documents = store.runs.document
         monkeypatch.setattr(
-            store, "run_document", lambda run_id: _Document(documents(run_id), self)
+            store.runs, "document", lambda run_id: _Document(documents(run_id), self)
         )
 
     def fail(

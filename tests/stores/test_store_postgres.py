@@ -180,7 +180,10 @@ def test_with_the_server_clock_a_skewed_instance_clock_decides_nothing(
 
 
 def postgres_now(store: PostgresStore) -> datetime:
-    at: datetime = store._call("read the time", lambda c: c.execute("SELECT now()").fetchone()[0])  # type: ignore[index]
+    at: datetime = store.connections.call(
+        "read the time",
+        lambda c: c.execute("SELECT now()").fetchone()[0],  # type: ignore[index]
+    )
     return at
 
 

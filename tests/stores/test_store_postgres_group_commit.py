@@ -33,7 +33,7 @@ THREADS = 16
 
 def groups_of(store: PostgresStore) -> tuple[StatementBatcher, StatementBatcher]:
     """The store's batches of claims, and of finishes, in this process."""
-    process = store._process.get()
+    process = store.connections.process()
     return process.claims, process.finishes
 
 

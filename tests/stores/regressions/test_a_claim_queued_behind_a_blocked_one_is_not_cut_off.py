@@ -39,7 +39,7 @@ def test_a_claim_sent_while_another_waits_on_a_row_lock_is_claimed_at_once(
     store = PostgresStore.from_url(f"{postgres_url}&server_clock=off&statement_timeout=2")
     schema = store.options.schema
     assert store.claim(claim_request("ra", "a-1"), T0).verdict is Verdict.CLAIMED
-    claims = store._process.get().claims
+    claims = store.connections.process().claims
     outcomes: dict[str, Any] = {}
 
     def claim(run: str, attempt: str) -> None:

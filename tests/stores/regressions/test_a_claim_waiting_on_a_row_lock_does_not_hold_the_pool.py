@@ -42,7 +42,7 @@ def test_claims_sent_while_one_waits_on_a_row_lock_are_claimed_on_a_small_pool(
     )
     schema = store.options.schema
     assert store.claim(claim_request("ra", "a-1"), T0).verdict is Verdict.CLAIMED
-    claims = store._process.get().claims
+    claims = store.connections.process().claims
     outcomes: dict[str, Any] = {}
 
     def claim(run: str, attempt: str) -> None:

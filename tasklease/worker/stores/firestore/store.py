@@ -19,6 +19,10 @@ landed although its call failed: the stored attempt id tells our write from anot
 attempt's. A claim whose write may have landed but cannot be read back is answered
 :class:`StoreUnavailable` and released later (conditionally, only while that attempt still
 holds it), so the task's retry is not locked out for a whole lease.
+
+The claim and the holder's writes are the shared conditional-write algorithm
+(:mod:`~tasklease.worker.stores.base.conditional_claims`) over the documents' primitives
+(:mod:`.documents`); transactions and the tally are collaborators the store holds.
 """
 
 from __future__ import annotations
@@ -26,63 +30,50 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from datetime import datetime
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from google.api_core import exceptions as api
-from google.api_core import retry as retries
 from google.cloud import firestore
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker.core import decisions, locking
+from tasklease.worker.core import locking
 from tasklease.worker.core.queries import Position, RunFilter
-from tasklease.worker.core.records import (
-    Claim,
-    ClaimRequest,
-    LockRecord,
-    RunRecord,
-    RunStatus,
-    Verdict,
+from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
+from tasklease.worker.stores.base.conditional_claims import (
+    MAX_REMEMBERED_WRITES,
+    ConditionalClaims,
+    ConditionalWrites,
 )
 from tasklease.worker.stores.base.locks import LockStore
 from tasklease.worker.stores.base.queries import OperatorQueries
-from tasklease.worker.stores.base.store import Change, LockChange, Moment, Update, resolve
-from tasklease.worker.stores.base.tally import TALLY_KEPT
-from tasklease.worker.stores.firestore import locks, tally, transactions
+from tasklease.worker.stores.base.store import Change, LockChange, Moment, Update
+from tasklease.worker.stores.base.tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
+from tasklease.worker.stores.base.transactional import (
+    StepWork,
+    TransactionalStore,
+    TransactionOutcome,
+    Work,
+)
+from tasklease.worker.stores.firestore import locks
 from tasklease.worker.stores.firestore.codec import decode_run, encode_run
-from tasklease.worker.stores.firestore.orphans import OrphanClaims, orphan_released
+from tasklease.worker.stores.firestore.documents import UNCERTAIN, FirestoreRuns, guard
+from tasklease.worker.stores.firestore.tally import FirestoreTally
+from tasklease.worker.stores.firestore.transactions import FirestoreTransactions
+
+__all__ = ["DEFAULT_COLLECTION", "MAX_REMEMBERED_WRITES", "MAX_ROUNDS", "FirestoreStore"]
 
 _T = TypeVar("_T")
 
 DEFAULT_COLLECTION = "tasklease_runs"
 # Rounds of read-and-retry after failed preconditions before reporting contention.
 MAX_ROUNDS = 8
-# Writes this process made and may still need to condition on, per (run id, attempt id).
-MAX_REMEMBERED_WRITES = 10_000
-# Errors the client retries by itself within one call (a retried write may then conflict with
-# its own first try, which the code below recognises by the stored attempt id).
-_TRANSIENT = retries.if_exception_type(
-    api.ServiceUnavailable, api.DeadlineExceeded, api.InternalServerError, api.ResourceExhausted
-)
-# Errors after which a write may have landed: the server may have committed it before the
-# call failed (RetryError: the client's retries ran out of time, the last one such an error).
-_UNCERTAIN = (
-    api.DeadlineExceeded,
-    api.ServiceUnavailable,
-    api.InternalServerError,
-    api.Unknown,
-    api.Cancelled,
-    api.RetryError,
-)
 log = logging.getLogger("tasklease.store.firestore")
 
 
-class FirestoreStore(
-    transactions.FirestoreTransactions, LockStore, OperatorQueries, tally.FirestoreTally
-):
+class FirestoreStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTally):
     """Run records in ``collection`` (document id: the hashed run id, so writes spread out).
 
     ``expire_at`` is a Firestore timestamp for a TTL policy on the collection (the deploy
@@ -107,19 +98,20 @@ class FirestoreStore(
         Firestore outage answers 503 in seconds rather than blocking the request."""
         self.collection = collection
         self.call_timeout = call_timeout
-        self._retry = retries.Retry(
-            predicate=_TRANSIENT, initial=0.1, maximum=2.0, multiplier=2.0, timeout=call_timeout
-        )
         self._client = client
         self._client_pid = os.getpid() if client is not None else None
         self._project = project
         self._database = database
         self._lock = threading.Lock()
-        # (run id, attempt id) -> (update_time of our last write, the record we wrote).
-        self._writes: OrderedDict[tuple[str, str], tuple[datetime, RunRecord]] = OrderedDict()
-        # Claims whose write may have landed though the claim failed: released on the next
-        # claim of their run, or by a background retry.
-        self._orphans = OrphanClaims(self._give_back_orphan)
+        self.runs = FirestoreRuns(lambda: self.client, collection, call_timeout)
+        # The claim and the holder's writes by compare-and-set, this process's remembered
+        # writes, and its claims that may have landed unseen (released on the next claim of
+        # their run, or by a background retry).
+        self.claims = ConditionalClaims(
+            self._on_documents, name="Firestore store", max_rounds=MAX_ROUNDS, logger=log
+        )
+        self.transactions = FirestoreTransactions(self.runs, self.claims.writes)
+        self.tally = FirestoreTally(self.runs)
 
     @classmethod
     def from_options(
@@ -147,83 +139,20 @@ class FirestoreStore(
         if self._client is None or self._client_pid != os.getpid():
             with self._lock:
                 if self._client is None or self._client_pid != os.getpid():
-                    with self._guard("connect"):
+                    with guard("connect"):
                         self._client = firestore.Client(
                             project=self._project, database=self._database
                         )
                     self._client_pid = os.getpid()
-                    self._writes.clear()
-                    self._orphans.forget_all()  # The parent process still owns them.
+                    self.claims.forget_all()  # The parent process still owns them.
         return self._client
 
+    def _on_documents(self, action: str, body: Callable[[ConditionalWrites[datetime]], _T]) -> _T:
+        with guard(action):
+            return body(self.runs)
+
     def claim(self, request: ClaimRequest, now: Moment) -> Claim:
-        # The retry of a delivery whose claim landed unseen: give that claim back first. (Other
-        # runs' orphans are left to the background, so an outage does not slow every claim.)
-        self._orphans.release(request.run_id)
-        ref = self.run_document(request.run_id)
-        with self._guard("claim a run"):
-            for _ in range(MAX_ROUNDS):
-                fresh = decisions.claim(None, request, resolve(now))
-                try:
-                    written = ref.create(encode_run(fresh.record), **self.call_options)
-                except api.Aborted:
-                    continue  # Contention: a Conflict subclass, but nothing was written.
-                except api.Conflict as exc:  # AlreadyExists, or a conflict with our own
-                    # first try, retried by the client: unreadable, it may be our landed claim.
-                    snapshot = self._read_back(ref, fresh.record, exc, ours_only=False)
-                except _UNCERTAIN as exc:
-                    snapshot = self._read_back(ref, fresh.record, exc)
-                else:
-                    self.remember_write(fresh.record, written.update_time)
-                    return fresh
-                if not snapshot.exists:
-                    continue  # Deleted in between (TTL or purge): create again.
-                record = decode_run(request.run_id, snapshot.to_dict())
-                if decisions.holds(record, request.attempt_id):
-                    # Our create landed: the client retried it, or its call failed afterwards.
-                    self.remember_write(record, snapshot.update_time)
-                    return Claim(Verdict.CLAIMED, record)
-                outcome = decisions.claim(record, request, resolve(now))
-                if outcome.verdict is not Verdict.CLAIMED:
-                    return outcome
-                try:
-                    updated = self._update_if_unchanged(ref, outcome.record, snapshot.update_time)
-                except _UNCERTAIN as exc:
-                    snapshot = self._read_back(ref, outcome.record, exc)
-                    landed = decode_run(request.run_id, snapshot.to_dict())
-                    self.remember_write(landed, snapshot.update_time)
-                    return Claim(Verdict.CLAIMED, landed, outcome.took_over_from)
-                if updated is not None:
-                    self.remember_write(outcome.record, updated)
-                    return outcome
-        raise StoreUnavailable(f"run {request.run_id}: too much contention to claim it")
-
-    def _read_back(
-        self, ref: Any, claimed: RunRecord, error: Exception, *, ours_only: bool = True
-    ) -> Any:
-        """The document after a claim's write failed in a way that may have landed it: its
-        snapshot if it shows this attempt's claim (any snapshot unless ``ours_only``).
-        Otherwise the claim fails (StoreUnavailable), noted as an orphan to release in case
-        it landed unseen or lands late."""
-        try:
-            snapshot = ref.get(**self.call_options)
-        except (api.GoogleAPIError, ValueError, OSError) as unread:
-            self._orphans.note(claimed)
-            raise StoreUnavailable(
-                f"Firestore store: could not claim a run ({error}) nor read it back: {unread}"
-            ) from error
-        if not ours_only or (
-            snapshot.exists
-            and decisions.holds(decode_run(claimed.run_id, snapshot.to_dict()), claimed.attempt_id)
-        ):
-            return snapshot
-        self._orphans.note(claimed)
-        raise StoreUnavailable(f"Firestore store: could not claim a run: {error}") from error
-
-    def _give_back_orphan(
-        self, run_id: str, attempt_id: str, claimed_at: datetime
-    ) -> RunRecord | None:
-        return self._if_held(run_id, attempt_id, orphan_released, claimed_at, RunStatus.RELEASED)
+        return self.claims.claim(request, now)
 
     def _if_held(
         self,
@@ -233,32 +162,7 @@ class FirestoreStore(
         now: Moment,
         finished: RunStatus | None,
     ) -> RunRecord | None:
-        ref = self.run_document(run_id)
-        with self._lock:
-            remembered = self._writes.get((run_id, attempt_id))
-        with self._guard("change a run"):
-            for _ in range(MAX_ROUNDS):
-                if remembered is None:
-                    snapshot = ref.get(**self.call_options)
-                    if not snapshot.exists:
-                        return None
-                    record = decode_run(run_id, snapshot.to_dict())
-                    if decisions.finished_by(record, attempt_id, finished):
-                        # An earlier try of this finish landed, though its call failed.
-                        self.forget_write(run_id, attempt_id)
-                        return record
-                    if not decisions.holds(record, attempt_id):
-                        self.forget_write(run_id, attempt_id)
-                        return None
-                    remembered = (snapshot.update_time, record)
-                update_time, record = remembered
-                expected = update(record, resolve(now))
-                written = self._update_if_unchanged(ref, expected, update_time)
-                if written is not None:
-                    self.remember_write(expected, written)
-                    return expected
-                remembered = None  # Changed under us: read it and decide again.
-        raise StoreUnavailable(f"run {run_id}: too much contention to change it")
+        return self.claims.if_held(run_id, attempt_id, update, now, finished)
 
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
         """The generic path, in a transaction; the fast paths above do not need it."""
@@ -273,7 +177,7 @@ class FirestoreStore(
                 transaction.set(ref, encode_run(new_record))
             return value
 
-        with self._guard("change a run"):
+        with guard("change a run"):
             result: _T = apply(self.client.transaction())
             return result
 
@@ -288,7 +192,7 @@ class FirestoreStore(
         time read). A failed precondition means another writer came first: read again and
         decide again. A write that may have landed unseen is read again too; the lock rules
         recognise this attempt's own landed write by its attempt id (2 RPCs per change)."""
-        with self._guard("change a lock"):
+        with guard("change a lock"):
             value: _T = self._compare_and_set(
                 self._lock_document(name),
                 lambda data: locks.decode(name, data),
@@ -297,35 +201,33 @@ class FirestoreStore(
                 # lock rules only ask whether the holding attempt ended its run (see base).
                 lambda lock: change(lock, self.get),
                 # Conflict covers Aborted and AlreadyExists; an uncertain write is read back.
-                retry_on=(api.Conflict, api.FailedPrecondition, api.NotFound, *_UNCERTAIN),
+                retry_on=(api.Conflict, api.FailedPrecondition, api.NotFound, *UNCERTAIN),
                 what=f"lock {name}",
             )
             return value
 
     def get_lock(self, name: str) -> LockRecord | None:
-        with self._guard("read a lock"):
+        with guard("read a lock"):
             snapshot = self._lock_document(name).get(**self.call_options)
         return locks.decode(name, snapshot.to_dict()) if snapshot.exists else None
 
     def list_locks(self, limit: int = 100) -> list[LockRecord]:
         collection = self.client.collection(self.lock_collection)
-        with self._guard("list locks"):
+        with guard("list locks"):
             return locks.listed(collection, limit, self.call_timeout)
 
     def _lock_document(self, name: str) -> Any:
         return self.client.collection(self.lock_collection).document(locking.lock_id(name))
 
     def get(self, run_id: str) -> RunRecord | None:
-        with self._guard("read a run"):
-            snapshot = self.run_document(run_id).get(**self.call_options)
-        return decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
+        return self.runs.get(run_id)
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
         query: Any = self.client.collection(self.collection)
         if status is not None:
             query = query.where(filter=firestore.FieldFilter("status", "==", status.value))
         query = query.order_by("claimed_at", direction=firestore.Query.DESCENDING).limit(limit)
-        with self._guard("list runs"):
+        with guard("list runs"):
             return [decode_run(snapshot.id, snapshot.to_dict()) for snapshot in query.stream()]
 
     # --- Operations: listing, lookup and operator changes ------------------------
@@ -351,7 +253,7 @@ class FirestoreStore(
         )
         if after is not None:
             query = query.start_after([after[0], after[1]])
-        with self._guard("list runs"):
+        with guard("list runs"):
             return [
                 decode_run(snapshot.id, snapshot.to_dict())
                 for snapshot in query.limit(limit).stream(timeout=self.call_timeout)
@@ -362,7 +264,7 @@ class FirestoreStore(
         query = self.client.collection(self.collection).where(
             filter=firestore.FieldFilter(f"identity.{name}", "==", value)
         )
-        with self._guard("look runs up"):
+        with guard("look runs up"):
             return [
                 decode_run(snapshot.id, snapshot.to_dict())
                 for snapshot in query.stream(timeout=self.call_timeout)
@@ -372,7 +274,7 @@ class FirestoreStore(
         """Read, decide, then write on the condition that the document is still the version
         read (``last_update_time``), else read and decide again: a holder's renew or finish
         racing an operator's release is then refused one way or the other."""
-        with self._guard("change a run"):
+        with guard("change a run"):
             value: _T = self._compare_and_set(
                 self.run_document(run_id),
                 lambda data: decode_run(run_id, data),
@@ -420,7 +322,7 @@ class FirestoreStore(
             filter=firestore.FieldFilter("expire_at", "<=", now)
         )
         purged = 0
-        with self._guard("purge expired runs"):
+        with guard("purge expired runs"):
             for snapshot in query.stream():
                 # Only the version read: a takeover since then makes it a live run again.
                 option = self.client.write_option(last_update_time=snapshot.update_time)
@@ -434,51 +336,42 @@ class FirestoreStore(
         return purged + self.purge_delivery_counts(now - TALLY_KEPT)
 
     def close(self) -> None:
-        self._orphans.close()
+        self.claims.close()
         if self._client is not None and self._client_pid == os.getpid():
             self._client.close()  # type: ignore[no-untyped-call]
 
     @property
     def call_options(self) -> dict[str, Any]:
-        return {"retry": self._retry, "timeout": self.call_timeout}
+        return self.runs.call_options
 
     def run_document(self, run_id: str) -> Any:
-        return self.client.collection(self.collection).document(run_id)
+        return self.runs.document(run_id)
 
-    def _update_if_unchanged(
-        self, ref: Any, record: RunRecord, update_time: datetime
-    ) -> datetime | None:
-        """Write ``record`` if the document is still at ``update_time``; None if it moved on."""
-        option = self.client.write_option(last_update_time=update_time)
-        try:
-            written = ref.update(encode_run(record), option=option, **self.call_options)
-        except (api.FailedPrecondition, api.NotFound, api.Aborted):
-            return None
-        result: datetime = written.update_time
-        return result
+    # --- Capabilities held as collaborators -----------------------------------------
 
-    def remember_write(self, record: RunRecord, update_time: datetime) -> None:
-        key = (record.run_id, record.attempt_id)
-        with self._lock:
-            if record.status is RunStatus.IN_PROGRESS:
-                self._writes[key] = (update_time, record)
-                self._writes.move_to_end(key)
-                while len(self._writes) > MAX_REMEMBERED_WRITES:
-                    self._writes.popitem(last=False)
-            else:
-                self._writes.pop(key, None)  # Finished: nothing more to condition on.
+    def complete_in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> TransactionOutcome:
+        """``work`` gets the ``Transaction`` (see :mod:`.transactions`)."""
+        return self.transactions.complete(run_id, attempt_id, work, now, keep_for=keep_for)
 
-    def forget_write(self, run_id: str, attempt_id: str) -> None:
-        with self._lock:
-            self._writes.pop((run_id, attempt_id), None)
+    def record_step_in_transaction(
+        self, run_id: str, attempt_id: str, step_work: StepWork, now: Moment
+    ) -> TransactionOutcome:
+        """The step's function gets the ``Transaction`` a transactional handler would."""
+        return self.transactions.record_step(run_id, attempt_id, step_work)
 
-    @contextmanager
-    def _guard(self, action: str) -> Iterator[None]:
-        """Turn Firestore and transport errors into :class:`StoreUnavailable`."""
-        try:
-            yield
-        except StoreUnavailable:
-            raise
-        except (api.GoogleAPIError, ValueError, OSError) as exc:
-            # ValueError: @transactional gives up after its retries on ABORTED.
-            raise StoreUnavailable(f"Firestore store: could not {action}: {exc}") from exc
+    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+        self.tally.write(instance, counts)
+
+    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        return self.tally.read(since)
+
+    def purge_delivery_counts(self, before: datetime) -> int:
+        return self.tally.purge(before)

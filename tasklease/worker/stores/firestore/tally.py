@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from abc import abstractmethod
 from collections import Counter
-from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +21,6 @@ from google.cloud import firestore
 
 from tasklease.worker.stores.base.tally import (
     TALLY_KEPT,
-    DeliveryTally,
     MinuteCounts,
     TallyKey,
     epoch_minute,
@@ -31,6 +28,7 @@ from tasklease.worker.stores.base.tally import (
     merge,
     minute_of,
 )
+from tasklease.worker.stores.firestore.documents import FirestoreRuns, guard
 
 
 def collection_of(client: Any, runs: str) -> Any:
@@ -90,35 +88,27 @@ def purge(client: Any, runs: str, before: datetime, call: dict[str, Any]) -> int
     return purged
 
 
-class FirestoreTally(DeliveryTally):
-    """The tally's primitives for :class:`~tasklease.worker.stores.firestore.store.FirestoreStore`:
-    documents beside its collection, through its client and call options."""
+class FirestoreTally:
+    """The tally of the Firestore store: documents beside its run collection, through the
+    same client and call options as ``runs``."""
 
-    collection: str
-    call_timeout: float
+    def __init__(self, runs: FirestoreRuns) -> None:
+        self.runs = runs
 
-    @property
-    @abstractmethod
-    def client(self) -> firestore.Client:
-        """The store's client."""
+    def write(self, instance: str, counts: MinuteCounts) -> None:
+        """:meth:`DeliveryTally.write_delivery_counts`."""
+        runs = self.runs
+        with guard("write delivery counts"):
+            write(runs.client, runs.collection, instance, counts, runs.call_options)
 
-    @property
-    @abstractmethod
-    def call_options(self) -> dict[str, Any]:
-        """The store's retry and timeout for one call."""
+    def read(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        """:meth:`DeliveryTally.delivery_counts`."""
+        runs = self.runs
+        with guard("read delivery counts"):
+            return read(runs.client, runs.collection, since, runs.call_timeout)
 
-    @abstractmethod
-    def _guard(self, action: str) -> AbstractContextManager[None]:
-        """Turn the client's errors into StoreUnavailable."""
-
-    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
-        with self._guard("write delivery counts"):
-            write(self.client, self.collection, instance, counts, self.call_options)
-
-    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
-        with self._guard("read delivery counts"):
-            return read(self.client, self.collection, since, self.call_timeout)
-
-    def purge_delivery_counts(self, before: datetime) -> int:
-        with self._guard("purge delivery counts"):
-            return purge(self.client, self.collection, before, self.call_options)
+    def purge(self, before: datetime) -> int:
+        """:meth:`DeliveryTally.purge_delivery_counts`."""
+        runs = self.runs
+        with guard("purge delivery counts"):
+            return purge(runs.client, runs.collection, before, runs.call_options)

@@ -24,8 +24,8 @@ Commit. RPCs the same: 3 beyond the step's own reads.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from google.api_core import exceptions as api
 from google.api_core import retry as retries
@@ -36,6 +36,7 @@ from tasklease.plumbing.rpc_deadlines import bound_rpcs
 from tasklease.worker.core import decisions
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.core.steps import StepRecord
+from tasklease.worker.stores.base.conditional_claims import RememberedWrites
 from tasklease.worker.stores.base.google_handler_transaction import GoogleTransaction
 from tasklease.worker.stores.base.store import Moment, resolve
 from tasklease.worker.stores.base.transaction_exits import (
@@ -48,16 +49,9 @@ from tasklease.worker.stores.base.transaction_exits import (
     step_landed,
     with_step,
 )
-from tasklease.worker.stores.base.transactional import (
-    StepWork,
-    TransactionalStore,
-    TransactionOutcome,
-    Work,
-)
+from tasklease.worker.stores.base.transactional import StepWork, TransactionOutcome, Work
 from tasklease.worker.stores.firestore.codec import decode_run, encode_run
-
-if TYPE_CHECKING:
-    from tasklease.worker.stores.firestore.store import FirestoreStore
+from tasklease.worker.stores.firestore.documents import FirestoreRuns
 
 _T = TypeVar("_T")
 # The RPCs a Transaction makes with the client's defaults, and what those retry by themselves.
@@ -68,155 +62,159 @@ _TRANSIENT = retries.if_exception_type(api.ServiceUnavailable, api.ResourceExhau
 MAX_ROUNDS = 4
 
 
-class FirestoreTransactions(TransactionalStore):
-    """The :class:`TransactionalStore` methods of the Firestore store."""
+class FirestoreTransactions:
+    """The transactions of the Firestore store on ``runs``, keeping ``writes`` (the store's
+    remembered writes) true to what they commit."""
 
-    def complete_in_transaction(
+    def __init__(self, runs: FirestoreRuns, writes: RememberedWrites[datetime]) -> None:
+        self.runs = runs
+        self.writes = writes
+
+    def complete(
         self,
         run_id: str,
         attempt_id: str,
         work: Work,
         now: Moment,
         *,
-        keep_for: timedelta | None = None,
+        keep_for: timedelta | None,
     ) -> TransactionOutcome:
-        """``work`` gets the ``Transaction`` (see :mod:`.firestore_transactions`)."""
-        store = cast("FirestoreStore", self)  # The one class this mixin is for.
-        return complete_in_transaction(store, run_id, attempt_id, work, now, keep_for=keep_for)
+        """:meth:`TransactionalStore.complete_in_transaction`."""
+        runs, writes = self.runs, self.writes
+        ref = runs.document(run_id)
+        bound_transactions(runs.client, runs.call_timeout)
+        tries = 0
 
-    def record_step_in_transaction(
-        self, run_id: str, attempt_id: str, step_work: StepWork, now: Moment
-    ) -> TransactionOutcome:
-        """The step's function gets the ``Transaction`` a transactional handler would."""
-        store = cast("FirestoreStore", self)  # The one class this mixin is for.
-        return record_step_in_transaction(store, run_id, attempt_id, step_work)
+        @firestore.transactional
+        def attempt(transaction: firestore.Transaction) -> str | None:
+            nonlocal tries
+            snapshot = ref.get(transaction=transaction, **runs.call_options)
+            stored = decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
+            record = held(stored, run_id, attempt_id)
+            tries += 1
+            result_json = guarded_work(work, transaction)
+            done = completion(record, result_json, resolve(now), keep_for)
+            transaction.set(ref, encode_run(done))
+            return result_json
 
+        raised: Exception | None = None
+        for _ in range(MAX_ROUNDS):
+            try:
+                result = attempt(runs.client.transaction())
+            except api.Aborted:
+                continue  # A read aborted on contention: nothing was committed, begin again.
+            except NotHeld:
+                writes.forget(run_id, attempt_id)
+                return TransactionOutcome(held=False, result_json=None, tries=tries)
+            except AlreadyCompleted as done:
+                writes.forget(run_id, attempt_id)
+                return TransactionOutcome(
+                    held=True, result_json=done.record.result_json, tries=tries
+                )
+            except WorkRaised as carrier:
+                raised = carrier.error
+                break
+            except (api.GoogleAPIError, ValueError, OSError) as exc:
+                # ValueError: the client's attempts at the Commit all aborted, or the rollback
+                # after a failed Commit found nothing to roll back. The Commit may have landed
+                # before its call failed: the record tells.
+                landed = self.read_back(run_id, attempt_id)
+                if landed is not None:
+                    return TransactionOutcome(
+                        held=True, result_json=landed.result_json, tries=tries
+                    )
+                # A failed rollback after the failure reports itself, not the failure: name both.
+                why = f"{exc} (after: {exc.__context__})" if exc.__context__ is not None else exc
+                raise StoreUnavailable(
+                    f"Firestore store: could not complete run {run_id} in a transaction: {why}"
+                ) from exc
+            else:
+                writes.forget(run_id, attempt_id)  # Finished: no later write conditions on it.
+                return TransactionOutcome(held=True, result_json=result, tries=tries)
+        if raised is None:
+            raise StoreUnavailable(f"run {run_id}: too much contention to complete it")
+        # Raised outside the except clause: the handler's own exception, its chain untouched.
+        raise raised
 
-def complete_in_transaction(
-    store: FirestoreStore,
-    run_id: str,
-    attempt_id: str,
-    work: Work,
-    now: Moment,
-    *,
-    keep_for: timedelta | None,
-) -> TransactionOutcome:
-    """:meth:`TransactionalStore.complete_in_transaction` on ``store``."""
-    ref = store.run_document(run_id)
-    bound_transactions(store.client, store.call_timeout)
-    tries = 0
+    def record_step(self, run_id: str, attempt_id: str, step_work: StepWork) -> TransactionOutcome:
+        """:meth:`TransactionalStore.record_step_in_transaction`."""
+        runs, writes = self.runs, self.writes
+        ref = runs.document(run_id)
+        bound_transactions(runs.client, runs.call_timeout)
+        tries = 0
+        written: list[StepRecord] = []
 
-    @firestore.transactional
-    def attempt(transaction: firestore.Transaction) -> str | None:
-        nonlocal tries
-        snapshot = ref.get(transaction=transaction, **store.call_options)
-        stored = decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
-        record = held(stored, run_id, attempt_id)
-        tries += 1
-        result_json = guarded_work(work, transaction)
-        done = completion(record, result_json, resolve(now), keep_for)
-        transaction.set(ref, encode_run(done))
-        return result_json
+        @firestore.transactional
+        def attempt(transaction: firestore.Transaction) -> tuple[StepRecord, RunRecord]:
+            nonlocal tries
+            snapshot = ref.get(transaction=transaction, **runs.call_options)
+            record = decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
+            if record is None or not decisions.holds(record, attempt_id):
+                raise NotHeld(run_id)
+            tries += 1
+            step = guarded_work(step_work, transaction)
+            written.append(step)
+            recorded = with_step(record, step)
+            transaction.set(ref, encode_run(recorded))  # The last write: its result is the run's.
+            return step, recorded
 
-    raised: Exception | None = None
-    for _ in range(MAX_ROUNDS):
+        raised: Exception | None = None
+        for _ in range(MAX_ROUNDS):
+            transaction = runs.client.transaction()
+            try:
+                step, recorded = attempt(transaction)
+            except api.Aborted:
+                continue  # A read aborted on contention: nothing was committed, begin again.
+            except NotHeld:
+                writes.forget(run_id, attempt_id)
+                return TransactionOutcome(held=False, result_json=None, tries=tries)
+            except WorkRaised as carrier:
+                raised = carrier.error
+                break
+            except (api.GoogleAPIError, ValueError, OSError) as exc:
+                # As in complete(): the Commit may have landed, the record tells.
+                writes.forget(run_id, attempt_id)  # Its next write reads the document first.
+                landed = step_landed(runs, run_id, attempt_id, written)
+                if landed is not None:
+                    return TransactionOutcome(
+                        held=True, result_json=landed.result_json, tries=tries
+                    )
+                why = f"{exc} (after: {exc.__context__})" if exc.__context__ is not None else exc
+                raise StoreUnavailable(
+                    f"Firestore store: could not record a step of run {run_id} in a "
+                    f"transaction: {why}"
+                ) from exc
+            else:
+                remember_commit(writes, transaction, recorded)
+                return TransactionOutcome(held=True, result_json=step.result_json, tries=tries)
+        if raised is None:
+            raise StoreUnavailable(f"run {run_id}: too much contention to record a step")
+        raise raised  # The step's own exception, outside the except clause: its chain untouched.
+
+    def read_back(self, run_id: str, attempt_id: str) -> RunRecord | None:
+        """The run's record if it shows ``attempt_id`` completed it; None if not, or
+        unreadable."""
         try:
-            result = attempt(store.client.transaction())
-        except api.Aborted:
-            continue  # A read aborted on contention: nothing was committed, begin again.
-        except NotHeld:
-            store.forget_write(run_id, attempt_id)
-            return TransactionOutcome(held=False, result_json=None, tries=tries)
-        except AlreadyCompleted as done:
-            store.forget_write(run_id, attempt_id)
-            return TransactionOutcome(held=True, result_json=done.record.result_json, tries=tries)
-        except WorkRaised as carrier:
-            raised = carrier.error
-            break
-        except (api.GoogleAPIError, ValueError, OSError) as exc:
-            # ValueError: the client's attempts at the Commit all aborted, or the rollback
-            # after a failed Commit found nothing to roll back. The Commit may have landed
-            # before its call failed: the record tells.
-            landed = read_back(store, run_id, attempt_id)
-            if landed is not None:
-                return TransactionOutcome(held=True, result_json=landed.result_json, tries=tries)
-            # A failed rollback after the failure reports itself, not the failure: name both.
-            why = f"{exc} (after: {exc.__context__})" if exc.__context__ is not None else exc
-            raise StoreUnavailable(
-                f"Firestore store: could not complete run {run_id} in a transaction: {why}"
-            ) from exc
-        else:
-            store.forget_write(run_id, attempt_id)  # Finished: no later write conditions on it.
-            return TransactionOutcome(held=True, result_json=result, tries=tries)
-    if raised is None:
-        raise StoreUnavailable(f"run {run_id}: too much contention to complete it")
-    # Raised outside the except clause: the handler's own exception, its chain untouched.
-    raise raised
+            record = self.runs.get(run_id)
+        except StoreUnavailable:
+            return None
+        if completed_by(record, attempt_id) is None:
+            return None
+        self.writes.forget(run_id, attempt_id)
+        return record
 
 
-def record_step_in_transaction(
-    store: FirestoreStore, run_id: str, attempt_id: str, step_work: StepWork
-) -> TransactionOutcome:
-    """:meth:`TransactionalStore.record_step_in_transaction` on ``store``."""
-    ref = store.run_document(run_id)
-    bound_transactions(store.client, store.call_timeout)
-    tries = 0
-    written: list[StepRecord] = []
-
-    @firestore.transactional
-    def attempt(transaction: firestore.Transaction) -> tuple[StepRecord, RunRecord]:
-        nonlocal tries
-        snapshot = ref.get(transaction=transaction, **store.call_options)
-        record = decode_run(run_id, snapshot.to_dict()) if snapshot.exists else None
-        if record is None or not decisions.holds(record, attempt_id):
-            raise NotHeld(run_id)
-        tries += 1
-        step = guarded_work(step_work, transaction)
-        written.append(step)
-        recorded = with_step(record, step)
-        transaction.set(ref, encode_run(recorded))  # The last write: its result is the run's.
-        return step, recorded
-
-    raised: Exception | None = None
-    for _ in range(MAX_ROUNDS):
-        transaction = store.client.transaction()
-        try:
-            step, recorded = attempt(transaction)
-        except api.Aborted:
-            continue  # A read aborted on contention: nothing was committed, begin again.
-        except NotHeld:
-            store.forget_write(run_id, attempt_id)
-            return TransactionOutcome(held=False, result_json=None, tries=tries)
-        except WorkRaised as carrier:
-            raised = carrier.error
-            break
-        except (api.GoogleAPIError, ValueError, OSError) as exc:
-            # As in complete_in_transaction: the Commit may have landed, the record tells.
-            store.forget_write(run_id, attempt_id)  # Its next write reads the document first.
-            landed = step_landed(store, run_id, attempt_id, written)
-            if landed is not None:
-                return TransactionOutcome(held=True, result_json=landed.result_json, tries=tries)
-            why = f"{exc} (after: {exc.__context__})" if exc.__context__ is not None else exc
-            raise StoreUnavailable(
-                f"Firestore store: could not record a step of run {run_id} in a transaction: {why}"
-            ) from exc
-        else:
-            remember_commit(store, transaction, recorded)
-            return TransactionOutcome(held=True, result_json=step.result_json, tries=tries)
-    if raised is None:
-        raise StoreUnavailable(f"run {run_id}: too much contention to record a step")
-    raise raised  # The step's own exception, outside the except clause: its chain untouched.
-
-
-def remember_commit(store: FirestoreStore, transaction: Any, record: RunRecord) -> None:
+def remember_commit(
+    writes: RememberedWrites[datetime], transaction: Any, record: RunRecord
+) -> None:
     """Let the attempt's next write (a renewal) condition on the committed document without
     reading it: the update time of the transaction's last write, the run's document."""
     results = getattr(transaction, "write_results", None) or []
     update_time = getattr(results[-1], "update_time", None) if results else None
     if update_time is None:
-        store.forget_write(record.run_id, record.attempt_id)
+        writes.forget(record.run_id, record.attempt_id)
     else:
-        store.remember_write(record, update_time)
+        writes.remember(record, update_time)
 
 
 def guarded_work(work: Callable[[Any], _T], transaction: Any) -> _T:
@@ -228,18 +226,6 @@ def guarded_work(work: Callable[[Any], _T], transaction: Any) -> _T:
         raise
     except Exception as exc:
         raise WorkRaised(exc) from exc
-
-
-def read_back(store: FirestoreStore, run_id: str, attempt_id: str) -> RunRecord | None:
-    """The run's record if it shows ``attempt_id`` completed it; None if not, or unreadable."""
-    try:
-        record = store.get(run_id)
-    except StoreUnavailable:
-        return None
-    if completed_by(record, attempt_id) is None:
-        return None
-    store.forget_write(run_id, attempt_id)
-    return record
 
 
 def bound_transactions(client: Any, timeout: float) -> None:

@@ -3,26 +3,23 @@
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
+from typing import Any, LiteralString, Protocol, TypeVar
 
 from psycopg import Connection, sql
 
-from tasklease.worker.stores.base.tally import (
-    DeliveryTally,
-    MinuteCounts,
-    TallyKey,
-    merge,
-    minute_of,
-)
-
-if TYPE_CHECKING:  # The options module imports the schema, which imports this one.
-    from tasklease.worker.stores.postgres.options import Options
+from tasklease.worker.stores.base.tally import MinuteCounts, TallyKey, merge, minute_of
 
 _T = TypeVar("_T")
+
+
+class Call(Protocol):
+    """Runs ``work`` on a pooled connection, bounded, as the store does every statement."""
+
+    def __call__(self, action: str, work: Callable[[Connection[Any]], _T]) -> _T: ...
+
 
 TABLE: LiteralString = """CREATE TABLE IF NOT EXISTS {s}.delivery_tally (
     instance text NOT NULL,
@@ -76,24 +73,24 @@ def purge(connection: Connection[Any], schema: str, before: datetime) -> int:
     return int(connection.execute(_statement(_PURGE, schema), (before,)).rowcount)
 
 
-class PostgresTally(DeliveryTally):
-    """The tally's primitives for :class:`~tasklease.worker.stores.postgres.store.PostgresStore`,
-    through the store's own bounded calls."""
+class PostgresTally:
+    """The tally of the Postgres store in ``schema``, through the store's bounded ``call``."""
 
-    options: Options
+    def __init__(self, call: Call, schema: str) -> None:
+        self._call = call
+        self.schema = schema
 
-    @abstractmethod
-    def _call(self, action: str, work: Callable[[Connection[Any]], _T]) -> _T:
-        """Run ``work`` on a pooled connection, as the store does every statement."""
-
-    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
-        schema = self.options.schema
+    def write(self, instance: str, counts: MinuteCounts) -> None:
+        """:meth:`DeliveryTally.write_delivery_counts`."""
+        schema = self.schema
         self._call("write delivery counts", lambda c: write(c, schema, instance, counts))
 
-    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
-        schema = self.options.schema
+    def read(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        """:meth:`DeliveryTally.delivery_counts`."""
+        schema = self.schema
         return self._call("read delivery counts", lambda c: read(c, schema, since))
 
-    def purge_delivery_counts(self, before: datetime) -> int:
-        schema = self.options.schema
+    def purge(self, before: datetime) -> int:
+        """:meth:`DeliveryTally.purge_delivery_counts`."""
+        schema = self.schema
         return self._call("purge delivery counts", lambda c: purge(c, schema, before))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -43,25 +43,24 @@ from psycopg_pool import PoolTimeout
 from tasklease.worker.core import decisions, steps
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.core.records import RunRecord, RunStatus
-from tasklease.worker.stores.base.store import Moment
-from tasklease.worker.stores.base.transactional import (
-    StepWork,
-    TransactionalStore,
-    TransactionOutcome,
-    Work,
-)
+from tasklease.worker.stores.base.conditional_claims import RememberedWrites
+from tasklease.worker.stores.base.store import Moment, RunReader
+from tasklease.worker.stores.base.transactional import StepWork, TransactionOutcome, Work
+from tasklease.worker.stores.postgres.connections import PostgresConnections
 from tasklease.worker.stores.postgres.handler_transaction import guarded
-from tasklease.worker.stores.postgres.schema import RUN_COLUMNS, decode_run, encode_run
+from tasklease.worker.stores.postgres.schema import (
+    RUN_COLUMNS,
+    Statements,
+    decode_run,
+    encode_run,
+)
 from tasklease.worker.stores.postgres.watchdog import (
     CallTimedOut,
     IdleTimedOut,
     WatchedConnection,
 )
 
-if TYPE_CHECKING:
-    from tasklease.worker.stores.postgres.store import PostgresStore
-
-__all__ = ["PostgresTransactions", "complete_in_transaction", "record_step_in_transaction"]
+__all__ = ["PostgresTransactions"]
 
 _T = TypeVar("_T")
 
@@ -73,32 +72,6 @@ _T = TypeVar("_T")
 RESET_SESSION = "RESET ALL"
 
 
-class PostgresTransactions(TransactionalStore):
-    """The :class:`TransactionalStore` methods of the Postgres store."""
-
-    def complete_in_transaction(
-        self,
-        run_id: str,
-        attempt_id: str,
-        work: Work,
-        now: Moment,
-        *,
-        keep_for: timedelta | None = None,
-    ) -> TransactionOutcome:
-        """``ctx.transaction`` is a pooled psycopg ``Connection`` inside a transaction, in
-        pipeline mode (see :mod:`.postgres_transactions`)."""
-        store = cast("PostgresStore", self)  # The one class this mixin is for.
-        return complete_in_transaction(store, run_id, attempt_id, work, now=now, keep_for=keep_for)
-
-    def record_step_in_transaction(
-        self, run_id: str, attempt_id: str, step_work: StepWork, now: Moment
-    ) -> TransactionOutcome:
-        """The step's function gets the connection a transactional handler would."""
-        return record_step_in_transaction(
-            cast("PostgresStore", self), run_id, attempt_id, step_work
-        )
-
-
 class _HandlerError(Exception):
     """A database error of the handler's own statements, carried past the store's mapping
     of database errors to StoreUnavailable."""
@@ -108,179 +81,193 @@ class _HandlerError(Exception):
         self.error = error
 
 
-def complete_in_transaction(
-    store: PostgresStore,
-    run_id: str,
-    attempt_id: str,
-    work: Work,
-    *,
-    now: Moment,
-    keep_for: timedelta | None,
-) -> TransactionOutcome:
-    """See :meth:`TransactionalStore.complete_in_transaction`. Never retried here: a call
-    whose commit may have landed must be decided by reading the record."""
-    at = None if callable(now) and store.options.server_clock else _fixed(now)
-    committed = _transact(
-        store,
-        lambda connection: _run(
-            store, connection, work, at=at, keep_for=keep_for, run=(run_id, attempt_id)
-        ),
-    )
-    if committed is None:  # The completion found the claim gone: nothing was kept.
-        return TransactionOutcome(held=False, result_json=None)
-    store.forget_write(run_id, attempt_id)  # Finished: nothing to condition on.
-    return TransactionOutcome(held=True, result_json=committed[0])
+class PostgresTransactions:
+    """The transactions of the Postgres store: on ``connections``, with its ``statements``,
+    keeping ``writes`` (its remembered writes) true to what they commit; ``get`` reads a
+    run to tell a refused completion from the handler's own failed statement."""
 
+    def __init__(
+        self,
+        connections: PostgresConnections,
+        statements: Statements,
+        writes: RememberedWrites[int],
+        get: RunReader,
+    ) -> None:
+        self.connections = connections
+        self.options = connections.options
+        self.statements = statements
+        self.writes = writes
+        self.get = get
 
-def record_step_in_transaction(
-    store: PostgresStore, run_id: str, attempt_id: str, step_work: StepWork
-) -> TransactionOutcome:
-    """See :meth:`TransactionalStore.record_step_in_transaction`. Never retried here."""
-    written = _transact(
-        store, lambda connection: _run_step(store, connection, step_work, (run_id, attempt_id))
-    )
-    if written is None:  # The claim was gone: rolled back.
-        return TransactionOutcome(held=False, result_json=None)
-    record, version, step_json = written
-    store.remember_write(record, version)  # The attempt's next renewal is conditional on it.
-    return TransactionOutcome(held=True, result_json=step_json)
-
-
-def _transact(store: PostgresStore, body: Callable[[WatchedConnection], _T]) -> _T:
-    """``body`` on a pooled connection, rolled back unless it committed; the database's
-    errors as StoreUnavailable, the handler's own as raised."""
-    process = store.ready_process()
-    try:
-        with process.pool.connection(timeout=store.options.pool_timeout) as connection:
-            try:
-                return body(connection)
-            finally:
-                if connection.info.transaction_status is not TransactionStatus.IDLE:
-                    with contextlib.suppress(psycopg.Error):
-                        connection.rollback()
-    except _HandlerError as exc:
-        raise exc.error from None
-    except CallTimedOut as exc:
-        raise store.unavailable_error(
-            "commit a transaction",
-            f"the server did not answer within {store.options.call_timeout:g}s",
-        ) from exc
-    except IdleTimedOut as exc:
-        raise store.unavailable_error(
-            "commit a transaction",
-            f"the handler was {exc}: its connection was closed and the server rolled the "
-            "transaction back",
-        ) from exc
-    except PoolTimeout as exc:
-        raise store.no_connection_error("start a transaction", exc) from exc
-    except psycopg.Error as exc:
-        raise store.unavailable_error("commit a transaction", str(exc)) from exc
-
-
-def _run_step(
-    store: PostgresStore, connection: WatchedConnection, step_work: StepWork, run: tuple[str, str]
-) -> tuple[RunRecord, int, str] | None:
-    """The step's transaction: the new record, its version and the step's result JSON if
-    it committed, None if the claim was gone."""
-    run_id, attempt_id = run
-    watchdog = store.ready_process().watchdog
-    bounded = watchdog.bounded
-    with contextlib.ExitStack() as pipeline:
-        pipeline.enter_context(connection.pipeline())
-        connection.execute("BEGIN")
-        try:
-            with (
-                watchdog.idle_bounded(connection, store.options.idle_in_transaction),
-                guarded(connection) as transaction,
-            ):
-                step = step_work(transaction)
-            read = connection.execute(store.statements.lock_run, (run_id,))
-            with bounded(connection, store.options.call_timeout):
-                row = read.fetchone()  # Any error of the step's own statements shows here.
-        except psycopg.OperationalError:
-            raise
-        except psycopg.Error as exc:
-            raise _HandlerError(exc) from exc
-        if row is None or not decisions.holds(decode_run(row), attempt_id):
-            connection.execute("ROLLBACK")
-            return None
-        record = steps.with_step(decode_run(row), step)  # StepError past the run's cap.
-        values = encode_run(record)
-        updated = connection.execute(
-            store.statements.update_run, [*values[1:], run_id, row[len(RUN_COLUMNS)]]
+    def complete(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        *,
+        now: Moment,
+        keep_for: timedelta | None,
+    ) -> TransactionOutcome:
+        """:meth:`TransactionalStore.complete_in_transaction`. Never retried here: a call
+        whose commit may have landed must be decided by reading the record."""
+        at = None if callable(now) and self.options.server_clock else _fixed(now)
+        committed = self._transact(
+            lambda connection: self._run(
+                connection, work, at=at, keep_for=keep_for, run=(run_id, attempt_id)
+            ),
         )
-        connection.execute("COMMIT")
-        connection.execute(RESET_SESSION)
-        with bounded(connection, store.options.call_timeout):
-            pipeline.close()  # The one Sync (see _run).
-    version = updated.fetchone()
-    if version is None:  # Impossible under the row lock; then nothing was written.
-        raise psycopg.OperationalError(f"run {run_id} changed under its row lock")
-    return record, int(version[0]), step.result_json
+        if committed is None:  # The completion found the claim gone: nothing was kept.
+            return TransactionOutcome(held=False, result_json=None)
+        self.writes.forget(run_id, attempt_id)  # Finished: nothing to condition on.
+        return TransactionOutcome(held=True, result_json=committed[0])
 
+    def record_step(self, run_id: str, attempt_id: str, step_work: StepWork) -> TransactionOutcome:
+        """:meth:`TransactionalStore.record_step_in_transaction`. Never retried here."""
+        written = self._transact(
+            lambda connection: self._run_step(connection, step_work, (run_id, attempt_id))
+        )
+        if written is None:  # The claim was gone: rolled back.
+            return TransactionOutcome(held=False, result_json=None)
+        record, version, step_json = written
+        self.writes.remember(record, version)  # The attempt's next renewal is conditional on it.
+        return TransactionOutcome(held=True, result_json=step_json)
 
-def _run(
-    store: PostgresStore,
-    connection: WatchedConnection,
-    work: Work,
-    *,
-    at: datetime | None,
-    keep_for: timedelta | None,
-    run: tuple[str, str],
-) -> tuple[str | None] | None:
-    """The transaction; ``(result_json,)`` if it committed, None if the claim was gone."""
-    run_id, attempt_id = run
-    process = store.ready_process()
-    refused: psycopg.Error | None = None
-    try:
+    def _transact(self, body: Callable[[WatchedConnection], _T]) -> _T:
+        """``body`` on a pooled connection, rolled back unless it committed; the database's
+        errors as StoreUnavailable, the handler's own as raised."""
+        connections, options = self.connections, self.options
+        process = connections.ready_process()
+        try:
+            with process.pool.connection(timeout=options.pool_timeout) as connection:
+                try:
+                    return body(connection)
+                finally:
+                    if connection.info.transaction_status is not TransactionStatus.IDLE:
+                        with contextlib.suppress(psycopg.Error):
+                            connection.rollback()
+        except _HandlerError as exc:
+            raise exc.error from None
+        except CallTimedOut as exc:
+            raise connections.unavailable_error(
+                "commit a transaction",
+                f"the server did not answer within {options.call_timeout:g}s",
+            ) from exc
+        except IdleTimedOut as exc:
+            raise connections.unavailable_error(
+                "commit a transaction",
+                f"the handler was {exc}: its connection was closed and the server rolled the "
+                "transaction back",
+            ) from exc
+        except PoolTimeout as exc:
+            raise connections.no_connection_error("start a transaction", exc) from exc
+        except psycopg.Error as exc:
+            raise connections.unavailable_error("commit a transaction", str(exc)) from exc
+
+    def _run_step(
+        self, connection: WatchedConnection, step_work: StepWork, run: tuple[str, str]
+    ) -> tuple[RunRecord, int, str] | None:
+        """The step's transaction: the new record, its version and the step's result JSON
+        if it committed, None if the claim was gone."""
+        run_id, attempt_id = run
+        options, statements = self.options, self.statements
+        watchdog = self.connections.ready_process().watchdog
+        bounded = watchdog.bounded
         with contextlib.ExitStack() as pipeline:
             pipeline.enter_context(connection.pipeline())
             connection.execute("BEGIN")
             try:
                 with (
-                    process.watchdog.idle_bounded(connection, store.options.idle_in_transaction),
+                    watchdog.idle_bounded(connection, options.idle_in_transaction),
                     guarded(connection) as transaction,
                 ):
-                    result_json = work(transaction)
-            except psycopg.Error as exc:
-                raise _HandlerError(exc) from exc
-            params = [
-                at,
-                RunStatus.COMPLETED.value,
-                result_json,
-                keep_for or timedelta(0),
-                MAX_CLOCK_SKEW,
-                run_id,
-                attempt_id,
-                RunStatus.IN_PROGRESS.value,
-            ]
-            try:  # An error may surface at any call from here: psycopg reads results eagerly.
-                completion = connection.execute(store.statements.complete_held, params)
-                connection.execute("COMMIT")
-                connection.execute(RESET_SESSION)
-                # Leaving the pipeline sends its Sync and reads every result: a
-                # Pipeline.sync() before it would send a second Sync and wait for it, a
-                # round trip of its own (psycopg's BasePipeline._exit_gen). Entered on an
-                # ExitStack, the pipeline is left here, under the call's time bound.
-                with process.watchdog.bounded(connection, store.options.call_timeout):
-                    pipeline.close()
-                completion.fetchone()
-            except (psycopg.errors.DivisionByZero, psycopg.errors.PipelineAborted) as exc:
-                # The completion refused (the claim is gone), or an earlier statement of the
-                # handler's failed and the rest was skipped: the record tells which.
-                refused = exc
+                    step = step_work(transaction)
+                read = connection.execute(statements.lock_run, (run_id,))
+                with bounded(connection, options.call_timeout):
+                    row = read.fetchone()  # Any error of the step's own statements shows here.
             except psycopg.OperationalError:
                 raise
-            except psycopg.Error as exc:  # An unfetched statement of the handler's failed.
+            except psycopg.Error as exc:
                 raise _HandlerError(exc) from exc
-    except psycopg.errors.PipelineAborted:
-        if refused is None:  # Leaving the aborted pipeline repeats what was decided above.
-            raise
-    if refused is None:
-        return (result_json,)
-    if decisions.holds(store.get(run_id), attempt_id):
-        raise _HandlerError(refused) from refused  # Then it was the handler's own statement.
-    return None
+            if row is None or not decisions.holds(decode_run(row), attempt_id):
+                connection.execute("ROLLBACK")
+                return None
+            record = steps.with_step(decode_run(row), step)  # StepError past the run's cap.
+            values = encode_run(record)
+            updated = connection.execute(
+                statements.update_run, [*values[1:], run_id, row[len(RUN_COLUMNS)]]
+            )
+            connection.execute("COMMIT")
+            connection.execute(RESET_SESSION)
+            with bounded(connection, options.call_timeout):
+                pipeline.close()  # The one Sync (see _run).
+        version = updated.fetchone()
+        if version is None:  # Impossible under the row lock; then nothing was written.
+            raise psycopg.OperationalError(f"run {run_id} changed under its row lock")
+        return record, int(version[0]), step.result_json
+
+    def _run(
+        self,
+        connection: WatchedConnection,
+        work: Work,
+        *,
+        at: datetime | None,
+        keep_for: timedelta | None,
+        run: tuple[str, str],
+    ) -> tuple[str | None] | None:
+        """The transaction; ``(result_json,)`` if it committed, None if the claim was gone."""
+        run_id, attempt_id = run
+        options = self.options
+        process = self.connections.ready_process()
+        refused: psycopg.Error | None = None
+        try:
+            with contextlib.ExitStack() as pipeline:
+                pipeline.enter_context(connection.pipeline())
+                connection.execute("BEGIN")
+                try:
+                    with (
+                        process.watchdog.idle_bounded(connection, options.idle_in_transaction),
+                        guarded(connection) as transaction,
+                    ):
+                        result_json = work(transaction)
+                except psycopg.Error as exc:
+                    raise _HandlerError(exc) from exc
+                params = [
+                    at,
+                    RunStatus.COMPLETED.value,
+                    result_json,
+                    keep_for or timedelta(0),
+                    MAX_CLOCK_SKEW,
+                    run_id,
+                    attempt_id,
+                    RunStatus.IN_PROGRESS.value,
+                ]
+                try:  # An error may surface at any call from here: psycopg reads eagerly.
+                    completion = connection.execute(self.statements.complete_held, params)
+                    connection.execute("COMMIT")
+                    connection.execute(RESET_SESSION)
+                    # Leaving the pipeline sends its Sync and reads every result: a
+                    # Pipeline.sync() before it would send a second Sync and wait for it, a
+                    # round trip of its own (psycopg's BasePipeline._exit_gen). Entered on an
+                    # ExitStack, the pipeline is left here, under the call's time bound.
+                    with process.watchdog.bounded(connection, options.call_timeout):
+                        pipeline.close()
+                    completion.fetchone()
+                except (psycopg.errors.DivisionByZero, psycopg.errors.PipelineAborted) as exc:
+                    # The completion refused (the claim is gone), or an earlier statement of
+                    # the handler's failed and the rest was skipped: the record tells which.
+                    refused = exc
+                except psycopg.OperationalError:
+                    raise
+                except psycopg.Error as exc:  # An unfetched statement of the handler's failed.
+                    raise _HandlerError(exc) from exc
+        except psycopg.errors.PipelineAborted:
+            if refused is None:  # Leaving the aborted pipeline repeats what was decided above.
+                raise
+        if refused is None:
+            return (result_json,)
+        if decisions.holds(self.get(run_id), attempt_id):
+            raise _HandlerError(refused) from refused  # Then it was the handler's own statement.
+        return None
 
 
 def _fixed(now: Moment) -> datetime:
