@@ -39,10 +39,12 @@ if TYPE_CHECKING:
     from tasklease.worker.handlers.declared_jobs import JobRetry
     from tasklease.worker.handlers.router import HandlerSpec, Router
     from tasklease.worker.serving.app import create_app
+    from tasklease.worker.serving.options import WorkerOptions
 
 # Each public name and the module that defines it (imported when the name is first read).
 _EXPORTS: dict[str, str] = {
     "create_app": "tasklease.worker.serving.app",
+    "WorkerOptions": "tasklease.worker.serving.options",
     "Authenticator": "tasklease.worker.delivery.auth",
     "AuthRequest": "tasklease.worker.delivery.auth",
     "AuthResult": "tasklease.worker.delivery.auth",
@@ -82,6 +84,7 @@ __all__ = [
     "StepError",
     "StoreUnavailable",
     "TaskContext",
+    "WorkerOptions",
     "create_app",
 ]
 
