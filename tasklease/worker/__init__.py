@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     )
     from tasklease.worker.handlers.context import TaskContext
     from tasklease.worker.handlers.declared_jobs import JobRetry
+    from tasklease.worker.handlers.options import HandlerOptions, JobOptions
     from tasklease.worker.handlers.router import HandlerSpec, Router
     from tasklease.worker.serving.app import create_app
     from tasklease.worker.serving.options import WorkerOptions
@@ -62,6 +63,8 @@ _EXPORTS: dict[str, str] = {
     "StepError": "tasklease.worker.core.steps",
     "HandlerSpec": "tasklease.worker.handlers.router",
     "JobRetry": "tasklease.worker.handlers.declared_jobs",
+    "HandlerOptions": "tasklease.worker.handlers.options",
+    "JobOptions": "tasklease.worker.handlers.options",
     "Router": "tasklease.worker.handlers.router",
 }
 
@@ -70,8 +73,10 @@ __all__ = [
     "AuthResult",
     "Authenticator",
     "ConfigurationError",
+    "HandlerOptions",
     "HandlerSpec",
     "InvalidDelivery",
+    "JobOptions",
     "JobRetry",
     "LeaseLost",
     "NoAuth",
