@@ -7,7 +7,8 @@ SDKs from the environment), ``serve`` (a gunicorn worker on 127.0.0.1 for dev an
 ``loopback`` and ``hosts`` (which names are this machine), ``spanner_calls`` (bounded Spanner
 calls, for the Spanner store and outbox), ``rpc_deadlines`` (deadlines for a Google client's
 RPCs), ``joined_trace`` (the trace a delivery joined, for
-the producer's fan-out). Nothing here imports ``tasklease.worker``, ``tasklease.producer`` or
+the producer's fan-out), ``keywords`` (unknown keywords refused where ``**options`` are
+typed). Nothing here imports ``tasklease.worker``, ``tasklease.producer`` or
 ``tasklease.emulator``: every side depends on it, never the reverse.
 """
 

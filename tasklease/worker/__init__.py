@@ -37,12 +37,15 @@ if TYPE_CHECKING:
     )
     from tasklease.worker.handlers.context import TaskContext
     from tasklease.worker.handlers.declared_jobs import JobRetry
+    from tasklease.worker.handlers.options import HandlerOptions, JobOptions
     from tasklease.worker.handlers.router import HandlerSpec, Router
     from tasklease.worker.serving.app import create_app
+    from tasklease.worker.serving.options import WorkerOptions
 
 # Each public name and the module that defines it (imported when the name is first read).
 _EXPORTS: dict[str, str] = {
     "create_app": "tasklease.worker.serving.app",
+    "WorkerOptions": "tasklease.worker.serving.options",
     "Authenticator": "tasklease.worker.delivery.auth",
     "AuthRequest": "tasklease.worker.delivery.auth",
     "AuthResult": "tasklease.worker.delivery.auth",
@@ -60,6 +63,8 @@ _EXPORTS: dict[str, str] = {
     "StepError": "tasklease.worker.core.steps",
     "HandlerSpec": "tasklease.worker.handlers.router",
     "JobRetry": "tasklease.worker.handlers.declared_jobs",
+    "HandlerOptions": "tasklease.worker.handlers.options",
+    "JobOptions": "tasklease.worker.handlers.options",
     "Router": "tasklease.worker.handlers.router",
 }
 
@@ -68,8 +73,10 @@ __all__ = [
     "AuthResult",
     "Authenticator",
     "ConfigurationError",
+    "HandlerOptions",
     "HandlerSpec",
     "InvalidDelivery",
+    "JobOptions",
     "JobRetry",
     "LeaseLost",
     "NoAuth",
@@ -82,6 +89,7 @@ __all__ = [
     "StepError",
     "StoreUnavailable",
     "TaskContext",
+    "WorkerOptions",
     "create_app",
 ]
 

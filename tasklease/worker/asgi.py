@@ -20,62 +20,51 @@ and the Flask app's other routes are served too, by a small WSGI bridge
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from typing import Unpack, cast
 
 import flask
 
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
+from tasklease.plumbing.keywords import refuse_unknown_options
 from tasklease.worker.delivery.auth import Authenticator
-from tasklease.worker.delivery.executor import Clock, utc_now
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.serving.app import ROUTES_EXTENSION, create_app
 from tasklease.worker.serving.asgi_routes import ASGIApp, AsgiDeliveries
 from tasklease.worker.serving.asgi_wsgi import WsgiBridge
+from tasklease.worker.serving.options import WorkerOptions
 from tasklease.worker.stores import LeaseStore
 from tasklease.worker.wsgi import load_router
 
 DEFAULT_THREADS = 40  # anyio's own default: deliveries at once, each holding a thread.
 
 
+class AsgiOptions(WorkerOptions, total=False):
+    """The options of :func:`create_asgi_app`: :class:`~tasklease.worker.WorkerOptions`
+    (``app`` is a Flask app whose other routes it serves too) and ``threads``."""
+
+    threads: int
+    """How many deliveries run at once, each in a worker thread; more wait, off the loop
+    (default 40, anyio's own)."""
+
+
 def create_asgi_app(
     router: Router,
     store: LeaseStore | str | None = None,
     auth: str | Authenticator | None = None,
-    *,
-    clock: Clock = utc_now,
-    project_header: str = protocol.PROJECT_HEADER,
-    location_header: str = protocol.LOCATION_HEADER,
-    app: flask.Flask | None = None,
-    audience: str | None = None,
-    dashboard: str | None = None,
-    dashboard_operators: Iterable[str] | None = None,
-    max_task_bytes: int | None = None,
-    dashboard_audience: str | None = None,
-    threads: int = DEFAULT_THREADS,
+    **options: Unpack[AsgiOptions],
 ) -> AsgiDeliveries:
     """An ASGI app serving ``router``: ``POST /tasks/<name>``, ``POST /jobs/<name>`` and
     ``GET /healthz``, under whatever prefix it is mounted at (``root_path``).
 
-    The options are :func:`tasklease.worker.create_app`'s (``app`` is a Flask app whose
-    other routes it serves too), plus ``threads``: how many deliveries run at once (each in a
-    worker thread; more wait, off the loop). A mounted handler's default OIDC audience is its
-    whole URL, mount prefix included, as Cloud Tasks computes it.
+    ``router``, ``store`` and ``auth`` are :func:`tasklease.worker.create_app`'s; the options
+    are :class:`AsgiOptions`, by keyword (an unknown one is a TypeError). A mounted handler's
+    default OIDC audience is its whole URL, mount prefix included, as Cloud Tasks computes it.
     """
-    flask_app = create_app(
-        router,
-        store,
-        auth,
-        clock=clock,
-        project_header=project_header,
-        location_header=location_header,
-        app=app,
-        audience=audience,
-        dashboard=dashboard,
-        dashboard_operators=dashboard_operators,
-        max_task_bytes=max_task_bytes,
-        dashboard_audience=dashboard_audience,
-    )
+    refuse_unknown_options(create_asgi_app, options, AsgiOptions.__optional_keys__)
+    threads = options.pop("threads", DEFAULT_THREADS)
+    # Without ``threads`` (popped above) what is left is create_app's options.
+    flask_app = create_app(router, store, auth, **cast("WorkerOptions", options))
     return asgi_app_for(flask_app, threads=threads)
 
 
@@ -118,4 +107,4 @@ def __getattr__(name: str) -> AsgiDeliveries:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["AsgiDeliveries", "app_from_env", "asgi_app_for", "create_asgi_app"]
+__all__ = ["AsgiDeliveries", "AsgiOptions", "app_from_env", "asgi_app_for", "create_asgi_app"]

@@ -1,5 +1,6 @@
 """mypy --strict accepts correctly typed handlers and enqueues (tests/typing/handlers_ok.py)
-and rejects, line by line, the wrong ones (tests/typing/handlers_bad.py: ``# E: <code>``)."""
+and rejects, line by line, the wrong ones, options included (tests/typing/handlers_bad.py:
+``# E: <code>``)."""
 
 from __future__ import annotations
 
@@ -56,5 +57,5 @@ def test_mypy_strict_rejects_each_wrong_handler_and_payload(cache: str) -> None:
         for number, line in enumerate(source, start=1)
         if (match := EXPECTED.search(line))
     ]
-    assert len(expected) == 7
+    assert len(expected) == 11
     assert mypy("tests/typing/handlers_bad.py", cache) == expected

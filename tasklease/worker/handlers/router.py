@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, Unpack, get_args
 
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
+from tasklease.plumbing.keywords import refuse_unknown_options
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.handlers.async_producers import AsyncProducers, no_producer
@@ -23,6 +24,7 @@ from tasklease.worker.handlers.handles import (
     check_signature,
     unwrapped,
 )
+from tasklease.worker.handlers.options import HandlerOptions, JobOptions
 
 if TYPE_CHECKING:
     from tasklease.producer.async_producer import AsyncProducer
@@ -76,27 +78,10 @@ class HandlerSpec:
 class Router:
     """Collects handlers; :func:`tasklease.worker.create_app` serves them.
 
-    Options of both decorators:
-
-    - ``lease``: how long one attempt holds the run before another may take it over. The
-      worker renews it about every ``lease / 3`` while the handler runs, so it bounds how long a
-      crashed attempt blocks retries, not how long a handler may run.
-    - ``retention``: how long the run record is kept after the claim; it must outlive the
-      queue's retry window (Cloud Tasks remembers task names for up to 24 hours).
-    - ``max_attempts``: after this many claims of one run, the run is recorded as failed
-      without running again (a poison-message guard independent of the queue's settings).
-    - ``allowed_service_accounts`` / ``audience``: override the app-wide OIDC settings.
-
-    Option of scheduled handlers (and of the router, as their default):
-
-    - ``manual_run_margin`` (default 60 s, at least ``MAX_CLOCK_SKEW``): a delivery whose
-      schedule time lies more than this after its arrival is a manual run (``gcloud scheduler
-      jobs run`` or the Console's "Force run" send the *next* slot's time, well before it). It
-      runs as a run of its own, derived from that slot, so its retries stay one run, whenever
-      they arrive (the store's record of it tells them from the slot's own delivery), and the
-      slot's own delivery still runs when it comes. Keep it well below the job's interval: for
-      a job firing every minute, a manual run started within the margin before the next slot
-      counts as that slot's run.
+    Options of every handler kind (``lease``, ``retention``, ``max_attempts``,
+    ``allowed_service_accounts``, ``audience``) are :class:`~tasklease.worker.HandlerOptions`;
+    scheduled handlers' add ``manual_run_margin`` (:class:`~tasklease.worker.JobOptions`; the
+    router's own is their default).
 
     Options of scheduled handlers, for jobs whose runs must not overlap (a nightly job still
     running when the next tick fires, two timers firing one job, a manual run meanwhile):
@@ -163,24 +148,18 @@ class Router:
         self,
         name: str | None = None,
         *,
-        lease: timedelta = c.DEFAULT_LEASE,
-        retention: timedelta = c.DEFAULT_RETENTION,
-        max_attempts: int | None = None,
-        allowed_service_accounts: Iterable[str] | None = None,
-        audience: str | None = None,
         concurrency_key: ConcurrencyKey | None = None,
         queue: str | None = None,
         transactional: bool = False,
+        **options: Unpack[HandlerOptions],
     ) -> TaskDecorator:
-        """Register ``handler(payload, ctx)`` at ``POST /tasks/<name>`` (default: its name)."""
+        """Register ``handler(payload, ctx)`` at ``POST /tasks/<name>`` (default: its name).
+        ``options``: :class:`~tasklease.worker.HandlerOptions`."""
+        refuse_unknown_options(self.task, options, HandlerOptions.__optional_keys__)
         register = self._decorator(
             Kind.TASK,
             name,
-            lease=lease,
-            retention=retention,
-            max_attempts=max_attempts,
-            allowed_service_accounts=allowed_service_accounts,
-            audience=audience,
+            options,
             concurrency_key=concurrency_key,
             queue=queue,
             transactional=transactional,
@@ -195,12 +174,6 @@ class Router:
         self,
         name: str | None = None,
         *,
-        lease: timedelta = c.DEFAULT_LEASE,
-        retention: timedelta = c.DEFAULT_RETENTION,
-        max_attempts: int | None = None,
-        allowed_service_accounts: Iterable[str] | None = None,
-        audience: str | None = None,
-        manual_run_margin: timedelta | None = None,
         exclusive: bool = False,
         max_runtime: timedelta | None = None,
         min_gap: timedelta = timedelta(0),
@@ -212,20 +185,18 @@ class Router:
         attempt_deadline: timedelta | None = None,
         transactional: bool = False,
         queue: str | None = None,
+        **options: Unpack[JobOptions],
     ) -> JobDecorator:
         """Register ``handler(ctx)`` at ``POST /jobs/<name>``, for a Cloud Scheduler job (the
-        one ``schedule=`` declares, if given)."""
+        one ``schedule=`` declares, if given). ``options``:
+        :class:`~tasklease.worker.JobOptions`."""
+        refuse_unknown_options(self.scheduled, options, JobOptions.__optional_keys__)
+        margin = options.get("manual_run_margin")
         register = self._decorator(
             Kind.SCHEDULER,
             name,
-            lease=lease,
-            retention=retention,
-            max_attempts=max_attempts,
-            allowed_service_accounts=allowed_service_accounts,
-            audience=audience,
-            manual_run_margin=(
-                self.manual_run_margin if manual_run_margin is None else manual_run_margin
-            ),
+            options,
+            manual_run_margin=self.manual_run_margin if margin is None else margin,
             exclusive=exclusive,
             max_runtime=max_runtime,
             min_gap=min_gap,
@@ -245,33 +216,18 @@ class Router:
         return job_handle
 
     def proxy_job(
-        self,
-        name: str,
-        *,
-        target: ProxyTarget[Any],
-        lease: timedelta = c.DEFAULT_LEASE,
-        retention: timedelta = c.DEFAULT_RETENTION,
-        max_attempts: int | None = None,
-        allowed_service_accounts: Iterable[str] | None = None,
-        audience: str | None = None,
-        manual_run_margin: timedelta | None = None,
+        self, name: str, *, target: ProxyTarget[Any], **options: Unpack[JobOptions]
     ) -> ProxyTarget[Any]:
         """Serve a built-in target from :mod:`tasklease.worker.targets` at ``POST /jobs/<name>``.
 
         Point the Cloud Scheduler job at the worker instead of at ``*.googleapis.com``: each
         run claims like any scheduled handler, then starts the execution at most once (see
         the target's documentation for what a retry adopts). The stored result names the
-        execution, and duplicates are answered with it. Options as for :meth:`scheduled`.
+        execution, and duplicates are answered with it. ``options``:
+        :class:`~tasklease.worker.JobOptions`, as for :meth:`scheduled`.
         """
-        self.scheduled(
-            name,
-            lease=lease,
-            retention=retention,
-            max_attempts=max_attempts,
-            allowed_service_accounts=allowed_service_accounts,
-            audience=audience,
-            manual_run_margin=manual_run_margin,
-        )(target)
+        refuse_unknown_options(self.proxy_job, options, JobOptions.__optional_keys__)
+        self.scheduled(name, **options)(target)
         return target
 
     def add_outbox_sweep(self, name: str, sweep: Callable[[], dict[str, int]]) -> None:
@@ -328,28 +284,21 @@ class Router:
         return len(self._handlers)
 
     def _decorator(
-        self,
-        kind: Kind,
-        name: str | None,
-        *,
-        allowed_service_accounts: Iterable[str] | None,
-        **options: Any,
+        self, kind: Kind, name: str | None, common: HandlerOptions, **specific: Any
     ) -> Callable[[Callable[..., Any]], HandlerSpec]:
+        """Register with ``common`` options and the kind's ``specific`` ones, which win (a
+        default resolved by the kind, such as the manual-run margin); HandlerSpec's defaults
+        fill in the rest."""
+        fields: dict[str, Any] = {**common, **specific}
+        accounts = common.get("allowed_service_accounts")
+        if accounts is not None:
+            fields["allowed_service_accounts"] = tuple(accounts)
+
         def register(function: Callable[..., Any]) -> HandlerSpec:
             function = unwrapped(function)
             handler_name = name or str(getattr(function, "__name__", ""))
             check_signature(kind, handler_name, function)
-            spec = HandlerSpec(
-                kind=kind,
-                name=handler_name,
-                function=function,
-                allowed_service_accounts=(
-                    tuple(allowed_service_accounts)
-                    if allowed_service_accounts is not None
-                    else None
-                ),
-                **options,
-            )
+            spec = HandlerSpec(kind=kind, name=handler_name, function=function, **fields)
             self._add(spec)
             return spec
 

@@ -5,21 +5,22 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
-from typing import Any
+from typing import Any, Unpack
 
 import flask
 from werkzeug.exceptions import HTTPException
 
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
+from tasklease.plumbing.keywords import refuse_unknown_options
 from tasklease.worker.delivery.auth import Authenticator, NoAuth, OidcAuth, authenticator_for
-from tasklease.worker.delivery.executor import Clock, Executor, Reply, utc_now
+from tasklease.worker.delivery.executor import Executor, Reply
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.observe import telemetry
 from tasklease.worker.observe.logs import configure_logging, request_fields
 from tasklease.worker.observe.tally_flusher import DeliveryCounter
 from tasklease.worker.serving import fallback
+from tasklease.worker.serving.options import WorkerOptions, WorkerSettings
 from tasklease.worker.serving.wsgi_routes import DeliveryRoutes
 from tasklease.worker.stores import LeaseStore, check_store_is_shared, store_from_url
 from tasklease.worker.stores.base.locks import LockStore
@@ -37,16 +38,7 @@ def create_app(
     router: Router,
     store: LeaseStore | str | None = None,
     auth: str | Authenticator | None = None,
-    *,
-    clock: Clock = utc_now,
-    project_header: str = protocol.PROJECT_HEADER,
-    location_header: str = protocol.LOCATION_HEADER,
-    app: flask.Flask | None = None,
-    audience: str | None = None,
-    dashboard: str | None = None,
-    dashboard_operators: Iterable[str] | None = None,
-    max_task_bytes: int | None = None,
-    dashboard_audience: str | None = None,
+    **options: Unpack[WorkerOptions],
 ) -> flask.Flask:
     """A Flask app serving ``router``: ``POST /tasks/<name>`` and ``POST /jobs/<name>``.
 
@@ -55,44 +47,35 @@ def create_app(
     - ``auth``: ``"oidc"`` (the default, configured from the environment), ``"none"`` (turns
       authentication off, with a warning), or an :class:`Authenticator`. None reads
       ``TASKLEASE_AUTH``.
-    - ``audience``: the OIDC token audience (overrides ``TASKLEASE_AUDIENCE``), normally the
-      worker's root URL. With OIDC on, it (or a per-handler audience) is required.
-    - ``app``: an existing Flask app to add the routes to, instead of a new one.
-    - ``dashboard``: a path such as ``"/tasklease"`` to serve the operators' dashboard at
-      (default ``TASKLEASE_DASHBOARD``; off when unset). It takes OIDC ID tokens of
-      ``dashboard_operators`` only (default ``TASKLEASE_DASHBOARD_OPERATORS``, comma-separated;
-      required: the deliveries' accounts are never let in by default), for
-      ``dashboard_audience`` (default ``TASKLEASE_DASHBOARD_AUDIENCE``, else the worker's
-      audience; required to differ from it when an operator also delivers tasks). Its forms
-      need a CSRF token signed with ``TASKLEASE_DASHBOARD_SECRET`` (else a per-process secret).
-    - ``max_task_bytes``: the largest body a delivery may have (default
-      ``TASKLEASE_MAX_TASK_BYTES``, else 1 MiB, Cloud Tasks' maximum task size); larger ones
-      are answered 413 unread.
+    - ``options``: by keyword, those of :class:`~tasklease.worker.WorkerOptions` (``audience``,
+      ``clock``, ``dashboard``, ``max_task_bytes``, ...); an unknown one is a TypeError.
     """
+    refuse_unknown_options(create_app, options, WorkerOptions.__optional_keys__)
+    settings = WorkerSettings(**options)
     configure_logging()
     registry = _configure_opentelemetry()
     if not isinstance(store, LeaseStore):
         store = store_from_url(store)
     check_store_is_shared(store)
-    dashboard = (
-        dashboard if dashboard is not None else os.environ.get(protocol.ENV_DASHBOARD) or None
-    )
+    dashboard = settings.dashboard
+    if dashboard is None:
+        dashboard = os.environ.get(protocol.ENV_DASHBOARD) or None
     check_store_capabilities(router, store, dashboard)
-    authenticator = authenticator_for(auth, audience)
+    authenticator = authenticator_for(auth, settings.audience)
     if isinstance(authenticator, OidcAuth):
         authenticator.check_configuration(router)
     executor = Executor(
         router,
         store,
         authenticator,
-        clock=clock,
-        project_header=project_header,
-        location_header=location_header,
+        clock=settings.clock,
+        project_header=settings.project_header,
+        location_header=settings.location_header,
     )
     if isinstance(store, DeliveryTally):  # Counts for the dashboard's deliveries chart.
-        executor.tally = DeliveryCounter(store, clock)
-    own_app = app is None
-    app = app or flask.Flask("tasklease")
+        executor.tally = DeliveryCounter(store, settings.clock)
+    own_app = settings.app is None
+    app = settings.app or flask.Flask("tasklease")
     app.extensions[EXECUTOR_EXTENSION] = executor
     # With authentication off, every line says so: nobody should read such a log as verified.
     fields: dict[str, Any] = {"auth": "none"} if isinstance(authenticator, NoAuth) else {}
@@ -117,7 +100,7 @@ def create_app(
     # is Flask's, and the error handler above gives what Flask itself refuses one line and a
     # JSON answer.
     routes = DeliveryRoutes(
-        app.wsgi_app, executor, fields, max_body_bytes=_max_task_bytes(max_task_bytes)
+        app.wsgi_app, executor, fields, max_body_bytes=_max_task_bytes(settings.max_task_bytes)
     )
     app.wsgi_app = routes  # type: ignore[method-assign]
     app.extensions[ROUTES_EXTENSION] = routes
@@ -125,11 +108,11 @@ def create_app(
     if dashboard:
         from tasklease.worker.dashboard import mount  # noqa: PLC0415 - only when asked for.
 
-        operators = dashboard_operators
+        operators = settings.dashboard_operators
         if operators is None and os.environ.get(protocol.ENV_DASHBOARD_OPERATORS):
             operators = os.environ[protocol.ENV_DASHBOARD_OPERATORS].split(",")
         board_audience = (
-            dashboard_audience or os.environ.get(protocol.ENV_DASHBOARD_AUDIENCE) or None
+            settings.dashboard_audience or os.environ.get(protocol.ENV_DASHBOARD_AUDIENCE) or None
         )
         mount(
             app,
