@@ -36,8 +36,8 @@ if TYPE_CHECKING:
         OidcAuth,
     )
     from tasklease.worker.handlers.context import TaskContext
-    from tasklease.worker.handlers.declared_jobs import JobRetry
-    from tasklease.worker.handlers.router import HandlerSpec, Router
+    from tasklease.worker.handlers.router import Router
+    from tasklease.worker.handlers.spec import HandlerSpec, JobRetry
     from tasklease.worker.serving.app import create_app
 
 # Each public name and the module that defines it (imported when the name is first read).
@@ -58,8 +58,8 @@ _EXPORTS: dict[str, str] = {
     "RunRecord": "tasklease.worker.core.records",
     "RunStatus": "tasklease.worker.core.records",
     "StepError": "tasklease.worker.core.steps",
-    "HandlerSpec": "tasklease.worker.handlers.router",
-    "JobRetry": "tasklease.worker.handlers.declared_jobs",
+    "HandlerSpec": "tasklease.worker.handlers.spec",
+    "JobRetry": "tasklease.worker.handlers.spec",
     "Router": "tasklease.worker.handlers.router",
 }
 
