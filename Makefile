@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # component, package google-cloud-cli-spanner-emulator; required when CI=true).
 NODE_STAMP := node_modules/.installed-$(shell cksum package-lock.json | cut -d' ' -f1)
 
-.PHONY: demo test lint docs faults bench clean
+.PHONY: demo test lint size docs faults bench clean
 
 # `set -o pipefail` in a recipe: a failed pip is a failed step, whatever its output went through.
 SHELL := /bin/bash
@@ -50,6 +50,15 @@ lint: $(STAMP)
 	cd examples/userapp && MYPYPATH=../.. ../../$(BIN)/mypy --strict --explicit-package-bases myapp tests
 	cd examples/fastapi_app && MYPYPATH=../.. ../../$(BIN)/mypy --strict --explicit-package-bases shop tests
 	cd examples/django_app && MYPYPATH=../.. ../../$(BIN)/mypy --strict --explicit-package-bases shop tests
+	@$(MAKE) --no-print-directory size
+
+# Modules past SIZE_PROMPT lines, longest first: a prompt to look for a part that stands on its
+# own, not a limit (it never fails; `make lint` ends with it).
+SIZE_PROMPT := 800
+size:
+	@echo "==> modules over $(SIZE_PROMPT) lines (a prompt to look, not a limit):"
+	@find tasklease -name '*.py' -exec wc -l {} + | awk -v cap=$(SIZE_PROMPT) '$$2 != "total" && $$1 > cap' \
+		| sort -rn | { grep . || echo "    none"; }
 
 # The documentation site, warnings as errors (a broken link or reference fails), into site/.
 docs: $(STAMP)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tasklease.outbox import open_outbox
+from tasklease.outbox.db import SQLOutbox
 from tasklease.producer import Producer
 
 
@@ -58,6 +59,7 @@ class SqlCaller(Caller):
 
     def sent_at(self, entry_id: str) -> float | None:
         db = self.reader
+        assert isinstance(db, SQLOutbox)  # A SQL caller's outbox: read back with its SQL.
         with db._transaction() as cursor:
             query = f"SELECT sent_at FROM tasklease_outbox WHERE id = {db._mark()}"
             cursor.execute(query, (entry_id,))

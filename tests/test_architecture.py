@@ -2,17 +2,19 @@
 worker is tested against) imports nothing of the worker, and the shared plumbing belongs to
 neither side, each checked in a fresh interpreter by the modules an import loads; the
 producer, the outbox and the emulator import no worker module even lazily or for types, read
-from their source."""
+from their source; and no two modules of tasklease import each other, however indirectly."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import json
 import pkgutil
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -119,11 +121,19 @@ def test_no_two_public_classes_share_a_name_by_accident() -> None:
 
 def imported_names(module: str, path: Path) -> set[str]:
     """Every module ``module`` imports anywhere in its source: at the top, inside functions,
-    under ``TYPE_CHECKING``; relative imports resolved, and ``from x import y`` as both ``x``
-    and ``x.y`` (``y`` may be a submodule)."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    under ``TYPE_CHECKING``; relative imports resolved, and ``from x import y`` as ``x.y``
+    when ``y`` is a submodule, else as ``x`` (and the module a lazy export ``y`` loads)."""
+    return names_in(ast.parse(path.read_text()), package_of(module, path))
+
+
+def package_of(module: str, path: Path) -> str:
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def names_in(tree: ast.AST, package: str) -> set[str]:
+    """The modules the import statements in ``tree`` name, read in ``package``."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -131,10 +141,20 @@ def imported_names(module: str, path: Path) -> set[str]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parts, base] if base else parts)
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
-            names.update(lazily_from(base, alias.name) for alias in node.names)
+            for alias in node.names:
+                if is_module(f"{base}.{alias.name}"):
+                    names.add(f"{base}.{alias.name}")  # Loading it loads ``base`` anyway.
+                else:
+                    names.update((base, f"{base}.{alias.name}", lazily_from(base, alias.name)))
     return names - {""}
+
+
+def is_module(name: str) -> bool:
+    """Whether ``name`` is a module of the checkout (another project's names may be either)."""
+    if name != "tasklease" and not name.startswith("tasklease."):
+        return False
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def lazily_from(package: str, name: str) -> str:
@@ -178,11 +198,152 @@ def test_the_import_scan_sees_lazy_typing_and_relative_imports(tmp_path: Path) -
     assert "tasklease.worker.serving.app" in found  # Through tasklease's lazy exports.
 
 
-def test_no_module_is_longer_than_500_lines() -> None:
-    """Modules split by concept stay small enough to read in one sitting."""
-    long = {
-        str(path.relative_to(ROOT)): lines
-        for path in sorted((ROOT / "tasklease").rglob("*.py"))
-        if (lines := len(path.read_text().splitlines())) > 500
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` -> the modules of ``package`` it imports, anywhere."""
+    return {module: set(imports) for module, imports in scanned_graph(package).items()}
+
+
+@functools.cache
+def scanned_graph(package: str) -> Mapping[str, frozenset[str]]:
+    found = modules_of(package)
+    return {
+        module: frozenset(imported_names(module, path) & set(found)) - {module}
+        for module, path in found.items()
     }
-    assert long == {}
+
+
+def circles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected parts of two modules or more
+    (Tarjan's algorithm, without recursion), each sorted, in order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            module, pending = work[-1]
+            step = next(pending, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph.get(step, ())))))
+                elif step in on_stack:
+                    low[module] = min(low[module], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[module])
+            if low[module] == index[module]:
+                part = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    part.append(member)
+                    if member == module:
+                        break
+                if len(part) > 1:
+                    found.append(sorted(part))
+    return sorted(found)
+
+
+# Circles still being taken apart on other branches, as (importer, imported): the import
+# that closes each loop. Only in the stores (their capabilities becoming collaborators the
+# store holds) and in delivery/ + runtime/ (the executor's transactional path and on-loop
+# answers being reworked); delete an entry once its circle is gone (a test says when).
+CLOSING_IMPORTS_BEING_REMOVED = {
+    ("tasklease.worker.delivery.transactional_run", "tasklease.worker.delivery.executor"),
+    ("tasklease.worker.runtime.settled_answers", "tasklease.worker.delivery.executor"),
+    ("tasklease.worker.stores.firestore.transactions", "tasklease.worker.stores.firestore.store"),
+    ("tasklease.worker.stores.postgres.transactions", "tasklease.worker.stores.postgres.store"),
+    ("tasklease.worker.stores.spanner.transactions", "tasklease.worker.stores.spanner.store"),
+    ("tasklease.worker.stores.postgres.tally", "tasklease.worker.stores.postgres.options"),
+}
+
+
+def test_no_two_modules_import_each_other_even_lazily_or_for_types() -> None:
+    """An import graph without loops can be read bottom up: each module makes sense with
+    only what it imports in mind. What two modules share goes into a lower module (or a
+    Protocol the higher one satisfies), never a deferred import back."""
+    graph = import_graph("tasklease")
+    for importer, imported in CLOSING_IMPORTS_BEING_REMOVED:
+        graph[importer].discard(imported)
+    assert circles(graph) == []
+
+
+def test_every_allowlisted_import_still_closes_a_circle() -> None:
+    """So the list above shrinks as the circles go, and cannot hide a new one later."""
+    graph = import_graph("tasklease")
+    together = {module: tuple(part) for part in circles(graph) for module in part}
+    stale = {
+        (importer, imported)
+        for importer, imported in CLOSING_IMPORTS_BEING_REMOVED
+        if imported not in graph[importer] or together.get(importer) != together.get(imported)
+    }
+    assert stale == set()
+
+
+def type_only_imports(module: str, path: Path) -> set[str]:
+    """The modules ``module`` imports inside ``if TYPE_CHECKING:`` blocks."""
+    package = package_of(module, path)
+    return {
+        name
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for statement in node.body
+        for name in names_in(statement, package)
+    }
+
+
+def test_no_module_imports_its_own_importer_for_types() -> None:
+    """A type-only import back to the module that imports you is the trace of a split that
+    left its host behind: the shared type belongs below both."""
+    graph = import_graph("tasklease")
+    reachable = {module: reached_from(graph, module) for module in graph}
+    back = sorted(
+        (module, typed)
+        for module, path in modules_of("tasklease").items()
+        for typed in type_only_imports(module, path)
+        if typed in graph and typed != module and module in reachable[typed]
+        if (module, typed) not in CLOSING_IMPORTS_BEING_REMOVED
+    )
+    assert back == []
+
+
+def reached_from(graph: Mapping[str, Iterable[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = list(graph.get(start, ()))
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    return seen
+
+
+def test_the_circle_finder_sees_a_loop_of_three_and_leaves_a_chain_alone() -> None:
+    loop = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(loop) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert reached_from(loop, "d") == {"a", "b", "c"}
+
+
+def test_the_type_only_scan_reads_typing_blocks_alone(tmp_path: Path) -> None:
+    source = tmp_path / "handles.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from tasklease.worker.core.identity import Kind\n"
+        "if TYPE_CHECKING:\n    from .router import Router\n"
+    )
+    found = type_only_imports("tasklease.worker.handlers.handles", source)
+    assert "tasklease.worker.handlers.router" in found
+    assert "tasklease.worker.core.identity" not in found

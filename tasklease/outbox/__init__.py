@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 from tasklease.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from tasklease.outbox.adapters import NotInTransaction
     from tasklease.outbox.db import OutboxDB, Status, open_outbox
     from tasklease.outbox.ddl import script
+    from tasklease.outbox.errors import NotInTransaction
     from tasklease.outbox.relay import Relay
     from tasklease.outbox.sweeper import SWEEP_JOB, RelayThread, register, relay_producer
 
 _EXPORTS: dict[str, str] = {
-    "NotInTransaction": "tasklease.outbox.adapters",
+    "NotInTransaction": "tasklease.outbox.errors",
     "OutboxDB": "tasklease.outbox.db",
     "Status": "tasklease.outbox.db",
     "open_outbox": "tasklease.outbox.db",

@@ -17,9 +17,9 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tasklease.errors import TaskleaseError
 from tasklease.outbox import wake
 from tasklease.outbox.entries import CHANNEL, COLUMNS, TABLE, Entry
+from tasklease.outbox.errors import NotInTransaction
 
 SUPPORTED = (
     "sqlite3.Connection (in a transaction), psycopg.Connection (not autocommit), "
@@ -27,11 +27,6 @@ SUPPORTED = (
     "google.cloud.firestore Transaction (in @firestore.transactional), "
     "google.cloud.spanner_v1 Transaction (in database.run_in_transaction)"
 )
-
-
-class NotInTransaction(TaskleaseError, ValueError):
-    """The transaction object given would commit the entry on its own (autocommit), or is no
-    transaction in progress. A ValueError too, as it was before it joined tasklease's tree."""
 
 
 # A transactional handler's ``ctx.transaction`` on the SQL stores: the driver's connection,

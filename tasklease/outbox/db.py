@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tasklease.errors import ConfigurationError
-from tasklease.outbox import ddl, wake
+from tasklease.outbox import ddl
+from tasklease.outbox.base import Failed, OutboxDB, Status
 from tasklease.outbox.entries import (
     CHANNEL,
     FAILED,
@@ -37,38 +36,25 @@ from tasklease.plumbing import private_files
 from tasklease.plumbing.postgres_names import checked_schema
 from tasklease.plumbing.url_secrets import scrubbed, shown_url, split_options
 
+# The relay's interface is in tasklease.outbox.base; importable from here as it always was.
+__all__ = [
+    "Failed",
+    "OutboxDB",
+    "PostgresOutbox",
+    "SQLOutbox",
+    "SQLiteOutbox",
+    "Status",
+    "open_outbox",
+]
+
 _SELECT_DUE = (
     f"SELECT * FROM {TABLE} WHERE state = '{PENDING}' AND next_attempt_at <= {{p}} "
     "ORDER BY created_at LIMIT {p}"
 )
 
 
-@dataclass(frozen=True)
-class Failed:
-    """An entry Cloud Tasks refused for good, and why."""
-
-    id: str
-    task_name: str
-    attempts: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class Status:
-    """``tasklease outbox status``: what waits, for how long, and what failed."""
-
-    depth: int  # Pending entries.
-    oldest_age: float  # Seconds since the oldest pending entry was staged (0: none).
-    sent: int
-    failed: list[Failed]
-    retrying: int  # Pending entries that have failed at least once (backing off).
-    failed_total: int = 0  # Failed entries, all of them (``failed`` lists the oldest).
-
-
-class OutboxDB(ABC):
-    """One relay's connection; not shared between threads."""
-
-    dialect: str
+class SQLOutbox(OutboxDB):
+    """The outbox in a SQL table, through a DB-API driver (SQLite, Postgres)."""
 
     @abstractmethod
     def _transaction(self, immediate: bool = False) -> Any: ...
@@ -76,24 +62,6 @@ class OutboxDB(ABC):
     @abstractmethod
     def _mark(self) -> str:
         """The placeholder of this driver."""
-
-    @abstractmethod
-    def close(self) -> None: ...
-
-    _woken: threading.Event | None = None
-
-    def wait(self, timeout: float) -> bool:
-        """Block until new entries may be there (at most ``timeout`` s); True when told so
-        (an in-process commit, :mod:`tasklease.outbox.wake`)."""
-        if self._woken is None:
-            self._woken = wake.waiter()
-        fired = self._woken.wait(timeout)
-        self._woken.clear()
-        return fired
-
-    def _forget(self) -> None:
-        if self._woken is not None:
-            wake.forget(self._woken)
 
     def migrate(self) -> None:
         with self._transaction() as cursor:
@@ -110,9 +78,6 @@ class OutboxDB(ABC):
         return True
 
     def claim(self, limit: int, now: float, lease: float) -> list[Entry | Undecodable]:
-        """Up to ``limit`` due pending entries, oldest first, claimed until ``now + lease``;
-        a row that cannot be read back as an entry is marked failed in the same transaction
-        (and returned as :class:`Undecodable`), never left to stall every later claim."""
         p = self._mark()
         with self._transaction(immediate=True) as cursor:
             cursor.execute(_SELECT_DUE.format(p=p) + self._skip_locked(), (now, limit))
@@ -134,7 +99,6 @@ class OutboxDB(ABC):
         return claimed
 
     def mark_sent(self, ids: Sequence[str], now: float) -> None:
-        """Only for entries whose task Cloud Tasks created (or already had)."""
         p = self._mark()
         with self._transaction() as cursor:
             cursor.executemany(
@@ -229,7 +193,7 @@ def _mapping(cursor: Any, row: Any) -> dict[str, Any]:
     return {column[0]: value for column, value in zip(cursor.description, row, strict=True)}
 
 
-class SQLiteOutbox(OutboxDB):
+class SQLiteOutbox(SQLOutbox):
     dialect = "sqlite"
 
     def __init__(self, path: str, timeout: float = 10.0) -> None:
@@ -268,7 +232,7 @@ class SQLiteOutbox(OutboxDB):
         self._conn.close()
 
 
-class PostgresOutbox(OutboxDB):
+class PostgresOutbox(SQLOutbox):
     dialect = "postgresql"
 
     def __init__(self, url: str) -> None:

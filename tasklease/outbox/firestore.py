@@ -25,8 +25,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from tasklease.outbox.adapters import NotInTransaction
 from tasklease.outbox.entries import PENDING, TABLE, Entry
+from tasklease.outbox.errors import NotInTransaction
 
 COLLECTION = TABLE
 _CHUNK = 500  # Writes per commit (Firestore's limit).

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tasklease.outbox.db import Failed, OutboxDB, Status
+from tasklease.outbox.base import Failed, OutboxDB, Status
 from tasklease.outbox.entries import FAILED, PENDING, SENT, Entry, Undecodable, decode
 from tasklease.outbox.firestore import _CHUNK, COLLECTION, doc_id
 from tasklease.plumbing.url_secrets import shown_url
@@ -46,12 +46,6 @@ class FirestoreOutbox(OutboxDB):
         if unknown := set(options) - _OPTIONS:
             raise ValueError(f"outbox URL {shown_url(url)!r}: unknown options {sorted(unknown)}")
         return cls(**options)
-
-    def _mark(self) -> str:
-        raise TypeError("the Firestore outbox has no SQL")
-
-    def _transaction(self, immediate: bool = False) -> Any:
-        raise TypeError("the Firestore outbox has no SQL")
 
     def wait(self, timeout: float) -> bool:
         """Firestore's fast path: a listener on the newest pending entry wakes the relay when

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tasklease.outbox import metrics
-from tasklease.outbox.db import OutboxDB
+from tasklease.outbox.base import OutboxDB
 from tasklease.outbox.destinations import Destinations, for_producer
 from tasklease.outbox.entries import Entry, Undecodable
 from tasklease.producer.attempts import failed_result

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tasklease.outbox import wake
-from tasklease.outbox.adapters import NotInTransaction
 from tasklease.outbox.entries import COLUMNS, PENDING, TABLE, Entry
+from tasklease.outbox.errors import NotInTransaction
 
 WRITE_COLUMNS = (*COLUMNS, "state", "attempts")
 KEEP_SENT_DAYS = 7  # As the sweeper's ``keep_sent`` default.

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tasklease.outbox import spanner as staging
-from tasklease.outbox.db import Failed, OutboxDB, Status
+from tasklease.outbox.base import Failed, OutboxDB, Status
 from tasklease.outbox.entries import FAILED, PENDING, SENT, TABLE, Entry, Undecodable, decode
 from tasklease.plumbing.url_secrets import shown_url
 
@@ -60,12 +60,6 @@ class SpannerOutbox(OutboxDB):
         if parts.query:
             raise ValueError(f"outbox URL {shown_url(url)!r}: a Spanner outbox takes no options")
         return cls(database_of(url))
-
-    def _mark(self) -> str:
-        raise TypeError("the Spanner outbox runs its own statements")
-
-    def _transaction(self, immediate: bool = False) -> Any:
-        raise TypeError("the Spanner outbox runs its own statements")
 
     def close(self) -> None:
         self._forget()

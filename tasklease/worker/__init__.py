@@ -36,9 +36,9 @@ if TYPE_CHECKING:
         OidcAuth,
     )
     from tasklease.worker.handlers.context import TaskContext
-    from tasklease.worker.handlers.declared_jobs import JobRetry
     from tasklease.worker.handlers.options import HandlerOptions, JobOptions
-    from tasklease.worker.handlers.router import HandlerSpec, Router
+    from tasklease.worker.handlers.router import Router
+    from tasklease.worker.handlers.spec import HandlerSpec, JobRetry
     from tasklease.worker.serving.app import create_app
     from tasklease.worker.serving.options import WorkerOptions
 
@@ -61,8 +61,8 @@ _EXPORTS: dict[str, str] = {
     "RunRecord": "tasklease.worker.core.records",
     "RunStatus": "tasklease.worker.core.records",
     "StepError": "tasklease.worker.core.steps",
-    "HandlerSpec": "tasklease.worker.handlers.router",
-    "JobRetry": "tasklease.worker.handlers.declared_jobs",
+    "HandlerSpec": "tasklease.worker.handlers.spec",
+    "JobRetry": "tasklease.worker.handlers.spec",
     "HandlerOptions": "tasklease.worker.handlers.options",
     "JobOptions": "tasklease.worker.handlers.options",
     "Router": "tasklease.worker.handlers.router",

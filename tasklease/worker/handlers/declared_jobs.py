@@ -9,41 +9,17 @@ states the precedence).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tasklease import jobs
 from tasklease.errors import ConfigurationError
 from tasklease.worker.core.identity import Kind
+from tasklease.worker.handlers.spec import HandlerSpec, JobRetry
 
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-
-    from tasklease.worker.handlers.router import HandlerSpec
-
-
-@dataclass(frozen=True)
-class JobRetry:
-    """A scheduled job's retry config (Cloud Scheduler's RetryConfig), with its defaults: no
-    retry; backoff from 5 s, doubling 5 times, up to 1 h; no limit on the retries' duration.
-    ``retry_count`` is 0 to 5 (Google's limit); the durations are not negative."""
-
-    retry_count: int = 0
-    max_retry_duration: timedelta = timedelta(0)
-    min_backoff_duration: timedelta = timedelta(seconds=5)
-    max_backoff_duration: timedelta = timedelta(hours=1)
-    max_doublings: int = 5
-
-    def as_retry(self) -> jobs.Retry:
-        """The ``[job.retry]`` table's form (seconds)."""
-        return jobs.Retry(
-            retry_count=self.retry_count,
-            max_retry_duration=self.max_retry_duration.total_seconds(),
-            min_backoff=self.min_backoff_duration.total_seconds(),
-            max_backoff=self.max_backoff_duration.total_seconds(),
-            max_doublings=self.max_doublings,
-        )
+# JobRetry is defined with the handler's other options; importable from here as it was.
+__all__ = ["JobRetry", "check_schedule", "declared_job", "declared_jobs", "router_jobs"]
 
 
 # The TOML name of each JobRetry field, for messages in the code's own terms.

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, cast
 
 from tasklease.errors import ConfigurationError
 from tasklease.worker.core.identity import Kind
+from tasklease.worker.handlers.spec import HandlerSpec
 
 if TYPE_CHECKING:
     from tasklease.producer.async_producer import AsyncProducer
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from tasklease.producer.producer import Producer, RunContext
     from tasklease.producer.results import EnqueueResult
     from tasklease.worker.handlers.context import TaskContext
-    from tasklease.worker.handlers.router import HandlerSpec, Router
 
 PayloadT = TypeVar("PayloadT")
 ResultT = TypeVar("ResultT")
@@ -37,6 +37,15 @@ SIGNATURES = {Kind.TASK: "(payload, ctx)", Kind.SCHEDULER: "(ctx)"}
 _ARITY = {Kind.TASK: 2, Kind.SCHEDULER: 1}
 
 
+class Producers(Protocol):
+    """What a handle asks of the router that made it: the producers that enqueue by
+    reference goes through (a :class:`~tasklease.worker.handlers.router.Router`)."""
+
+    def producer(self) -> Producer: ...
+
+    def async_producer(self) -> AsyncProducer: ...
+
+
 class _Handle:
     """The parts both kinds share: the route, and calls passed to the function."""
 
@@ -44,7 +53,7 @@ class _Handle:
     __name__: str
     __wrapped__: Callable[..., Any]
 
-    def __init__(self, router: Router, spec: HandlerSpec) -> None:
+    def __init__(self, router: Producers, spec: HandlerSpec) -> None:
         functools.update_wrapper(cast(Any, self), spec.function)  # __name__, __doc__, ...
         self.router = router
         self.spec = spec

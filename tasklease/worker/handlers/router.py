@@ -5,17 +5,15 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, Unpack, get_args
+from typing import TYPE_CHECKING, Any, Unpack, get_args
 
-from tasklease import protocol
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.keywords import refuse_unknown_options
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.handlers.async_producers import AsyncProducers, no_producer
-from tasklease.worker.handlers.declared_jobs import JobRetry, check_schedule
+from tasklease.worker.handlers.declared_jobs import check_schedule
 from tasklease.worker.handlers.handles import (
     JobDecorator,
     JobHandler,
@@ -25,54 +23,18 @@ from tasklease.worker.handlers.handles import (
     unwrapped,
 )
 from tasklease.worker.handlers.options import HandlerOptions, JobOptions
+from tasklease.worker.handlers.spec import ConcurrencyKey, HandlerSpec, JobRetry, OnOverlap
 
 if TYPE_CHECKING:
     from tasklease.producer.async_producer import AsyncProducer
     from tasklease.producer.producer import Producer
     from tasklease.worker.targets import ProxyTarget
 
+# HandlerSpec is defined below the router (tasklease.worker.handlers.spec), and read from
+# here as it always was: the router records one per handler.
+__all__ = ["HandlerSpec", "Router"]
+
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,100}", re.ASCII)
-
-OnOverlap = Literal["skip", "retry"]
-ConcurrencyKey = Callable[[Any], Any]
-
-
-@dataclass(frozen=True)
-class HandlerSpec:
-    """One registered handler and its options."""
-
-    kind: Kind
-    name: str
-    function: Callable[..., Any]
-    lease: timedelta = c.DEFAULT_LEASE
-    retention: timedelta = c.DEFAULT_RETENTION
-    max_attempts: int | None = None
-    allowed_service_accounts: tuple[str, ...] | None = None
-    audience: str | None = None
-    manual_run_margin: timedelta = c.DEFAULT_MANUAL_RUN_MARGIN
-    exclusive: bool = False
-    max_runtime: timedelta | None = None
-    min_gap: timedelta = timedelta(0)
-    on_overlap: OnOverlap = "skip"
-    concurrency_key: ConcurrencyKey | None = None
-    queue: str | None = None  # Where enqueue by reference sends it, unless the call says.
-    # The Cloud Scheduler job of a scheduled handler, declared in code (see declared_jobs).
-    schedule: str | None = None
-    time_zone: str | None = None
-    retry: JobRetry | None = None
-    description: str = ""
-    attempt_deadline: timedelta | None = None
-    transactional: bool = False  # Runs inside the store's transaction with its completion.
-
-    @property
-    def path(self) -> str:
-        """The URL path Cloud Tasks or Cloud Scheduler must POST to."""
-        prefix = (
-            protocol.TASK_ROUTE_PREFIX
-            if self.kind is Kind.TASK
-            else protocol.SCHEDULER_ROUTE_PREFIX
-        )
-        return prefix + self.name
 
 
 class Router:

@@ -15,7 +15,7 @@ import asyncio
 import inspect
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tasklease.errors import LeaseLost, StoreUnavailable
 from tasklease.worker.core import steps as rules
@@ -29,13 +29,27 @@ from tasklease.worker.stores.base.transactional import (
 )
 
 if TYPE_CHECKING:
-    from tasklease.worker.handlers.steps import StepRunner
+    from tasklease.worker.delivery.attempt import Attempt
+    from tasklease.worker.stores.base.store import LeaseStore
 
-__all__ = ["run_transactional_step"]
+__all__ = ["AttemptSteps", "run_transactional_step"]
+
+
+class AttemptSteps(Protocol):
+    """What a transactional step reads and counts of its attempt's steps: a
+    :class:`~tasklease.worker.handlers.steps.StepRunner`, which calls it."""
+
+    run_id: str
+    attempt: Attempt | None
+    store: LeaseStore | None
+    clock: Callable[[], datetime] | None
+    recorded: dict[str, StepRecord]
+    ran: int
+    transaction_tries: int
 
 
 def run_transactional_step(
-    runner: StepRunner,
+    runner: AttemptSteps,
     name: str,
     fn: Callable[..., Any],
     args: tuple[Any, ...],

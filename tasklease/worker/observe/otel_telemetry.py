@@ -30,7 +30,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tasklease.worker.core.outcome import Outcome
-from tasklease.worker.observe.telemetry import (
+from tasklease.worker.observe.delivery_trace import (
     CLOUD_TRACE_HEADER,
     INSTRUMENTATION,
     DeliveryTrace,
@@ -160,7 +160,7 @@ class OtelDeliveryTrace(DeliveryTrace):
     __slots__ = ("_recording", "_start_ns", "_token", "metering", "span")
 
     def __init__(self, header: HeaderLookup, kind: str, label: str) -> None:
-        super().__init__(header, kind, label)
+        super().__init__(header, kind, label, span_context=incoming_context)
         self.metering = _metering()
         self._recording = False
         self._token: Token[otel_context.Context] | None = None
