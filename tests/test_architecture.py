@@ -260,12 +260,7 @@ def circles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
 # store holds) and in delivery/ + runtime/ (the executor's transactional path and on-loop
 # answers being reworked); delete an entry once its circle is gone (a test says when).
 CLOSING_IMPORTS_BEING_REMOVED = {
-    ("tasklease.worker.delivery.transactional_run", "tasklease.worker.delivery.executor"),
-    ("tasklease.worker.runtime.settled_answers", "tasklease.worker.delivery.executor"),
-    ("tasklease.worker.stores.firestore.transactions", "tasklease.worker.stores.firestore.store"),
-    ("tasklease.worker.stores.postgres.transactions", "tasklease.worker.stores.postgres.store"),
     ("tasklease.worker.stores.spanner.transactions", "tasklease.worker.stores.spanner.store"),
-    ("tasklease.worker.stores.postgres.tally", "tasklease.worker.stores.postgres.options"),
 }
 
 
