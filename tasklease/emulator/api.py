@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from google.cloud import tasks_v2
+
 from tasklease.emulator import locations, model
 from tasklease.emulator.db import EmulatorDB
 from tasklease.emulator.dispatcher import Dispatcher
@@ -45,6 +47,7 @@ QUEUE_TOO_RECENT = (
 # Output-only Queue fields: ignored on create and update, as the real service does.
 _QUEUE_OUTPUT_ONLY = ("state", "purgeTime", "stats")
 _QUEUE_FIXED = ("name", *_QUEUE_OUTPUT_ONLY)  # What an UpdateQueue's mask cannot change.
+_QUEUE_MESSAGE = tasks_v2.Queue.pb().DESCRIPTOR  # The fields a mask may name.
 _QUEUE_FILTERS = {"state: PAUSED": "PAUSED", "state: RUNNING": "RUNNING"}
 
 
@@ -116,7 +119,7 @@ class CloudTasksApi:
         """UpdateQueue, which creates the queue when it does not exist (Cloud Tasks v2)."""
         if body.get("name", name) != name:
             raise ApiError(400, "queue.name cannot be changed")
-        fields = UpdateMask(mask, body, fixed=_QUEUE_FIXED)
+        fields = UpdateMask(mask, body, message=_QUEUE_MESSAGE, fixed=_QUEUE_FIXED)
         current = self.db.get_queue(name)
         if current is None:
             config = model.merge_queue(model.parse_queue(name, {}), fields)

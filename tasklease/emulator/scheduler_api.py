@@ -116,7 +116,7 @@ class SchedulerApi:
     def update_job(self, name: str, body: dict[str, Any], mask: str | None) -> dict[str, Any]:
         if body.get("name", name) != name:
             raise ApiError(400, "job.name cannot be changed")
-        fields = UpdateMask(mask, body, fixed=_FIXED, maps=_MAPS)
+        fields = UpdateMask(mask, body, message=_JOB.DESCRIPTOR, fixed=_FIXED, maps=_MAPS)
 
         def update(current: dict[str, Any]) -> dict[str, Any]:
             merged = fields.apply({k: v for k, v in current.items() if k not in _OUTPUT_ONLY})
