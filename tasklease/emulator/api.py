@@ -13,14 +13,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from google.cloud import tasks_v2
+
 from tasklease.emulator import locations, model
 from tasklease.emulator.db import EmulatorDB
 from tasklease.emulator.dispatcher import Dispatcher
+from tasklease.emulator.field_masks import UpdateMask
 from tasklease.emulator.model import ApiError
 from tasklease.emulator.oidc import TokenIssuer
 from tasklease.emulator.rows import TaskRow
 
-CERTS_PATH = "/oauth2/v1/certs"  # The emulator's OIDC keys (served by emulator.rest).
 CERTS_PATH = "/oauth2/v1/certs"  # The emulator's OIDC keys (served by emulator.rest).
 # ListQueues and ListTasks: "If unspecified, the page size will be the maximum" (v2 docs);
 # a larger size is coerced to the maximum (AIP-158), a negative one is INVALID_ARGUMENT.
@@ -44,6 +46,8 @@ QUEUE_TOO_RECENT = (
 )
 # Output-only Queue fields: ignored on create and update, as the real service does.
 _QUEUE_OUTPUT_ONLY = ("state", "purgeTime", "stats")
+_QUEUE_FIXED = ("name", *_QUEUE_OUTPUT_ONLY)  # What an UpdateQueue's mask cannot change.
+_QUEUE_MESSAGE = tasks_v2.Queue.pb().DESCRIPTOR  # The fields a mask may name.
 _QUEUE_FILTERS = {"state: PAUSED": "PAUSED", "state: RUNNING": "RUNNING"}
 
 
@@ -115,19 +119,15 @@ class CloudTasksApi:
         """UpdateQueue, which creates the queue when it does not exist (Cloud Tasks v2)."""
         if body.get("name", name) != name:
             raise ApiError(400, "queue.name cannot be changed")
+        fields = UpdateMask(mask, body, message=_QUEUE_MESSAGE, fixed=_QUEUE_FIXED)
         current = self.db.get_queue(name)
         if current is None:
-            settings = {k: v for k, v in body.items() if k not in _QUEUE_OUTPUT_ONLY}
-            config = model.merge_queue(model.parse_queue(name, {}), settings, mask)
+            config = model.merge_queue(model.parse_queue(name, {}), fields)
             config = {k: v for k, v in config.items() if k not in _QUEUE_OUTPUT_ONLY}
             return self.create_queue(name.rsplit("/queues/", 1)[0], config)
-        if mask:
-            kept = [p for p in mask.split(",") if model.camel(p.strip()) not in _QUEUE_OUTPUT_ONLY]
-            mask = ",".join(kept) or None
-            if mask is None:
-                return current
-        body = {k: v for k, v in body.items() if k not in _QUEUE_OUTPUT_ONLY}
-        config = model.merge_queue(current, body, mask)
+        if fields.changes_nothing:
+            return current
+        config = model.merge_queue(current, fields)
         config["state"] = current["state"]
         if "purgeTime" in current:
             config["purgeTime"] = current["purgeTime"]

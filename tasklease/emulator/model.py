@@ -13,6 +13,7 @@ from google.protobuf import duration_pb2, json_format
 
 from tasklease.emulator import http_rules
 from tasklease.emulator.errors import ApiError as ApiError  # noqa: PLC0414 - re-exported
+from tasklease.emulator.field_masks import UpdateMask
 from tasklease.emulator.policy import RetrySettings
 
 # docs/platform-facts.md: queue IDs letters, digits, hyphens, <= 100; task IDs add
@@ -120,25 +121,9 @@ def truncated(text: str, unit_ns: int) -> str:
     return str(value.ToJsonString())
 
 
-def merge_queue(
-    current: dict[str, Any], update: dict[str, Any], mask: str | None
-) -> dict[str, Any]:
-    """Apply an UpdateQueue: the fields in ``mask`` (camelCase or snake_case paths), or every
-    field present in ``update`` when there is no mask."""
-    merged = json.loads(json.dumps(current))
-    paths = [p.strip() for p in mask.split(",") if p.strip()] if mask else _leaf_paths(update)
-    for path in paths:
-        keys = [camel(part) for part in path.split(".")]
-        source: Any = update
-        for key in keys:
-            source = source.get(key) if isinstance(source, dict) else None
-        target = merged
-        for key in keys[:-1]:
-            target = target.setdefault(key, {})
-        if source is None:
-            target.pop(keys[-1], None)
-        else:
-            target[keys[-1]] = source
+def merge_queue(current: dict[str, Any], fields: UpdateMask) -> dict[str, Any]:
+    """Apply an UpdateQueue's ``fields`` to the ``current`` queue, validated again."""
+    merged = fields.apply(current)
     return parse_queue(current["name"], {k: v for k, v in merged.items() if k != "name"})
 
 
@@ -300,18 +285,3 @@ def _to_dict(message: Any) -> dict[str, Any]:
     )
     result: dict[str, Any] = json.loads(text)
     return result
-
-
-def _leaf_paths(update: dict[str, Any], prefix: str = "") -> list[str]:
-    paths: list[str] = []
-    for key, value in update.items():
-        if key == "name":
-            continue
-        path = f"{prefix}{key}"
-        paths.extend(_leaf_paths(value, path + ".") if isinstance(value, dict) else [path])
-    return paths
-
-
-def camel(part: str) -> str:
-    head, *rest = part.split("_")
-    return head + "".join(word.title() for word in rest)

@@ -11,9 +11,6 @@ Google's JSON error shape.
 
 from __future__ import annotations
 
-import json
-import logging
-import re
 from typing import Any
 
 import flask
@@ -23,22 +20,20 @@ from tasklease.emulator.api import CERTS_PATH, CloudTasksApi
 from tasklease.emulator.batch import BatchApi
 from tasklease.emulator.model import ApiError
 from tasklease.emulator.oidc import TokenIssuer
+from tasklease.emulator.rest_routes import Answer, RestCall, RestRoutes
 from tasklease.emulator.scheduler_api import SchedulerApi
 
-_log = logging.getLogger("tasklease.emulator")
 # Lets the worker cache the keys. Short: a new data dir on the same port means a new key.
 CERTS_MAX_AGE_SECONDS = 300
-_LOCATIONS = re.compile(r"projects/[^/]+/locations")
-_LOCATION = re.compile(r"projects/[^/]+/locations/[^/]+")
-_QUEUE = re.compile(r"projects/[^/]+/locations/[^/]+/queues/[^/:]+")
-_QUEUE_VERBS = frozenset({"pause", "resume", "purge"})
-_IAM_VERBS = {
-    "getIamPolicy": "get_iam_policy",
-    "setIamPolicy": "set_iam_policy",
-    "testIamPermissions": "test_iam_permissions",
-}
-_OPERATION = re.compile(r"projects/[^/]+/locations/[^/]+/operations/[^/:]+")
-_JOB = re.compile(r"projects/[^/]+/locations/[^/]+/jobs/[^/:]+")
+_LOCATIONS = "projects/*/locations"
+_LOCATION = "projects/*/locations/*"
+_QUEUES = "projects/*/locations/*/queues"
+_QUEUE = "projects/*/locations/*/queues/*"
+_TASKS = "projects/*/locations/*/queues/*/tasks"
+_TASK = "projects/*/locations/*/queues/*/tasks/*"
+_OPERATION = "projects/*/locations/*/operations/*"
+_JOBS = "projects/*/locations/*/jobs"
+_JOB = "projects/*/locations/*/jobs/*"
 
 
 def create_app(
@@ -48,10 +43,10 @@ def create_app(
     operations included), ``/v1/...`` (Cloud Scheduler), the OIDC keys and a health check."""
     app = flask.Flask("tasklease-emulator")
     methods = ["GET", "POST", "PATCH", "DELETE"]
-    tasks = _RestRoutes(api, batch)
-    app.add_url_rule("/v2/<path:resource>", "api", tasks.route, methods=methods)
-    jobs = _SchedulerRoutes(scheduler)
-    app.add_url_rule("/v1/<path:resource>", "scheduler_api", jobs.route, methods=methods)
+    tasks = tasks_routes(api, batch)
+    app.add_url_rule("/v2/<path:resource>", "api", tasks.view, methods=methods)
+    jobs = scheduler_routes(scheduler)
+    app.add_url_rule("/v1/<path:resource>", "scheduler_api", jobs.view, methods=methods)
 
     def certs() -> flask.Response:
         response = flask.jsonify(issuer.certs())
@@ -67,141 +62,80 @@ def create_app(
     return app
 
 
-def json_response(status: int, body: dict[str, Any]) -> flask.Response:
-    return flask.Response(json.dumps(body), status=status, content_type="application/json")
+def tasks_routes(api: CloudTasksApi, batch: BatchApi) -> RestRoutes:
+    """Cloud Tasks v2's REST routes (BatchCreateTasks and its operations included)."""
+    routes = RestRoutes()
+    routes.add("GET", _LOCATIONS, lambda c: api.list_locations(c.segments[1]))
+    routes.add("GET", _LOCATION, lambda c: api.get_location(c.segments[1], c.segments[3]))
+    routes.add("GET", _OPERATION, lambda c: batch.get_operation(c.resource))
+    routes.add("POST", _QUEUES, lambda c: api.create_queue(c.parent, c.body()))
+    routes.add(
+        "GET",
+        _QUEUES,
+        lambda c: api.list_queues(
+            c.parent, c.int_arg("pageSize"), c.arg("pageToken"), c.arg("filter")
+        ),
+    )
+    for verb in ("pause", "resume", "purge"):
+        routes.add("POST", _QUEUE, _change_queue(api, verb), verb=verb)
+    routes.add("POST", _QUEUE, lambda c: api.get_iam_policy(c.resource), verb="getIamPolicy")
+    routes.add(
+        "POST", _QUEUE, lambda c: api.set_iam_policy(c.resource, c.body()), verb="setIamPolicy"
+    )
+    routes.add(
+        "POST",
+        _QUEUE,
+        lambda c: api.test_iam_permissions(c.resource, c.body()),
+        verb="testIamPermissions",
+    )
+    routes.add("GET", _QUEUE, lambda c: api.get_queue(c.resource))
+    routes.add("PATCH", _QUEUE, lambda c: api.update_queue(c.resource, c.body(), c.update_mask))
+    routes.add("DELETE", _QUEUE, lambda c: api.delete_queue(c.resource))
+    routes.add("POST", _TASKS, lambda c: api.create_task(c.parent, c.body()))
+    routes.add(
+        "POST", _TASKS, lambda c: batch.batch_create_tasks(c.parent, c.body()), verb="batchCreate"
+    )
+    routes.add(
+        "GET",
+        _TASKS,
+        lambda c: api.list_tasks(c.parent, c.int_arg("pageSize"), c.arg("pageToken"), _view(c)),
+    )
+    routes.add(
+        "POST",
+        _TASK,
+        lambda c: api.run_task(c.resource, c.body().get("responseView") or "BASIC"),
+        verb="run",
+    )
+    routes.add("GET", _TASK, lambda c: api.get_task(c.resource, _view(c)))
+    routes.add("DELETE", _TASK, lambda c: api.delete_task(c.resource))
+    return routes
 
 
-def json_body() -> dict[str, Any]:
-    """The request's JSON object ({} when empty); INVALID_ARGUMENT otherwise."""
-    if not flask.request.data:
-        return {}
-    try:
-        body = json.loads(flask.request.data)
-    except ValueError as exc:
-        raise ApiError(400, f"request body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    return body
+def scheduler_routes(api: SchedulerApi) -> RestRoutes:
+    """Cloud Scheduler v1's REST routes."""
+    routes = RestRoutes()
+    routes.add("GET", _LOCATIONS, lambda c: api.list_locations(c.segments[1]))
+    routes.add("GET", _LOCATION, lambda c: _get_location(c.segments[1], c.segments[3]))
+    routes.add("POST", _JOBS, lambda c: api.create_job(c.parent, c.body()))
+    routes.add(
+        "GET", _JOBS, lambda c: api.list_jobs(c.parent, c.int_arg("pageSize"), c.arg("pageToken"))
+    )
+    routes.add("POST", _JOB, lambda c: api.pause_job(c.resource), verb="pause")
+    routes.add("POST", _JOB, lambda c: api.resume_job(c.resource), verb="resume")
+    routes.add("POST", _JOB, lambda c: api.run_job(c.resource), verb="run")
+    routes.add("GET", _JOB, lambda c: api.get_job(c.resource))
+    routes.add("PATCH", _JOB, lambda c: api.update_job(c.resource, c.body(), c.update_mask))
+    routes.add("DELETE", _JOB, lambda c: api.delete_job(c.resource))
+    return routes
+
+
+def _change_queue(api: CloudTasksApi, verb: str) -> Answer:
+    """PauseQueue, ResumeQueue or PurgeQueue."""
+    return lambda c: api.change_queue(c.resource, verb)
 
 
 def _app_engine_app(project: str) -> dict[str, Any]:
     return {"name": f"apps/{project}", "id": project, "locationId": "us-central"}
-
-
-class _RestRoutes:
-    def __init__(self, api: CloudTasksApi, batch: BatchApi) -> None:
-        self.api = api
-        self.batch = batch
-
-    def route(self, resource: str) -> flask.Response:
-        try:
-            status, body = self._dispatch(flask.request.method, resource)
-        except ApiError as exc:
-            status, body = exc.code, exc.body()
-        except Exception as exc:  # Google's JSON error shape even for the emulator's own bugs.
-            _log.exception("%s %s failed", flask.request.method, resource)
-            error = ApiError(500, f"internal error: {type(exc).__name__}", "INTERNAL")
-            status, body = error.code, error.body()
-        return json_response(status, body)
-
-    def _dispatch(self, method: str, resource: str) -> tuple[int, dict[str, Any]]:
-        resource, _, verb = resource.partition(":")
-        parts = resource.split("/")
-        args = flask.request.args
-        api = self.api
-        reading = method == "GET" and not verb
-        if reading and _LOCATIONS.fullmatch(resource):
-            return 200, api.list_locations(parts[1])
-        if reading and len(parts) == 4 and _LOCATION.fullmatch(resource):
-            return 200, api.get_location(parts[1], parts[3])
-        if reading and len(parts) == 6 and _OPERATION.fullmatch(resource):
-            return 200, self.batch.get_operation(resource)
-        if len(parts) == 5 and parts[4] == "queues" and _LOCATION.fullmatch("/".join(parts[:4])):
-            parent = "/".join(parts[:4])
-            if method == "POST" and not verb:
-                return 200, api.create_queue(parent, json_body())
-            if method == "GET" and not verb:
-                return 200, api.list_queues(
-                    parent,
-                    _int_arg("pageSize"),
-                    args.get("pageToken", ""),
-                    args.get("filter", ""),
-                )
-        if len(parts) == 6 and _QUEUE.fullmatch(resource):
-            if verb:
-                if method == "POST" and verb in _QUEUE_VERBS:
-                    return 200, api.change_queue(resource, verb)
-                if method == "POST" and verb == "getIamPolicy":
-                    return 200, api.get_iam_policy(resource)
-                if method == "POST" and verb in _IAM_VERBS:
-                    return 200, getattr(api, _IAM_VERBS[verb])(resource, json_body())
-            elif method == "GET":
-                return 200, api.get_queue(resource)
-            elif method == "PATCH":
-                return 200, api.update_queue(resource, json_body(), args.get("updateMask"))
-            elif method == "DELETE":
-                return 200, api.delete_queue(resource)
-        if len(parts) == 7 and parts[6] == "tasks" and _QUEUE.fullmatch("/".join(parts[:6])):
-            queue = "/".join(parts[:6])
-            if method == "POST" and not verb:
-                return 200, api.create_task(queue, json_body())
-            if method == "POST" and verb == "batchCreate":
-                return 200, self.batch.batch_create_tasks(queue, json_body())
-            if method == "GET" and not verb:
-                return 200, api.list_tasks(
-                    queue, _int_arg("pageSize"), args.get("pageToken", ""), _view()
-                )
-        if len(parts) == 8 and parts[6] == "tasks" and _QUEUE.fullmatch("/".join(parts[:6])):
-            if verb == "run" and method == "POST":
-                return 200, api.run_task(resource, json_body().get("responseView") or "BASIC")
-            if not verb and method == "GET":
-                return 200, api.get_task(resource, _view())
-            if not verb and method == "DELETE":
-                return 200, api.delete_task(resource)
-        raise ApiError(404, f"no method {method} {resource}{':' + verb if verb else ''}")
-
-
-class _SchedulerRoutes:
-    def __init__(self, api: SchedulerApi) -> None:
-        self.api = api
-
-    def route(self, resource: str) -> flask.Response:
-        try:
-            status, body = self._dispatch(flask.request.method, resource)
-        except ApiError as exc:
-            status, body = exc.code, exc.body()
-        except Exception as exc:  # Google's JSON error shape even for the emulator's own bugs.
-            _log.exception("%s %s failed", flask.request.method, resource)
-            error = ApiError(500, f"internal error: {type(exc).__name__}", "INTERNAL")
-            status, body = error.code, error.body()
-        return json_response(status, body)
-
-    def _dispatch(self, method: str, resource: str) -> tuple[int, dict[str, Any]]:
-        resource, _, verb = resource.partition(":")
-        parts = resource.split("/")
-        args = flask.request.args
-        api = self.api
-        reading = method == "GET" and not verb
-        if reading and _LOCATIONS.fullmatch(resource):
-            return 200, api.list_locations(parts[1])
-        if reading and len(parts) == 4 and _LOCATION.fullmatch(resource):
-            return 200, _get_location(parts[1], parts[3])
-        if len(parts) == 5 and parts[4] == "jobs" and _LOCATION.fullmatch("/".join(parts[:4])):
-            parent = "/".join(parts[:4])
-            if method == "POST" and not verb:
-                return 200, api.create_job(parent, json_body())
-            if reading:
-                return 200, api.list_jobs(parent, _int_arg("pageSize"), args.get("pageToken", ""))
-        if len(parts) == 6 and _JOB.fullmatch(resource):
-            if method == "POST" and verb in ("pause", "resume", "run"):
-                return 200, getattr(api, f"{verb}_job")(resource)
-            if reading:
-                return 200, api.get_job(resource)
-            if method == "PATCH" and not verb:
-                return 200, api.update_job(resource, json_body(), args.get("updateMask"))
-            if method == "DELETE" and not verb:
-                return 200, api.delete_job(resource)
-        raise ApiError(404, f"no method {method} {resource}{':' + verb if verb else ''}")
 
 
 def _get_location(project: str, location_id: str) -> dict[str, Any]:
@@ -210,13 +144,5 @@ def _get_location(project: str, location_id: str) -> dict[str, Any]:
     return locations.location(project, location_id)
 
 
-def _int_arg(name: str) -> int:
-    value = flask.request.args.get(name) or "0"
-    try:
-        return int(value)
-    except ValueError as exc:
-        raise ApiError(400, f"invalid {name}: {value!r}") from exc
-
-
-def _view() -> str:
-    return flask.request.args.get("responseView") or "BASIC"
+def _view(call: RestCall) -> str:
+    return call.arg("responseView", "BASIC")

@@ -22,6 +22,7 @@ from google.protobuf import json_format
 
 from tasklease.emulator import http_rules, locations, model, schedules
 from tasklease.emulator.db import EmulatorDB
+from tasklease.emulator.field_masks import UpdateMask
 from tasklease.emulator.job_table import JobTable
 from tasklease.emulator.model import ApiError
 from tasklease.emulator.policy import RetrySettings
@@ -42,6 +43,8 @@ JOB_NAME = re.compile(
 _JOB = scheduler_v1.Job.pb()  # The raw protobuf class: validation by Google's own schema.
 # Output-only fields: ignored on create and update.
 _OUTPUT_ONLY = ("state", "status", "userUpdateTime", "scheduleTime", "lastAttemptTime")
+_FIXED = ("name", *_OUTPUT_ONLY)  # What an UpdateJob's mask cannot change.
+_MAPS = ("headers",)  # HttpTarget.headers: a map, replaced whole.
 # Cloud Scheduler's defaults (scheduler.DEFAULT_JOB_RETRY), as REST JSON fills them in.
 _DEFAULT_RETRY = {
     "retryCount": DEFAULT_JOB_RETRY.max_attempts - 1,
@@ -113,25 +116,10 @@ class SchedulerApi:
     def update_job(self, name: str, body: dict[str, Any], mask: str | None) -> dict[str, Any]:
         if body.get("name", name) != name:
             raise ApiError(400, "job.name cannot be changed")
-        changes = {k: v for k, v in body.items() if k not in _OUTPUT_ONLY}
-        paths = [p.strip() for p in mask.split(",") if p.strip()] if mask else _leaf_paths(changes)
+        fields = UpdateMask(mask, body, message=_JOB.DESCRIPTOR, fixed=_FIXED, maps=_MAPS)
 
         def update(current: dict[str, Any]) -> dict[str, Any]:
-            merged = {k: v for k, v in current.items() if k not in _OUTPUT_ONLY}
-            for path in paths:
-                keys = [model.camel(part) for part in path.split(".")]
-                if keys[0] in _OUTPUT_ONLY or keys[0] == "name":
-                    continue
-                source: Any = changes
-                for key in keys:
-                    source = source.get(key) if isinstance(source, dict) else None
-                target = merged
-                for key in keys[:-1]:
-                    target = target.setdefault(key, {})
-                if source is None:
-                    target.pop(keys[-1], None)
-                else:
-                    target[keys[-1]] = source
+            merged = fields.apply({k: v for k, v in current.items() if k not in _OUTPUT_ONLY})
             spec = parse_job(name, merged)
             spec["state"] = current["state"]
             spec["userUpdateTime"] = model.rfc3339(_now_us())
@@ -301,17 +289,6 @@ def _check_parent(parent: str) -> None:
     location_id = parent.rsplit("/", 1)[-1]
     if not locations.is_region(location_id):
         raise ApiError(400, f"Location {location_id!r} is not a Cloud region (e.g. us-central1)")
-
-
-def _leaf_paths(update: dict[str, Any], prefix: str = "") -> list[str]:
-    paths: list[str] = []
-    for key, value in update.items():
-        if key == "name":
-            continue
-        path = f"{prefix}{key}"
-        nested = isinstance(value, dict) and key != "headers"
-        paths.extend(_leaf_paths(value, path + ".") if nested else [path])
-    return paths
 
 
 def _now_us() -> int:
