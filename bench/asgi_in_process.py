@@ -3,8 +3,8 @@
 Sixteen concurrent requests at a time through ``bench.asgi_apps``' bare Starlette route and
 tasklease on MemoryStore (first executions, then duplicates; ``first`` and ``duplicate`` by
 the ``async def`` handler, ``sync-first`` and ``sync-duplicate`` by the sync one), on one
-event loop. It measures
-the apps' own cost without uvicorn's. tasklease's log lines go to stderr: send them to a file,
+event loop. It measures the apps' own cost without uvicorn's, in the reference configuration
+(MemoryStore, authentication off: no deployment's; bench/asgi_throughput.py measures those). tasklease's log lines go to stderr: send them to a file,
 as the servers' are. Under ``valgrind --tool=callgrind`` at two ``--requests`` counts, the
 difference in instructions over the difference in requests (x 1.1: the warm-up grows with
 them too) is a figure a loaded machine does not move.
