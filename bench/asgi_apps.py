@@ -51,8 +51,9 @@ def bare_oidc() -> Starlette:
     audience = os.environ["TASKLEASE_AUDIENCE"]
     allowed = frozenset(os.environ["TASKLEASE_ALLOWED_SERVICE_ACCOUNTS"].split(","))
     certs_url = os.environ["TASKLEASE_OIDC_CERTS_URL"]
-    # The keys come through an HTTP cache, as tasklease's KeyFetcher does: without it
-    # google-auth fetches them on every verification.
+    # The keys come through an HTTP cache, google-auth's own recipe (google.oauth2.id_token,
+    # https://googleapis.dev/python/google-auth/latest/reference/google.oauth2.id_token.html)
+    # and what tasklease's KeyFetcher does: without it every verification fetches them.
     transport = google.auth.transport.requests.Request(
         session=cachecontrol.CacheControl(requests.Session())
     )
