@@ -1,13 +1,14 @@
 """CPU per request of the ASGI apps of bench/asgi_throughput.py, in process: no sockets.
 
 Sixteen concurrent requests at a time through ``bench.asgi_apps``' bare Starlette route and
-tasklease on MemoryStore (first executions, then duplicates; ``first`` and ``duplicate`` by
-the ``async def`` handler, ``sync-first`` and ``sync-duplicate`` by the sync one), on one
-event loop. It measures
-the apps' own cost without uvicorn's. tasklease's log lines go to stderr: send them to a file,
-as the servers' are. Under ``valgrind --tool=callgrind`` at two ``--requests`` counts, the
-difference in instructions over the difference in requests (x 1.1: the warm-up grows with
-them too) is a figure a loaded machine does not move.
+tasklease on MemoryStore (first executions, then duplicates; ``first`` and ``duplicate`` by the
+``async def`` handler, ``sync-first`` and ``sync-duplicate`` by the sync one), on one event
+loop. It measures the apps' own cost without uvicorn's, in the reference configuration
+(MemoryStore, authentication off: no deployment's; bench/asgi_throughput.py measures those).
+tasklease's log lines go to stderr: send them to a file, as the servers' are. Under ``valgrind
+--tool=callgrind`` at two ``--requests`` counts, the difference in instructions over the
+difference in requests (x 1.1: the warm-up grows with them too) is a figure a loaded machine
+does not move.
 
     python -m bench.asgi_in_process [--requests 16000] [--apps bare,first,duplicate] 2>log
         (apps: bare, first, duplicate, sync-first, sync-duplicate)

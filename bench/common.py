@@ -1,17 +1,25 @@
-"""Shared pieces of the benchmarks: child processes on 127.0.0.1, a counting target."""
+"""Shared pieces of the benchmarks: child processes on 127.0.0.1, a counting target, a local
+OIDC token issuer."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import requests
+
+if TYPE_CHECKING:
+    from tasklease.emulator.oidc import TokenIssuer
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = ROOT / ".tasklease" / "bench"
@@ -101,3 +109,31 @@ def wait_until_received(target: str, count: int, timeout: float = 600.0) -> floa
             return time.monotonic()
         time.sleep(0.01)
     raise TimeoutError(f"target got {received(target)} of {count} requests in {timeout} s")
+
+
+@contextmanager
+def oidc_certs(issuer: TokenIssuer) -> Iterator[str]:
+    """Serve ``issuer``'s public keys in Google's format, cacheable for an hour as Google's
+    are, from a thread on 127.0.0.1 until the block ends: their URL."""
+    body = json.dumps(issuer.certs()).encode()
+
+    class Certs(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Cache-Control", "public, max-age=3600")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # Quiet: no line per fetch.
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Certs)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/certs"
+    finally:
+        server.shutdown()
+        server.server_close()

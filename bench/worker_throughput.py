@@ -115,7 +115,8 @@ class Server:
 Drive = Callable[[str, str, int], Load]
 
 
-def post(port: int, task: str, retry: int) -> int:
+def post(port: int, task: str, retry: int, token: str | None = None) -> int:
+    """One delivery of ``task``; ``token``, when given, as its OIDC ID token."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         headers = {
@@ -123,6 +124,7 @@ def post(port: int, task: str, retry: int) -> int:
             "X-CloudTasks-TaskName": task,
             "X-CloudTasks-TaskRetryCount": str(retry),
             "X-CloudTasks-TaskExecutionCount": str(retry),
+            **_bearer(token),
         }
         connection.request("POST", "/tasks/noop", BODY, headers)
         response = connection.getresponse()
@@ -132,12 +134,17 @@ def post(port: int, task: str, retry: int) -> int:
         connection.close()
 
 
-def run_wrk(url: str, script: str, seconds: int) -> Load:
+def _bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def run_wrk(url: str, script: str, seconds: int, token: str | None = None) -> Load:
+    """wrk on ``script`` (bench/wrk/), sending ``token`` as every request's OIDC ID token."""
     script_path = str(WRK_SCRIPTS / script)
     nonce = uuid.uuid4().hex[:12]
     command = ["wrk", "-t2", "-c16", f"-d{seconds}s", "--latency", "-s", script_path, url]
     output = subprocess.run(
-        [*command, "--", nonce],
+        [*command, "--", nonce, *([token] if token else [])],
         capture_output=True,
         text=True,
         check=True,
@@ -153,7 +160,7 @@ def run_wrk(url: str, script: str, seconds: int) -> Load:
     )
 
 
-def run_python(url: str, script: str, seconds: int) -> Load:
+def run_python(url: str, script: str, seconds: int, token: str | None = None) -> Load:
     """A stand-in for wrk: 16 keep-alive connections from threads."""
     port = int(url.rsplit(":", 1)[1])
     nonce = uuid.uuid4().hex[:12]
@@ -173,6 +180,7 @@ def run_python(url: str, script: str, seconds: int) -> Load:
                 **HEADERS,
                 "X-CloudTasks-TaskName": f"t-{nonce}-{worker}-{count}" if first else "same-task",
                 "X-CloudTasks-TaskRetryCount": "0" if first else "1",
+                **_bearer(token),
             }
             started = time.perf_counter()
             connection.request("POST", "/tasks/noop", BODY, headers)
