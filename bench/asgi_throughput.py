@@ -46,7 +46,7 @@ from bench.common import BENCH_DIR, ROOT, free_port, oidc_certs, wait_for_port
 from bench.postgres_floor import cluster_cpu_seconds, private_postgres
 from bench.worker_throughput import Load, Server, post, run_python, run_wrk
 from tasklease.emulator.oidc import TokenIssuer
-from tests.postgres_support import Cluster, NoPostgres, bindir
+from tests.support.postgres import Cluster, NoPostgres, bindir
 
 SERVICE_ACCOUNT = "tasks@bench.iam.gserviceaccount.com"
 # The worker's configured audience (TASKLEASE_AUDIENCE): a root URL, as a deployment's is.

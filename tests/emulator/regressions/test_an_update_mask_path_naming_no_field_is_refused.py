@@ -18,7 +18,7 @@ from google.cloud.scheduler_v1.services.cloud_scheduler.transports import (
 from google.protobuf import field_mask_pb2
 
 from tasklease.emulator import CloudTasksEmulator
-from tests.test_emulator_scheduler_api import JOB, PARENT, http_job, scheduler_client
+from tests.emulator.test_emulator_scheduler_api import JOB, PARENT, http_job, scheduler_client
 
 QUEUE = f"{PARENT}/queues/q"
 
