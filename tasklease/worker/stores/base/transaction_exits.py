@@ -9,15 +9,18 @@ runner, which rolls the transaction back. A transactional step shares them too.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core import decisions, steps
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.core.steps import StepError, StepRecord
 
-if TYPE_CHECKING:
-    from tasklease.worker.stores.base.store import LeaseStore
+
+class ReadsRuns(Protocol):
+    """What reads a run's record outside any transaction: a store, or a store's runs."""
+
+    def get(self, run_id: str) -> RunRecord | None: ...
 
 
 class NotHeld(Exception):
@@ -75,7 +78,7 @@ def with_step(record: RunRecord, step: StepRecord) -> RunRecord:
 
 
 def step_landed(
-    store: LeaseStore, run_id: str, attempt_id: str, written: list[StepRecord]
+    store: ReadsRuns, run_id: str, attempt_id: str, written: list[StepRecord]
 ) -> StepRecord | None:
     """The step last ``written`` if the run's record shows it recorded by ``attempt_id``;
     None if not, or the record is unreadable."""
