@@ -26,7 +26,7 @@ from typing import Any
 
 # The store's own schema and statements, so the floor is the store's (private on purpose:
 # a benchmark of internals).
-from tasklease.worker.stores.sqlite.store import _INSERT, _SCHEMA, _SELECT_ONE, _UPDATE
+from tasklease.worker.stores.sqlite.schema import INSERT, SCHEMA, SELECT_ONE, UPDATE
 
 _FINISH_AT = 10**15 + 10**11
 
@@ -58,7 +58,7 @@ def measure(synchronous: str, batch: int, executions: int) -> tuple[float, float
         connection = sqlite3.connect(Path(folder) / "runs.db", isolation_level=None)
         connection.execute("PRAGMA journal_mode = WAL")
         connection.execute(f"PRAGMA synchronous = {synchronous}")
-        for statement in filter(str.strip, _SCHEMA.split(";")):
+        for statement in filter(str.strip, SCHEMA.split(";")):
             connection.execute(statement)
         started, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         previous: list[tuple[Any, ...]] = []
@@ -66,11 +66,11 @@ def measure(synchronous: str, batch: int, executions: int) -> tuple[float, float
             rows = [run_row(number) for number in range(first, first + batch)]
             connection.execute("BEGIN IMMEDIATE")
             for row in rows:
-                connection.execute(_SELECT_ONE, (row[0],)).fetchone()
-                connection.execute(_INSERT, row)
+                connection.execute(SELECT_ONE, (row[0],)).fetchone()
+                connection.execute(INSERT, row)
             for row in previous:
-                connection.execute(_SELECT_ONE, (row[0],)).fetchone()
-                connection.execute(_UPDATE, finished(row))
+                connection.execute(SELECT_ONE, (row[0],)).fetchone()
+                connection.execute(UPDATE, finished(row))
             connection.execute("COMMIT")
             previous = rows
         wall = time.perf_counter() - started

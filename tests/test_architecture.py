@@ -255,35 +255,11 @@ def circles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-# Circles still being taken apart on other branches, as (importer, imported): the import
-# that closes each loop. Only in the stores (their capabilities becoming collaborators the
-# store holds) and in delivery/ + runtime/ (the executor's transactional path and on-loop
-# answers being reworked); delete an entry once its circle is gone (a test says when).
-CLOSING_IMPORTS_BEING_REMOVED = {
-    ("tasklease.worker.stores.spanner.transactions", "tasklease.worker.stores.spanner.store"),
-}
-
-
 def test_no_two_modules_import_each_other_even_lazily_or_for_types() -> None:
     """An import graph without loops can be read bottom up: each module makes sense with
     only what it imports in mind. What two modules share goes into a lower module (or a
     Protocol the higher one satisfies), never a deferred import back."""
-    graph = import_graph("tasklease")
-    for importer, imported in CLOSING_IMPORTS_BEING_REMOVED:
-        graph[importer].discard(imported)
-    assert circles(graph) == []
-
-
-def test_every_allowlisted_import_still_closes_a_circle() -> None:
-    """So the list above shrinks as the circles go, and cannot hide a new one later."""
-    graph = import_graph("tasklease")
-    together = {module: tuple(part) for part in circles(graph) for module in part}
-    stale = {
-        (importer, imported)
-        for importer, imported in CLOSING_IMPORTS_BEING_REMOVED
-        if imported not in graph[importer] or together.get(importer) != together.get(imported)
-    }
-    assert stale == set()
+    assert circles(import_graph("tasklease")) == []
 
 
 def type_only_imports(module: str, path: Path) -> set[str]:
@@ -308,7 +284,6 @@ def test_no_module_imports_its_own_importer_for_types() -> None:
         for module, path in modules_of("tasklease").items()
         for typed in type_only_imports(module, path)
         if typed in graph and typed != module and module in reachable[typed]
-        if (module, typed) not in CLOSING_IMPORTS_BEING_REMOVED
     )
     assert back == []
 

@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 from tasklease.worker.stores import SqliteStore
-from tasklease.worker.stores.sqlite.store import _SCHEMA_VERSION
+from tasklease.worker.stores.sqlite.schema import SCHEMA_VERSION
 from tests.support.helpers import T0, claim_request
 
 
@@ -20,7 +20,7 @@ def test_a_file_without_replay_columns_gets_them_and_keeps_its_runs(
     with sqlite3.connect(path) as connection:  # As a tasklease before the columns wrote it.
         connection.execute("ALTER TABLE runs DROP COLUMN replay_of")
         connection.execute("ALTER TABLE runs DROP COLUMN replayed_as")
-        assert connection.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     connection.close()
     reopened = SqliteStore(path)
     assert reopened.mark_replayed("run-1", "run-2") is not None

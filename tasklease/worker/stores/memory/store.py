@@ -41,7 +41,7 @@ class MemoryStore(LockStore, OperatorQueries, DeliveryTally):
         self._records: dict[str, Packed] = {}
         self._locks: dict[str, LockRecord] = {}  # Few: one per exclusive job or busy key.
         self._lock = threading.Lock()
-        self._tally = TallyTable()
+        self.tally = TallyTable()  # The DeliveryTally methods delegate to it.
 
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
         with self._lock:
@@ -92,16 +92,16 @@ class MemoryStore(LockStore, OperatorQueries, DeliveryTally):
             lapsed = [name for name, lock in self._locks.items() if locking.lapses_at(lock) <= now]
             for name in lapsed:
                 del self._locks[name]
-        return len(expired) + len(lapsed) + self._tally.purge(now - TALLY_KEPT)
+        return len(expired) + len(lapsed) + self.purge_delivery_counts(now - TALLY_KEPT)
 
     def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
-        self._tally.write(instance, counts)
+        self.tally.write(instance, counts)
 
     def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
-        return self._tally.read(since)
+        return self.tally.read(since)
 
     def purge_delivery_counts(self, before: datetime) -> int:
-        return self._tally.purge(before)
+        return self.tally.purge(before)
 
     def __repr__(self) -> str:
         return f"MemoryStore({len(self._records)} records)"

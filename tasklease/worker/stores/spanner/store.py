@@ -11,7 +11,7 @@ with its first read, so a transaction costs its reads plus the Commit):
   reads the row, applies the rules and writes. 2 RPCs.
 - a retried delivery's first read (the executor's ``get``): one strong read. 1 RPC.
 - a transactional handler's completion: one read-write transaction holding the handler's
-  statements too (:mod:`.spanner_transactions`). 2 RPCs beyond the handler's own.
+  statements too (:mod:`.transactions`). 2 RPCs beyond the handler's own.
 - on Google's emulator, a renewal made while the attempt's own handler or step transaction
   is open: one strong read, which confirms the lease as stored (:meth:`SpannerStore.renew`).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import Counter
 from contextlib import suppress
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
@@ -47,18 +48,20 @@ from tasklease.worker.core.records import (
     Verdict,
 )
 from tasklease.worker.stores.base.locks import LockStore
+from tasklease.worker.stores.base.orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.base.queries import OperatorQueries
 from tasklease.worker.stores.base.store import Change, LockChange, Moment, resolve
-from tasklease.worker.stores.base.tally import TALLY_KEPT
+from tasklease.worker.stores.base.tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
 from tasklease.worker.stores.base.transactional import (
     StepWork,
     TransactionalStore,
     TransactionOutcome,
     Work,
 )
-from tasklease.worker.stores.firestore.orphans import OrphanClaims, orphan_released
-from tasklease.worker.stores.spanner import schema, transactions
+from tasklease.worker.stores.spanner import schema
+from tasklease.worker.stores.spanner.runs import SpannerRuns, key_set
 from tasklease.worker.stores.spanner.tally import SpannerTally
+from tasklease.worker.stores.spanner.transactions import SpannerTransactions
 
 _T = TypeVar("_T")
 
@@ -81,9 +84,12 @@ _RUNS = ", ".join(schema.RUN_COLUMNS)
 _LOCKS = ", ".join(schema.LOCK_COLUMNS)
 
 
-class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally):
+class SpannerStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTally):
     """Run records in ``table`` (locks in ``<table>_locks``) of the Spanner database
     ``projects/P/instances/I/databases/D``.
+
+    Its run rows, delivery tally and transactions are collaborators on the same database
+    (:attr:`runs`, :attr:`tally`, :attr:`transactions`).
 
     The database must exist; the tables, indexes and row deletion policies are created on
     first use when missing (:meth:`create_schema`). The client is created lazily per process
@@ -121,7 +127,9 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         self._pid: int | None = None
         # Whether the client talks to Google's emulator (it reads the same variable).
         self._on_emulator = False
-        self.open_transactions = transactions.OpenTransactions()
+        self.runs = SpannerRuns(lambda: self.database, table)
+        self.tally = SpannerTally(lambda: self.database, table, call_timeout)
+        self.transactions = SpannerTransactions(lambda: self.database, self.runs)
         self._schema_ready_pid: int | None = None
         # Claims whose write may have landed though the claim failed: given back on the next
         # claim of their run, or by a background retry.
@@ -216,7 +224,7 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         with guard("claim a run"):
             try:
                 with database.batch(timeout_secs=self._timeout) as batch:
-                    batch.insert(self.table, schema.WRITE_COLUMNS, [self.row_of(fresh.record)])
+                    self.runs.insert(batch, fresh.record)
                 return fresh
             except api.AlreadyExists:
                 pass  # Another attempt's row, or our own first try retried by the client.
@@ -256,11 +264,9 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
 
     def _read_modify_write(self, run_id: str, change: Change[_T]) -> _T:
         def work(transaction: Any) -> _T:
-            record, value = change(self.read_run(transaction, run_id))
+            record, value = change(self.runs.read(transaction, run_id))
             if record is not None:
-                transaction.insert_or_update(
-                    self.table, schema.WRITE_COLUMNS, [self.row_of(record)]
-                )
+                self.runs.write(transaction, record)
             return value
 
         database = self.database
@@ -279,9 +285,9 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         """Extend the lease (see :meth:`LeaseStore.renew`). On Google's emulator, while the
         attempt's own handler or step transaction is open, only confirm the lease stored: the
         emulator's one read-write transaction at a time would abort the handler's
-        (:class:`.spanner_transactions.OpenTransactions`). Its lease is then not extended, so
+        (:class:`.transactions.OpenTransactions`). Its lease is then not extended, so
         it may lapse before the handler ends; the handler's commit stays fenced by the row."""
-        if self._runs_one_transaction_at_a_time() and attempt_id in self.open_transactions:
+        if self._runs_one_transaction_at_a_time() and self.transactions.is_open(attempt_id):
             record = self.get(run_id)
             if record is None or not decisions.holds(record, attempt_id):
                 return None
@@ -293,7 +299,7 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
     ) -> datetime | None:
         """Extend the holder's lease on the lock; on Google's emulator, while the holder's
         transaction is open, only confirm the lease stored (as :meth:`renew` does)."""
-        if self._runs_one_transaction_at_a_time() and attempt_id in self.open_transactions:
+        if self._runs_one_transaction_at_a_time() and self.transactions.is_open(attempt_id):
             lock = self.get_lock(name)
             if lock is None or not locking.holds(lock, attempt_id):
                 return None
@@ -314,31 +320,31 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         *,
         keep_for: timedelta | None = None,
     ) -> TransactionOutcome:
-        """``work`` gets the read-write ``Transaction`` (see :mod:`.spanner_transactions`)."""
-        return transactions.complete_in_transaction(
-            self, run_id, attempt_id, work, now, keep_for=keep_for
-        )
+        """``work`` gets the read-write ``Transaction`` (see :mod:`.transactions`)."""
+        return self.transactions.complete(run_id, attempt_id, work, now, keep_for=keep_for)
 
     def record_step_in_transaction(
         self, run_id: str, attempt_id: str, step_work: StepWork, now: Moment
     ) -> TransactionOutcome:
         """The step's function gets the ``Transaction`` a transactional handler would."""
-        return transactions.record_step_in_transaction(self, run_id, attempt_id, step_work)
+        return self.transactions.record_step(run_id, attempt_id, step_work)
+
+    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+        self.tally.write(instance, counts)
+
+    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        return self.tally.read(since)
+
+    def purge_delivery_counts(self, before: datetime) -> int:
+        return self.tally.purge(before)
 
     def get(self, run_id: str) -> RunRecord | None:
-        database = self.database
-        with guard("read a run"):
-            return self._get(database, run_id)
+        return self.runs.get(run_id)
 
     def _get(self, database: Any, run_id: str) -> RunRecord | None:
         """One run's row by a strong single-use read (one RPC)."""
         with database.snapshot() as snapshot:
-            return self.read_run(snapshot, run_id)
-
-    def read_run(self, reader: Any, run_id: str) -> RunRecord | None:
-        """One run's row read in ``reader``: a snapshot, or a read-write transaction."""
-        rows = list(reader.read(self.table, schema.RUN_COLUMNS, _keys([run_id])))
-        return schema.decode_run(rows[0]) if rows else None
+            return self.runs.read(snapshot, run_id)
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
         where = "WHERE status = @status " if status is not None else ""
@@ -425,7 +431,7 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         def work(transaction: Any) -> _T:
             lock, value = change(
                 self._get_lock(transaction, name),
-                lambda run_id: self.read_run(transaction, run_id),
+                lambda run_id: self.runs.read(transaction, run_id),
             )
             if lock is not None:
                 row = schema.encode_lock(lock, spanner.COMMIT_TIMESTAMP)
@@ -442,7 +448,7 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
             return self._get_lock(snapshot, name)
 
     def _get_lock(self, reader: Any, name: str) -> LockRecord | None:
-        keys = _keys([locking.lock_id(name)])
+        keys = key_set([locking.lock_id(name)])
         rows = list(reader.read(self.lock_table, schema.LOCK_COLUMNS, keys))
         return schema.decode_lock(rows[0]) if rows else None
 
@@ -459,9 +465,6 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, SpannerTally)
         database = self.database
         with guard(action), database.snapshot() as snapshot:
             return list(snapshot.execute_sql(sql, params=params, param_types=types))
-
-    def row_of(self, record: RunRecord) -> list[Any]:
-        return schema.encode_run(record, spanner.COMMIT_TIMESTAMP)
 
     def close(self) -> None:
         self._orphans.close()
@@ -483,7 +486,3 @@ def _param_type(value: object) -> Any:
     if isinstance(value, datetime):
         return _P.TIMESTAMP
     return _P.STRING
-
-
-def _keys(*keys: list[str]) -> Any:
-    return spanner.KeySet(keys=list(keys))  # type: ignore[no-untyped-call]

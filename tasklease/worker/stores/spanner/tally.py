@@ -3,8 +3,8 @@ in ``{table}_tally``, made with the store's other tables (:func:`ddl`)."""
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -13,7 +13,6 @@ from google.cloud import spanner
 from tasklease.plumbing.spanner_calls import guard, run_transaction
 from tasklease.worker.stores.base.tally import (
     TALLY_KEPT,
-    DeliveryTally,
     MinuteCounts,
     TallyKey,
     minute_of,
@@ -42,18 +41,18 @@ def ddl(runs_table: str) -> str:
         ROW DELETION POLICY (OLDER_THAN(minute, INTERVAL {days} DAY))"""
 
 
-class SpannerTally(DeliveryTally):
-    """The tally's primitives for :class:`~tasklease.worker.stores.spanner.store.SpannerStore`."""
+class SpannerTally:
+    """The delivery tally kept beside the runs table ``table``, in the ``spanner.Database``
+    that ``database`` gives (this process's, its schema ready):
+    :class:`~tasklease.worker.stores.base.tally.DeliveryTally`'s three methods, each call
+    bounded by ``call_timeout`` seconds."""
 
-    table: str
-    _timeout: float
+    def __init__(self, database: Callable[[], Any], table: str, call_timeout: float) -> None:
+        self._database = database
+        self._table = table_of(table)
+        self._timeout = call_timeout
 
-    @property
-    @abstractmethod
-    def database(self) -> Any:
-        """The store's database handle (its schema made)."""
-
-    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+    def write(self, instance: str, counts: MinuteCounts) -> None:
         rows = [
             [instance, minute_of(minute), key.kind, key.handler, key.outcome, count]
             for minute, keys in counts.items()
@@ -61,22 +60,22 @@ class SpannerTally(DeliveryTally):
         ]
         if not rows:
             return
-        table = table_of(self.table)
+        table = self._table
 
         def write(transaction: Any) -> None:  # Totals replace totals: a retry counts once.
             transaction.insert_or_update(table, _COLUMNS, rows)
 
         with guard("write delivery counts"):
-            run_transaction(self.database, write, self._timeout, "write delivery counts")
+            run_transaction(self._database(), write, self._timeout, "write delivery counts")
 
-    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+    def read(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
         sql = (
             "SELECT minute, kind, handler, outcome, SUM(count) "  # noqa: S608 - constant name.
-            f"FROM {table_of(self.table)} WHERE minute >= @since "
+            f"FROM {self._table} WHERE minute >= @since "
             "GROUP BY minute, kind, handler, outcome"
         )
         found: dict[datetime, Counter[TallyKey]] = {}
-        with guard("read delivery counts"), self.database.snapshot() as snapshot:
+        with guard("read delivery counts"), self._database().snapshot() as snapshot:
             rows = snapshot.execute_sql(
                 sql, params={"since": minute_of(since)}, param_types={"since": _P.TIMESTAMP}
             )
@@ -85,11 +84,11 @@ class SpannerTally(DeliveryTally):
                 found.setdefault(at, Counter())[TallyKey(kind, handler, outcome)] += int(count)
         return found
 
-    def purge_delivery_counts(self, before: datetime) -> int:
-        sql = f"DELETE FROM {table_of(self.table)} WHERE minute < @before"  # noqa: S608
+    def purge(self, before: datetime) -> int:
+        sql = f"DELETE FROM {self._table} WHERE minute < @before"  # noqa: S608
         with guard("purge delivery counts"):
             deleted: int = run_transaction(
-                self.database,
+                self._database(),
                 lambda transaction: transaction.execute_update(
                     sql, params={"before": minute_of(before)}, param_types={"before": _P.TIMESTAMP}
                 ),

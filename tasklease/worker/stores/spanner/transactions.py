@@ -28,7 +28,7 @@ the emulator (:class:`OpenTransactions`; see :meth:`SpannerStore.renew`).
 
 A transactional step (``ctx.step(..., transactional=True)``) runs in the same kind of
 transaction: the step's function with the ``Transaction`` first, then the row's read and the
-claim's check, then the row with the step added (:func:`record_step_in_transaction`). RPCs
+claim's check, then the row with the step added (:meth:`SpannerTransactions.record_step`). RPCs
 the same: 2 beyond the step's own statements.
 """
 
@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from google.api_core import exceptions as api
 
@@ -63,10 +63,7 @@ from tasklease.worker.stores.base.transaction_exits import (
     with_step,
 )
 from tasklease.worker.stores.base.transactional import StepWork, TransactionOutcome, Work
-from tasklease.worker.stores.spanner import schema
-
-if TYPE_CHECKING:
-    from tasklease.worker.stores.spanner.store import SpannerStore
+from tasklease.worker.stores.spanner.runs import Database, SpannerRuns
 
 _T = TypeVar("_T")
 # Tries of one transactional completion before it reports contention (Firestore's client
@@ -74,100 +71,113 @@ _T = TypeVar("_T")
 MAX_TRIES = 8
 
 
-def complete_in_transaction(
-    store: SpannerStore,
-    run_id: str,
-    attempt_id: str,
-    work: Work,
-    now: Moment,
-    *,
-    keep_for: timedelta | None,
-) -> TransactionOutcome:
-    """:meth:`TransactionalStore.complete_in_transaction` on ``store``."""
-    tries = 0
+class SpannerTransactions:
+    """The read-write transactions that hold a handler's (or a step's) writes with its run's
+    row, in ``runs``' table of the database ``database`` gives
+    (:class:`~tasklease.worker.stores.base.transactional.TransactionalStore`'s two methods).
+    """
 
-    def attempt(transaction: Any) -> str | None:
-        nonlocal tries
-        tries += 1
-        result_json = guarded_work(work, transaction)
-        # Read last: the handler ran holding no lock on the run's row (see the module's doc).
-        record = held(store.read_run(transaction, run_id), run_id, attempt_id)
-        done = completion(record, result_json, resolve(now), keep_for)
-        transaction.insert_or_update(store.table, schema.WRITE_COLUMNS, [store.row_of(done)])
-        return result_json
+    def __init__(self, database: Database, runs: SpannerRuns) -> None:
+        self._database = database
+        self._runs = runs
+        self.open = OpenTransactions()
 
-    def before_rerun() -> None:
-        held(store.get(run_id), run_id, attempt_id)
+    def is_open(self, attempt_id: str) -> bool:
+        """Whether ``attempt_id``'s handler or step transaction is open in this process."""
+        return attempt_id in self.open
 
-    database = store.database
-    raised: Exception | None = None
-    try:
-        with store.open_transactions.holding(attempt_id):
-            result = rerun_on_contention(database, attempt, run_id, before_rerun)
-    except NotHeld:
-        return TransactionOutcome(held=False, result_json=None, tries=tries)
-    except AlreadyCompleted as done:
-        return TransactionOutcome(held=True, result_json=done.record.result_json, tries=tries)
-    except WorkRaised as carrier:
-        raised = carrier.error
-    except StoreUnavailable:
-        raise  # Contention outlasted every try: nothing was committed.
-    except (api.GoogleAPIError, ValueError, OSError, TimeoutError) as exc:
-        # The Commit may have landed before its call failed: the record tells.
-        landed = read_back(store, run_id, attempt_id)
-        if landed is not None:
-            return TransactionOutcome(held=True, result_json=landed.result_json, tries=tries)
-        raise StoreUnavailable(
-            f"Spanner store: could not complete run {run_id} in a transaction: {exc}"
-        ) from exc
-    else:
-        return TransactionOutcome(held=True, result_json=result, tries=tries)
-    # Raised outside the except clause: the handler's own exception, its chain untouched.
-    raise raised
+    def complete(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None,
+    ) -> TransactionOutcome:
+        """``work``'s writes and the run completed by ``attempt_id``, in one transaction."""
+        runs = self._runs
+        tries = 0
 
+        def attempt(transaction: Any) -> str | None:
+            nonlocal tries
+            tries += 1
+            result_json = guarded_work(work, transaction)
+            # Read last: the handler ran holding no lock on the run's row (see the module's doc).
+            record = held(runs.read(transaction, run_id), run_id, attempt_id)
+            runs.write(transaction, completion(record, result_json, resolve(now), keep_for))
+            return result_json
 
-def record_step_in_transaction(
-    store: SpannerStore, run_id: str, attempt_id: str, step_work: StepWork
-) -> TransactionOutcome:
-    """:meth:`TransactionalStore.record_step_in_transaction` on ``store``."""
-    tries = 0
-    written: list[StepRecord] = []
+        def before_rerun() -> None:
+            held(runs.get(run_id), run_id, attempt_id)
 
-    def attempt(transaction: Any) -> StepRecord:
-        nonlocal tries
-        tries += 1
-        step = guarded_work(step_work, transaction)
-        written.append(step)
-        # Read last, as a handler's completion does: no lock on the row while the step runs.
-        record = _held_for_a_step(store.read_run(transaction, run_id), run_id, attempt_id)
-        recorded = with_step(record, step)
-        transaction.insert_or_update(store.table, schema.WRITE_COLUMNS, [store.row_of(recorded)])
-        return step
+        database = self._database()
+        raised: Exception | None = None
+        try:
+            with self.open.holding(attempt_id):
+                result = rerun_on_contention(database, attempt, run_id, before_rerun)
+        except NotHeld:
+            return TransactionOutcome(held=False, result_json=None, tries=tries)
+        except AlreadyCompleted as done:
+            return TransactionOutcome(held=True, result_json=done.record.result_json, tries=tries)
+        except WorkRaised as carrier:
+            raised = carrier.error
+        except StoreUnavailable:
+            raise  # Contention outlasted every try: nothing was committed.
+        except (api.GoogleAPIError, ValueError, OSError, TimeoutError) as exc:
+            # The Commit may have landed before its call failed: the record tells.
+            landed = read_back(runs, run_id, attempt_id)
+            if landed is not None:
+                return TransactionOutcome(held=True, result_json=landed.result_json, tries=tries)
+            raise StoreUnavailable(
+                f"Spanner store: could not complete run {run_id} in a transaction: {exc}"
+            ) from exc
+        else:
+            return TransactionOutcome(held=True, result_json=result, tries=tries)
+        # Raised outside the except clause: the handler's own exception, its chain untouched.
+        raise raised
 
-    def before_rerun() -> None:
-        _held_for_a_step(store.get(run_id), run_id, attempt_id)
+    def record_step(self, run_id: str, attempt_id: str, step_work: StepWork) -> TransactionOutcome:
+        """``step_work``'s writes and the step it returns added to the run, in one
+        transaction."""
+        runs = self._runs
+        tries = 0
+        written: list[StepRecord] = []
 
-    raised: Exception | None = None
-    try:
-        with store.open_transactions.holding(attempt_id):
-            step = rerun_on_contention(store.database, attempt, run_id, before_rerun)
-    except NotHeld:
-        return TransactionOutcome(held=False, result_json=None, tries=tries)
-    except WorkRaised as carrier:
-        raised = carrier.error
-    except StoreUnavailable:
-        raise  # Contention outlasted every try: nothing was committed.
-    except (api.GoogleAPIError, ValueError, OSError, TimeoutError) as exc:
-        # The Commit may have landed before its call failed: the record tells.
-        landed = step_landed(store, run_id, attempt_id, written)
-        if landed is not None:
-            return TransactionOutcome(held=True, result_json=landed.result_json, tries=tries)
-        raise StoreUnavailable(
-            f"Spanner store: could not record a step of run {run_id} in a transaction: {exc}"
-        ) from exc
-    else:
-        return TransactionOutcome(held=True, result_json=step.result_json, tries=tries)
-    raise raised  # The step's own exception, outside the except clause: its chain untouched.
+        def attempt(transaction: Any) -> StepRecord:
+            nonlocal tries
+            tries += 1
+            step = guarded_work(step_work, transaction)
+            written.append(step)
+            # Read last, as a handler's completion does: no lock on the row while the step runs.
+            record = _held_for_a_step(runs.read(transaction, run_id), run_id, attempt_id)
+            runs.write(transaction, with_step(record, step))
+            return step
+
+        def before_rerun() -> None:
+            _held_for_a_step(runs.get(run_id), run_id, attempt_id)
+
+        raised: Exception | None = None
+        try:
+            with self.open.holding(attempt_id):
+                step = rerun_on_contention(self._database(), attempt, run_id, before_rerun)
+        except NotHeld:
+            return TransactionOutcome(held=False, result_json=None, tries=tries)
+        except WorkRaised as carrier:
+            raised = carrier.error
+        except StoreUnavailable:
+            raise  # Contention outlasted every try: nothing was committed.
+        except (api.GoogleAPIError, ValueError, OSError, TimeoutError) as exc:
+            # The Commit may have landed before its call failed: the record tells.
+            landed = step_landed(runs, run_id, attempt_id, written)
+            if landed is not None:
+                return TransactionOutcome(held=True, result_json=landed.result_json, tries=tries)
+            raise StoreUnavailable(
+                f"Spanner store: could not record a step of run {run_id} in a transaction: {exc}"
+            ) from exc
+        else:
+            return TransactionOutcome(held=True, result_json=step.result_json, tries=tries)
+        raise raised  # The step's own exception, outside the except clause: its chain untouched.
 
 
 def _held_for_a_step(record: RunRecord | None, run_id: str, attempt_id: str) -> RunRecord:
@@ -247,10 +257,10 @@ def guarded_work(work: Callable[[Any], _T], transaction: Any) -> _T:
         raise WorkRaised(exc) from exc
 
 
-def read_back(store: SpannerStore, run_id: str, attempt_id: str) -> RunRecord | None:
+def read_back(runs: SpannerRuns, run_id: str, attempt_id: str) -> RunRecord | None:
     """The run's record if it shows ``attempt_id`` completed it; None if not, or unreadable."""
     try:
-        record = store.get(run_id)
+        record = runs.get(run_id)
     except StoreUnavailable:
         return None
     return completed_by(record, attempt_id)

@@ -7,21 +7,19 @@ creates nothing): it is not part of the runs schema, so adding it needs no schem
 from __future__ import annotations
 
 import sqlite3
-from abc import abstractmethod
 from collections import Counter
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TypeVar
 
 from tasklease.worker.stores.base.tally import (
-    DeliveryTally,
     MinuteCounts,
     TallyKey,
     epoch_minute,
     from_epoch,
     merge,
 )
+from tasklease.worker.stores.sqlite.database import SqliteDatabase
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS delivery_tally (
     instance TEXT NOT NULL,
@@ -81,37 +79,29 @@ def purge(connection: sqlite3.Connection, before: datetime) -> int:
 _T = TypeVar("_T")
 
 
-class SqliteTally(DeliveryTally):
-    """The tally's primitives for :class:`~tasklease.worker.stores.sqlite.store.SqliteStore`, each
-    write in a transaction of its own."""
+class SqliteTally:
+    """The delivery tally of a :class:`~tasklease.worker.stores.sqlite.database.SqliteDatabase`
+    (:class:`~tasklease.worker.stores.base.tally.DeliveryTally`'s three methods), each write
+    in a transaction of its own."""
 
-    @abstractmethod
-    def _guard(self, action: str) -> AbstractContextManager[None]:
-        """Turn the database's errors into StoreUnavailable."""
+    def __init__(self, database: SqliteDatabase) -> None:
+        self._database = database
 
-    @abstractmethod
-    def _writer(self) -> AbstractContextManager[None]:
-        """Hold the store's cross-process writer lock."""
-
-    @abstractmethod
-    def _connection(self) -> sqlite3.Connection:
-        """This thread's connection."""
-
-    def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
+    def write(self, instance: str, counts: MinuteCounts) -> None:
         self._alone("write delivery counts", lambda c: write(c, instance, counts))
 
-    def delivery_counts(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
-        with self._guard("read delivery counts"):
-            return read(self._connection(), since)
+    def read(self, since: datetime) -> dict[datetime, Counter[TallyKey]]:
+        with self._database.guard("read delivery counts"):
+            return read(self._database.connection(), since)
 
-    def purge_delivery_counts(self, before: datetime) -> int:
+    def purge(self, before: datetime) -> int:
         return self._alone("purge delivery counts", lambda c: purge(c, before))
 
     def _alone(self, action: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
         """``work`` in a write transaction of its own, never in a batch of deliveries' writes
         (whose commit a failure of it would roll back)."""
-        with self._guard(action), self._writer():
-            connection = self._connection()
+        with self._database.guard(action), self._database.writer():
+            connection = self._database.connection()
             connection.execute("BEGIN IMMEDIATE")
             try:
                 value = work(connection)

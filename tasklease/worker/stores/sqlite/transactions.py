@@ -27,11 +27,18 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from datetime import timedelta
 from typing import Any, TypeVar
 
+from tasklease.worker.core import decisions, steps
+from tasklease.worker.core.records import RunRecord
 from tasklease.worker.stores.base.handler_transaction import ends_transaction, refused
+from tasklease.worker.stores.base.store import Moment, resolve
+from tasklease.worker.stores.base.transactional import StepWork, TransactionOutcome, Work
+from tasklease.worker.stores.sqlite import schema
+from tasklease.worker.stores.sqlite.database import SqliteDatabase
 
-__all__ = ["HandlerDatabaseError", "SqliteTransaction", "run_transaction"]
+__all__ = ["HandlerDatabaseError", "SqliteTransaction", "SqliteTransactions", "run_transaction"]
 
 _T = TypeVar("_T")
 
@@ -154,3 +161,62 @@ def run_transaction(
                 connection.execute("ROLLBACK")
             raise
     return True, value
+
+
+class SqliteTransactions:
+    """The transactions of a :class:`~tasklease.worker.stores.sqlite.database.SqliteDatabase`
+    that hold a handler's (or a step's) writes with its run's record
+    (:class:`~tasklease.worker.stores.base.transactional.TransactionalStore`'s two methods)."""
+
+    def __init__(self, database: SqliteDatabase) -> None:
+        self._database = database
+
+    def complete(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Work,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> TransactionOutcome:
+        """``work``'s writes and the run completed by ``attempt_id``, in one transaction."""
+
+        def completed(record: RunRecord, result_json: str | None) -> RunRecord:
+            at = resolve(now)
+            return decisions.kept(decisions.completed(record, result_json, at), at, keep_for)
+
+        held, result_json = self._in_transaction(run_id, attempt_id, work, completed)
+        return TransactionOutcome(held=held, result_json=result_json if held else None)
+
+    def record_step(self, run_id: str, attempt_id: str, step_work: StepWork) -> TransactionOutcome:
+        """``step_work``'s writes and the step it returns added to the run, in one
+        transaction."""
+        held, step = self._in_transaction(run_id, attempt_id, step_work, steps.with_step)
+        return TransactionOutcome(held=held, result_json=step.result_json if held else None)
+
+    def _in_transaction(
+        self,
+        run_id: str,
+        attempt_id: str,
+        work: Callable[[SqliteTransaction], _T],
+        change: Callable[[RunRecord, _T], RunRecord],
+    ) -> tuple[bool, _T]:
+        """``work``, then the run's record changed by ``change`` if ``attempt_id`` holds it."""
+        database = self._database
+
+        def finish(connection: sqlite3.Connection, value: _T) -> bool:
+            row = schema.read_row(connection, run_id)
+            if row is None or not decisions.holds(schema.decode_run(row), attempt_id):
+                return False
+            schema.write_run(connection, row, change(schema.decode_run(row), value))
+            return True
+
+        def transaction() -> tuple[bool, _T]:
+            with database.guard("run a transaction"):
+                return run_transaction(database.writing(), work, finish, database.writer)
+
+        try:
+            return database.alone(transaction)
+        except HandlerDatabaseError as exc:  # The handler's own statement failed.
+            raise exc.error from exc
