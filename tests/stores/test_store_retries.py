@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker.delivery import store_retries
-from tasklease.worker.delivery.store_retries import retry_while_unavailable
+from tasklease.worker.stores.base import retries as store_retries
+from tasklease.worker.stores.base.retries import retry_while_unavailable
 
 
 def flaky(failures: int) -> tuple[list[int], Callable[[], bool]]:

@@ -15,8 +15,8 @@ import pytest
 from tasklease.errors import LeaseLost
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
-from tasklease.worker.delivery.attempt import Attempt
 from tasklease.worker.delivery.lease import LeaseKeeper
+from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.stores import MemoryStore
 from tests.support.helpers import SwitchableStore, claim_request, task_headers
 

@@ -22,8 +22,8 @@ import pytest
 from tasklease.errors import ConfigurationError
 from tasklease.testing.google_apis import FakeGoogleApis
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.delivery import store_retries
 from tasklease.worker.stores import MemoryStore
+from tasklease.worker.stores.base import retries as store_retries
 from tasklease.worker.targets import (
     ProxyTarget,
     cloud_build_trigger,

@@ -11,7 +11,7 @@ import pytest
 
 from tasklease.errors import LeaseLost
 from tasklease.worker import TaskContext
-from tasklease.worker.delivery.attempt import Attempt
+from tasklease.worker.handlers.attempt import Attempt
 from tests.support.checkout import ROOT
 
 EXPIRES = datetime(2026, 10, 16, 12, 5, tzinfo=UTC)

@@ -35,12 +35,12 @@ from tasklease.worker import (
     TaskContext,
     create_app,
 )
-from tasklease.worker.delivery import store_retries
-from tasklease.worker.delivery.attempt import Attempt
 from tasklease.worker.delivery.lease import LeaseKeeper
+from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.observe import telemetry
 from tasklease.worker.observe.logs import CloudLoggingFormatter
 from tasklease.worker.stores import MemoryStore
+from tasklease.worker.stores.base import retries as store_retries
 from tests.support.helpers import (
     T0,
     FakeClock,

@@ -23,7 +23,7 @@ from tasklease.worker.core import steps
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.core.steps import StepRecord
-from tasklease.worker.delivery.attempt import Attempt
+from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.steps import StepRunner
 from tasklease.worker.stores.base.transactional import TRANSACTIONAL_STEP_STORES, TransactionalStore
 from tasklease.worker.stores.memory.store import MemoryStore

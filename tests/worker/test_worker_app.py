@@ -18,8 +18,8 @@ from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind, parse_identity
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.delivery import store_retries
 from tasklease.worker.stores import MemoryStore, SqliteStore
+from tasklease.worker.stores.base import retries as store_retries
 from tests.support.helpers import (
     FakeClock,
     SwitchableStore,

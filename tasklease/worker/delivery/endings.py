@@ -1,6 +1,6 @@
 """Writing how an execution ended: complete, fail, release for a retry, give the claim back,
 each fenced by the attempt id, the execution's lock released first, and each write retried
-while the store is briefly unavailable (:mod:`tasklease.worker.delivery.store_retries`).
+while the store is briefly unavailable (:mod:`tasklease.worker.stores.base.retries`).
 
 The plain path (:mod:`tasklease.worker.delivery.executor`) and the transactional path
 (:mod:`tasklease.worker.delivery.transactional_run`) both end here, through the one table
@@ -19,13 +19,13 @@ from tasklease.worker.core.endings import Action, Ending
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.outcome import Outcome
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.delivery.attempt import Attempt
 from tasklease.worker.delivery.locks import ExecutionLocks
 from tasklease.worker.delivery.reply import Reply
-from tasklease.worker.delivery.store_retries import retry_while_unavailable
+from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.observe import telemetry
 from tasklease.worker.observe.logs import note_error
+from tasklease.worker.stores.base.retries import retry_while_unavailable
 from tasklease.worker.stores.base.store import LeaseStore
 
 __all__ = ["Finisher", "store_unavailable"]

@@ -19,7 +19,6 @@ from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind,
 from tasklease.worker.core.outcome import Outcome, Rejection
 from tasklease.worker.core.records import ClaimRequest, RunRecord, Verdict
 from tasklease.worker.delivery import continuation
-from tasklease.worker.delivery.attempt import Attempt
 from tasklease.worker.delivery.auth import Authenticator, AuthRequest
 from tasklease.worker.delivery.endings import Finisher, store_unavailable
 from tasklease.worker.delivery.flow import Blocking, Steps, handler_run, run_in_thread
@@ -28,6 +27,7 @@ from tasklease.worker.delivery.locks import ExecutionLocks
 from tasklease.worker.delivery.manual_runs import ManualRuns
 from tasklease.worker.delivery.reply import Reply, settled
 from tasklease.worker.delivery.transactional_run import run_in_transaction
+from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.context import TaskContext, view_of
 from tasklease.worker.handlers.router import HandlerSpec, Router
 from tasklease.worker.handlers.running import handler_call

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core.endings import HandlerNotStarted
-from tasklease.worker.delivery.attempt import Attempt
+from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.observe import telemetry
 from tasklease.worker.stores.base.locks import lock_store
 from tasklease.worker.stores.base.store import LeaseStore

@@ -21,13 +21,13 @@ from tasklease.worker.core import locking
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.outcome import Outcome, lock_retry_after
 from tasklease.worker.core.records import LockGrant, LockRequest
-from tasklease.worker.delivery.attempt import Attempt
 from tasklease.worker.delivery.lease import local_deadline
 from tasklease.worker.delivery.reply import Reply
-from tasklease.worker.delivery.store_retries import retry_while_unavailable
+from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import HandlerSpec
 from tasklease.worker.stores.base.locks import lock_store
+from tasklease.worker.stores.base.retries import retry_while_unavailable
 from tasklease.worker.stores.base.store import LeaseStore
 
 _log = logging.getLogger("tasklease.execution")

@@ -16,11 +16,11 @@ from typing import Any
 from tasklease.worker.core import decisions
 from tasklease.worker.core.endings import UnserialisableResult, ending_of
 from tasklease.worker.core.outcome import Outcome
-from tasklease.worker.delivery.attempt import Attempt
 from tasklease.worker.delivery.endings import Finisher
 from tasklease.worker.delivery.flow import handler_run, run_in_thread
 from tasklease.worker.delivery.lease import LeaseKeeper
 from tasklease.worker.delivery.reply import Reply
+from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import HandlerSpec
 from tasklease.worker.handlers.running import current_call, handler_call

@@ -9,7 +9,7 @@ from typing import Any
 
 from tasklease.worker.core.identity import DeliveryIdentity, Kind, parse_rfc3339
 from tasklease.worker.core.records import RunRecord
-from tasklease.worker.delivery.attempt import Attempt
+from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.steps import DurableSteps, StepRunner
 
 

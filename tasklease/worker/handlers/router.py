@@ -6,13 +6,14 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Unpack, get_args
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, get_args
 
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.keywords import refuse_unknown_options
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.handlers.async_producers import AsyncProducers, no_producer
+from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.declared_jobs import check_schedule
 from tasklease.worker.handlers.handles import (
     JobDecorator,
@@ -28,13 +29,16 @@ from tasklease.worker.handlers.spec import ConcurrencyKey, HandlerSpec, JobRetry
 if TYPE_CHECKING:
     from tasklease.producer.async_producer import AsyncProducer
     from tasklease.producer.producer import Producer
-    from tasklease.worker.targets import ProxyTarget
 
 # HandlerSpec is defined below the router (tasklease.worker.handlers.spec), and read from
 # here as it always was: the router records one per handler.
 __all__ = ["HandlerSpec", "Router"]
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,100}", re.ASCII)
+
+# What proxy_job serves: a built-in target of tasklease.worker.targets, or any callable of
+# the context alone (the targets import the handlers' context, so not the other way round).
+_Target = TypeVar("_Target", bound=Callable[[TaskContext], dict[str, Any]])
 
 
 class Router:
@@ -177,9 +181,7 @@ class Router:
 
         return job_handle
 
-    def proxy_job(
-        self, name: str, *, target: ProxyTarget[Any], **options: Unpack[JobOptions]
-    ) -> ProxyTarget[Any]:
+    def proxy_job(self, name: str, *, target: _Target, **options: Unpack[JobOptions]) -> _Target:
         """Serve a built-in target from :mod:`tasklease.worker.targets` at ``POST /jobs/<name>``.
 
         Point the Cloud Scheduler job at the worker instead of at ``*.googleapis.com``: each

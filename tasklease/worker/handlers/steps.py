@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from tasklease.errors import LeaseLost
 from tasklease.worker.core import steps as rules
 from tasklease.worker.core.steps import Continuation, StepRecord
-from tasklease.worker.delivery.store_retries import retry_while_unavailable
 from tasklease.worker.handlers.running import step_call
 from tasklease.worker.handlers.transactional_steps import run_transactional_step
 from tasklease.worker.runtime.thread_wait import thread_result
+from tasklease.worker.stores.base.retries import retry_while_unavailable
 
 if TYPE_CHECKING:
     from tasklease.worker.core.records import RunRecord
-    from tasklease.worker.delivery.attempt import Attempt
+    from tasklease.worker.handlers.attempt import Attempt
     from tasklease.worker.stores.base.store import LeaseStore
 
 Clock = Callable[[], datetime]

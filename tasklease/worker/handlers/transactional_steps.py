@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tasklease.errors import LeaseLost, StoreUnavailable
 from tasklease.worker.core import steps as rules
 from tasklease.worker.core.steps import StepRecord
-from tasklease.worker.delivery.store_retries import retry_while_unavailable
 from tasklease.worker.handlers.running import step_call
+from tasklease.worker.stores.base.retries import retry_while_unavailable
 from tasklease.worker.stores.base.transactional import (
     TRANSACTIONAL_STEP_STORES,
     TransactionalStore,
@@ -29,7 +29,7 @@ from tasklease.worker.stores.base.transactional import (
 )
 
 if TYPE_CHECKING:
-    from tasklease.worker.delivery.attempt import Attempt
+    from tasklease.worker.handlers.attempt import Attempt
     from tasklease.worker.stores.base.store import LeaseStore
 
 __all__ = ["AttemptSteps", "run_transactional_step"]

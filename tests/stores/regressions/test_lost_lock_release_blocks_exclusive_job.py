@@ -17,8 +17,8 @@ from tasklease.errors import StoreUnavailable
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core import locking
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.delivery import store_retries
 from tasklease.worker.stores import MemoryStore, SqliteStore
+from tasklease.worker.stores.base import retries as store_retries
 from tasklease.worker.stores.base.locks import LockStore
 from tasklease.worker.stores.base.store import Moment
 from tests.support.helpers import FakeClock, job_headers

@@ -17,7 +17,7 @@ from tasklease import protocol
 from tasklease.errors import StoreUnavailable
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.delivery import store_retries
+from tasklease.worker.stores.base import retries as store_retries
 from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.support.helpers import FakeClock, job_headers, task_headers
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from tasklease.worker.delivery import lease as lease_module
-from tasklease.worker.delivery.attempt import Attempt
 from tasklease.worker.delivery.lease import LeaseKeeper
+from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.stores.memory.store import MemoryStore
 from tests.support.helpers import claim_request
 
