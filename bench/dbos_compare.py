@@ -34,8 +34,8 @@ from dbos import DBOS, SetWorkflowID, SQLAlchemyDatasource
 from psycopg._pipeline_base import BasePipeline
 
 from bench.common import ROOT
+from tasklease.worker.auth.authenticators import NoAuth
 from tasklease.worker.core.identity import Kind
-from tasklease.worker.delivery.auth import NoAuth
 from tasklease.worker.delivery.executor import Delivery, Executor
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.stores.postgres.store import PostgresStore

@@ -53,7 +53,7 @@ def check_router(reference: str) -> list[HandlerSpec]:
     ConfigurationError says what is wrong with the reference."""
     from tasklease.worker.handlers.router import Router  # noqa: PLC0415
     from tasklease.worker.serving.app import EXECUTOR_EXTENSION  # noqa: PLC0415
-    from tasklease.worker.wsgi import load_router  # noqa: PLC0415
+    from tasklease.worker.serving.router_reference import load_router  # noqa: PLC0415
 
     here = str(Path.cwd())
     added = here not in sys.path

@@ -24,7 +24,7 @@ from django.utils import timezone
 from tasklease.django import compat
 from tasklease.django.handler import DJANGO_TASK_HANDLER, payload_for
 from tasklease.producer import Producer
-from tasklease.worker.handlers.running import current_call
+from tasklease.worker.runtime.running import current_call
 
 # OPTIONS keys handed to the Producer; each one missing comes from TASKLEASE_* variables.
 PRODUCER_OPTIONS = (

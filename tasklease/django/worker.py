@@ -20,8 +20,8 @@ from django.core.signals import setting_changed
 from tasklease.django.handler import register
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.serving.app import ROUTES_EXTENSION, create_app
+from tasklease.worker.serving.router_reference import load_router
 from tasklease.worker.serving.wsgi_routes import DeliveryRoutes
-from tasklease.worker.wsgi import load_router
 
 SETTINGS = (
     "TASKLEASE_STORE",

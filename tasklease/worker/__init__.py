@@ -25,16 +25,16 @@ if TYPE_CHECKING:
         PermanentFailure,
         StoreUnavailable,
     )
-    from tasklease.worker.core.outcome import Outcome
-    from tasklease.worker.core.records import RunRecord, RunStatus
-    from tasklease.worker.core.steps import StepError
-    from tasklease.worker.delivery.auth import (
+    from tasklease.worker.auth.authenticators import (
         Authenticator,
         AuthRequest,
         AuthResult,
         NoAuth,
         OidcAuth,
     )
+    from tasklease.worker.core.outcome import Outcome
+    from tasklease.worker.core.records import RunRecord, RunStatus
+    from tasklease.worker.core.steps import StepError
     from tasklease.worker.handlers.context import TaskContext
     from tasklease.worker.handlers.options import HandlerOptions, JobOptions
     from tasklease.worker.handlers.router import Router
@@ -46,11 +46,11 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "create_app": "tasklease.worker.serving.app",
     "WorkerOptions": "tasklease.worker.serving.options",
-    "Authenticator": "tasklease.worker.delivery.auth",
-    "AuthRequest": "tasklease.worker.delivery.auth",
-    "AuthResult": "tasklease.worker.delivery.auth",
-    "NoAuth": "tasklease.worker.delivery.auth",
-    "OidcAuth": "tasklease.worker.delivery.auth",
+    "Authenticator": "tasklease.worker.auth.authenticators",
+    "AuthRequest": "tasklease.worker.auth.authenticators",
+    "AuthResult": "tasklease.worker.auth.authenticators",
+    "NoAuth": "tasklease.worker.auth.authenticators",
+    "OidcAuth": "tasklease.worker.auth.authenticators",
     "TaskContext": "tasklease.worker.handlers.context",
     "ConfigurationError": "tasklease.errors",
     "InvalidDelivery": "tasklease.errors",

@@ -27,14 +27,14 @@ import flask
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.keywords import refuse_unknown_options
-from tasklease.worker.delivery.auth import Authenticator
+from tasklease.worker.auth.authenticators import Authenticator
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.serving.app import ROUTES_EXTENSION, create_app
 from tasklease.worker.serving.asgi_routes import ASGIApp, AsgiDeliveries
 from tasklease.worker.serving.asgi_wsgi import WsgiBridge
 from tasklease.worker.serving.options import WorkerOptions
+from tasklease.worker.serving.router_reference import load_router
 from tasklease.worker.stores import LeaseStore
-from tasklease.worker.wsgi import load_router
 
 DEFAULT_THREADS = 40  # anyio's own default: deliveries at once, each holding a thread.
 

@@ -19,7 +19,8 @@ from tasklease.emulator.scheduler import Job
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.serve import free_port
 from tasklease.producer import Producer
-from tasklease.worker.wsgi import app_from_env, load_router
+from tasklease.worker.serving.router_reference import load_router
+from tasklease.worker.wsgi import app_from_env
 from tests.support.emulator_target import Target
 from tests.support.helpers import task_headers
 

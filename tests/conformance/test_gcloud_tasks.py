@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tasklease.emulator import CloudTasksEmulator
+from tasklease.worker.auth.authenticators import AuthRequest, OidcAuth
 from tasklease.worker.core.identity import Kind
-from tasklease.worker.delivery.auth import AuthRequest, OidcAuth
 from tasklease.worker.handlers.router import HandlerSpec
 from tests.conformance.conftest import LOCATION, PROJECT, Gcloud
 from tests.support.emulator_target import Target

@@ -19,7 +19,7 @@ from tasklease.outbox import Relay, open_outbox
 from tasklease.outbox.relay import Round
 from tasklease.producer import Producer
 from tasklease.producer.memory import MemoryTransport, QueuedTask
-from tasklease.worker.delivery.auth import OidcAuth
+from tasklease.worker.auth.authenticators import OidcAuth
 from tests.django_project import tasks
 from tests.django_project.conftest import OUTBOX_URL, WORKER_URL
 

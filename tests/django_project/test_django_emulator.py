@@ -15,7 +15,7 @@ from tasklease.emulator import CloudTasksEmulator
 from tasklease.emulator.faults import Faults
 from tasklease.emulator.http_server import HttpServer
 from tasklease.producer import Producer
-from tasklease.worker.delivery.auth import OidcAuth
+from tasklease.worker.auth.authenticators import OidcAuth
 from tests.django_project import tasks
 
 ACCOUNT = "tasks@p.iam.gserviceaccount.com"

@@ -13,7 +13,7 @@ from pytest_httpserver import HTTPServer
 
 from tasklease.django import DJANGO_TASK_HANDLER
 from tasklease.emulator.oidc import TokenIssuer
-from tasklease.worker.delivery.auth import OidcAuth
+from tasklease.worker.auth.authenticators import OidcAuth
 from tasklease.worker.observe.logs import EXECUTION_LOGGER
 from tests.django_project import tasks
 from tests.support.helpers import task_headers

@@ -14,8 +14,8 @@ from werkzeug import Response
 from tasklease.emulator import CloudTasksEmulator, Faults
 from tasklease.emulator.api import CERTS_PATH
 from tasklease.emulator.model import ApiError
+from tasklease.worker.auth.authenticators import AuthRequest, OidcAuth
 from tasklease.worker.core.identity import Kind
-from tasklease.worker.delivery.auth import AuthRequest, OidcAuth
 from tasklease.worker.handlers.router import HandlerSpec
 from tests.support.emulator_target import Target
 

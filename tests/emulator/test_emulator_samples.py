@@ -16,8 +16,8 @@ from google.cloud import tasks_v2
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from tasklease.emulator import CloudTasksEmulator
+from tasklease.worker.auth.authenticators import AuthRequest, OidcAuth
 from tasklease.worker.core.identity import Kind
-from tasklease.worker.delivery.auth import AuthRequest, OidcAuth
 from tasklease.worker.handlers.router import HandlerSpec
 from tests.support.emulator_target import Target
 

@@ -19,7 +19,7 @@ import flask
 from tasklease import protocol
 from tasklease.worker import LeaseLost, Router, TaskContext, create_app
 from tasklease.worker.core import constants as c
-from tasklease.worker.delivery.executor import utc_now
+from tasklease.worker.runtime.clock import utc_now
 from tasklease.worker.stores import LeaseStore, SqliteStore, store_from_url
 from tests.faults import ledger
 from tests.faults.downstream import REFUSED, Downstream

@@ -1,4 +1,4 @@
-"""The handler call in progress (``tasklease.worker.handlers.running``): the keys it gives the
+"""The handler call in progress (``tasklease.worker.runtime.running``): the keys it gives the
 tasks a handler enqueues without naming them (Django's ``enqueue()``), the same on every try of the
 handler's code within a run, and none outside a handler."""
 
@@ -16,7 +16,7 @@ import pytest
 from tasklease.worker import Router, create_app
 from tasklease.worker.asgi import create_asgi_app
 from tasklease.worker.handlers.context import TaskContext
-from tasklease.worker.handlers.running import current_call, handler_call
+from tasklease.worker.runtime.running import current_call, handler_call
 from tasklease.worker.stores.base.transactional import TransactionOutcome, Work
 from tasklease.worker.stores.memory.store import MemoryStore
 from tasklease.worker.stores.sqlite.store import SqliteStore

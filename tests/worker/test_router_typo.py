@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasklease.errors import ConfigurationError
-from tasklease.worker.wsgi import load_router
+from tasklease.worker.serving.router_reference import load_router
 from tests.support.dev_stack import dev_flags, start_dev, wait_gone
 
 HINT = (

@@ -21,7 +21,7 @@ from pytest_httpserver import HTTPServer
 
 from tasklease.emulator.oidc import TokenIssuer
 from tasklease.worker import ConfigurationError, OidcAuth, Router, TaskContext, create_app
-from tasklease.worker.delivery.auth import UNAUTHENTICATED
+from tasklease.worker.auth.authenticators import UNAUTHENTICATED
 from tasklease.worker.stores import MemoryStore
 from tests.support.helpers import job_headers, task_headers
 

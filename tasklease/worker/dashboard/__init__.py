@@ -20,13 +20,13 @@ import flask
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.jobs import Job
 from tasklease.plumbing.hosts import LOOPBACK_HOSTS, allowed_host_names
+from tasklease.worker.auth.authenticators import Authenticator
 from tasklease.worker.dashboard.csrf import CSRF_COOKIE, CSRF_FIELD, Csrf
 from tasklease.worker.dashboard.guard import Guard
 from tasklease.worker.dashboard.operators import OperatorAuth
 from tasklease.worker.dashboard.outbox import OutboxView, locate
 from tasklease.worker.dashboard.summary import SummaryView
 from tasklease.worker.dashboard.views import Views
-from tasklease.worker.delivery.auth import Authenticator
 from tasklease.worker.handlers.router import HandlerSpec
 from tasklease.worker.operate.operations import Operations
 from tasklease.worker.stores.base.store import LeaseStore

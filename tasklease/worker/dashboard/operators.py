@@ -10,8 +10,7 @@ from typing import Any
 
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
-from tasklease.worker.core.identity import Kind
-from tasklease.worker.delivery.auth import (
+from tasklease.worker.auth.authenticators import (
     Authenticator,
     AuthRequest,
     AuthResult,
@@ -19,6 +18,7 @@ from tasklease.worker.delivery.auth import (
     OidcAuth,
     expected_audiences,
 )
+from tasklease.worker.core.identity import Kind
 from tasklease.worker.handlers.router import HandlerSpec
 
 _log = logging.getLogger("tasklease.dashboard")

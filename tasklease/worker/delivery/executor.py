@@ -6,51 +6,46 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from tasklease import protocol
 from tasklease.errors import InvalidDelivery, StoreUnavailable
+from tasklease.worker.auth.authenticators import Authenticator, AuthRequest
 from tasklease.worker.core import decisions
 from tasklease.worker.core.endings import ending_of
 from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
 from tasklease.worker.core.outcome import Outcome, Rejection
 from tasklease.worker.core.records import ClaimRequest, RunRecord, Verdict
 from tasklease.worker.delivery import continuation
-from tasklease.worker.delivery.auth import Authenticator, AuthRequest
 from tasklease.worker.delivery.endings import Finisher, store_unavailable
 from tasklease.worker.delivery.flow import Blocking, Steps, handler_run, run_in_thread
 from tasklease.worker.delivery.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
 from tasklease.worker.delivery.locks import ExecutionLocks
+from tasklease.worker.delivery.log_levels import execution_level, known_handlers
 from tasklease.worker.delivery.manual_runs import ManualRuns
 from tasklease.worker.delivery.reply import Reply, settled
 from tasklease.worker.delivery.transactional_run import run_in_transaction
 from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.context import TaskContext, view_of
 from tasklease.worker.handlers.router import HandlerSpec, Router
-from tasklease.worker.handlers.running import handler_call
 from tasklease.worker.handlers.steps import StepRunner
 from tasklease.worker.observe import telemetry
-from tasklease.worker.observe.log_levels import execution_level, known_handlers
 from tasklease.worker.observe.logs import instance_id, log_execution, note_error
 from tasklease.worker.observe.tally_flusher import DeliveryCounter
+from tasklease.worker.runtime.clock import Clock, utc_now
+from tasklease.worker.runtime.running import handler_call
 from tasklease.worker.stores.base.store import LeaseStore
 
 # Reply lives in its own module; it is exported here too, where the adapters import it from.
-__all__ = ["Clock", "Delivery", "Executor", "Reply", "decode_payload", "utc_now"]
+__all__ = ["Delivery", "Executor", "Reply", "decode_payload"]
 
-Clock = Callable[[], datetime]
 
 # Verdicts a read alone may act on: a finished run stays finished until its record expires.
 _SETTLED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.FORBIDDEN, Verdict.SKIPPED})
 
 _AUTH_OUTCOMES = {401: Outcome.UNAUTHENTICATED, 403: Outcome.FORBIDDEN, 503: Outcome.UNAVAILABLE}
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from tasklease.worker.delivery.reply import Reply
 from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import HandlerSpec
-from tasklease.worker.handlers.running import current_call, handler_call
 from tasklease.worker.observe import telemetry
+from tasklease.worker.runtime.running import current_call, handler_call
 from tasklease.worker.stores.base.transactional import TransactionalStore, TransactionOutcome
 
 __all__ = ["run_in_transaction"]

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from tasklease.errors import LeaseLost
 from tasklease.worker.core import steps as rules
 from tasklease.worker.core.steps import Continuation, StepRecord
-from tasklease.worker.handlers.running import step_call
 from tasklease.worker.handlers.transactional_steps import run_transactional_step
+from tasklease.worker.runtime.running import step_call
 from tasklease.worker.runtime.thread_wait import thread_result
 from tasklease.worker.stores.base.retries import retry_while_unavailable
 

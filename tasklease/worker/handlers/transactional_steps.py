@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tasklease.errors import LeaseLost, StoreUnavailable
 from tasklease.worker.core import steps as rules
 from tasklease.worker.core.steps import StepRecord
-from tasklease.worker.handlers.running import step_call
+from tasklease.worker.runtime.running import step_call
 from tasklease.worker.stores.base.retries import retry_while_unavailable
 from tasklease.worker.stores.base.transactional import (
     TRANSACTIONAL_STEP_STORES,

@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-from tasklease.worker.handlers.running import current_call
+from tasklease.worker.runtime.running import current_call
 
 EXECUTION_LOGGER = "tasklease.execution"
 FIELDS_ATTRIBUTE = "tasklease"  # LogRecord attribute that carries the structured fields.

@@ -23,9 +23,9 @@ from tasklease.worker.core import decisions, locking
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.queries import RunFilter, RunPage, is_stuck
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
-from tasklease.worker.delivery.executor import utc_now
 from tasklease.worker.operate.run_ids import resolve_run_id
 from tasklease.worker.operate.stuck_schedules import DEFAULT_GRACE, OverdueJob, overdue_jobs
+from tasklease.worker.runtime.clock import utc_now
 from tasklease.worker.stores.base.locks import lock_store
 from tasklease.worker.stores.base.queries import operator_queries
 from tasklease.worker.stores.base.store import LeaseStore

@@ -13,7 +13,7 @@ from werkzeug.exceptions import HTTPException
 from tasklease import protocol
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.keywords import refuse_unknown_options
-from tasklease.worker.delivery.auth import Authenticator, NoAuth, OidcAuth, authenticator_for
+from tasklease.worker.auth.authenticators import Authenticator, NoAuth, OidcAuth, authenticator_for
 from tasklease.worker.delivery.executor import Executor, Reply
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.observe import telemetry

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 from tasklease import protocol
-from tasklease.worker.delivery.executor import Clock, utc_now
+from tasklease.worker.runtime.clock import Clock, utc_now
 
 if TYPE_CHECKING:
     import flask

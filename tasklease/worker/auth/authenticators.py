@@ -130,7 +130,7 @@ class OidcAuth(Authenticator):
         self.certs_url = certs_url
         self.issuers = tuple(issuers)
         # google-auth, requests and the HTTP cache load only for a worker that verifies tokens.
-        from tasklease.worker.delivery.keys import KeyFetcher  # noqa: PLC0415
+        from tasklease.worker.auth.keys import KeyFetcher  # noqa: PLC0415
 
         self._transport = KeyFetcher(session, timeout=fetch_timeout)
 

@@ -1,0 +1,1 @@
+"""Who may make the worker run a handler: OIDC tokens of Cloud Tasks, Scheduler and operators."""
