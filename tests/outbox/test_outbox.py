@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,45 +15,20 @@ from sqlalchemy.orm import Session
 
 from tasklease.cli import main
 from tasklease.emulator import CloudTasksEmulator
-from tasklease.outbox import NotInTransaction, Relay, open_outbox, relay_producer
-from tasklease.outbox.db import OutboxDB
+from tasklease.outbox import NotInTransaction, Relay, relay_producer
 from tasklease.producer import task_id
-from tests.support import postgres as postgres_support
-from tests.support.outbox import QUEUE_PATH, producer, relay_env, sqlite_app_db
-
-
-@pytest.fixture
-def tasks() -> Iterator[CloudTasksEmulator]:
-    with CloudTasksEmulator(scheduler_on_schedule=False) as emulator:
-        # Held, never dispatched: the tests count what was created.
-        emulator.create_queue(QUEUE_PATH, state="PAUSED")
-        yield emulator
-
-
-def task_names(emulator: CloudTasksEmulator) -> list[str]:
-    client = emulator.client()
-    return sorted(t.name.rsplit("/", 1)[1] for t in client.list_tasks(parent=QUEUE_PATH))
-
-
-_opened: list[OutboxDB] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_outboxes() -> Iterator[None]:
-    yield
-    while _opened:
-        _opened.pop().close()
-
-
-def relay_for(url: str, emulator: CloudTasksEmulator) -> tuple[OutboxDB, Relay]:
-    """A relay through ``emulator``; closed at the end of the test."""
-    db = open_outbox(url)
-    _opened.append(db)
-    return db, Relay(db, relay_producer(relay_env(emulator.url)))
+from tests.support.outbox import (
+    Outboxes,
+    pg_connect,
+    producer,
+    relay_env,
+    sqlite_app_db,
+    task_names,
+)
 
 
 def test_a_committed_enqueue_is_created_by_the_relay_under_the_producers_own_name(
-    tmp_path: Path, tasks: CloudTasksEmulator
+    tmp_path: Path, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     url = sqlite_app_db(tmp_path / "app.db")
     conn = sqlite3.connect(tmp_path / "app.db")
@@ -63,27 +37,27 @@ def test_a_committed_enqueue_is_created_by_the_relay_under_the_producers_own_nam
     assert result.staged and not result.created
     assert task_names(tasks) == []  # Nothing sent before the relay, even after the commit.
     conn.commit()
-    db, relay = relay_for(url, tasks)
+    db, relay = outboxes.relay_for(url, tasks)
     assert relay.drain().sent == 1
     assert task_names(tasks) == [task_id("send_receipt", "o42")]
     assert db.status(0).depth == 0 and db.status(0).sent == 1
 
 
 def test_a_rolled_back_enqueue_leaves_no_entry_and_no_task(
-    tmp_path: Path, tasks: CloudTasksEmulator
+    tmp_path: Path, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     url = sqlite_app_db(tmp_path / "app.db")
     conn = sqlite3.connect(tmp_path / "app.db")
     conn.execute("INSERT INTO orders VALUES ('1')")
     producer(tasks.url).enqueue("send_receipt", {}, key="o1", transaction=conn)
     conn.rollback()
-    _db, relay = relay_for(url, tasks)
+    _db, relay = outboxes.relay_for(url, tasks)
     assert relay.drain().claimed == 0
     assert task_names(tasks) == []
 
 
 def test_the_same_key_staged_twice_is_one_entry_and_a_re_send_is_absorbed(
-    tmp_path: Path, tasks: CloudTasksEmulator
+    tmp_path: Path, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     url = sqlite_app_db(tmp_path / "app.db")
     conn = sqlite3.connect(tmp_path / "app.db")
@@ -93,7 +67,7 @@ def test_the_same_key_staged_twice_is_one_entry_and_a_re_send_is_absorbed(
         staged = make.enqueue("send_receipt", {}, key="same", transaction=conn).staged
         conn.commit()
     assert staged is False
-    _db, relay = relay_for(url, tasks)
+    _db, relay = outboxes.relay_for(url, tasks)
     relay.drain()
     # A relay that died before marking sent: the entry is pending again, its re-send absorbed.
     with sqlite3.connect(tmp_path / "app.db") as raw:
@@ -103,14 +77,14 @@ def test_the_same_key_staged_twice_is_one_entry_and_a_re_send_is_absorbed(
 
 
 def test_without_a_key_the_entry_keeps_its_generated_name_for_every_re_send(
-    tmp_path: Path, tasks: CloudTasksEmulator
+    tmp_path: Path, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     url = sqlite_app_db(tmp_path / "app.db")
     conn = sqlite3.connect(tmp_path / "app.db")
     conn.execute("BEGIN")
     staged = producer(tasks.url).enqueue("send_receipt", {}, transaction=conn)
     conn.commit()
-    _db, relay = relay_for(url, tasks)
+    _db, relay = outboxes.relay_for(url, tasks)
     relay.drain()
     with sqlite3.connect(tmp_path / "app.db") as raw:
         raw.execute("UPDATE tasklease_outbox SET state = 'pending', next_attempt_at = 0")
@@ -119,7 +93,7 @@ def test_without_a_key_the_entry_keeps_its_generated_name_for_every_re_send(
 
 
 def test_enqueue_many_and_fan_out_stage_every_item_through_the_transaction(
-    tmp_path: Path, tasks: CloudTasksEmulator
+    tmp_path: Path, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     url = sqlite_app_db(tmp_path / "app.db")
     conn = sqlite3.connect(tmp_path / "app.db")
@@ -133,7 +107,7 @@ def test_enqueue_many_and_fan_out_stage_every_item_through_the_transaction(
     fanned = make.fan_out(Run(), "record", [("a", {}), ("b", {})], transaction=conn)
     conn.commit()
     assert all(r.staged for r in [*many, *fanned])
-    _db, relay = relay_for(url, tasks)
+    _db, relay = outboxes.relay_for(url, tasks)
     assert relay.drain().sent == 7
     assert len(task_names(tasks)) == 7
 
@@ -152,7 +126,10 @@ def test_an_unsupported_transaction_object_is_a_type_error_naming_the_supported_
 
 
 def test_a_poison_entry_is_marked_failed_with_its_reason_and_never_blocks_the_others(
-    tmp_path: Path, tasks: CloudTasksEmulator, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    tasks: CloudTasksEmulator,
+    capsys: pytest.CaptureFixture[str],
+    outboxes: Outboxes,
 ) -> None:
     url = sqlite_app_db(tmp_path / "app.db")
     conn = sqlite3.connect(tmp_path / "app.db")
@@ -162,7 +139,7 @@ def test_a_poison_entry_is_marked_failed_with_its_reason_and_never_blocks_the_ot
     make.enqueue("record", {}, key="poison", queue="no-such-queue", transaction=conn)
     make.enqueue("record", {}, key="good-2", transaction=conn)
     conn.commit()
-    _db, relay = relay_for(url, tasks)
+    _db, relay = outboxes.relay_for(url, tasks)
     done = relay.drain()
     assert (done.sent, done.failed) == (2, 1)
     assert len(task_names(tasks)) == 2
@@ -173,7 +150,7 @@ def test_a_poison_entry_is_marked_failed_with_its_reason_and_never_blocks_the_ot
 
 
 def test_while_cloud_tasks_is_down_entries_back_off_and_none_is_marked_sent(
-    tmp_path: Path,
+    tmp_path: Path, outboxes: Outboxes
 ) -> None:
     url = sqlite_app_db(tmp_path / "app.db")
     conn = sqlite3.connect(tmp_path / "app.db")
@@ -182,8 +159,7 @@ def test_while_cloud_tasks_is_down_entries_back_off_and_none_is_marked_sent(
         "record", [(f"k{n}", {}) for n in range(3)], transaction=conn
     )
     conn.commit()
-    db = open_outbox(url)
-    _opened.append(db)
+    db = outboxes.open(url)
     relay = Relay(db, relay_producer(relay_env("http://127.0.0.1:9")))
     done = relay.drain()
     assert (done.sent, done.retrying) == (0, 3)
@@ -193,15 +169,14 @@ def test_while_cloud_tasks_is_down_entries_back_off_and_none_is_marked_sent(
 
 
 def test_migrate_creates_the_table_and_print_shows_the_sql(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], outboxes: Outboxes
 ) -> None:
     assert main(["outbox", "migrate", "--print", "postgresql"]) == 0
     assert "CREATE TABLE IF NOT EXISTS tasklease_outbox" in capsys.readouterr().out
     url = f"sqlite:///{tmp_path}/fresh.db"
     assert main(["outbox", "migrate", "--url", url]) == 0
     assert main(["outbox", "migrate", "--url", url]) == 0  # Idempotent.
-    db = open_outbox(url)
-    _opened.append(db)
+    db = outboxes.open(url)
     assert db.has_outbox()
 
 
@@ -223,25 +198,10 @@ def test_the_entry_keeps_the_enqueuers_trace_context(tmp_path: Path) -> None:
 # Postgres: psycopg, LISTEN/NOTIFY, SKIP LOCKED; SQLAlchemy on both.
 
 
-@pytest.fixture
-def pg_url(postgres_cluster: postgres_support.Cluster) -> Iterator[str]:
-    schema = postgres_support.fresh_schema()
-    url = postgres_cluster.url(schema=schema)
-    db = open_outbox(url)
-    db.migrate()
-    db.close()
-    yield url
-
-
-def pg_connect(url: str, **options: Any) -> psycopg.Connection[Any]:
-    base, schema = url.split("?schema=")
-    return psycopg.connect(base, options=f"-c search_path={schema}", **options)
-
-
 def test_psycopg_commit_notifies_the_relay_and_the_task_is_created(
-    pg_url: str, tasks: CloudTasksEmulator
+    pg_url: str, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
-    db, relay = relay_for(pg_url, tasks)
+    db, relay = outboxes.relay_for(pg_url, tasks)
     assert db.wait(0.01) is False  # LISTENing from now on.
     with pg_connect(pg_url) as conn:
         producer(tasks.url).enqueue("send_receipt", {}, key="pg-1", transaction=conn)
@@ -268,7 +228,7 @@ def test_psycopg_autocommit_is_refused_but_its_explicit_transaction_is_used(pg_u
 
 @pytest.mark.parametrize("kind", ["connection", "session"])
 def test_sqlalchemy_connections_and_sessions_stage_inside_their_transaction(
-    tmp_path: Path, tasks: CloudTasksEmulator, kind: str
+    tmp_path: Path, tasks: CloudTasksEmulator, kind: str, outboxes: Outboxes
 ) -> None:
     url = sqlite_app_db(tmp_path / "app.db")
     engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'app.db'}")
@@ -292,18 +252,20 @@ def test_sqlalchemy_connections_and_sessions_stage_inside_their_transaction(
                 make.enqueue("x", {}, key="gone", transaction=session)
                 raise ValueError("rolled back")
     engine.dispose()
-    _db, relay = relay_for(url, tasks)
+    _db, relay = outboxes.relay_for(url, tasks)
     assert relay.drain().sent == 1
     assert task_names(tasks) == [task_id("x", "kept")]
 
 
-def test_sqlalchemy_on_postgres_notifies_on_commit(pg_url: str, tasks: CloudTasksEmulator) -> None:
+def test_sqlalchemy_on_postgres_notifies_on_commit(
+    pg_url: str, tasks: CloudTasksEmulator, outboxes: Outboxes
+) -> None:
     base, schema = pg_url.split("?schema=")
     engine = sqlalchemy.create_engine(
         base.replace("postgresql://", "postgresql+psycopg://"),
         connect_args={"options": f"-c search_path={schema}"},
     )
-    db, relay = relay_for(pg_url, tasks)
+    db, relay = outboxes.relay_for(pg_url, tasks)
     db.wait(0.01)
     with engine.begin() as conn:
         producer(tasks.url).enqueue("x", {}, key="sa-pg", transaction=conn)
@@ -313,13 +275,13 @@ def test_sqlalchemy_on_postgres_notifies_on_commit(pg_url: str, tasks: CloudTask
 
 
 def test_concurrent_postgres_relays_claim_disjoint_batches(
-    pg_url: str, tasks: CloudTasksEmulator
+    pg_url: str, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     with pg_connect(pg_url) as conn:
         producer(tasks.url).enqueue_many(
             "record", [(f"k{n}", {}) for n in range(300)], transaction=conn
         )
-    relays = [relay_for(pg_url, tasks) for _ in range(3)]
+    relays = [outboxes.relay_for(pg_url, tasks) for _ in range(3)]
     for _, relay in relays:
         relay.batch = 50
     claimed: list[int] = []
@@ -377,11 +339,11 @@ def test_tasklease_dev_relays_the_outbox_of_its_store_or_of_the_variable(
 
 
 def test_a_sqlalchemy_session_commit_wakes_the_processs_relays_at_once(
-    tmp_path: Path, tasks: CloudTasksEmulator
+    tmp_path: Path, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     url = sqlite_app_db(tmp_path / "app.db")
     engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'app.db'}")
-    db, relay = relay_for(url, tasks)
+    db, relay = outboxes.relay_for(url, tasks)
     assert db.wait(0.01) is False  # Waiting from now on.
     with Session(engine) as session:
         with pytest.raises(ValueError, match="rolled back"), session.begin():

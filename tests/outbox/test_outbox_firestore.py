@@ -12,17 +12,10 @@ import pytest
 from google.cloud import firestore
 
 from tasklease.emulator import CloudTasksEmulator
-from tasklease.outbox import NotInTransaction, Relay, open_outbox, relay_producer
+from tasklease.outbox import NotInTransaction, Relay
 from tasklease.outbox.firestore_db import FirestoreOutbox
 from tasklease.producer import EnqueueResult, task_id
-from tests.support.outbox import QUEUE_PATH, producer, relay_env
-
-
-@pytest.fixture
-def tasks() -> Iterator[CloudTasksEmulator]:
-    with CloudTasksEmulator(scheduler_on_schedule=False) as emulator:
-        emulator.create_queue(QUEUE_PATH, state="PAUSED")  # Held: the tests count creations.
-        yield emulator
+from tests.support.outbox import Outboxes, producer, task_names
 
 
 @pytest.fixture
@@ -32,32 +25,15 @@ def project(firestore_host: str | None) -> str:
 
 
 @pytest.fixture
+def url(project: str) -> str:
+    return f"firestore://?project={project}"
+
+
+@pytest.fixture
 def client(project: str) -> Iterator[firestore.Client]:
     client = firestore.Client(project=project)
     yield client
     client.close()  # type: ignore[no-untyped-call]
-
-
-_opened: list[FirestoreOutbox] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_outboxes() -> Iterator[None]:
-    yield
-    while _opened:
-        _opened.pop().close()
-
-
-def relay_for(project: str, emulator: CloudTasksEmulator) -> tuple[FirestoreOutbox, Relay]:
-    db = open_outbox(f"firestore://?project={project}")
-    assert isinstance(db, FirestoreOutbox)
-    _opened.append(db)
-    return db, Relay(db, relay_producer(relay_env(emulator.url)))
-
-
-def task_names(emulator: CloudTasksEmulator) -> list[str]:
-    listed = emulator.client().list_tasks(parent=QUEUE_PATH)
-    return sorted(t.name.rsplit("/", 1)[1] for t in listed)
 
 
 def place_order(
@@ -86,12 +62,12 @@ def place_order(
 
 
 def test_a_committed_transaction_stages_the_entry_and_the_relay_creates_its_task_once(
-    client: firestore.Client, project: str, tasks: CloudTasksEmulator
+    client: firestore.Client, url: str, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     result = place_order(client, tasks.url, 42)
     assert result.staged and not result.created
     assert task_names(tasks) == []  # Nothing sent before the relay, even after the commit.
-    db, relay = relay_for(project, tasks)
+    db, relay = outboxes.relay_for(url, tasks, FirestoreOutbox)
     assert relay.drain().sent == 1
     assert task_names(tasks) == [task_id("send_receipt", "o42")]
     assert relay.drain().claimed == 0  # Marked sent: never sent again.
@@ -100,14 +76,14 @@ def test_a_committed_transaction_stages_the_entry_and_the_relay_creates_its_task
 
 
 def test_rolled_back_transactions_leave_no_entry_and_create_no_task(
-    client: firestore.Client, project: str, tasks: CloudTasksEmulator
+    client: firestore.Client, url: str, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     for order in range(20):
         with pytest.raises(RuntimeError, match="payment declined"):
             place_order(client, tasks.url, order, fail=True)
     assert list(client.collection("tasklease_outbox").stream()) == []
     assert list(client.collection("orders").stream()) == []
-    _db, relay = relay_for(project, tasks)
+    _db, relay = outboxes.relay_for(url, tasks, FirestoreOutbox)
     assert relay.drain().claimed == 0
     assert task_names(tasks) == []
 
@@ -122,7 +98,7 @@ def test_a_transaction_not_in_progress_or_a_batch_is_refused(client: firestore.C
 
 
 def test_a_key_staged_again_keeps_one_entry_within_and_across_transactions(
-    client: firestore.Client, project: str, tasks: CloudTasksEmulator
+    client: firestore.Client, url: str, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     make = producer(tasks.url)
 
@@ -133,13 +109,13 @@ def test_a_key_staged_again_keeps_one_entry_within_and_across_transactions(
     assert twice(client.transaction()) == [True, False]
     assert twice(client.transaction()) == [False, False]  # Committed before: the name is taken.
     assert len(list(client.collection("tasklease_outbox").stream())) == 1
-    _db, relay = relay_for(project, tasks)
+    _db, relay = outboxes.relay_for(url, tasks, FirestoreOutbox)
     assert relay.drain().sent == 1
     assert task_names(tasks) == [task_id("x", "same")]
 
 
 def test_racing_relays_claim_disjoint_batches_and_create_each_task_once(
-    client: firestore.Client, project: str, tasks: CloudTasksEmulator
+    client: firestore.Client, url: str, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     @firestore.transactional
     def stage(tx: Any) -> None:
@@ -148,7 +124,7 @@ def test_racing_relays_claim_disjoint_batches_and_create_each_task_once(
         )
 
     stage(client.transaction())
-    relays = [relay_for(project, tasks) for _ in range(3)]
+    relays = [outboxes.relay_for(url, tasks, FirestoreOutbox) for _ in range(3)]
     claimed: list[int] = []
 
     def run(relay: Relay) -> None:
@@ -166,11 +142,11 @@ def test_racing_relays_claim_disjoint_batches_and_create_each_task_once(
 
 
 def test_a_poison_entry_fails_with_its_reason_and_can_be_requeued(
-    client: firestore.Client, project: str, tasks: CloudTasksEmulator
+    client: firestore.Client, url: str, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     place_order(client, tasks.url, 1)
     place_order(client, tasks.url, 2, queue="no-such-queue")
-    db, relay = relay_for(project, tasks)
+    db, relay = outboxes.relay_for(url, tasks, FirestoreOutbox)
     done = relay.drain()
     assert (done.sent, done.failed) == (1, 1)
     status = db.status(0)
@@ -182,9 +158,9 @@ def test_a_poison_entry_fails_with_its_reason_and_can_be_requeued(
 
 
 def test_a_commit_wakes_the_relays_listener_at_once(
-    client: firestore.Client, project: str, tasks: CloudTasksEmulator
+    client: firestore.Client, url: str, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
-    db, relay = relay_for(project, tasks)
+    db, relay = outboxes.relay_for(url, tasks, FirestoreOutbox)
     db.wait(2)  # Starts the listener; its first snapshot (empty here) may or may not fire.
     assert db.wait(0.2) is False  # Nothing committed: no wake-up.
     place_order(client, tasks.url, 7)

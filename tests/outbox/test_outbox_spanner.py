@@ -10,11 +10,9 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from google.cloud import spanner
 
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.outbox import NotInTransaction, Relay, open_outbox, relay_producer, wake
@@ -25,17 +23,11 @@ from tasklease.producer import EnqueueResult, task_id
 from tasklease.testing.contract_support import T0, claim_request
 from tasklease.worker.dashboard import create_dashboard_app
 from tasklease.worker.stores import SpannerStore
-from tests.support.outbox import QUEUE_PATH, producer, relay_env
+from tests.support.outbox import Outboxes, producer, relay_env, task_names
+from tests.support.outbox import spanner_database as app_database
 from tests.support.spanner import RpcCounter
 
 ORDERS = "CREATE TABLE orders (id STRING(64) NOT NULL, total INT64) PRIMARY KEY (id)"
-
-
-@pytest.fixture
-def tasks() -> Iterator[CloudTasksEmulator]:
-    with CloudTasksEmulator(scheduler_on_schedule=False) as emulator:
-        emulator.create_queue(QUEUE_PATH, state="PAUSED")  # Held: the tests count creations.
-        yield emulator
 
 
 @pytest.fixture
@@ -45,41 +37,14 @@ def url(spanner_database: str) -> str:
     db = open_outbox(url)
     db.migrate()
     db.close()
-    database(spanner_database).update_ddl([ORDERS]).result(60)
+    app_database(url).update_ddl([ORDERS]).result(60)
     return url
-
-
-def database(path: str) -> Any:
-    _, project, _, instance, _, name = path.split("/")
-    return spanner.Client(project=project).instance(instance).database(name)  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture
 def app_db(url: str) -> Any:
     """The caller's own ``spanner.Database``."""
-    return database(url[len("spanner://") :])
-
-
-_opened: list[SpannerOutbox] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_outboxes() -> Iterator[None]:
-    yield
-    while _opened:
-        _opened.pop().close()
-
-
-def relay_for(url: str, emulator: CloudTasksEmulator) -> tuple[SpannerOutbox, Relay]:
-    db = open_outbox(url)
-    assert isinstance(db, SpannerOutbox)
-    _opened.append(db)
-    return db, Relay(db, relay_producer(relay_env(emulator.url)))
-
-
-def task_names(emulator: CloudTasksEmulator) -> list[str]:
-    listed = emulator.client().list_tasks(parent=QUEUE_PATH)
-    return sorted(t.name.rsplit("/", 1)[1] for t in listed)
+    return app_database(url)
 
 
 def place_order(
@@ -110,12 +75,12 @@ def rows(app_db: Any, table: str) -> int:
 
 
 def test_a_committed_transaction_stages_the_entry_and_the_relay_creates_its_task_once(
-    url: str, app_db: Any, tasks: CloudTasksEmulator
+    url: str, app_db: Any, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     result = place_order(app_db, tasks.url, 42)
     assert result.staged and not result.created
     assert task_names(tasks) == []  # Nothing sent before the relay, even after the commit.
-    db, relay = relay_for(url, tasks)
+    db, relay = outboxes.relay_for(url, tasks, SpannerOutbox)
     assert relay.drain().sent == 1
     assert task_names(tasks) == [task_id("send_receipt", "o42")]
     assert relay.drain().claimed == 0  # Marked sent: never sent again.
@@ -124,7 +89,7 @@ def test_a_committed_transaction_stages_the_entry_and_the_relay_creates_its_task
 
 
 def test_the_staged_body_and_headers_come_back_unchanged(
-    url: str, app_db: Any, tasks: CloudTasksEmulator
+    url: str, app_db: Any, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     body = {"order": 1, "note": "abcd"}
 
@@ -132,7 +97,7 @@ def test_the_staged_body_and_headers_come_back_unchanged(
         return producer(tasks.url).enqueue("x", body, key="b", transaction=tx)
 
     staged = app_db.run_in_transaction(checkout)
-    db, _relay = relay_for(url, tasks)
+    db, _relay = outboxes.relay_for(url, tasks, SpannerOutbox)
     [entry] = db.claim(10, 10**10, 60)
     assert isinstance(entry, Entry)
     assert entry.id == staged.name
@@ -142,14 +107,14 @@ def test_the_staged_body_and_headers_come_back_unchanged(
 
 
 def test_rolled_back_transactions_leave_no_entry_and_create_no_task(
-    url: str, app_db: Any, tasks: CloudTasksEmulator
+    url: str, app_db: Any, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     for order in range(10):
         with pytest.raises(RuntimeError, match="payment declined"):
             place_order(app_db, tasks.url, order, fail=True)
     assert rows(app_db, "tasklease_outbox") == 0
     assert rows(app_db, "orders") == 0
-    _db, relay = relay_for(url, tasks)
+    _db, relay = outboxes.relay_for(url, tasks, SpannerOutbox)
     assert relay.drain().claimed == 0
     assert task_names(tasks) == []
 
@@ -171,7 +136,7 @@ def test_a_finished_transaction_or_a_batch_is_refused(app_db: Any) -> None:
 
 
 def test_a_key_staged_again_keeps_one_entry_within_and_across_transactions(
-    url: str, app_db: Any, tasks: CloudTasksEmulator
+    url: str, app_db: Any, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     make = producer(tasks.url)
 
@@ -181,13 +146,13 @@ def test_a_key_staged_again_keeps_one_entry_within_and_across_transactions(
     assert app_db.run_in_transaction(twice) == [True, False]
     assert app_db.run_in_transaction(twice) == [False, False]  # Committed before: name taken.
     assert rows(app_db, "tasklease_outbox") == 1
-    _db, relay = relay_for(url, tasks)
+    _db, relay = outboxes.relay_for(url, tasks, SpannerOutbox)
     assert relay.drain().sent == 1
     assert task_names(tasks) == [task_id("x", "same")]
 
 
 def test_racing_relays_claim_disjoint_batches_and_create_each_task_once(
-    url: str, app_db: Any, tasks: CloudTasksEmulator
+    url: str, app_db: Any, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     def stage(tx: Any) -> None:
         producer(tasks.url).enqueue_many(
@@ -195,7 +160,7 @@ def test_racing_relays_claim_disjoint_batches_and_create_each_task_once(
         )
 
     app_db.run_in_transaction(stage)
-    relays = [relay_for(url, tasks) for _ in range(3)]
+    relays = [outboxes.relay_for(url, tasks, SpannerOutbox) for _ in range(3)]
     claimed: list[int] = []
 
     def run(relay: Relay) -> None:
@@ -213,12 +178,12 @@ def test_racing_relays_claim_disjoint_batches_and_create_each_task_once(
 
 
 def test_a_poison_entry_fails_with_its_reason_never_blocks_others_and_can_be_requeued(
-    url: str, app_db: Any, tasks: CloudTasksEmulator
+    url: str, app_db: Any, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     place_order(app_db, tasks.url, 1)
     place_order(app_db, tasks.url, 2, queue="no-such-queue")
     place_order(app_db, tasks.url, 3)
-    db, relay = relay_for(url, tasks)
+    db, relay = outboxes.relay_for(url, tasks, SpannerOutbox)
     done = relay.drain()
     assert (done.sent, done.failed) == (2, 1)
     status = db.status(0)
@@ -229,10 +194,11 @@ def test_a_poison_entry_fails_with_its_reason_never_blocks_others_and_can_be_req
     assert db.status(0).sent == 0
 
 
-def test_cloud_tasks_down_backs_entries_off_and_marks_none_sent(url: str, app_db: Any) -> None:
+def test_cloud_tasks_down_backs_entries_off_and_marks_none_sent(
+    url: str, app_db: Any, outboxes: Outboxes
+) -> None:
     place_order(app_db, "http://127.0.0.1:9", 5)
-    db = open_outbox(url)
-    _opened.append(db)  # type: ignore[arg-type]
+    db = outboxes.open(url)
     relay = Relay(db, relay_producer(relay_env("http://127.0.0.1:9")))
     done = relay.run_once()
     assert (done.claimed, done.sent, done.retrying) == (1, 0, 1)
@@ -242,9 +208,9 @@ def test_cloud_tasks_down_backs_entries_off_and_marks_none_sent(url: str, app_db
 
 
 def test_a_commit_wakes_the_relays_of_its_process_at_once(
-    url: str, app_db: Any, tasks: CloudTasksEmulator
+    url: str, app_db: Any, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
-    db, relay = relay_for(url, tasks)
+    db, relay = outboxes.relay_for(url, tasks, SpannerOutbox)
     assert db.wait(0.05) is False  # Nothing committed: no wake-up.
     hold = wake.waiter()
     try:
@@ -283,7 +249,7 @@ def test_the_cli_migrates_prints_relays_and_reports_a_spanner_outbox(
     assert outbox_url(url + "?table=tasklease_runs") is None
     assert cli("migrate", "--url", url).returncode == 0
     assert outbox_url(url + "?table=tasklease_runs") == url  # tasklease dev, the dashboard.
-    database(spanner_database).run_in_transaction(
+    app_database(url).run_in_transaction(
         lambda tx: producer(tasks.url).enqueue("send_receipt", {}, key="o9", transaction=tx)
     )
     status = cli("status", "--url", url)
@@ -294,7 +260,7 @@ def test_the_cli_migrates_prints_relays_and_reports_a_spanner_outbox(
 
 
 def test_a_transactional_handler_on_the_spanner_store_stages_with_its_completion(
-    url: str, tasks: CloudTasksEmulator
+    url: str, tasks: CloudTasksEmulator, outboxes: Outboxes
 ) -> None:
     """``ctx.transaction`` of a ``transactional=True`` handler on the Spanner store is the
     Spanner ``Transaction``: the entry commits with the run's record, or not at all."""
@@ -318,22 +284,26 @@ def test_a_transactional_handler_on_the_spanner_store_stages_with_its_completion
         assert store.complete_in_transaction("run-1", "attempt-1", work("good"), T0).held
     finally:
         store.close()
-    _db, relay = relay_for(url, tasks)
+    _db, relay = outboxes.relay_for(url, tasks, SpannerOutbox)
     assert relay.drain().sent == 1
     assert task_names(tasks) == [task_id("next_step", "good")]
 
 
 def db_rows(url: str) -> int:
-    return rows(database(url[len("spanner://") :]), "tasklease_outbox")
+    return rows(app_database(url), "tasklease_outbox")
 
 
 def test_the_dashboard_of_a_spanner_store_shows_its_databases_outbox(
-    url: str, app_db: Any, tasks: CloudTasksEmulator, monkeypatch: pytest.MonkeyPatch
+    url: str,
+    app_db: Any,
+    tasks: CloudTasksEmulator,
+    outboxes: Outboxes,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("TASKLEASE_OUTBOX_URL", raising=False)
     place_order(app_db, tasks.url, 1)
     place_order(app_db, tasks.url, 2, queue="no-such-queue")
-    _db, relay = relay_for(url, tasks)
+    _db, relay = outboxes.relay_for(url, tasks, SpannerOutbox)
     assert relay.drain().failed == 1
     place_order(app_db, tasks.url, 3)
     store = SpannerStore(url[len("spanner://") :])

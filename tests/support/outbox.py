@@ -6,7 +6,11 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from tasklease.outbox.db import open_outbox
+import psycopg
+
+from tasklease.emulator import CloudTasksEmulator
+from tasklease.outbox import Relay, relay_producer
+from tasklease.outbox.db import OutboxDB, open_outbox
 from tasklease.producer import Producer
 
 PROJECT, LOCATION, QUEUE = "p", "us-central1", "outbox"
@@ -43,3 +47,40 @@ def spanner_database(url: str) -> Any:
     _, project, _, instance, _, name = url[len("spanner://") :].split("/")
     client = spanner.Client(project=project)
     return client.instance(instance).database(name)  # type: ignore[no-untyped-call]
+
+
+def pg_connect(url: str, **options: Any) -> psycopg.Connection[Any]:
+    """A connection to a ``postgresql://...?schema=S`` outbox URL's database, in schema S."""
+    base, schema = url.split("?schema=")
+    return psycopg.connect(base, options=f"-c search_path={schema}", **options)
+
+
+def task_names(emulator: CloudTasksEmulator) -> list[str]:
+    """The ids of the tasks the relay created in the (held) outbox queue, sorted."""
+    listed = emulator.client().list_tasks(parent=QUEUE_PATH)
+    return sorted(task.name.rsplit("/", 1)[1] for task in listed)
+
+
+class Outboxes:
+    """Opens a test's outboxes and their relays; ``close`` closes every one it opened."""
+
+    def __init__(self) -> None:
+        self._opened: list[OutboxDB] = []
+
+    def open(self, url: str, kind: type[OutboxDB] = OutboxDB) -> OutboxDB:
+        """The outbox at ``url``, which must be a ``kind``."""
+        db = open_outbox(url)
+        self._opened.append(db)
+        assert isinstance(db, kind)
+        return db
+
+    def relay_for(
+        self, url: str, emulator: CloudTasksEmulator, kind: type[OutboxDB] = OutboxDB
+    ) -> tuple[OutboxDB, Relay]:
+        """The outbox at ``url`` and a relay from it to ``emulator``."""
+        db = self.open(url, kind)
+        return db, Relay(db, relay_producer(relay_env(emulator.url)))
+
+    def close(self) -> None:
+        while self._opened:
+            self._opened.pop().close()

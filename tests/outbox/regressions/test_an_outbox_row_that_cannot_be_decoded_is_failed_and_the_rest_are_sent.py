@@ -25,28 +25,16 @@ from tasklease.outbox.firestore import doc_id
 from tasklease.producer import EnqueueResult, task_id
 from tests.support import postgres as postgres_support
 from tests.support.outbox import (
-    QUEUE_PATH,
     SPANNER_ORDERS,
     producer,
     relay_env,
     spanner_database,
     sqlite_app_db,
+    task_names,
 )
 
 KEYS = ("first", "bad", "last")
 BAD_HEADERS = "{not json"
-
-
-@pytest.fixture
-def tasks() -> Iterator[CloudTasksEmulator]:
-    with CloudTasksEmulator(scheduler_on_schedule=False) as emulator:
-        emulator.create_queue(QUEUE_PATH, state="PAUSED")  # Held: the test counts creates.
-        yield emulator
-
-
-def _created(emulator: CloudTasksEmulator) -> list[str]:
-    listed = emulator.client().list_tasks(parent=QUEUE_PATH)
-    return sorted(task.name.rsplit("/", 1)[1] for task in listed)
 
 
 # Each backend: (outbox URL, stage KEYS through the caller's transaction and return the name
@@ -179,7 +167,7 @@ def test_a_row_whose_headers_are_not_json_is_failed_and_the_rest_are_sent(
     bad = stage()
     damage(bad, "headers", BAD_HEADERS)
     sent, failed, reasons, pending = _relay_all(url, tasks.url)
-    assert _created(tasks) == sorted(task_id("x", key) for key in ("first", "last"))
+    assert task_names(tasks) == sorted(task_id("x", key) for key in ("first", "last"))
     assert (sent, failed, pending) == (2, 1, 0)
     [(failed_id, reason)] = reasons
     assert failed_id == task_id("x", "bad")
@@ -202,6 +190,6 @@ def test_any_row_that_cannot_be_read_back_as_its_entry_is_failed_with_the_reason
     damage(bad, column, value)
     sent, failed, reasons, pending = _relay_all(url, tasks.url)
     assert (sent, failed, pending) == (2, 1, 0)
-    assert sorted(_created(tasks)) == sorted(task_id("x", key) for key in ("first", "last"))
+    assert sorted(task_names(tasks)) == sorted(task_id("x", key) for key in ("first", "last"))
     [(_, reason)] = reasons
     assert why in reason

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +22,10 @@ from tasklease.outbox.destinations import Destinations
 from tasklease.outbox.entries import PENDING, TABLE, Entry, Undecodable, decode
 from tasklease.producer import task_id
 from tasklease.producer.transport import TaskRequest
-from tests.support.outbox import QUEUE_PATH, producer, relay_env, sqlite_app_db
+from tests.support.outbox import QUEUE_PATH, producer, relay_env, sqlite_app_db, task_names
 
 ACCOUNT = "invoker@p.iam.gserviceaccount.com"
 UNSPLITTABLE = ("https://[", "https://w.run.app]/tasks/x", "https://[w.run.app]/tasks/x")
-
-
-@pytest.fixture
-def tasks() -> Iterator[CloudTasksEmulator]:
-    with CloudTasksEmulator(scheduler_on_schedule=False) as emulator:
-        emulator.create_queue(QUEUE_PATH, state="PAUSED")  # Held: the test counts creates.
-        yield emulator
 
 
 @pytest.mark.parametrize("url", UNSPLITTABLE)
@@ -70,9 +62,7 @@ def test_one_unreadable_row_does_not_stop_the_others(
         status = db.status(10**10)
     finally:
         db.close()
-    listed = tasks.client().list_tasks(parent=QUEUE_PATH)
-    created = sorted(task.name.rsplit("/", 1)[1] for task in listed)
-    assert created == sorted(task_id("x", key) for key in ("first", "last"))
+    assert task_names(tasks) == sorted(task_id("x", key) for key in ("first", "last"))
     assert (done.sent, done.failed, status.depth) == (2, 1, 0)
     assert [failed.id for failed in status.failed] == [results[1].name]
 

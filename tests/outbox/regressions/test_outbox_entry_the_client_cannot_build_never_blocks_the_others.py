@@ -9,7 +9,6 @@ reason while the rest of its batch is sent."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,19 +16,7 @@ import pytest
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.outbox import Relay, open_outbox, relay_producer
 from tasklease.producer import InvalidTask, task_id
-from tests.support.outbox import QUEUE_PATH, producer, relay_env, sqlite_app_db
-
-
-@pytest.fixture
-def tasks() -> Iterator[CloudTasksEmulator]:
-    with CloudTasksEmulator(scheduler_on_schedule=False) as emulator:
-        emulator.create_queue(QUEUE_PATH, state="PAUSED")  # Held: the test counts creates.
-        yield emulator
-
-
-def _created(emulator: CloudTasksEmulator) -> list[str]:
-    listed = emulator.client().list_tasks(parent=QUEUE_PATH)
-    return sorted(task.name.rsplit("/", 1)[1] for task in listed)
+from tests.support.outbox import producer, relay_env, sqlite_app_db, task_names
 
 
 @pytest.mark.parametrize("value", [["a", "b"], {"a": "b"}, 5, None])
@@ -73,7 +60,7 @@ def test_an_entry_the_client_cannot_build_is_failed_and_the_rest_of_its_batch_is
     finally:
         db.close()
     assert (done.sent, done.failed) == (1, 1)
-    assert _created(tasks) == [task_id("x", "good")]
+    assert task_names(tasks) == [task_id("x", "good")]
     assert status.depth == 0
     assert [failed.id.rsplit("/", 1)[1] for failed in status.failed] == [task_id("x", "poison")]
     assert "TypeError" in status.failed[0].reason

@@ -8,49 +8,18 @@ alive. A dropped connection is opened again on the next round."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any
-
-import psycopg
-import pytest
 
 from tasklease.emulator import CloudTasksEmulator
-from tasklease.outbox import RelayThread, open_outbox, relay_producer
+from tasklease.outbox import RelayThread, relay_producer
 from tasklease.producer import task_id
 from tests.support import postgres as postgres_support
-from tests.support.outbox import QUEUE_PATH, producer, relay_env
-
-
-@pytest.fixture
-def tasks() -> Iterator[CloudTasksEmulator]:
-    with CloudTasksEmulator(scheduler_on_schedule=False) as emulator:
-        emulator.create_queue(QUEUE_PATH, state="PAUSED")  # Held: the test counts creates.
-        yield emulator
-
-
-@pytest.fixture
-def pg_url(postgres_cluster: postgres_support.Cluster) -> str:
-    url = postgres_cluster.url(schema=postgres_support.fresh_schema())
-    db = open_outbox(url)
-    db.migrate()
-    db.close()
-    return url
-
-
-def _connect(url: str) -> psycopg.Connection[Any]:
-    base, schema = url.split("?schema=")
-    return psycopg.connect(base, options=f"-c search_path={schema}")
-
-
-def _created(emulator: CloudTasksEmulator) -> set[str]:
-    listed = emulator.client().list_tasks(parent=QUEUE_PATH)
-    return {task.name.rsplit("/", 1)[1] for task in listed}
+from tests.support.outbox import pg_connect, producer, relay_env, task_names
 
 
 def _wait_created(emulator: CloudTasksEmulator, name: str, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if name in _created(emulator):
+        if name in task_names(emulator):
             return True
         time.sleep(0.1)
     return False
@@ -70,10 +39,10 @@ def test_a_following_postgres_relay_relays_entries_committed_after_its_connectio
 ) -> None:
     make = producer(tasks.url)
     with RelayThread(pg_url, relay_producer(relay_env(tasks.url)), poll=0.2):
-        with _connect(pg_url) as conn:
+        with pg_connect(pg_url) as conn:
             make.enqueue("send_receipt", {}, key="before", transaction=conn)
         assert _wait_created(tasks, task_id("send_receipt", "before"), timeout=20)
         assert _drop_other_connections(postgres_cluster) >= 2  # The relay's two.
-        with _connect(pg_url) as conn:
+        with pg_connect(pg_url) as conn:
             make.enqueue("send_receipt", {}, key="after", transaction=conn)
         assert _wait_created(tasks, task_id("send_receipt", "after"), timeout=20)

@@ -8,27 +8,12 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tasklease.emulator import CloudTasksEmulator
 from tasklease.outbox import RelayThread, relay_producer
 from tasklease.producer import task_id
-from tests.support.outbox import QUEUE_PATH, producer, relay_env, sqlite_app_db
-
-
-@pytest.fixture
-def tasks() -> Iterator[CloudTasksEmulator]:
-    with CloudTasksEmulator(scheduler_on_schedule=False) as emulator:
-        emulator.create_queue(QUEUE_PATH, state="PAUSED")  # Held: the test counts creates.
-        yield emulator
-
-
-def _created(emulator: CloudTasksEmulator) -> set[str]:
-    listed = emulator.client().list_tasks(parent=QUEUE_PATH)
-    return {task.name.rsplit("/", 1)[1] for task in listed}
+from tests.support.outbox import producer, relay_env, sqlite_app_db, task_names
 
 
 def test_a_relay_thread_started_before_its_database_can_be_opened_relays_once_it_can(
@@ -47,6 +32,6 @@ def test_a_relay_thread_started_before_its_database_can_be_opened_relays_once_it
         conn.close()
         name = task_id("send_receipt", "late")
         deadline = time.monotonic() + 20
-        while name not in _created(tasks) and time.monotonic() < deadline:
+        while name not in task_names(tasks) and time.monotonic() < deadline:
             time.sleep(0.1)
-    assert name in _created(tasks)
+    assert name in task_names(tasks)

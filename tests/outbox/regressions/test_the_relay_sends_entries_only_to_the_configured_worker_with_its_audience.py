@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +31,12 @@ from tests.support.outbox import (
     WORKER,
     relay_env,
     sqlite_app_db,
+    task_names,
 )
 
 ACCOUNT = "invoker@p.iam.gserviceaccount.com"
 EVIL = "https://evil.example.com"
 OWNER = "owner@p.iam.gserviceaccount.com"  # An account the relay's credentials may act as.
-
-
-@pytest.fixture
-def tasks() -> Iterator[CloudTasksEmulator]:
-    with CloudTasksEmulator(scheduler_on_schedule=False) as emulator:
-        emulator.create_queue(QUEUE_PATH, state="PAUSED")  # Held: the test counts creates.
-        yield emulator
-
-
-def _created(emulator: CloudTasksEmulator) -> list[str]:
-    listed = emulator.client().list_tasks(parent=QUEUE_PATH)
-    return sorted(task.name.rsplit("/", 1)[1] for task in listed)
 
 
 def _stage(path: Path, endpoint: str, key: str, worker_url: str = WORKER, **options: Any) -> None:
@@ -83,7 +71,7 @@ def test_entries_for_another_url_audience_or_account_are_failed_and_never_sent(
         status = db.status(10**10)
     finally:
         db.close()
-    assert _created(tasks) == sorted(
+    assert task_names(tasks) == sorted(
         task_id("record", key) for key in ("good", "own-handler-audience")
     )
     assert (done.sent, done.failed, status.depth) == (2, 5, 0)
@@ -214,7 +202,7 @@ def test_an_in_process_relay_without_a_worker_url_says_so_once_and_sends_nothing
     said = [r.getMessage() for r in caplog.records if "TASKLEASE_WORKER_URL" in r.getMessage()]
     assert len(said) == 2  # The thread's, and the sweeper's once for its two runs.
     assert all("relaying nothing" in line for line in said)
-    assert _created(tasks) == []
+    assert task_names(tasks) == []
     db = open_outbox(url)
     try:
         assert db.status(10**10).depth == 1
