@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tasklease.plumbing.serve import free_port
-from tests.support.process_groups import group_alive
+from tests.support import gcloud_emulators
+from tests.support.gcloud_emulators import EmulatorDidNotStart
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "services" / "firestore_emulator.js"
@@ -55,10 +55,6 @@ IGNORES_UPDATE_TIME = pytest.mark.firestore_emulator_gap(
     "@firestore-emulator/server ignores last_update_time preconditions, so a stale attempt's "
     "conditional write is not refused"
 )
-
-
-class EmulatorDidNotStart(RuntimeError):
-    pass
 
 
 def start_emulator() -> Iterator[str]:
@@ -105,58 +101,16 @@ def _unavailable(reason: str) -> None:
 
 @contextmanager
 def run_gcloud_emulator(project: str = PROJECT) -> Iterator[str]:
-    """``gcloud emulators firestore start`` on a free loopback port: its host:port.
-
-    gcloud gets a throwaway config directory and no reason to prompt or reach the network;
-    it starts bash, which starts java, so it runs in its own process group and the whole
-    group is stopped.
-    """
-    gcloud = shutil.which("gcloud")
-    if gcloud is None:
-        raise EmulatorDidNotStart("no gcloud on PATH")
+    """``gcloud emulators firestore start`` on a free loopback port: its host:port (gcloud
+    starts bash, which starts java)."""
     if shutil.which("java") is None:
         raise EmulatorDidNotStart("no java on PATH")
     port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {
-            **os.environ,
-            "CLOUDSDK_CONFIG": str(Path(tmp) / "gcloud"),
-            "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
-            "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1",
-            "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1",
-            "CLOUDSDK_CORE_PROJECT": project,
-        }
-        log = Path(tmp) / "firestore-emulator.log"
-        command = [
-            gcloud,
-            "emulators",
-            "firestore",
-            "start",
-            f"--host-port=127.0.0.1:{port}",
-            f"--project={project}",
-            "--quiet",
-        ]
-        with log.open("wb") as output:  # The child keeps its own descriptor.
-            process = subprocess.Popen(
-                command,
-                cwd=tmp,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        try:
-            deadline = time.monotonic() + 60
-            while not _answers_ok(f"http://127.0.0.1:{port}/"):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise EmulatorDidNotStart(
-                        f"gcloud's emulator did not start: {log.read_text().strip()[-800:]}"
-                    )
-                time.sleep(0.2)
-            yield f"127.0.0.1:{port}"
-        finally:
-            _stop_group(process)
+    flags = [f"--host-port=127.0.0.1:{port}", f"--project={project}"]
+    with gcloud_emulators.run_gcloud_emulator(
+        "firestore", flags, project, lambda _log: _answers_ok(f"http://127.0.0.1:{port}/")
+    ):
+        yield f"127.0.0.1:{port}"
 
 
 def _answers_ok(url: str) -> bool:
@@ -165,19 +119,6 @@ def _answers_ok(url: str) -> bool:
             return bool(response.read().strip() == b"Ok")
     except OSError:
         return False
-
-
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
-    """Stop gcloud, its bash and its java: the whole process group, killed if it lingers."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        deadline = time.monotonic() + 10
-        while group_alive(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not group_alive(process.pid):
-            break
-    process.wait(timeout=5)
 
 
 @contextmanager
@@ -202,31 +143,13 @@ def run_npm_emulator() -> Iterator[str]:
             process.wait(timeout=10)
 
 
-class RpcCounter:
-    """Counts the RPCs a Firestore client makes, by wrapping its GAPIC transport's methods."""
+class RpcCounter(gcloud_emulators.RpcCounter):
+    """Counts the RPCs a Firestore client makes."""
 
     METHODS = ("commit", "batch_get_documents", "begin_transaction", "rollback", "run_query")
 
     def __init__(self, client: Any) -> None:
-        self.calls: list[str] = []
-        transport = client._firestore_api._transport
-        for name in self.METHODS:
-            method = getattr(transport, name)
-            transport._wrapped_methods[method] = self._counting(
-                name, transport._wrapped_methods[method]
-            )
-
-    def _counting(self, name: str, original: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append(name)
-            return original(*args, **kwargs)
-
-        return call
-
-    def take(self) -> list[str]:
-        """The calls since the last take, in order."""
-        calls, self.calls = self.calls, []
-        return calls
+        super().__init__(client._firestore_api._transport)
 
 
 def unique_collection() -> str:

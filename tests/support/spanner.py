@@ -9,11 +9,8 @@ CI (``CI=true``) a missing emulator fails the tests instead of skipping them.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
-import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,15 +22,13 @@ from typing import Any
 import pytest
 
 from tasklease.plumbing.serve import free_port
-from tests.support.process_groups import group_alive, group_states
+from tests.support import gcloud_emulators
+from tests.support.process_groups import group_states
 
 PROJECT = "tasklease-test"
 INSTANCE = "tasklease"
 IN_CI = os.environ.get("CI") == "true"
-
-
-class EmulatorDidNotStart(RuntimeError):
-    pass
+EmulatorDidNotStart = gcloud_emulators.EmulatorDidNotStart  # Caught by the fault suite.
 
 
 @dataclass(frozen=True)
@@ -77,54 +72,18 @@ def start_emulator() -> Iterator[Emulator]:
 
 @contextmanager
 def run_emulator(project: str = PROJECT) -> Iterator[Emulator]:
-    """``gcloud emulators spanner start`` on free loopback ports (gRPC and REST), with a
-    throwaway gcloud config; the whole process group is stopped afterwards."""
-    gcloud = shutil.which("gcloud")
-    if gcloud is None:
-        raise EmulatorDidNotStart("no gcloud on PATH")
+    """``gcloud emulators spanner start`` on free loopback ports (gRPC and REST), its
+    instance created."""
     port, rest_port = free_port(), free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {
-            **os.environ,
-            "CLOUDSDK_CONFIG": str(Path(tmp) / "gcloud"),
-            "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
-            "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1",
-            "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1",
-            "CLOUDSDK_CORE_PROJECT": project,
-        }
-        log = Path(tmp) / "spanner-emulator.log"
-        command = [
-            gcloud,
-            "emulators",
-            "spanner",
-            "start",
-            f"--host-port=127.0.0.1:{port}",
-            f"--rest-port={rest_port}",
-            "--quiet",
-        ]
-        with log.open("wb") as output:  # The child keeps its own descriptor.
-            process = subprocess.Popen(
-                command,
-                cwd=tmp,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        try:
-            deadline = time.monotonic() + 60
-            while "gRPC server listening" not in log.read_text() or not _accepts(port):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise EmulatorDidNotStart(
-                        f"gcloud's emulator did not start: {log.read_text().strip()[-800:]}"
-                    )
-                time.sleep(0.1)
-            host = f"127.0.0.1:{port}"
-            create_instance(host, project)
-            yield Emulator(host, process.pid)
-        finally:
-            stop_group(process)
+    flags = [f"--host-port=127.0.0.1:{port}", f"--rest-port={rest_port}"]
+
+    def ready(log: Path) -> bool:
+        return "gRPC server listening" in log.read_text() and _accepts(port)
+
+    with gcloud_emulators.run_gcloud_emulator("spanner", flags, project, ready) as process:
+        host = f"127.0.0.1:{port}"
+        create_instance(host, project)
+        yield Emulator(host, process.pid)
 
 
 def _accepts(port: int) -> bool:
@@ -167,25 +126,8 @@ def drop_database(host: str, path: str) -> None:
         _client(host, project).instance(instance).database(name).drop()
 
 
-def stop_group(process: subprocess.Popen[bytes]) -> None:
-    """Stop gcloud, the gateway and the emulator: the whole group, killed if it lingers (a
-    frozen group gets SIGCONT first, or SIGTERM would wait)."""
-    for sig in (signal.SIGCONT, signal.SIGTERM, signal.SIGKILL):
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        if sig is signal.SIGCONT:
-            continue
-        deadline = time.monotonic() + 10
-        while group_alive(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not group_alive(process.pid):
-            break
-    process.wait(timeout=5)
-
-
-class RpcCounter:
-    """Counts the RPCs a store's Spanner client makes, by wrapping each method of its GAPIC
-    transport: one count per RPC the client library issues (a retry of an RPC after
+class RpcCounter(gcloud_emulators.RpcCounter):
+    """Counts the RPCs a Spanner database's client makes (a retry of an RPC after
     UNAVAILABLE, inside the client's retry loop, would not count again; none happens here)."""
 
     METHODS = (
@@ -202,22 +144,4 @@ class RpcCounter:
     )
 
     def __init__(self, database: Any) -> None:
-        self.calls: list[str] = []
-        transport = database.spanner_api._transport
-        for name in self.METHODS:
-            method = getattr(transport, name)
-            transport._wrapped_methods[method] = self._counting(
-                name, transport._wrapped_methods[method]
-            )
-
-    def _counting(self, name: str, original: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append(name)
-            return original(*args, **kwargs)
-
-        return call
-
-    def take(self) -> list[str]:
-        """The calls since the last take, in order."""
-        calls, self.calls = self.calls, []
-        return calls
+        super().__init__(database.spanner_api._transport)
