@@ -25,6 +25,7 @@ from tasklease.worker.stores.postgres.schema import Statements
 from tasklease.worker.stores.postgres.store import PostgresStore
 from tests.support import postgres as postgres_support
 from tests.support.helpers import T0, claim_request, task_headers
+from tests.support.row_locks import wait_for
 
 pytestmark = pytest.mark.service
 
@@ -51,13 +52,6 @@ def batches(store: PostgresStore) -> tuple[int, int, int]:
 def in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
     with ThreadPoolExecutor(count) as pool:
         return list(pool.map(work, range(count)))
-
-
-def wait_for(condition: Callable[[], bool], what: str, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("group_commit", ["on", "off"])

@@ -10,12 +10,6 @@ alone they are claimed at once.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
-from typing import Any
-
-import psycopg
 import pytest
 
 from tasklease.errors import StoreUnavailable
@@ -23,15 +17,9 @@ from tasklease.worker.core.records import Verdict
 from tasklease.worker.stores.postgres.store import PostgresStore
 from tests.support import postgres as postgres_support
 from tests.support.helpers import T0, claim_request
+from tests.support.row_locks import LOCK_WAITERS, ThreadedClaims, row_locked, wait_for
 
 pytestmark = pytest.mark.service
-
-
-def wait_for(condition: Callable[[], bool], what: str, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)
 
 
 def test_claims_sent_while_one_waits_on_a_row_lock_are_claimed_on_a_small_pool(
@@ -43,36 +31,19 @@ def test_claims_sent_while_one_waits_on_a_row_lock_are_claimed_on_a_small_pool(
     schema = store.options.schema
     assert store.claim(claim_request("ra", "a-1"), T0).verdict is Verdict.CLAIMED
     claims = store.connections.process().claims
-    outcomes: dict[str, Any] = {}
-
-    def claim(run: str, attempt: str) -> None:
-        try:
-            outcomes[attempt] = store.claim(claim_request(run, attempt), T0).verdict
-        except StoreUnavailable as exc:
-            outcomes[attempt] = exc
-
-    waiting = (
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tasklease' "
-        "AND wait_event_type = 'Lock'"
-    )
-    with psycopg.connect(postgres_cluster.url()) as blocker:
-        # An update in flight on run ra: a claim of ra waits for it (ON CONFLICT).
-        blocker.execute(f"UPDATE {schema}.runs SET version = version WHERE run_id = 'ra'")
-        blocked = threading.Thread(target=claim, args=("ra", "a-2"))
-        blocked.start()
-        wait_for(lambda: postgres_cluster.sql(waiting) == [(1,)], "the claim of ra waiting")
-        others = [threading.Thread(target=claim, args=(f"r{n}", f"b-{n}")) for n in range(2)]
-        for thread in others:
-            thread.start()
+    sent = ThreadedClaims(store)
+    outcomes = sent.outcomes
+    with row_locked(postgres_cluster, schema, "ra"):
+        blocked = sent.start("ra", "a-2")
+        wait_for(lambda: postgres_cluster.sql(LOCK_WAITERS) == [(1,)], "the claim of ra waiting")
+        others = [sent.start(f"r{n}", f"b-{n}") for n in range(2)]
         wait_for(
             lambda: len(claims._queue) == 2 or {"b-0", "b-1"} <= outcomes.keys(),
             "the two claims sent or queued",
         )
-        last = threading.Thread(target=claim, args=("r2", "b-2"))  # The pool's 4th call.
-        last.start()
+        last = sent.start("r2", "b-2")  # The pool's 4th call.
         for thread in (blocked, *others, last):
             thread.join(30)
-        blocker.rollback()
     assert [outcomes[f"b-{n}"] for n in range(3)] == [Verdict.CLAIMED] * 3
     assert isinstance(outcomes["a-2"], StoreUnavailable)  # As alone: its lock never came.
     store.close()
