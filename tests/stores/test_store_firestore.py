@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,24 +29,17 @@ from tasklease.worker.stores import FirestoreStore, LockStore, store_from_url
 from tasklease.worker.stores.base.conditional_claims import Versioned
 from tasklease.worker.stores.base.store import LeaseStore
 from tests.support.firestore import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
+from tests.support.firestore_faults import LANDED_THEN_FAILED, Scripted
 from tests.support.helpers import T0, FakeClock, claim_request, job_headers, task_headers
-
-_open: list[FirestoreStore] = []
+from tests.support.stores import ReceiptWorker, closed_after_the_test
 
 
 def new_store(collection: str | None = None, **options: Any) -> FirestoreStore:
-    store = FirestoreStore.from_options(
-        collection=collection or unique_collection(), project=PROJECT, **options
+    return closed_after_the_test(
+        FirestoreStore.from_options(
+            collection=collection or unique_collection(), project=PROJECT, **options
+        )
     )
-    _open.append(store)
-    return store
-
-
-@pytest.fixture(autouse=True)
-def _close_stores() -> Iterator[None]:
-    yield
-    while _open:
-        _open.pop().close()
 
 
 class TestFirestoreStore(
@@ -157,19 +150,9 @@ def test_eight_processes_taking_over_one_expired_lease_have_exactly_one_winner(
 
 
 def test_worker_runs_on_firestore_through_the_app(firestore_host: str | None) -> None:
-    router = Router()
-    runs: list[str] = []
-    router.task("send_receipt")(lambda payload, ctx: runs.append(ctx.run_id))
-    store = new_store()
-    app = create_app(router, store=store, auth="none")
-    outcomes = [
-        app.test_client()
-        .post("/tasks/send_receipt", headers=task_headers(), data=b"{}")
-        .headers["X-Tasklease-Outcome"]
-        for _ in range(3)
-    ]
-    assert outcomes == ["processed", "duplicate", "duplicate"]
-    assert len(runs) == 1
+    worker = ReceiptWorker(new_store())
+    assert worker.outcomes(3) == ["processed", "duplicate", "duplicate"]
+    assert len(worker.runs) == 1
 
 
 def test_delivery_rpc_counts_two_per_first_execution_one_per_retried_duplicate(
@@ -281,47 +264,6 @@ def test_renewal_costs_one_rpc(counted: tuple[FirestoreStore, RpcCounter]) -> No
     rpcs.take()
     assert store.renew("run-1", "attempt-1", LEASE, T0 + LEASE)
     assert rpcs.take() == ["commit"]
-
-
-class Scripted:
-    """Scripts a store's documents: their next calls raise (after or before really running)."""
-
-    def __init__(self, store: FirestoreStore, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.script: dict[str, list[tuple[BaseException, bool, Any]]] = {}
-        documents = store.runs.document
-        monkeypatch.setattr(
-            store.runs, "document", lambda run_id: _Document(documents(run_id), self)
-        )
-
-    def fail(
-        self, method: str, error: BaseException, *, after_running: bool = False, before: Any = None
-    ) -> None:
-        """The next ``method`` call runs ``before()``, then (maybe) really runs, then raises."""
-        self.script.setdefault(method, []).append((error, after_running, before))
-
-
-class _Document:
-    def __init__(self, inner: Any, scripted: Scripted) -> None:
-        self._inner = inner
-        self._scripted = scripted
-
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._inner, name)
-        if name not in ("create", "update", "get"):
-            return target
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            steps = self._scripted.script.get(name)
-            if steps:
-                error, after_running, before = steps.pop(0)
-                if before is not None:
-                    before()
-                if after_running:
-                    target(*args, **kwargs)
-                raise error
-            return target(*args, **kwargs)
-
-        return call
 
 
 @pytest.fixture
@@ -471,9 +413,6 @@ def test_unreachable_firestore_is_store_unavailable_within_the_call_timeout(
 
 # A write that lands although its call fails: the client gives up (deadline passed, connection
 # lost) after the server committed. Only the stored attempt id tells it from a write not made.
-LANDED_THEN_FAILED = api.DeadlineExceeded("deadline exceeded after the write landed")
-
-
 def test_claim_whose_create_landed_but_whose_call_failed_is_our_claim(
     scripted: tuple[FirestoreStore, Scripted],
 ) -> None:
@@ -566,38 +505,29 @@ def test_finish_of_another_kind_by_the_same_attempt_is_not_taken_as_landed(
 def test_worker_retries_a_finish_that_landed_and_answers_processed(
     firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    router = Router()
-    runs: list[str] = []
-    router.task("send_receipt")(lambda payload, ctx: runs.append(ctx.run_id))
     store = new_store()
     scripted = Scripted(store, monkeypatch)
     scripted.fail("update", LANDED_THEN_FAILED, after_running=True)
-    client = create_app(router, store=store, auth="none").test_client()
-    reply = client.post("/tasks/send_receipt", headers=task_headers(), data=b"{}")
+    worker = ReceiptWorker(store)
+    reply = worker.deliver()
     assert (reply.status_code, reply.headers["X-Tasklease-Outcome"]) == (200, "processed")
-    assert len(runs) == 1
+    assert len(worker.runs) == 1
 
 
 def test_worker_answers_503_then_runs_the_retry_when_a_landed_claim_cannot_be_read(
     firestore_host: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    router = Router()
-    runs: list[str] = []
-    router.task("send_receipt")(lambda payload, ctx: runs.append(ctx.run_id))
     store = new_store()
     scripted = Scripted(store, monkeypatch)
     scripted.fail("create", LANDED_THEN_FAILED, after_running=True)
     scripted.fail("get", api.ServiceUnavailable("down"))
-    client = create_app(router, store=store, auth="none").test_client()
-    outcomes = [
-        client.post("/tasks/send_receipt", headers=task_headers(retry=retry), data=b"{}")
-        for retry in range(2)
-    ]
+    worker = ReceiptWorker(store)
+    outcomes = [worker.deliver(retry) for retry in range(2)]
     assert [(r.status_code, r.headers["X-Tasklease-Outcome"]) for r in outcomes] == [
         (503, "unavailable"),
         (200, "processed"),
     ]
-    assert len(runs) == 1
+    assert len(worker.runs) == 1
 
 
 @IGNORES_UPDATE_TIME

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -25,21 +24,11 @@ from tasklease.worker.stores import SpannerStore, store_from_url
 from tasklease.worker.stores.spanner import schema
 from tests.support.helpers import T0, claim_request, task_headers
 from tests.support.spanner import Emulator, RpcCounter
-
-_open: list[SpannerStore] = []
+from tests.support.stores import ReceiptWorker, closed_after_the_test
 
 
 def new_store(database: str, **options: Any) -> SpannerStore:
-    store = SpannerStore(database, **options)
-    _open.append(store)
-    return store
-
-
-@pytest.fixture(autouse=True)
-def _close_stores() -> Iterator[None]:
-    yield
-    while _open:
-        _open.pop().close()
+    return closed_after_the_test(SpannerStore(database, **options))
 
 
 class TestSpannerStore(
@@ -260,15 +249,6 @@ def test_a_frozen_emulator_answers_store_unavailable_within_the_call_timeout(
 
 
 def test_worker_runs_on_spanner_through_the_app(spanner_database: str) -> None:
-    router = Router()
-    runs: list[str] = []
-    router.task("send_receipt")(lambda payload, ctx: runs.append(ctx.run_id))
-    app = create_app(router, store=new_store(spanner_database), auth="none")
-    outcomes = [
-        app.test_client()
-        .post("/tasks/send_receipt", headers=task_headers(), data=b"{}")
-        .headers["X-Tasklease-Outcome"]
-        for _ in range(3)
-    ]
-    assert outcomes == ["processed", "duplicate", "duplicate"]
-    assert len(runs) == 1
+    worker = ReceiptWorker(new_store(spanner_database))
+    assert worker.outcomes(3) == ["processed", "duplicate", "duplicate"]
+    assert len(worker.runs) == 1

@@ -5,34 +5,26 @@ handler never ran (review finding)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from google.api_core import exceptions as api
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import Verdict
 from tasklease.worker.stores import FirestoreStore
-from tests.stores.test_store_firestore import Scripted
-from tests.support.firestore import PROJECT, unique_collection
-from tests.support.helpers import T0, claim_request, task_headers
+from tests.support.firestore_faults import Scripted
+from tests.support.helpers import T0, claim_request
+from tests.support.stores import ReceiptWorker
 
 # The client retried a create whose first try committed: the retry conflicts with it.
 OWN_FIRST_TRY = api.Conflict("already exists")
 
 
-@pytest.fixture
-def store(firestore_host: str | None) -> Iterator[FirestoreStore]:
-    store = FirestoreStore.from_options(collection=unique_collection(), project=PROJECT)
-    yield store
-    store.close()
-
-
 def test_a_conflicting_create_that_cannot_be_read_back_is_released_for_the_retry(
-    store: FirestoreStore, monkeypatch: pytest.MonkeyPatch
+    firestore_store: FirestoreStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store = firestore_store
     document = Scripted(store, monkeypatch)
     document.fail("create", OWN_FIRST_TRY, after_running=True)
     document.fail("get", api.ServiceUnavailable("down"))
@@ -43,21 +35,16 @@ def test_a_conflicting_create_that_cannot_be_read_back_is_released_for_the_retry
 
 
 def test_the_worker_runs_the_retry_at_once_after_a_conflict_it_could_not_read(
-    store: FirestoreStore, monkeypatch: pytest.MonkeyPatch
+    firestore_store: FirestoreStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    router = Router()
-    runs: list[str] = []
-    router.task("send_receipt")(lambda payload, ctx: runs.append(ctx.run_id))
+    store = firestore_store
     document = Scripted(store, monkeypatch)
     document.fail("create", OWN_FIRST_TRY, after_running=True)
     document.fail("get", api.ServiceUnavailable("down"))
-    client = create_app(router, store=store, auth="none").test_client()
-    replies = [
-        client.post("/tasks/send_receipt", headers=task_headers(retry=retry), data=b"{}")
-        for retry in range(2)
-    ]
+    worker = ReceiptWorker(store)
+    replies = [worker.deliver(retry) for retry in range(2)]
     assert [(r.status_code, r.headers["X-Tasklease-Outcome"]) for r in replies] == [
         (503, "unavailable"),
         (200, "processed"),
     ]
-    assert len(runs) == 1
+    assert len(worker.runs) == 1

@@ -4,31 +4,23 @@ counted it, and the task was failed without ever running)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from google.api_core import exceptions as api
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import FirestoreStore
-from tests.stores.test_store_firestore import LANDED_THEN_FAILED, Scripted
-from tests.support.firestore import PROJECT, unique_collection
-from tests.support.helpers import T0, claim_request, task_headers
-
-
-@pytest.fixture
-def store(firestore_host: str | None) -> Iterator[FirestoreStore]:
-    store = FirestoreStore.from_options(collection=unique_collection(), project=PROJECT)
-    yield store
-    store.close()
+from tests.support.firestore_faults import LANDED_THEN_FAILED, Scripted
+from tests.support.helpers import T0, claim_request
+from tests.support.stores import ReceiptWorker
 
 
 def test_a_released_orphan_claim_leaves_the_attempt_count_as_it_was(
-    store: FirestoreStore, monkeypatch: pytest.MonkeyPatch
+    firestore_store: FirestoreStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store = firestore_store
     document = Scripted(store, monkeypatch)
     document.fail("create", LANDED_THEN_FAILED, after_running=True)
     document.fail("get", api.ServiceUnavailable("down"))
@@ -40,24 +32,19 @@ def test_a_released_orphan_claim_leaves_the_attempt_count_as_it_was(
 
 
 def test_a_task_with_max_attempts_one_runs_after_its_first_claim_landed_unseen(
-    store: FirestoreStore, monkeypatch: pytest.MonkeyPatch
+    firestore_store: FirestoreStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    router = Router()
-    runs: list[str] = []
-    router.task("send_receipt", max_attempts=1)(lambda payload, ctx: runs.append(ctx.run_id))
+    store = firestore_store
     document = Scripted(store, monkeypatch)
     document.fail("create", LANDED_THEN_FAILED, after_running=True)
     document.fail("get", api.ServiceUnavailable("down"))
-    client = create_app(router, store=store, auth="none").test_client()
-    replies = [
-        client.post("/tasks/send_receipt", headers=task_headers(retry=retry), data=b"{}")
-        for retry in range(2)
-    ]
+    worker = ReceiptWorker(store, max_attempts=1)
+    replies = [worker.deliver(retry) for retry in range(2)]
     assert [(r.status_code, r.headers["X-Tasklease-Outcome"]) for r in replies] == [
         (503, "unavailable"),
         (200, "processed"),
     ]
-    assert len(runs) == 1
+    assert len(worker.runs) == 1
     record = store.get(replies[1].headers["X-Tasklease-Run-Id"])
     assert record is not None
     assert (record.status, record.attempts) == (RunStatus.COMPLETED, 1)
