@@ -8,17 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import requests
 
 from tasklease.django import DJANGO_TASK_HANDLER
-from tasklease.plumbing.serve import free_port
 from tests.support.helpers import task_headers
 
 PATH = f"/worker/tasks/{DJANGO_TASK_HANDLER}"
@@ -37,40 +31,16 @@ def _send_truncated(port: int, body: bytes, headers: dict[str, str]) -> bytes:
     return answer
 
 
-def _wait_until_serving(port: int, server: subprocess.Popen[bytes]) -> None:
-    for _ in range(300):
-        if server.poll() is not None:
-            raise RuntimeError(f"gunicorn exited with {server.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return
-        time.sleep(0.1)
-    raise RuntimeError("gunicorn did not start")
-
-
-def test_a_body_cut_short_under_django_is_refused_and_its_retry_runs(tmp_path: Path) -> None:
-    port = free_port()
-    env = {**os.environ, "TASKLEASE_DJANGO_TMP": str(tmp_path)}
-    command = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
-    with (tmp_path / "gunicorn.log").open("wb") as log:
-        server = subprocess.Popen(
-            [*command, "tests.django_project.gunicorn_app:application"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        _wait_until_serving(port, server)
-        body = json.dumps(
-            {"task": "tests.django_project.tasks.record", "args": ["x" * 200]}
-        ).encode()
-        _send_truncated(port, body, task_headers(task="cut-short"))
-        retry = requests.post(
-            f"http://127.0.0.1:{port}{PATH}",
-            data=body,
-            headers={**task_headers(task="cut-short", retry=1), "Content-Type": "application/json"},
-            timeout=30,
-        )
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+def test_a_body_cut_short_under_django_is_refused_and_its_retry_runs(
+    django_under_gunicorn: int,
+) -> None:
+    port = django_under_gunicorn
+    body = json.dumps({"task": "tests.django_project.tasks.record", "args": ["x" * 200]}).encode()
+    _send_truncated(port, body, task_headers(task="cut-short"))
+    retry = requests.post(
+        f"http://127.0.0.1:{port}{PATH}",
+        data=body,
+        headers={**task_headers(task="cut-short", retry=1), "Content-Type": "application/json"},
+        timeout=30,
+    )
     assert retry.headers["X-Tasklease-Outcome"] == "processed", retry.json()
