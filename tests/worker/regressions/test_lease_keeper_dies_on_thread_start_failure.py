@@ -6,56 +6,27 @@ lapses and is taken over while it still runs."""
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
-from tasklease.worker.delivery import lease as lease_module
 from tasklease.worker.delivery.lease import LeaseKeeper
 from tasklease.worker.handlers.attempt import Attempt
-from tasklease.worker.stores.memory.store import MemoryStore
 from tests.support.helpers import claim_request
+from tests.support.lease_threads import CountingStore, refuse_one_thread_start
 
 # Renewed every 2 s. The retried renewal must come before the lease lapses by the local clock
 # (then no renewal is tried at all): on a loaded machine a 1.5 s lease was too short for that.
 LEASE = timedelta(seconds=6)
 
 
-class FlakyThread(threading.Thread):
-    """Refuses to start the first renewal thread, as an exhausted process does."""
-
-    refused = threading.Event()
-
-    def start(self) -> None:
-        if self.name.startswith("tasklease-renew") and not FlakyThread.refused.is_set():
-            FlakyThread.refused.set()
-            raise RuntimeError("can't start new thread")
-        super().start()
-
-
-class CountingStore(MemoryStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.renewals = 0
-
-    def renew(self, *args: Any, **kwargs: Any) -> Any:
-        self.renewals += 1
-        return super().renew(*args, **kwargs)
-
-
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_one_renewal_thread_that_cannot_start_does_not_stop_every_later_renewal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(
-        lease_module,
-        "threading",
-        SimpleNamespace(Thread=FlakyThread, Condition=threading.Condition),
-    )
+    # Refuses to start the first renewal thread.
+    refused = refuse_one_thread_start(monkeypatch, lambda name: name.startswith("tasklease-renew"))
     store = CountingStore()
     asked = time.monotonic()
     record = store.claim(claim_request(lease=LEASE), datetime.now(UTC)).record
@@ -63,7 +34,7 @@ def test_one_renewal_thread_that_cannot_start_does_not_stop_every_later_renewal(
     ctx.confirm_lease(record.lease_expires, asked + LEASE.total_seconds())
     keeper = LeaseKeeper(store, lambda: datetime.now(UTC))
     with keeper.kept(ctx, LEASE):
-        assert FlakyThread.refused.wait(timeout=30)  # The first renewal could not start.
+        assert refused.wait(timeout=30)  # The first renewal could not start.
         deadline = time.monotonic() + 20  # The retry is due 0.05 s after the refusal.
         while store.renewals == 0 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -6,54 +6,26 @@ the failure answered 500 without running its handler, and its attempt still coun
 from __future__ import annotations
 
 import json
-import threading
 import time
 from datetime import timedelta
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from tasklease.worker.delivery import lease as lease_module
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.serving.app import create_app
-from tasklease.worker.stores.memory.store import MemoryStore
 from tests.support.helpers import task_headers
+from tests.support.lease_threads import CountingStore, refuse_one_thread_start
 
 LEASE = timedelta(seconds=1.5)  # Renewed every 0.5 s.
-
-
-class KeeperThreadRefusedOnce(threading.Thread):
-    """Refuses to start the first lease keeper thread, as an exhausted process does."""
-
-    refused = 0
-
-    def start(self) -> None:
-        if self.name == "tasklease-lease-keeper" and KeeperThreadRefusedOnce.refused == 0:
-            KeeperThreadRefusedOnce.refused += 1
-            raise RuntimeError("can't start new thread")
-        super().start()
-
-
-class CountingStore(MemoryStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.renewals = 0
-
-    def renew(self, *args: Any, **kwargs: Any) -> Any:
-        self.renewals += 1
-        return super().renew(*args, **kwargs)
 
 
 def test_a_failed_keeper_start_is_given_back_uncounted_and_retried_at_the_next_delivery(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(
-        lease_module,
-        "threading",
-        SimpleNamespace(Thread=KeeperThreadRefusedOnce, Condition=threading.Condition),
-    )
+    # Refuses to start the first lease keeper thread.
+    refused = refuse_one_thread_start(monkeypatch, lambda name: name == "tasklease-lease-keeper")
     store = CountingStore()
     router = Router()
     calls: list[int] = []
@@ -68,7 +40,7 @@ def test_a_failed_keeper_start_is_given_back_uncounted_and_retried_at_the_next_d
 
     client = create_app(router, store=store, auth="none").test_client()
     first = client.post("/tasks/charge", headers=task_headers(), data=json.dumps({}))
-    assert KeeperThreadRefusedOnce.refused == 1
+    assert refused.is_set()
     assert first.status_code == 503, first.get_json()  # Given back, like other give-backs.
     assert "Retry-After" in first.headers
     assert calls == []
