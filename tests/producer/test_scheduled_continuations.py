@@ -22,23 +22,9 @@ from tasklease.worker.core import steps
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores.sqlite.store import SqliteStore
-from tests.support.helpers import FakeClock, job_headers, task_headers
+from tests.support.helpers import CapturingProducer, FakeClock, job_headers, task_headers
 
 SLOT = "2026-10-16T12:00:00Z"  # T0: the slot's own delivery, not a manual run.
-
-
-class CapturingProducer:
-    """Records the continuation tasks the worker enqueues (names de-duplicated as Cloud
-    Tasks would)."""
-
-    def __init__(self) -> None:
-        self.tasks: dict[str, dict[str, Any]] = {}
-
-    def enqueue(
-        self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any
-    ) -> Any:
-        assert key is not None
-        self.tasks.setdefault(key, {"name": task_name, "payload": payload, **kw})
 
 
 @pytest.fixture

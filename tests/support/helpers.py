@@ -114,3 +114,17 @@ class SwitchableStore(LockStore):
 
 
 __all__ = ["T0", "FakeClock", "SwitchableStore", "claim_request", "job_headers", "task_headers"]
+
+
+class CapturingProducer:
+    """A router's producer that keeps the tasks the worker enqueues (continuations), by key:
+    a key enqueued again is kept once, as Cloud Tasks keeps one task per name."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, dict[str, Any]] = {}
+
+    def enqueue(
+        self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any
+    ) -> Any:
+        assert key is not None
+        self.tasks.setdefault(key, {"name": task_name, "payload": payload, **kw})

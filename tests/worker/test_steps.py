@@ -22,7 +22,7 @@ from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores.base.store import Change, LeaseStore
 from tasklease.worker.stores.sqlite.store import SqliteStore
-from tests.support.helpers import FakeClock, task_headers
+from tests.support.helpers import CapturingProducer, FakeClock, task_headers
 
 
 class CountingStore(SqliteStore):
@@ -222,20 +222,6 @@ def test_async_handlers_await_their_steps(store: CountingStore) -> None:
     assert post(app).json["result"] == [41, 42]
     record = store.get(run_id_of())
     assert record is not None and list(steps.steps_of(record)) == ["fetch", "sync"]
-
-
-class CapturingProducer:
-    """Records the continuation tasks the worker enqueues (names de-duplicated as Cloud
-    Tasks would)."""
-
-    def __init__(self) -> None:
-        self.tasks: dict[str, dict[str, Any]] = {}
-
-    def enqueue(
-        self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any
-    ) -> Any:
-        assert key is not None
-        self.tasks.setdefault(key, {"payload": payload, **kw})
 
 
 def test_a_continuation_chain_resumes_the_same_run_until_it_returns(

@@ -19,22 +19,9 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores.base import retries as store_retries
 from tasklease.worker.stores.sqlite.store import SqliteStore
-from tests.support.helpers import FakeClock, job_headers, task_headers
+from tests.support.helpers import CapturingProducer, FakeClock, job_headers, task_headers
 
 SLOT = "2026-10-16T15:00:00Z"  # Three hours after the clock starts: "jobs run" sends it.
-
-
-class CapturingProducer:
-    """Keeps the continuation tasks the worker enqueues, by name (as Cloud Tasks would)."""
-
-    def __init__(self) -> None:
-        self.tasks: dict[str, dict[str, Any]] = {}
-
-    def enqueue(
-        self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any
-    ) -> Any:
-        assert key is not None
-        self.tasks.setdefault(key, {"name": task_name, "payload": payload, **kw})
 
 
 def _outcome(reply: Any) -> str:

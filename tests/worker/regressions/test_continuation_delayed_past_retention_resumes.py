@@ -12,18 +12,7 @@ from tasklease import protocol
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.stores.sqlite.store import SqliteStore
-from tests.support.helpers import FakeClock, task_headers
-
-
-class CapturingProducer:
-    def __init__(self) -> None:
-        self.tasks: dict[str, dict[str, Any]] = {}
-
-    def enqueue(
-        self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any
-    ) -> Any:
-        assert key is not None
-        self.tasks.setdefault(key, {"payload": payload, **kw})
+from tests.support.helpers import CapturingProducer, FakeClock, task_headers
 
 
 def test_a_continuation_delayed_longer_than_the_retention_resumes_the_run_with_its_state(

@@ -14,19 +14,7 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores.sqlite.store import SqliteStore
-from tests.support.helpers import FakeClock, task_headers
-
-
-class CapturingProducer:
-    def __init__(self) -> None:
-        self.tasks: dict[str, dict[str, Any]] = {}
-
-    def enqueue(
-        self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any
-    ) -> Any:
-        assert key is not None
-        self.tasks.setdefault(key, {"payload": payload, **kw})
-
+from tests.support.helpers import CapturingProducer, FakeClock, task_headers
 
 RUN_ID = DeliveryIdentity(Kind.TASK, "h", queue="default", task_name="t-1").run_id
 

@@ -14,13 +14,12 @@ from tasklease import protocol
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.producer.test_scheduled_continuations import (
-    CapturingProducer,
     fire,
     outcome,
     resume,
     scheduled_run_id,
 )
-from tests.support.helpers import FakeClock
+from tests.support.helpers import CapturingProducer, FakeClock
 
 
 def test_a_duplicate_scheduler_delivery_while_the_continuation_runs_is_a_duplicate(

@@ -15,16 +15,9 @@ from tasklease.worker.core import steps
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores.sqlite.store import SqliteStore
-from tests.support.helpers import FakeClock, task_headers
+from tests.support.helpers import CapturingProducer, FakeClock, task_headers
 
 PAGES = 900  # Each page's summary about 500 bytes: well under the per-step cap.
-
-
-class CapturingProducer:
-    def enqueue(
-        self, task_name: str, payload: Any = None, key: str | None = None, **kw: Any
-    ) -> Any:
-        return None
 
 
 def test_a_chain_of_nine_hundred_one_page_deliveries_completes_its_run(tmp_path: Path) -> None:
