@@ -6,15 +6,13 @@ Python 3.12 with Django 6 (``django.tasks``) from PyPI, and on this Python 3.11 
 
 from __future__ import annotations
 
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.docs.test_userapp import run
-from tests.support.checkout import clean_copy
+from tests.support.checkout import install_example, run
 from tests.support.python312 import python312
 
 pytestmark = pytest.mark.slow
@@ -45,23 +43,16 @@ def django_app(
     """The example installed in a venv of ``request.param``'s Python, once per test run."""
     framework, major = PYTHONS[request.param]
     python = python312() if major == 6 else Path(sys.executable)
-    tmp = tmp_path_factory.mktemp(request.param)
-    checkout = clean_copy(tmp / "tasklease")
-    app = shutil.copytree(checkout / "examples" / "django_app", tmp / "django_app")
-    venv = tmp / "venv"
-    created = run(python, "-m", "venv", venv, cwd=tmp)
-    assert created.returncode == 0, created.stderr
-    bin_dir = venv / "bin"
     # Django 6 also runs tasklease's own Django tests (tests/django_project), which need these.
     tools = ["pytest", "pytest-httpserver"] if major == 6 else []
-    # --no-compile: pip's byte-compiling of every dependency is most of a cached install.
-    installed = run(
-        bin_dir / "python", "-m", "pip", "install", "--quiet", "--no-compile",
-        f"{checkout}[django]", f"{app}[test]", *tools,
-        cwd=tmp,
-    )  # fmt: skip
-    assert installed.returncode == 0, installed.stdout + installed.stderr
-    return Environment(bin_dir, app, checkout, framework, major)
+    installed = install_example(
+        tmp_path_factory.mktemp(request.param),
+        "django_app",
+        extra="django",
+        python=python,
+        tools=tools,
+    )
+    return Environment(installed.bin_dir, installed.app, installed.checkout, framework, major)
 
 
 def test_the_examples_own_tests_pass_in_a_fresh_environment(django_app: Environment) -> None:

@@ -4,14 +4,11 @@ tests run there (a real uvicorn server), and uvicorn serving its factory."""
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.docs.test_userapp import run
-from tests.support.checkout import clean_copy
+from tests.support.checkout import install_example, run
 
 pytestmark = pytest.mark.slow
 
@@ -19,21 +16,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def fastapi_app(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the fresh venv's bin directory, the example's project directory)."""
-    tmp = tmp_path_factory.mktemp("fastapi")
-    checkout = clean_copy(tmp / "tasklease")
-    app = shutil.copytree(checkout / "examples" / "fastapi_app", tmp / "fastapi_app")
-    venv = tmp / "venv"
-    created = run(sys.executable, "-m", "venv", venv, cwd=tmp)
-    assert created.returncode == 0, created.stderr
-    bin_dir = venv / "bin"
-    installed = run(
-        # --no-compile: pip's byte-compiling of every dependency is most of a cached install.
-        bin_dir / "python", "-m", "pip", "install", "--quiet", "--no-compile",
-        f"{checkout}[asgi]", f"{app}[test]",
-        cwd=tmp,
-    )  # fmt: skip
-    assert installed.returncode == 0, installed.stdout + installed.stderr
-    return bin_dir, app
+    installed = install_example(tmp_path_factory.mktemp("fastapi"), "fastapi_app", extra="asgi")
+    return installed.bin_dir, installed.app
 
 
 def test_the_examples_own_tests_pass_in_a_fresh_environment(

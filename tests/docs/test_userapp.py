@@ -5,54 +5,22 @@ and its deploy planned with `tasklease deploy --dry-run`."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.checkout import clean_copy
+from tests.support.checkout import install_example, run
 
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
 
-def run(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run(
-        [str(arg) for arg in args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def userapp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the fresh venv's bin directory, the user's project directory)."""
-    tmp = tmp_path_factory.mktemp("userpath")
-    checkout = clean_copy(tmp / "tasklease")
-    app = shutil.copytree(checkout / "examples" / "userapp", tmp / "userapp")
-    venv = tmp / "venv"
-    created = run(sys.executable, "-m", "venv", venv, cwd=tmp)
-    assert created.returncode == 0, created.stderr
-    bin_dir = venv / "bin"
-    # pip's cache and this machine's configured indexes keep this to seconds after a first run;
-    # --no-compile: pip's byte-compiling of every dependency is most of a cached install.
-    installed = run(
-        bin_dir / "python", "-m", "pip", "install", "--quiet", "--no-compile",
-        checkout, f"{app}[test]",
-        cwd=tmp,
-    )  # fmt: skip
-    assert installed.returncode == 0, installed.stdout + installed.stderr
-    return bin_dir, app
+    installed = install_example(tmp_path_factory.mktemp("userpath"), "userapp")
+    return installed.bin_dir, installed.app
 
 
 def test_a_plain_install_brings_what_a_deployed_worker_imports(
