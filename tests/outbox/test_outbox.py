@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from tasklease.outbox import NotInTransaction, Relay, relay_producer
 from tasklease.producer import task_id
 from tests.support.outbox import (
     Outboxes,
+    drain_at_once,
     pg_connect,
     producer,
     relay_env,
@@ -282,18 +282,7 @@ def test_concurrent_postgres_relays_claim_disjoint_batches(
             "record", [(f"k{n}", {}) for n in range(300)], transaction=conn
         )
     relays = [outboxes.relay_for(pg_url, tasks) for _ in range(3)]
-    for _, relay in relays:
-        relay.batch = 50
-    claimed: list[int] = []
-
-    def run(relay: Relay) -> None:
-        claimed.append(relay.drain().claimed)
-
-    threads = [threading.Thread(target=run, args=(relay,)) for _, relay in relays]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    claimed = drain_at_once([relay for _, relay in relays], batch=50)
     assert sum(claimed) == 300  # No entry claimed twice, none left.
     assert len(task_names(tasks)) == 300
 

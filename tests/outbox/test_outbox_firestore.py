@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,10 +11,10 @@ import pytest
 from google.cloud import firestore
 
 from tasklease.emulator import CloudTasksEmulator
-from tasklease.outbox import NotInTransaction, Relay
+from tasklease.outbox import NotInTransaction
 from tasklease.outbox.firestore_db import FirestoreOutbox
 from tasklease.producer import EnqueueResult, task_id
-from tests.support.outbox import Outboxes, producer, task_names
+from tests.support.outbox import Outboxes, drain_at_once, producer, task_names
 
 
 @pytest.fixture
@@ -125,17 +124,7 @@ def test_racing_relays_claim_disjoint_batches_and_create_each_task_once(
 
     stage(client.transaction())
     relays = [outboxes.relay_for(url, tasks, FirestoreOutbox) for _ in range(3)]
-    claimed: list[int] = []
-
-    def run(relay: Relay) -> None:
-        relay.batch = 20
-        claimed.append(relay.drain().claimed)
-
-    threads = [threading.Thread(target=run, args=(relay,)) for _, relay in relays]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    claimed = drain_at_once([relay for _, relay in relays], batch=20)
     assert sum(claimed) == 120  # No entry claimed twice, none left.
     assert len(task_names(tasks)) == 120
     assert relays[0][0].status(0).sent == 120

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from tasklease.producer import EnqueueResult, task_id
 from tasklease.testing.contract_support import T0, claim_request
 from tasklease.worker.dashboard import create_dashboard_app
 from tasklease.worker.stores import SpannerStore
-from tests.support.outbox import Outboxes, producer, relay_env, task_names
+from tests.support.outbox import Outboxes, drain_at_once, producer, relay_env, task_names
 from tests.support.outbox import spanner_database as app_database
 from tests.support.spanner import RpcCounter
 
@@ -161,17 +160,7 @@ def test_racing_relays_claim_disjoint_batches_and_create_each_task_once(
 
     app_db.run_in_transaction(stage)
     relays = [outboxes.relay_for(url, tasks, SpannerOutbox) for _ in range(3)]
-    claimed: list[int] = []
-
-    def run(relay: Relay) -> None:
-        relay.batch = 20
-        claimed.append(relay.drain().claimed)
-
-    threads = [threading.Thread(target=run, args=(relay,)) for _, relay in relays]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    claimed = drain_at_once([relay for _, relay in relays], batch=20)
     assert sum(claimed) == 120  # No entry claimed twice, none left.
     assert len(task_names(tasks)) == 120
     assert relays[0][0].status(0).sent == 120
