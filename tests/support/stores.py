@@ -1,14 +1,18 @@
-"""Shared by the store tests: stores closed after the test that opened them, and a worker
-with one task that notes each run of its handler."""
+"""Shared by the store tests: stores closed after the test that opened them, a SQLite store
+beside the application's own tables, and a worker with one task that notes each run of its
+handler."""
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from werkzeug.test import TestResponse
 
 from tasklease.worker import Router, create_app
 from tasklease.worker.stores.base.store import LeaseStore
+from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.support.helpers import task_headers
 
 
@@ -53,3 +57,14 @@ class ReceiptWorker:
     def outcomes(self, deliveries: int) -> list[str]:
         """The X-Tasklease-Outcome of each of ``deliveries`` first deliveries of the task."""
         return [self.deliver().headers["X-Tasklease-Outcome"] for _ in range(deliveries)]
+
+
+def sqlite_store_with(path: Path, *statements: str) -> SqliteStore:
+    """A SqliteStore on ``path``, its file and tables made, then the application's own
+    ``statements`` (its tables, its rows) run in the same file."""
+    store = SqliteStore(path)
+    store.get("warm-up")  # Creates the file and the store's tables.
+    with sqlite3.connect(path) as connection:
+        for statement in statements:
+            connection.execute(statement)
+    return store

@@ -22,16 +22,16 @@ from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.stores.memory.store import MemoryStore
 from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.support.helpers import task_headers
+from tests.support.stores import sqlite_store_with
 
 
 def _effects_store(path: Path) -> SqliteStore:
-    store = SqliteStore(path)
-    store.get("warm-up")  # Creates the file and the store's tables.
-    with sqlite3.connect(path) as connection:
-        connection.execute("CREATE TABLE IF NOT EXISTS effects (key TEXT NOT NULL)")
-        connection.execute("CREATE TABLE IF NOT EXISTS accounts (id TEXT, balance INTEGER)")
-        connection.execute("INSERT INTO accounts VALUES ('a', 0)")
-    return store
+    return sqlite_store_with(
+        path,
+        "CREATE TABLE IF NOT EXISTS effects (key TEXT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS accounts (id TEXT, balance INTEGER)",
+        "INSERT INTO accounts VALUES ('a', 0)",
+    )
 
 
 def _count(path: Path, key: str) -> int:

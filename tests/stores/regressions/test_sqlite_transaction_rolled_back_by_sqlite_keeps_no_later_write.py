@@ -15,20 +15,20 @@ import pytest
 
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
-from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.support.helpers import task_headers
+from tests.support.stores import sqlite_store_with
 
 
 def test_a_write_after_sqlite_rolled_the_transaction_back_is_not_kept_without_the_record(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "runs.db"
-    store = SqliteStore(path)
-    store.get("warm-up")  # Creates the file and the store's tables.
-    with sqlite3.connect(path) as connection:
-        connection.execute("CREATE TABLE seen (k TEXT UNIQUE ON CONFLICT ROLLBACK)")
-        connection.execute("CREATE TABLE effects (k TEXT)")
-        connection.execute("INSERT INTO seen VALUES ('order-1')")
+    store = sqlite_store_with(
+        path,
+        "CREATE TABLE seen (k TEXT UNIQUE ON CONFLICT ROLLBACK)",
+        "CREATE TABLE effects (k TEXT)",
+        "INSERT INTO seen VALUES ('order-1')",
+    )
 
     router = Router()
 
@@ -53,14 +53,12 @@ def test_a_write_after_sqlite_rolled_the_transaction_back_is_not_kept_without_th
 def _deliver_once(tmp_path: Path, body: Any) -> tuple[RunStatus, int, str]:
     """Run ``body(tx)`` as a transactional handler once: (status, effects kept, error)."""
     path = tmp_path / "runs.db"
-    store = SqliteStore(path)
-    store.get("warm-up")
-    with sqlite3.connect(path) as connection:
-        connection.execute("CREATE TABLE effects (k TEXT)")
-        connection.execute(
-            "CREATE TRIGGER refuse BEFORE INSERT ON effects WHEN new.k = 'refused' "
-            "BEGIN SELECT RAISE(ROLLBACK, 'refused by a trigger'); END"
-        )
+    store = sqlite_store_with(
+        path,
+        "CREATE TABLE effects (k TEXT)",
+        "CREATE TRIGGER refuse BEFORE INSERT ON effects WHEN new.k = 'refused' "
+        "BEGIN SELECT RAISE(ROLLBACK, 'refused by a trigger'); END",
+    )
     router = Router()
 
     @router.task("charge", transactional=True)

@@ -20,8 +20,8 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores.base.store import LeaseStore
 from tasklease.worker.stores.postgres.store import PostgresStore
-from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.support.helpers import task_headers
+from tests.support.stores import sqlite_store_with
 
 
 def _sqlite_dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
@@ -53,11 +53,11 @@ def test_a_row_factory_set_on_the_sqlite_transaction_lasts_for_that_transaction_
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "runs.db"
-    store = SqliteStore(path)
-    store.get("warm-up")  # Creates the file and the store's tables.
-    with sqlite3.connect(path) as connection:
-        connection.execute("CREATE TABLE accounts (id TEXT, balance INTEGER)")
-        connection.execute("INSERT INTO accounts VALUES ('a', 0)")
+    store = sqlite_store_with(
+        path,
+        "CREATE TABLE accounts (id TEXT, balance INTEGER)",
+        "INSERT INTO accounts VALUES ('a', 0)",
+    )
     try:
         statuses = _deliver_three(store, _sqlite_dict_row, "accounts")
     finally:

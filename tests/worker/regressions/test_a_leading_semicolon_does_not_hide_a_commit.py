@@ -16,8 +16,8 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.stores.base.handler_transaction import ends_transaction
 from tasklease.worker.stores.base.store import LeaseStore
 from tasklease.worker.stores.postgres.store import PostgresStore
-from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.support.helpers import task_headers
+from tests.support.stores import sqlite_store_with
 
 
 @pytest.mark.parametrize("statement", [";COMMIT", " ; ;\n-- done\nEND", "/* */;ROLLBACK"])
@@ -45,11 +45,11 @@ def test_sqlite_keeps_nothing_of_a_handler_that_sends_a_commit_after_a_semicolon
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "runs.db"
-    store = SqliteStore(path)
-    store.get("warm-up")  # Creates the file and the store's tables.
-    with sqlite3.connect(path) as connection:
-        connection.execute("CREATE TABLE accounts (id TEXT, balance INTEGER)")
-        connection.execute("INSERT INTO accounts VALUES ('a', 0)")
+    store = sqlite_store_with(
+        path,
+        "CREATE TABLE accounts (id TEXT, balance INTEGER)",
+        "INSERT INTO accounts VALUES ('a', 0)",
+    )
     try:
         outcome, error = _charge_then_commit(store, "accounts")
     finally:
