@@ -16,27 +16,21 @@ import pytest
 from tasklease.testing.contract_support import EXPIRED, LEASE, T0, claim_request
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import SpannerStore
+from tests.support.spanner_effects import effects, store_with_effects
 
 pytestmark = pytest.mark.service
 
-EFFECTS_DDL = "CREATE TABLE effects (id STRING(64) NOT NULL, key STRING(64)) PRIMARY KEY (id)"
 RENEWED_AT = T0 + LEASE / 3
 
 
 @pytest.fixture
 def stores(spanner_database: str) -> Iterator[tuple[SpannerStore, SpannerStore]]:
     """The worker's store, and another client of the same database renewing the lease."""
-    store = SpannerStore(spanner_database, call_timeout=5.0)
+    store = store_with_effects(spanner_database)
     other = SpannerStore(spanner_database, call_timeout=5.0)
-    store.database.update_ddl([EFFECTS_DDL]).result(60)
     yield store, other
     other.close()
     store.close()
-
-
-def _effects(store: SpannerStore) -> int:
-    with store.database.snapshot() as snapshot:
-        return int(next(iter(snapshot.execute_sql("SELECT COUNT(*) FROM effects")))[0])
 
 
 def test_a_renewal_while_a_spanner_handler_runs_does_not_abort_its_transaction(
@@ -54,7 +48,7 @@ def test_a_renewal_while_a_spanner_handler_runs_does_not_abort_its_transaction(
 
     outcome = store.complete_in_transaction("run-1", "attempt-1", work, RENEWED_AT)
     assert renewals == [RENEWED_AT + LEASE]
-    assert (outcome.held, outcome.tries, _effects(store)) == (True, 1, 1)
+    assert (outcome.held, outcome.tries, effects(store)) == (True, 1, 1)
     record = store.get("run-1")
     assert record is not None
     assert (record.status, record.lease_expires) == (RunStatus.COMPLETED, RENEWED_AT + LEASE)
@@ -78,7 +72,7 @@ def test_a_takeover_while_a_spanner_handler_runs_still_keeps_nothing(
 
     outcome = store.complete_in_transaction("run-1", "attempt-1", work, T0 + EXPIRED)
     assert takeovers[0].verdict is Verdict.CLAIMED
-    assert (outcome.held, outcome.result_json, _effects(store)) == (False, None, 0)
+    assert (outcome.held, outcome.result_json, effects(store)) == (False, None, 0)
     record = store.get("run-1")
     assert record is not None
     assert (record.status, record.attempt_id) == (RunStatus.IN_PROGRESS, "attempt-2")

@@ -8,7 +8,7 @@ raised, nothing it wrote is kept."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,31 +17,18 @@ from google.cloud.spanner_v1 import param_types
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.stores import SpannerStore
 from tests.support.helpers import task_headers
+from tests.support.spanner_effects import effects
 
 pytestmark = pytest.mark.service
-
-EFFECTS_DDL = "CREATE TABLE effects (id STRING(64) NOT NULL, key STRING(64)) PRIMARY KEY (id)"
-
-
-@pytest.fixture
-def store(spanner_database: str) -> Iterator[SpannerStore]:
-    store = SpannerStore(spanner_database, call_timeout=5.0)
-    store.database.update_ddl([EFFECTS_DDL]).result(60)
-    yield store
-    store.close()
-
-
-def _effects(store: SpannerStore) -> int:
-    with store.database.snapshot() as snapshot:
-        return int(next(iter(snapshot.execute_sql("SELECT COUNT(*) FROM effects")))[0])
 
 
 @pytest.mark.parametrize(
     "end", [lambda tx: tx.commit(), lambda tx: tx.rollback()], ids=["commit", "rollback"]
 )
 def test_a_spanner_handler_that_ends_its_transaction_keeps_its_writes_once_at_most(
-    store: SpannerStore, end: Callable[[Any], None]
+    spanner_effects_store: SpannerStore, end: Callable[[Any], None]
 ) -> None:
+    store = spanner_effects_store
     router = Router()
 
     @router.task("charge", transactional=True)
@@ -62,4 +49,4 @@ def test_a_spanner_handler_that_ends_its_transaction_keeps_its_writes_once_at_mo
         "released",
         True,
     )
-    assert (retry.headers["X-Tasklease-Outcome"], _effects(store)) == ("processed", 1)
+    assert (retry.headers["X-Tasklease-Outcome"], effects(store)) == ("processed", 1)

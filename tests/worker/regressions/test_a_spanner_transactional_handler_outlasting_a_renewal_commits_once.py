@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,29 +18,17 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores import SpannerStore
 from tests.support.helpers import task_headers
+from tests.support.spanner_effects import effects
 
 pytestmark = pytest.mark.service
 
-EFFECTS_DDL = "CREATE TABLE effects (id STRING(64) NOT NULL, key STRING(64)) PRIMARY KEY (id)"
 LEASE = timedelta(seconds=3)
 
 
-@pytest.fixture
-def store(spanner_database: str) -> Iterator[SpannerStore]:
-    store = SpannerStore(spanner_database, call_timeout=5.0)
-    store.database.update_ddl([EFFECTS_DDL]).result(60)
-    yield store
-    store.close()
-
-
-def _effects(store: SpannerStore) -> int:
-    with store.database.snapshot() as snapshot:
-        return int(next(iter(snapshot.execute_sql("SELECT COUNT(*) FROM effects")))[0])
-
-
 def test_a_spanner_transactional_handler_outlasting_a_renewal_commits_once(
-    store: SpannerStore, monkeypatch: pytest.MonkeyPatch
+    spanner_effects_store: SpannerStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store = spanner_effects_store
     router = Router()
     calls: list[int] = []
     renewals: list[datetime | None] = []
@@ -68,6 +55,6 @@ def test_a_spanner_transactional_handler_outlasting_a_renewal_commits_once(
     answer = client.post("/tasks/settle", headers=task_headers(), data=b"{}")
     (record,) = store.list_runs()
     assert (answer.status_code, answer.headers["X-Tasklease-Outcome"]) == (200, "processed")
-    assert (len(calls), _effects(store)) == (1, 1)
+    assert (len(calls), effects(store)) == (1, 1)
     assert record.status is RunStatus.COMPLETED
     assert len(renewals) >= 2 and None not in renewals  # Renewed meanwhile, never lost.
