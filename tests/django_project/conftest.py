@@ -20,6 +20,9 @@ import django
 import pytest
 from django.conf import settings
 
+from tasklease.producer import Producer
+from tasklease.producer.memory import MemoryTransport, QueuedTask
+
 _TMP = Path(tempfile.mkdtemp(prefix="tasklease-django-"))
 DATABASE = _TMP / "app.db"
 WORKER_URL = "http://testserver/worker"
@@ -77,6 +80,41 @@ def _process_time_zone_kept() -> Iterator[None]:
     else:
         os.environ["TZ"] = saved
     time.tzset()
+
+
+@pytest.fixture
+def queue(monkeypatch: pytest.MonkeyPatch) -> MemoryTransport:
+    """A fresh in-memory Cloud Tasks queue behind the default backend's producer, and no
+    task calls noted yet."""
+    # Imported here: both need Django set up (above).
+    from tasklease.django import compat  # noqa: PLC0415
+    from tests.django_project import tasks  # noqa: PLC0415
+
+    transport = MemoryTransport()
+    backend = compat.tasks.task_backends["default"]
+    monkeypatch.setattr(
+        backend, "producer", Producer("p", "l", worker_url=WORKER_URL, transport=transport)
+    )
+    tasks.CALLS.clear()
+    return transport
+
+
+def deliver(client: Any, queued: QueuedTask, retry: int | None = None) -> Any:
+    """Deliver ``queued`` through Django's test ``client`` as Cloud Tasks would (its
+    headers), as its ``retry``-th retry when given; the response."""
+    responses: list[Any] = []
+
+    def post(path: str, headers: dict[str, str], data: bytes) -> Any:
+        sent = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+        if retry is not None:
+            sent["X-CloudTasks-TaskRetryCount"] = str(retry)
+            sent["X-CloudTasks-TaskExecutionCount"] = str(retry)
+        response = client.post(path, data=data, content_type="application/json", headers=sent)
+        responses.append(response)
+        return response
+
+    MemoryTransport().deliver(queued, post, queued.request.queue_path.rsplit("/", 1)[-1])
+    return responses[0]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -18,41 +18,22 @@ from tasklease.django import DJANGO_TASK_HANDLER, compat
 from tasklease.outbox import Relay, open_outbox
 from tasklease.outbox.relay import Round
 from tasklease.producer import Producer
-from tasklease.producer.memory import MemoryTransport, QueuedTask
+from tasklease.producer.memory import MemoryTransport
 from tasklease.worker.auth.authenticators import OidcAuth
 from tests.django_project import tasks
-from tests.django_project.conftest import OUTBOX_URL, WORKER_URL
+from tests.django_project.conftest import OUTBOX_URL, WORKER_URL, deliver
 
 
 @pytest.fixture
-def queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryTransport]:
-    """A fresh in-memory Cloud Tasks queue behind the default backend's producer."""
-    transport = MemoryTransport()
-    backend = compat.tasks.task_backends["default"]
-    monkeypatch.setattr(backend, "producer", _producer(transport))
-    tasks.CALLS.clear()
-    yield transport
+def queue(queue: MemoryTransport) -> Iterator[MemoryTransport]:
+    """The room's queue; the outbox emptied after the test."""
+    yield queue
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM tasklease_outbox")
 
 
 def _producer(transport: MemoryTransport) -> Producer:
     return Producer("p", "l", worker_url=WORKER_URL, transport=transport)
-
-
-def _deliver(client: Client, queued: QueuedTask) -> Any:
-    """Deliver ``queued`` as Cloud Tasks would (its headers, a retry count)."""
-
-    def post(path: str, headers: dict[str, str], data: bytes) -> Any:
-        headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
-        response = client.post(path, data=data, content_type="application/json", headers=headers)
-        responses.append(response)
-        return response
-
-    responses: list[Any] = []
-    queue = queued.request.queue_path.rsplit("/", 1)[-1]
-    MemoryTransport().deliver(queued, post, queue)
-    return responses[0]
 
 
 def _relay(transport: MemoryTransport) -> Round:
@@ -88,10 +69,10 @@ def test_a_delivery_runs_the_task_once_and_a_duplicate_is_answered_from_the_reco
     tasks.record.enqueue("once")
     [created] = queue.tasks
     client = Client()
-    first = _deliver(client, created)
+    first = deliver(client, created)
     assert first.status_code == 200, first.content
     assert first.headers["X-Tasklease-Outcome"] == "processed"
-    second = _deliver(client, created)
+    second = deliver(client, created)
     assert second.status_code == 200
     assert second.headers["X-Tasklease-Outcome"] == "duplicate"
     assert tasks.CALLS == ["once"]
@@ -122,7 +103,7 @@ def test_an_enqueue_in_a_committed_atomic_block_is_staged_and_the_relay_sends_it
     relayed = _relay(queue)
     assert relayed.sent == 1
     [created] = queue.tasks
-    response = _deliver(Client(), created)
+    response = deliver(Client(), created)
     assert response.headers["X-Tasklease-Outcome"] == "processed"
     assert tasks.CALLS == ["committed"]
     assert result.id in created.request.body.decode()
@@ -138,15 +119,15 @@ def test_run_after_queue_name_and_takes_context_reach_cloud_tasks_and_the_task(
     assert email.request.queue_path.endswith("/queues/emails")
     assert email.request.schedule_time == when
     client = Client()
-    assert _deliver(client, email).status_code == 200
-    assert _deliver(client, with_context).status_code == 200
+    assert deliver(client, email).status_code == 200
+    assert deliver(client, with_context).status_code == 200
     assert tasks.CALLS == [("email", "a@example.com"), ("ctx", 1)]
 
 
 def test_an_async_task_is_awaited(queue: MemoryTransport) -> None:
     tasks.async_record.enqueue("awaited")
     [created] = queue.tasks
-    response = _deliver(Client(), created)
+    response = deliver(Client(), created)
     assert response.headers["X-Tasklease-Outcome"] == "processed"
     assert tasks.CALLS == [("async", "awaited")]
 
@@ -164,7 +145,7 @@ def test_an_unauthenticated_delivery_is_refused_and_runs_nothing(queue: MemoryTr
     [created] = queue.tasks
     auth = OidcAuth(["tasks@p.iam.gserviceaccount.com"], audience=WORKER_URL)
     with override_settings(TASKLEASE_AUTH=auth):
-        response = _deliver(Client(), created)
+        response = deliver(Client(), created)
     assert response.status_code == 401
     assert response.headers["X-Tasklease-Outcome"] == "unauthenticated"
     assert tasks.CALLS == []
@@ -176,7 +157,7 @@ def test_a_payload_naming_something_that_is_not_a_django_task_is_never_called(
     backend = compat.tasks.task_backends["default"]
     backend.producer.enqueue(DJANGO_TASK_HANDLER, {"task": "os.getcwd", "args": []}, key="k")
     [created] = queue.tasks
-    response = _deliver(Client(), created)
+    response = deliver(Client(), created)
     assert response.status_code == 200
     assert response.headers["X-Tasklease-Outcome"] == "failed"
 
@@ -187,11 +168,11 @@ def test_a_task_that_raises_is_answered_for_a_retry_which_runs_it_again(
     tasks.flaky.enqueue("retried")
     [created] = queue.tasks
     client = Client()
-    failed = _deliver(client, created)
+    failed = deliver(client, created)
     assert failed.status_code >= 500
-    retried = _deliver(client, created)
+    retried = deliver(client, created)
     assert retried.headers["X-Tasklease-Outcome"] == "processed"
-    assert _deliver(client, created).headers["X-Tasklease-Outcome"] == "duplicate"
+    assert deliver(client, created).headers["X-Tasklease-Outcome"] == "duplicate"
     assert tasks.CALLS == [("flaky", "retried"), ("flaky", "retried")]
 
 
@@ -227,8 +208,8 @@ def test_a_delivery_sends_djangos_task_started_and_task_finished_signals(
         tasks.flaky.enqueue("signalled")
         [created] = queue.tasks
         client = Client()
-        assert _deliver(client, created).status_code >= 500
-        assert _deliver(client, created).headers["X-Tasklease-Outcome"] == "processed"
+        assert deliver(client, created).status_code >= 500
+        assert deliver(client, created).headers["X-Tasklease-Outcome"] == "processed"
     finally:
         compat.signals.task_started.disconnect(started)
         compat.signals.task_finished.disconnect(finished)

@@ -8,48 +8,22 @@ committed before its run is recorded."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 from django.db import connection, connections
 from django.test import Client
 
-from tasklease.django import compat
-from tasklease.producer import Producer
-from tasklease.producer.memory import MemoryTransport, QueuedTask
+from tasklease.producer.memory import MemoryTransport
 from tests.django_project import tasks
-from tests.django_project.conftest import WORKER_URL
+from tests.django_project.conftest import deliver
 
 
 @pytest.fixture
-def queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryTransport]:
-    transport = MemoryTransport()
-    backend = compat.tasks.task_backends["default"]
-    monkeypatch.setattr(
-        backend, "producer", Producer("p", "l", worker_url=WORKER_URL, transport=transport)
-    )
-    tasks.CALLS.clear()
+def queue(queue: MemoryTransport) -> MemoryTransport:
+    """The room's queue, and an empty ledger table."""
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE IF NOT EXISTS ledger (note TEXT)")
         cursor.execute("DELETE FROM ledger")
-    yield transport
-
-
-def _deliver(client: Client, queued: QueuedTask, retry: int) -> Any:
-    """Deliver ``queued`` as Cloud Tasks would, as its ``retry``-th retry."""
-    responses: list[Any] = []
-
-    def post(path: str, headers: dict[str, str], data: bytes) -> Any:
-        sent = {k: v for k, v in headers.items() if k.lower() != "content-type"}
-        sent["X-CloudTasks-TaskRetryCount"] = str(retry)
-        sent["X-CloudTasks-TaskExecutionCount"] = str(retry)
-        response = client.post(path, data=data, content_type="application/json", headers=sent)
-        responses.append(response)
-        return response
-
-    MemoryTransport().deliver(queued, post, queued.request.queue_path.rsplit("/", 1)[-1])
-    return responses[0]
+    return queue
 
 
 def test_with_atomic_requests_a_failed_attempts_writes_are_not_kept_for_the_retry(
@@ -59,7 +33,7 @@ def test_with_atomic_requests_a_failed_attempts_writes_are_not_kept_for_the_retr
     tasks.ledger_entry.enqueue("order-42")
     (queued,) = queue.tasks
     client = Client()
-    outcomes = [_deliver(client, queued, retry).headers["X-Tasklease-Outcome"] for retry in (0, 1)]
+    outcomes = [deliver(client, queued, retry).headers["X-Tasklease-Outcome"] for retry in (0, 1)]
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM ledger")
         (rows,) = cursor.fetchone()

@@ -4,30 +4,14 @@ to Cloud Tasks as that moment, not refuse a task Django itself validated."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from tasklease.django import compat
-from tasklease.producer import Producer
 from tasklease.producer.memory import MemoryTransport
 from tests.django_project import tasks
-from tests.django_project.conftest import WORKER_URL
-
-
-@pytest.fixture
-def queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryTransport]:
-    transport = MemoryTransport()
-    backend = compat.tasks.task_backends["default"]
-    monkeypatch.setattr(
-        backend, "producer", Producer("p", "l", worker_url=WORKER_URL, transport=transport)
-    )
-    tasks.CALLS.clear()
-    yield transport
 
 
 def test_a_naive_run_after_without_use_tz_is_scheduled_in_the_projects_time_zone(

@@ -13,21 +13,15 @@ from django.db import connection
 from django.test import Client
 
 from tasklease.django import compat
-from tasklease.producer import Producer
-from tasklease.producer.memory import MemoryTransport, QueuedTask
+from tasklease.producer.memory import MemoryTransport
 from tests.django_project import tasks
-from tests.django_project.conftest import WORKER_URL
+from tests.django_project.conftest import deliver
 
 
 @pytest.fixture
-def queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryTransport]:
-    transport = MemoryTransport()
-    backend = compat.tasks.task_backends["default"]
-    monkeypatch.setattr(
-        backend, "producer", Producer("p", "l", worker_url=WORKER_URL, transport=transport)
-    )
-    tasks.CALLS.clear()
-    yield transport
+def queue(queue: MemoryTransport) -> Iterator[MemoryTransport]:
+    """The room's queue; the outbox emptied after the test."""
+    yield queue
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM tasklease_outbox")
 
@@ -44,29 +38,16 @@ def broken_receiver() -> Iterator[None]:
         compat.signals.task_finished.disconnect(finished)
 
 
-def _deliver(client: Client, queued: QueuedTask) -> Any:
-    responses: list[Any] = []
-
-    def post(path: str, headers: dict[str, str], data: bytes) -> Any:
-        headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
-        response = client.post(path, data=data, content_type="application/json", headers=headers)
-        responses.append(response)
-        return response
-
-    MemoryTransport().deliver(queued, post, queued.request.queue_path.rsplit("/", 1)[-1])
-    return responses[0]
-
-
 def test_a_raising_task_finished_receiver_neither_fails_the_delivery_nor_reruns_the_task(
     queue: MemoryTransport, broken_receiver: None
 ) -> None:
     tasks.record.enqueue("once")
     [created] = queue.tasks
     client = Client()
-    first = _deliver(client, created)
+    first = deliver(client, created)
     # A 200 stops the queue; whatever the first answer, its retry (or a duplicate) must
     # find the run settled and not run the task again.
-    again = _deliver(client, created)
+    again = deliver(client, created)
     assert tasks.CALLS == ["once"]
     assert (first.status_code, first.headers["X-Tasklease-Outcome"]) == (200, "processed")
     assert again.status_code == 200
@@ -77,7 +58,7 @@ def test_a_raising_task_finished_receiver_keeps_a_permanent_failure_a_dead_lette
 ) -> None:
     tasks.doomed.enqueue("bad")
     [created] = queue.tasks
-    reply = _deliver(Client(), created)
+    reply = deliver(Client(), created)
     assert reply.status_code == 200
     assert reply.headers["X-Tasklease-Outcome"] == "failed"
     assert tasks.CALLS == [("doomed", "bad")]
