@@ -83,6 +83,19 @@ class GcloudBatch:
                 rejected[command] = self._outputs[command].strip()[:600]
         return rejected
 
+    def assert_rejects_only_bad(
+        self, commands: list[list[str]], bad: list[list[str]], what: str = "planned"
+    ) -> None:
+        """gcloud rejected every one of ``bad`` (else the judge proves nothing) and none of
+        ``commands`` (the message names ``what`` commands they are)."""
+        rejected = self.rejected(commands + bad)
+        for args in bad:
+            assert shlex.join(["gcloud", *args]) in rejected, f"the judge accepted {args}"
+            del rejected[shlex.join(["gcloud", *args])]
+        assert rejected == {}, f"gcloud rejected {what} commands:\n" + "\n\n".join(
+            f"{command}\n  -> {output}" for command, output in rejected.items()
+        )
+
     def close(self) -> None:
         for process in self._running.values():
             if process.poll() is None:
