@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_dev_stack import Dev
-from tests.support.dev_stack import dev_flags, kill_all, wait_gone
+from tests.support.dev_stack import Dev, dev_flags, write_project
 
 SHOP = """
 from tasklease import JobRetry, Router, TaskContext
@@ -27,11 +26,7 @@ def nightly(ctx: TaskContext) -> None:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    (tmp_path / "myshop").mkdir()
-    (tmp_path / "myshop" / "__init__.py").write_text("")
-    (tmp_path / "myshop" / "tasks.py").write_text(SHOP)
-    (tmp_path / "tasklease.toml").write_text('[worker]\nrouter = "myshop.tasks:router"\n')
-    return tmp_path
+    return write_project(tmp_path, SHOP)
 
 
 def running(project: Path, extra: list[str]) -> Iterator[Dev]:
@@ -39,12 +34,7 @@ def running(project: Path, extra: list[str]) -> Iterator[Dev]:
     try:
         yield stack
     finally:
-        try:
-            if stack.process.poll() is None:
-                stack.interrupt()
-            assert wait_gone(stack.marker) == []
-        finally:
-            kill_all(stack.marker)
+        stack.stop()
 
 
 def schedule_hour(run: dict[str, object]) -> int:

@@ -1,8 +1,10 @@
-"""`tasklease dev` as a real process in a temp directory, and the processes it leaves."""
+"""`tasklease dev` as a real process in a temp directory (a user's project, the stack driven
+and stopped), and the processes it leaves."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +13,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tasklease.plumbing.serve import free_port
 
@@ -101,3 +104,86 @@ def wait_gone(marker: str, timeout: float = 20) -> list[int]:
     while (left := processes_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
+
+
+def write_project(root: Path, tasks_source: str) -> Path:
+    """A user's project in ``root``: ``myshop/tasks.py`` holding ``tasks_source`` (its
+    ``router``), and a tasklease.toml naming that router."""
+    (root / "myshop").mkdir()
+    (root / "myshop" / "__init__.py").write_text("")
+    (root / "myshop" / "tasks.py").write_text(tasks_source)
+    (root / "tasklease.toml").write_text('[worker]\nrouter = "myshop.tasks:router"\n')
+    return root
+
+
+class Dev:
+    """A running `tasklease dev` and what it needs to be driven."""
+
+    def __init__(self, project: Path, flags: list[str], extra: list[str]) -> None:
+        self.project = project
+        self.flags = flags
+        self.process, self.marker = start_dev(project, [*flags, *extra])
+        self.banner = read_until(self.process, "Dashboard (runs")
+
+    def flag(self, name: str) -> str:
+        return self.flags[self.flags.index(name) + 1]
+
+    @property
+    def emulator(self) -> str:
+        return f"http://127.0.0.1:{self.flag('--port')}"
+
+    def tasklease(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(TASKLEASE), *argv],
+            cwd=self.project,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def runs(self) -> list[dict[str, Any]]:
+        listed = self.tasklease("runs", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        runs: list[dict[str, Any]] = json.loads(listed.stdout)["runs"]
+        return runs
+
+    def wait_for_run(self, handler: str, status: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for run in self.runs():
+                if run["handler"] == handler and run["status"] == status:
+                    return run
+            time.sleep(0.2)
+        raise AssertionError(f"no {status} run of {handler}: {self.runs()}")
+
+    def enqueue(self, handler: str, payload: dict[str, Any]) -> None:
+        from tasklease.producer import Producer  # noqa: PLC0415
+
+        worker = f"http://127.0.0.1:{self.flag('--worker-port')}"
+        producer = Producer.from_env(
+            {},
+            project="dev-project",
+            location="us-central1",
+            queue="default",
+            worker_url=worker,
+            service_account="tasks@dev-project.iam.gserviceaccount.com",
+            tasks_endpoint=self.emulator,
+        )
+        producer.enqueue(handler, payload)
+
+    def interrupt(self) -> str:
+        """Ctrl-C; what it printed from then on."""
+        ctrl_c(self.process)
+        rest, _ = self.process.communicate(timeout=60)
+        return rest
+
+    def stop(self) -> None:
+        """Ctrl-C if it still runs, and check that every process it started is gone (those
+        left are killed either way)."""
+        try:
+            if self.process.poll() is None:
+                self.interrupt()
+            assert wait_gone(self.marker) == []
+        finally:
+            kill_all(self.marker)
