@@ -9,10 +9,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
-import json
 import pkgutil
-import subprocess
-import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -23,6 +20,7 @@ import tasklease.emulator
 import tasklease.plumbing
 import tasklease.worker.core
 from tests.support.checkout import ROOT
+from tests.support.fresh_python import modules_loaded_by
 
 # What a pure module must never bring in: I/O, threads, web frameworks, Google's clients.
 IMPURE = (
@@ -45,50 +43,36 @@ def submodules(package: object) -> list[str]:
     return sorted(name for _, name, _ in pkgutil.walk_packages(path, prefix))
 
 
-def loaded_by(module: str) -> set[str]:
-    probe = f"import json, sys, {module}\nprint(json.dumps(sorted(sys.modules)))"
-    result = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return set(json.loads(result.stdout))
-
-
 def among(modules: set[str], names: tuple[str, ...]) -> list[str]:
     return sorted(m for m in modules if m in names or m.startswith(tuple(f"{n}." for n in names)))
 
 
 @pytest.mark.parametrize("module", submodules(tasklease.worker.core))
 def test_a_core_module_loads_no_io_threads_or_frameworks(module: str) -> None:
-    assert among(loaded_by(module), IMPURE) == []
+    assert among(modules_loaded_by(module), IMPURE) == []
 
 
 @pytest.mark.parametrize("module", ["tasklease.protocol", "tasklease.errors", "tasklease.jobs"])
 def test_the_shared_contract_loads_nothing_of_either_side(module: str) -> None:
-    modules = loaded_by(module)
+    modules = modules_loaded_by(module)
     assert among(modules, IMPURE) == []
     assert among(modules, ("tasklease.worker", "tasklease.producer", "tasklease.emulator")) == []
 
 
 def test_the_cron_helper_loads_croniter_and_nothing_of_either_side() -> None:
-    modules = loaded_by("tasklease.cron")
+    modules = modules_loaded_by("tasklease.cron")
     assert among(modules, ("tasklease.worker", "tasklease.producer", "tasklease.emulator")) == []
     assert among(modules, ("flask", "google", "grpc", "sqlite3", "opentelemetry")) == []
 
 
 def test_the_emulator_imports_nothing_of_the_worker() -> None:
-    modules = loaded_by(", ".join(["tasklease.emulator", *submodules(tasklease.emulator)]))
+    modules = modules_loaded_by(", ".join(["tasklease.emulator", *submodules(tasklease.emulator)]))
     assert among(modules, ("tasklease.worker", "tasklease.producer")) == []
 
 
 @pytest.mark.parametrize("module", submodules(tasklease.plumbing))
 def test_the_plumbing_belongs_to_neither_side(module: str) -> None:
-    modules = loaded_by(module)
+    modules = modules_loaded_by(module)
     assert among(modules, ("tasklease.worker", "tasklease.emulator", "tasklease.producer")) == []
 
 

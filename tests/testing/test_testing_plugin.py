@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,7 +12,7 @@ import pytest
 from tasklease.testing.stubs import StubQueue, StubScheduler
 from tasklease.worker import PermanentFailure, Router, TaskContext, create_app
 from tasklease.worker.stores import MemoryStore
-from tests.support.checkout import ROOT
+from tests.support.fresh_python import modules_loaded_by
 
 pytest_plugins = ["pytester"]
 
@@ -222,17 +219,7 @@ def test_the_plugin_is_registered_by_its_entry_point(pytestconfig: pytest.Config
 
 def test_importing_the_plugin_loads_neither_flask_nor_googles_clients() -> None:
     """pytest imports the plugin in every project that installs tasklease, tests or not."""
-    probe = "import json, sys, tasklease.testing\nprint(json.dumps(sorted(sys.modules)))"
-    shown = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert shown.returncode == 0, shown.stderr
-    modules = json.loads(shown.stdout)
+    modules = modules_loaded_by("tasklease.testing")
     heavy = ("flask", "werkzeug", "google", "grpc", "requests", "tasklease.worker")
     assert [m for m in modules if m in heavy or m.startswith(tuple(f"{h}." for h in heavy))] == []
     assert [m for m in modules if m.startswith("tasklease.testing.")] == []

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
@@ -13,6 +11,7 @@ import pytest
 from tasklease.errors import ConfigurationError
 from tasklease.plumbing.otel_setup import Settings, build, settings_from_env
 from tasklease.protocol import ENV_OTEL_SETUP
+from tests.support.fresh_python import run_python
 
 
 @pytest.mark.parametrize(
@@ -98,14 +97,7 @@ SCRIPT = textwrap.dedent(
 def test_prometheus_endpoint_serves_worker_and_emulator_metrics() -> None:
     env = {**os.environ, "TASKLEASE_METRICS": "prometheus", "TASKLEASE_LOG_FORMAT": "text"}
     env.pop("TASKLEASE_OTEL", None)
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_python(SCRIPT, env)
     assert done.returncode == 0, done.stderr
     text = done.stdout
     assert "tasklease_deliveries_total{" in text

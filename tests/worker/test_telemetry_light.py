@@ -8,8 +8,6 @@ a process imports OpenTelemetry and sets its global providers only once.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
@@ -18,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tasklease.worker.observe import telemetry
-from tests.support.checkout import ROOT
+from tests.support.fresh_python import run_python
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -52,14 +50,7 @@ def out(**values):
 def run(script: str) -> dict[str, Any]:
     """Run PRELUDE + ``script`` in a fresh interpreter; the JSON it printed last."""
     code = textwrap.dedent(PRELUDE) + textwrap.dedent(script)
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     value: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
     return value
