@@ -8,12 +8,11 @@ back to rescheduling the task in a second, as the old code did for every attempt
 from __future__ import annotations
 
 import base64
-import sqlite3
-from typing import Any
 
 import pytest
 
 from tasklease.emulator import CloudTasksEmulator
+from tests.support.emulator_faults import fail_attempt_records
 from tests.support.emulator_target import Target
 
 QUEUE = "projects/p/locations/us-central1/queues/q"
@@ -24,16 +23,7 @@ def test_a_failed_record_of_an_attempt_does_not_strand_its_task(
 ) -> None:
     recorder, url = target
     with CloudTasksEmulator() as emulator:
-        real = emulator.db.finish_attempts
-        failures: list[int] = []
-
-        def flaky(finishes: Any) -> None:
-            if not failures:  # The first recording fails once, as a locked database would.
-                failures.append(1)
-                raise sqlite3.OperationalError("database is locked")
-            real(finishes)
-
-        monkeypatch.setattr(emulator.db, "finish_attempts", flaky)
+        failures = fail_attempt_records(emulator, monkeypatch, times=1)  # The first, once.
         emulator.create_queue(QUEUE)
         task = {
             "name": f"{QUEUE}/tasks/stranded",

@@ -9,15 +9,14 @@ retries) and delivered."""
 from __future__ import annotations
 
 import base64
-import sqlite3
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from werkzeug import Response
 
 from tasklease.emulator import CloudTasksEmulator
+from tests.support.emulator_faults import fail_attempt_records
 from tests.support.emulator_target import Target
 
 PARENT = "projects/p/locations/us-central1"
@@ -30,16 +29,7 @@ def test_a_pool_attempt_whose_recording_fails_twice_is_not_stranded(
 ) -> None:
     recorder, url = target
     with CloudTasksEmulator() as emulator:
-        real = emulator.db.finish_attempts
-        failures: list[int] = []
-
-        def flaky(finishes: Any) -> None:
-            if len(failures) < 2:  # Two record writes in a row fail, as a locked database.
-                failures.append(1)
-                raise sqlite3.OperationalError("database is locked")
-            real(finishes)
-
-        monkeypatch.setattr(emulator.db, "finish_attempts", flaky)
+        failures = fail_attempt_records(emulator, monkeypatch, times=2)  # Two in a row.
         emulator.create_queue(QUEUE)
         later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 86_400))
         task = {
