@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
@@ -128,3 +130,13 @@ class CapturingProducer:
     ) -> Any:
         assert key is not None
         self.tasks.setdefault(key, {"name": task_name, "payload": payload, **kw})
+
+
+def wait_for(condition: Callable[[], object], seconds: float = 10.0) -> bool:
+    """Whether ``condition()`` came true within ``seconds``, polled every 20 ms."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False

@@ -19,8 +19,8 @@ from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.core.records import LockRequest, RunStatus
 from tasklease.worker.delivery.lease import LeaseKeeper
 from tasklease.worker.stores import MemoryStore
-from tests.support.helpers import FakeClock, job_headers, task_headers
-from tests.worker.test_lease_keeper import context_for, wait_for
+from tests.support.helpers import FakeClock, job_headers, task_headers, wait_for
+from tests.worker.test_lease_keeper import context_for
 
 LEASE = timedelta(minutes=1)
 MAX_RUNTIME = timedelta(minutes=10)

@@ -18,7 +18,7 @@ from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.delivery.lease import LeaseKeeper
 from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.stores import MemoryStore
-from tests.support.helpers import SwitchableStore, claim_request, task_headers
+from tests.support.helpers import SwitchableStore, claim_request, task_headers, wait_for
 
 LEASE = timedelta(seconds=1.5)
 
@@ -37,15 +37,6 @@ def context_for(
     ctx = Attempt("task", "h", record.run_id, attempt, record.lease_expires)
     ctx.confirm_lease(record.lease_expires, asked + lease.total_seconds())
     return ctx
-
-
-def wait_for(condition: Any, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_lease_is_renewed_while_the_block_runs_and_not_after() -> None:

@@ -48,6 +48,7 @@ from tests.support.helpers import (
     claim_request,
     job_headers,
     task_headers,
+    wait_for,
 )
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -406,15 +407,6 @@ def test_lease_renewals_and_a_lost_lease_are_counted(otel: Telemetry) -> None:
         assert wait_for(lambda: ctx.lease_lost)
     [lost] = otel.points("tasklease.lease.lost")
     assert (lost.attributes, lost.value) == ({"handler": "h"}, 1)
-
-
-def wait_for(condition: Any, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_the_trace_survives_the_cloud_tasks_api_and_the_emulators_dispatch(
