@@ -18,7 +18,7 @@ from tasklease.errors import ConfigurationError
 from tasklease.testing.store_contract import StoreContract
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core.records import RunRecord, RunStatus
-from tasklease.worker.stores.base.store import Change, LeaseStore
+from tasklease.worker.stores.base import Change, LeaseStore
 from tests.support.helpers import task_headers
 
 _T = TypeVar("_T")

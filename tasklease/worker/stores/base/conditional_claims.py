@@ -261,8 +261,10 @@ class ConditionalClaims(Generic[V]):
             found = rows.read_versioned(claimed.run_id)
         except StoreUnavailable as unread:
             self.orphans.note(claimed)
+            # The read's own error: its StoreUnavailable would name the store a second time.
+            why = unread.__cause__ if unread.__cause__ is not None else unread
             raise StoreUnavailable(
-                f"{self._name}: could not claim a run ({unsure.error}) nor read it back: {unread}"
+                f"{self._name}: could not claim a run ({unsure.error}) nor read it back: {why}"
             ) from unsure.error
         if not unsure.ours_only or (
             found is not None and decisions.holds(found.record, claimed.attempt_id)
