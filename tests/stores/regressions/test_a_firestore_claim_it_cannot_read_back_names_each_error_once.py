@@ -14,8 +14,8 @@ from google.api_core import exceptions as api
 
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.stores import FirestoreStore
-from tests.stores.test_store_firestore import Scripted
 from tests.support.firestore import PROJECT, unique_collection
+from tests.support.firestore_faults import Scripted
 from tests.support.helpers import T0, claim_request
 
 
