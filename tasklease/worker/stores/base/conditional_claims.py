@@ -151,9 +151,11 @@ class RememberedWrites(Generic[V]):
         with self._lock:
             self._writes.pop((run_id, attempt_id), None)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._writes.clear()
+    def forget_all(self) -> None:
+        """Forget every write (a forked child: the parent process owns them)."""
+        # Not under the lock: see OrphanClaims.forget_all (a lock held at the fork stays held).
+        self._lock = threading.Lock()
+        self._writes = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._writes)
@@ -190,7 +192,7 @@ class ConditionalClaims(Generic[V]):
 
     def forget_all(self) -> None:
         """Drop what this process remembered (a forked child: the parent process owns it)."""
-        self.writes.clear()
+        self.writes.forget_all()
         self.orphans.forget_all()
 
     def close(self) -> None:

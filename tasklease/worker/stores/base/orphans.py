@@ -93,9 +93,13 @@ class OrphanClaims:
 
     def forget_all(self) -> None:
         """Drop every note (a forked child: the parent process still owns them)."""
-        with self._lock:
-            self._orphans.clear()
-            self._timer = None
+        # Not under the lock: a fork copies it as it was, and one another thread of the
+        # parent held at that moment would stay held in the child for ever. The child runs
+        # only the forking thread, so fresh state is taken without asking.
+        self._lock = threading.Lock()
+        self._orphans = OrderedDict()
+        self._timer = None
+        self._delay = ORPHAN_RETRY_FIRST
 
     def close(self) -> None:
         with self._lock:
