@@ -13,11 +13,25 @@ from tasklease.errors import ConfigurationError
 from tasklease.lazy import lazy_exports
 from tasklease.plumbing.url_secrets import shown_url
 from tasklease.worker.core import constants as c
+from tasklease.worker.stores.base.codec import RecordCodec
 from tasklease.worker.stores.base.locks import LockStore
 from tasklease.worker.stores.base.queries import OperatorQueries
-from tasklease.worker.stores.base.store import LeaseStore
-from tasklease.worker.stores.base.tally import DeliveryTally
-from tasklease.worker.stores.base.transactional import TransactionalStore
+from tasklease.worker.stores.base.store import (
+    Change,
+    LeaseStore,
+    LockChange,
+    Moment,
+    RunReader,
+    Update,
+    resolve,
+)
+from tasklease.worker.stores.base.tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
+from tasklease.worker.stores.base.transactional import (
+    StepWork,
+    TransactionalStore,
+    TransactionOutcome,
+    Work,
+)
 
 if TYPE_CHECKING:
     from tasklease.worker.stores.firestore.store import FirestoreStore
@@ -26,18 +40,33 @@ if TYPE_CHECKING:
     from tasklease.worker.stores.spanner.store import SpannerStore
     from tasklease.worker.stores.sqlite.store import SqliteStore
 
+# Beside the stores: what a store of one's own subclasses and the types of its primitives
+# ("Writing a store" in the README), so it imports from here alone, whatever the layout.
 __all__ = [
+    "TALLY_KEPT",
+    "Change",
     "DeliveryTally",
     "FirestoreStore",
     "LeaseStore",
+    "LockChange",
     "LockStore",
     "MemoryStore",
+    "MinuteCounts",
+    "Moment",
     "OperatorQueries",
     "PostgresStore",
+    "RecordCodec",
+    "RunReader",
     "SpannerStore",
     "SqliteStore",
+    "StepWork",
+    "TallyKey",
+    "TransactionOutcome",
     "TransactionalStore",
+    "Update",
+    "Work",
     "check_store_is_shared",
+    "resolve",
     "store_from_url",
 ]
 
