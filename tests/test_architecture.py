@@ -10,6 +10,7 @@ import ast
 import functools
 import importlib
 import pkgutil
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -301,3 +302,16 @@ def test_the_type_only_scan_reads_typing_blocks_alone(tmp_path: Path) -> None:
     found = type_only_imports("tasklease.worker.handlers.handles", source)
     assert "tasklease.worker.handlers.router" in found
     assert "tasklease.worker.core.identity" not in found
+
+
+def test_the_protocol_model_imports_only_the_core_and_the_standard_library() -> None:
+    """The bounded model explores the pure rules: no store, no I/O, nothing to install."""
+    module = "tasklease.testing.model"
+    names = imported_names(module, modules_of("tasklease.testing")[module])
+    outside = sorted(
+        name
+        for name in names
+        if name.split(".")[0] not in sys.stdlib_module_names
+        and not (name == "tasklease.worker.core" or name.startswith("tasklease.worker.core."))
+    )
+    assert outside == []
