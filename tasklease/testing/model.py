@@ -164,6 +164,7 @@ class Bounds:
     def describe(self) -> str:
         what = "transactional" if self.transactional else "plain"
         lock = ", one lock" if self.lock else ""
+        lock += ", crashes" if self.crashes else ""
         return (
             f"{self.attempts} attempts of {self.runs} run(s){lock}, {what} effect, "
             f"lease {_secs(self.lease)}, skew {_secs(self.skew)}, "
