@@ -153,7 +153,7 @@ class Finisher:
                 return write()
 
         try:
-            held = retry_while_unavailable(write_once)
+            held = retry_while_unavailable(write_once, live.timing.sleep)
         except StoreUnavailable as exc:
             # The record stays in progress until its lease expires; then a retry runs.
             return store_unavailable(
@@ -181,7 +181,7 @@ class Finisher:
     def _commit_unknown(self, live: Attempt, ending: Ending) -> Reply:
         """The database failed during the transaction: its record tells whether it committed."""
         try:
-            record = retry_while_unavailable(lambda: self.store.get(live.run_id))
+            record = retry_while_unavailable(lambda: self.store.get(live.run_id), live.timing.sleep)
         except StoreUnavailable as exc:
             # In progress until its lease expires; then a retry finds the record or runs again.
             return Reply.of(

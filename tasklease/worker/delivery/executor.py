@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,12 @@ from tasklease.worker.core.records import ClaimRequest, RunRecord, Verdict
 from tasklease.worker.delivery import continuation
 from tasklease.worker.delivery.endings import Finisher, store_unavailable
 from tasklease.worker.delivery.flow import Blocking, Steps, handler_run, run_in_thread
-from tasklease.worker.delivery.lease import RENEWALS_PER_LEASE, LeaseKeeper, local_deadline
+from tasklease.worker.delivery.lease import (
+    RENEWALS_PER_LEASE,
+    KeepsLeases,
+    LeaseKeeper,
+    local_deadline,
+)
 from tasklease.worker.delivery.locks import ExecutionLocks
 from tasklease.worker.delivery.log_levels import execution_level, known_handlers
 from tasklease.worker.delivery.manual_runs import ManualRuns
@@ -34,7 +39,7 @@ from tasklease.worker.handlers.steps import StepRunner
 from tasklease.worker.observe import telemetry
 from tasklease.worker.observe.logs import instance_id, log_execution, note_error
 from tasklease.worker.observe.tally_flusher import DeliveryCounter
-from tasklease.worker.runtime.clock import Clock, utc_now
+from tasklease.worker.runtime.clock import REAL_TIMING, Clock, Timing, utc_now
 from tasklease.worker.runtime.running import handler_call
 from tasklease.worker.stores.base.store import LeaseStore
 
@@ -46,6 +51,11 @@ __all__ = ["Delivery", "Executor", "Reply", "decode_payload"]
 _SETTLED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.FORBIDDEN, Verdict.SKIPPED})
 
 _AUTH_OUTCOMES = {401: Outcome.UNAUTHENTICATED, 403: Outcome.FORBIDDEN, 503: Outcome.UNAVAILABLE}
+
+
+def new_attempt_id() -> str:
+    """A fresh attempt id: 32 random hex digits."""
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
@@ -77,14 +87,22 @@ class Executor:
         clock: Clock = utc_now,
         project_header: str = protocol.PROJECT_HEADER,
         location_header: str = protocol.LOCATION_HEADER,
+        timing: Timing = REAL_TIMING,
+        attempt_ids: Callable[[], str] = new_attempt_id,
+        lease_keeper: KeepsLeases | None = None,
     ) -> None:
+        """``timing``, ``attempt_ids`` and ``lease_keeper`` are the process's own unless a
+        simulation drives the executor on virtual time with seeded ids
+        (:mod:`tasklease.testing.simulation`)."""
         self.router = router
         self.store = store
         self.authenticator = authenticator
         self.clock = clock
         self.project_header = project_header
         self.location_header = location_header
-        self.lease_keeper = LeaseKeeper(store, clock)
+        self.timing = timing
+        self.attempt_ids = attempt_ids
+        self.lease_keeper: KeepsLeases = lease_keeper or LeaseKeeper(store, clock)
         self.manual_runs = ManualRuns(store, clock)
         self.locks = ExecutionLocks(store, clock)
         self.finisher = Finisher(store, clock, self.locks, router)
@@ -196,13 +214,13 @@ class Executor:
             run_id=run_id,
             kind=identity.kind.value,
             handler=spec.name,
-            attempt_id=uuid.uuid4().hex,
+            attempt_id=self.attempt_ids(),
             lease=spec.lease,
             retention=spec.retention,
             identity=identity.fields(),
             caller=caller,
         )
-        asked_at, asked = self.clock(), time.monotonic()
+        asked_at, asked = self.clock(), self.timing.monotonic()
         try:
             with telemetry.claim_step():
                 claim = self.store.claim(request, self.clock)
@@ -226,12 +244,19 @@ class Executor:
         if claim.took_over_from:
             log["took_over_from"] = claim.took_over_from
         live = Attempt(
-            identity.kind.value, spec.name, record.run_id, record.attempt_id, record.lease_expires
+            identity.kind.value,
+            spec.name,
+            record.run_id,
+            record.attempt_id,
+            record.lease_expires,
+            timing=self.timing,
         )
         runner = StepRunner.of(record, live, self.store, self.clock)
         ctx = view_of(live, identity, record, body, runner)
+        answered = self.timing.monotonic()
         live.confirm_lease(
-            record.lease_expires, local_deadline(record.lease_expires, asked_at, asked, spec.lease)
+            record.lease_expires,
+            local_deadline(record.lease_expires, asked_at, asked, spec.lease, answered),
         )
         if live.lease_seconds_left < spec.lease.total_seconds() / RENEWALS_PER_LEASE:
             # The lease would run out before its first renewal (a clock read long before the

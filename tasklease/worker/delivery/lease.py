@@ -19,9 +19,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core.endings import HandlerNotStarted
@@ -50,6 +51,16 @@ class _Entry:
     live: Attempt
     lease: timedelta
     keep_for: timedelta | None = None
+
+
+class KeepsLeases(Protocol):
+    """What the executor needs of a lease keeper: renewals while a ``with`` block runs."""
+
+    def kept(
+        self, live: Attempt, lease: timedelta, *, keep_for: timedelta | None = None
+    ) -> AbstractContextManager[None]:
+        """Renew ``live``'s lease while the block runs (see :meth:`LeaseKeeper.kept`)."""
+        ...
 
 
 class LeaseKeeper:
@@ -87,11 +98,7 @@ class LeaseKeeper:
         self._start_if_needed()
         sequence = next(self._sequence)
         # Counted from when the claim the attempt holds was confirmed (before its store call).
-        deadline = live.lease_deadline
-        if math.isfinite(deadline):
-            due = deadline - lease.total_seconds() + _interval(lease)
-        else:
-            due = time.monotonic() + _interval(lease)
+        due = first_renewal_due(live, lease, time.monotonic())
         with self._condition:
             self._entries[sequence] = _Entry(live, lease, keep_for)
             self._schedule(due, sequence)
@@ -187,80 +194,111 @@ class LeaseKeeper:
 
     def _renew(self, sequence: int, entry: _Entry) -> float | None:
         """Renew once; return seconds until the next renewal, or None to stop."""
-        live = entry.live
-        if live.lease_lost:
-            return None
-        asked_at, asked = self._clock(), time.monotonic()
-        try:
-            lease_expires = self._store.renew(
-                live.run_id, live.attempt_id, entry.lease, self._clock, keep_for=entry.keep_for
-            )
-            # The lock (exclusive job, concurrency key) shares the run's lease: losing either
-            # is losing the lease. Renewed second, it never expires before the run's.
-            lock = live.lock
-            if (
-                lease_expires is not None
-                and lock is not None
-                and lock_store(self._store).renew_lock(
-                    lock, live.attempt_id, entry.lease, self._clock
-                )
-                is None
-            ):
-                lease_expires = None
-        except Exception as exc:
-            # StoreUnavailable is expected; anything else is a bug in a store, but the
-            # execution must still stop in time, so both are retried until the deadline.
-            telemetry.lease_renewed(live.handler, renewed=False)
-            level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
-            left = live.lease_seconds_left
-            _log.log(
-                level,
-                "lease renewal of run %s failed (%s); %.1f s of confirmed lease left",
-                live.run_id,
-                exc,
-                left,
-            )
-            if left <= 0:
-                _log.warning(
-                    "run %s: attempt %s could not renew its lease in time and must stop",
-                    live.run_id,
-                    live.attempt_id,
-                )
-                telemetry.lease_lost(live.handler)
-                return None
-            return min(max(_interval(entry.lease) / 4, MIN_RETRY_PAUSE), left)
-        if lease_expires is None:
+
+        def still_kept() -> bool:
             with self._condition:
-                finished = sequence not in self._entries
-            if not finished:  # Else its own finish ended the claim meanwhile: not a loss.
-                live.mark_lease_lost()
-                telemetry.lease_lost(live.handler)
-                _log.warning(
-                    "run %s: attempt %s lost its claim or its lock; another attempt took it over",
-                    live.run_id,
-                    live.attempt_id,
-                )
-            return None
-        telemetry.lease_renewed(live.handler, renewed=True)
-        live.confirm_lease(
-            lease_expires, local_deadline(lease_expires, asked_at, asked, entry.lease)
+                return sequence in self._entries
+
+        return renew_once(
+            self._store,
+            self._clock,
+            entry.live,
+            entry.lease,
+            keep_for=entry.keep_for,
+            still_kept=still_kept,
         )
-        return _interval(entry.lease)
+
+
+def first_renewal_due(live: Attempt, lease: timedelta, now: float) -> float:
+    """When (in ``live``'s monotonic time) the first renewal of the lease it holds is due:
+    a third of the lease after the claim was confirmed, or after ``now`` if unconfirmed."""
+    deadline = live.lease_deadline
+    if math.isfinite(deadline):
+        return deadline - lease.total_seconds() + _interval(lease)
+    return now + _interval(lease)
+
+
+def renew_once(
+    store: LeaseStore,
+    clock: Callable[[], datetime],
+    live: Attempt,
+    lease: timedelta,
+    *,
+    keep_for: timedelta | None,
+    still_kept: Callable[[], bool],
+) -> float | None:
+    """Renew ``live``'s lease, and the lock it holds, once: seconds until the next renewal,
+    or None to stop (the claim is gone, or the confirmed lease ran out before the store
+    answered). ``still_kept()`` tells a loss from the attempt's own finish meanwhile.
+    The renewal logic of every keeper: the threads of :class:`LeaseKeeper`, or a
+    simulation's virtual timers."""
+    if live.lease_lost:
+        return None
+    asked_at, asked = clock(), live.timing.monotonic()
+    try:
+        lease_expires = store.renew(live.run_id, live.attempt_id, lease, clock, keep_for=keep_for)
+        # The lock (exclusive job, concurrency key) shares the run's lease: losing either
+        # is losing the lease. Renewed second, it never expires before the run's.
+        lock = live.lock
+        if (
+            lease_expires is not None
+            and lock is not None
+            and lock_store(store).renew_lock(lock, live.attempt_id, lease, clock) is None
+        ):
+            lease_expires = None
+    except Exception as exc:
+        # StoreUnavailable is expected; anything else is a bug in a store, but the
+        # execution must still stop in time, so both are retried until the deadline.
+        telemetry.lease_renewed(live.handler, renewed=False)
+        level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
+        left = live.lease_seconds_left
+        _log.log(
+            level,
+            "lease renewal of run %s failed (%s); %.1f s of confirmed lease left",
+            live.run_id,
+            exc,
+            left,
+        )
+        if left <= 0:
+            _log.warning(
+                "run %s: attempt %s could not renew its lease in time and must stop",
+                live.run_id,
+                live.attempt_id,
+            )
+            telemetry.lease_lost(live.handler)
+            return None
+        return min(max(_interval(lease) / 4, MIN_RETRY_PAUSE), left)
+    if lease_expires is None:
+        if still_kept():  # Else its own finish ended the claim meanwhile: not a loss.
+            live.mark_lease_lost()
+            telemetry.lease_lost(live.handler)
+            _log.warning(
+                "run %s: attempt %s lost its claim or its lock; another attempt took it over",
+                live.run_id,
+                live.attempt_id,
+            )
+        return None
+    telemetry.lease_renewed(live.handler, renewed=True)
+    live.confirm_lease(
+        lease_expires,
+        local_deadline(lease_expires, asked_at, asked, lease, live.timing.monotonic()),
+    )
+    return _interval(lease)
 
 
 def local_deadline(
-    lease_expires: datetime, asked_at: datetime, asked: float, lease: timedelta
+    lease_expires: datetime, asked_at: datetime, asked: float, lease: timedelta, answered: float
 ) -> float:
-    """The ``time.monotonic()`` at which a lease the store just confirmed runs out.
+    """The local monotonic time at which a lease the store just confirmed runs out.
 
     The store reads the clock inside its atomic change (after any wait for a lock), so
     ``lease_expires`` may lie up to that wait beyond ``asked_at + lease``; mapping it through
     the wall-clock and monotonic readings taken before the call (``asked_at``, ``asked``) keeps
-    that time. It is capped at ``lease`` past the moment the answer arrived, so a wall clock
-    stepped during the call cannot stretch it.
+    that time. It is capped at ``lease`` past the moment the answer arrived (``answered``, by
+    the same monotonic clock), so a wall clock stepped during the call cannot stretch it.
     """
     granted = (lease_expires - asked_at).total_seconds()
-    latest = time.monotonic() + lease.total_seconds()
+    latest = answered + lease.total_seconds()
     return min(asked + max(granted, 0.0), latest)
 
 

@@ -9,7 +9,6 @@ fenced by the attempt id, before the run's finish is written.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -87,14 +86,16 @@ class ExecutionLocks:
         :class:`StoreUnavailable` with ``live.lock`` set, so that giving the claim back also
         releases a lock whose write may have landed unseen (fenced by attempt id, so harmless
         if it did not)."""
-        asked_at, asked = self.clock(), time.monotonic()
+        asked_at, asked = self.clock(), live.timing.monotonic()
         live.lock = request.name
         grant = lock_store(self.store).acquire_lock(request, self.clock)
         if not grant.acquired:
             live.lock = None
             return self._overlap(spec, live, request.name, grant, continued)
         live.lock_fencing_token = grant.lock.fencing_token
-        deadline = local_deadline(grant.lock.lease_expires, asked_at, asked, spec.lease)
+        deadline = local_deadline(
+            grant.lock.lease_expires, asked_at, asked, spec.lease, live.timing.monotonic()
+        )
         live.confirm_lease(live.lease_expires, min(live.lease_deadline, deadline))
         return None
 
@@ -141,7 +142,8 @@ class ExecutionLocks:
             return True
         try:
             held = retry_while_unavailable(
-                lambda: lock_store(self.store).release_lock(name, live.attempt_id, self.clock)
+                lambda: lock_store(self.store).release_lock(name, live.attempt_id, self.clock),
+                live.timing.sleep,
             )
         except StoreUnavailable:
             _log.warning("run %s: could not release lock %s", live.run_id, name)

@@ -18,7 +18,7 @@ from tasklease.worker.core.endings import UnserialisableResult, ending_of
 from tasklease.worker.core.outcome import Outcome
 from tasklease.worker.delivery.endings import Finisher
 from tasklease.worker.delivery.flow import handler_run, run_in_thread
-from tasklease.worker.delivery.lease import LeaseKeeper
+from tasklease.worker.delivery.lease import KeepsLeases
 from tasklease.worker.delivery.reply import Reply
 from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.context import TaskContext
@@ -31,7 +31,7 @@ __all__ = ["run_in_transaction"]
 
 
 def run_in_transaction(
-    keeper: LeaseKeeper,
+    keeper: KeepsLeases,
     finisher: Finisher,
     spec: HandlerSpec,
     ctx: TaskContext,

@@ -9,7 +9,6 @@ renewal it confirms, a loss it finds); a handler reads it only through its
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -18,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from tasklease.errors import LeaseLost
+from tasklease.worker.runtime.clock import REAL_TIMING, Timing
 
 # The transactional step the calling code runs inside, as (its attempt, its transaction). A
 # context variable, not the attempt's state: a handler's other steps, on other threads or
@@ -43,6 +43,8 @@ class Attempt:
     # The store's native transaction while a transactional handler runs in it, else None
     # (a transactional step's is in_step_transaction's, for its own execution only).
     transaction: Any = None
+    # The local clock the lease is measured by, and the pause before a store write's retry.
+    timing: Timing = field(default=REAL_TIMING, repr=False)
     # Set once, by the keeper's thread or a lease check, and never cleared; nothing waits on
     # it, so a plain attribute does (one store, atomic).
     _lost: bool = field(default=False, repr=False)
@@ -57,7 +59,7 @@ class Attempt:
         instance cut off from its store must stop before another may take the run over."""
         if self._lost:
             return True
-        if time.monotonic() >= self._deadline:
+        if self.timing.monotonic() >= self._deadline:
             self._lost = True  # Lost for good: a later renewal cannot undo a possible takeover.
             return True
         return False
@@ -88,11 +90,11 @@ class Attempt:
         """Seconds until the confirmed lease runs out by the local clock (0 once lost)."""
         if self.lease_lost:
             return 0.0
-        return max(0.0, self._deadline - time.monotonic())
+        return max(0.0, self._deadline - self.timing.monotonic())
 
     @property
     def lease_deadline(self) -> float:
-        """The ``time.monotonic()`` at which the confirmed lease runs out (inf: unconfirmed)."""
+        """The ``timing.monotonic()`` at which the confirmed lease runs out (inf: unconfirmed)."""
         return self._deadline
 
     def confirm_lease(self, lease_expires: datetime, deadline: float) -> None:

@@ -91,7 +91,8 @@ class StepRunner:
         if self.store is not None and self.attempt is not None:
             store, attempt = self.store, self.attempt
             written = retry_while_unavailable(
-                lambda: store.record_step(self.run_id, attempt.attempt_id, step)
+                lambda: store.record_step(self.run_id, attempt.attempt_id, step),
+                attempt.timing.sleep,
             )
             if written is None:
                 attempt.mark_lease_lost()

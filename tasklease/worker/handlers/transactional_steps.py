@@ -99,7 +99,7 @@ def run_transactional_step(
     except StoreUnavailable:
         runner.transaction_tries += tries
         # The commit's outcome may be unknown: the record tells whether it landed.
-        record = retry_while_unavailable(lambda: store.get(runner.run_id))
+        record = retry_while_unavailable(lambda: store.get(runner.run_id), attempt.timing.sleep)
         landed = rules.steps_of(record).get(name)
         if landed is None or landed.attempt_id != attempt.attempt_id:
             raise

@@ -20,12 +20,14 @@ FINISH_RETRY_PAUSES = (0.05, 0.2, 0.5)
 T = TypeVar("T")
 
 
-def retry_while_unavailable(write: Callable[[], T]) -> T:
-    """``write()``, tried again after each of :data:`FINISH_RETRY_PAUSES` while it raises
-    :class:`StoreUnavailable`; the last try's error propagates."""
+def retry_while_unavailable(
+    write: Callable[[], T], sleep: Callable[[float], None] = time.sleep
+) -> T:
+    """``write()``, tried again after each of :data:`FINISH_RETRY_PAUSES` (waited with
+    ``sleep``) while it raises :class:`StoreUnavailable`; the last try's error propagates."""
     for pause in FINISH_RETRY_PAUSES:
         try:
             return write()
         except StoreUnavailable:
-            time.sleep(pause)
+            sleep(pause)
     return write()
