@@ -1,0 +1,185 @@
+"""The faults a simulation injects, each drawn from the seed: what can go wrong between Cloud
+Tasks, a worker instance and its store, and how often.
+
+:class:`StoreFaults` puts the engine between the executor and a real store: each public call of
+the store pauses the calling actor (so another may run between any two store calls), and may
+fail, time out, or commit with its answer lost, as a store across a network does.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tasklease.errors import StoreUnavailable
+from tasklease.testing.simulation.engine import Engine
+from tasklease.worker.stores.base.store import LeaseStore
+
+__all__ = ["FAULT_KINDS", "FaultPlan", "StoreFaults", "Trace"]
+
+# Every fault kind the simulation knows; by default all are on.
+FAULT_KINDS = (
+    "kill",  # An instance dies at any pause of an attempt: all it would still do is lost.
+    "stall",  # An instance pauses (a frozen VM) long enough for its lease to run out.
+    "clock_skew",  # Each instance's wall clock is off by up to MAX_CLOCK_SKEW from the others'.
+    "store_error",  # A store call fails before it reaches the store.
+    "store_timeout",  # A store call hangs, then fails, without reaching the store.
+    "lost_answer",  # A store call commits, and its answer never reaches the caller.
+    "store_outage",  # The store answers no call for a window of time.
+    "duplicate",  # Cloud Tasks delivers an attempt twice.
+    "lost_response",  # The worker's answer never reaches the queue: it retries the task.
+    "dispatch_deadline",  # An attempt outlives the queue's dispatch deadline: retried meanwhile.
+)
+
+# Store methods that are not calls an executor makes over the network.
+_NOT_CALLS = frozenset({"close", "prepare", "purge", "check_configuration"})
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """How likely each fault is, per opportunity. ``kinds`` limits them (default: all)."""
+
+    kinds: frozenset[str] = frozenset(FAULT_KINDS)
+    kill: float = 0.004  # Per pause of an attempt.
+    stall: float = 0.003  # Per pause of an attempt.
+    store_error: float = 0.01  # Per store call.
+    store_timeout: float = 0.004
+    lost_answer: float = 0.01
+    store_outage: float = 0.0005  # Per store call: an outage starts.
+    duplicate: float = 0.03  # Per dispatch.
+    lost_response: float = 0.03  # Per answer.
+
+    @classmethod
+    def only(cls, kinds: Iterable[str]) -> FaultPlan:
+        """A plan with just ``kinds`` on (ValueError naming any unknown one)."""
+        chosen = frozenset(kinds)
+        unknown = sorted(chosen - set(FAULT_KINDS))
+        if unknown:
+            raise ValueError(
+                f"unknown fault kind(s) {', '.join(unknown)}: choose from {', '.join(FAULT_KINDS)}"
+            )
+        return cls(kinds=chosen)
+
+    def on(self, kind: str) -> bool:
+        return kind in self.kinds
+
+
+class Trace:
+    """The simulation's event trace, hashed as it grows, and the faults injected so far."""
+
+    def __init__(self, engine: Engine, keep: bool = False) -> None:
+        import hashlib  # noqa: PLC0415 - only here.
+
+        self.engine = engine
+        self.faults: Counter[str] = Counter()
+        self.events = 0
+        self.kept: list[str] | None = [] if keep else None
+        self._hash = hashlib.sha256()
+
+    def note(self, text: str) -> None:
+        """Add one event, stamped with the virtual time and the running actor."""
+        actor = self.engine.current_actor()
+        line = f"{self.engine.now:.6f} {actor.name if actor else '-'} {text}"
+        self._hash.update(line.encode() + b"\n")
+        self.events += 1
+        if self.kept is not None:
+            self.kept.append(line)
+
+    def fault(self, kind: str, detail: str = "") -> None:
+        self.faults[kind] += 1
+        self.note(f"FAULT {kind} {detail}".rstrip())
+
+    @property
+    def digest(self) -> str:
+        return self._hash.hexdigest()
+
+
+class StoreFaults:
+    """Wraps every public call of one store instance in a pause and the store faults of
+    ``plan`` (the store object stays itself, so isinstance checks and collaborators hold)."""
+
+    def __init__(
+        self, engine: Engine, store: LeaseStore, plan: FaultPlan, rng: random.Random, trace: Trace
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.plan = plan
+        self.rng = rng
+        self.trace = trace
+        self.outage_until = -1.0
+        self.calls = 0
+        for name in _call_names(store):
+            original = getattr(store, name)
+            setattr(store, name, self._wrapped(name, original))
+
+    def _wrapped(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(call)
+        def faulty(*args: Any, **kwargs: Any) -> Any:
+            actor = self.engine.current_actor()
+            if actor is None or actor.in_store:
+                return call(*args, **kwargs)  # Set-up, or a store calling itself.
+            return self._call(actor, name, call, args, kwargs)
+
+        return faulty
+
+    def _call(self, actor: Any, name: str, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        plan, rng, trace = self.plan, self.rng, self.trace
+        self.calls += 1
+        actor.pause(rng.uniform(0.0005, 0.02))  # The request on its way.
+        now = self.engine.now
+        if (
+            plan.on("store_outage")
+            and now >= self.outage_until
+            and rng.random() < plan.store_outage
+        ):
+            self.outage_until = now + rng.uniform(1.0, 60.0)
+            trace.fault("store_outage", f"until {self.outage_until:.3f}")
+        if now < self.outage_until:
+            trace.note(f"store {name} refused: outage")
+            raise StoreUnavailable(f"simulated outage of the store ({name})")
+        if plan.on("store_error") and rng.random() < plan.store_error:
+            trace.fault("store_error", name)
+            raise StoreUnavailable(f"simulated store error ({name})")
+        if plan.on("store_timeout") and rng.random() < plan.store_timeout:
+            trace.fault("store_timeout", name)
+            actor.pause(rng.uniform(1.0, 10.0))
+            raise StoreUnavailable(f"simulated store timeout ({name})")
+        lose = plan.on("lost_answer") and rng.random() < plan.lost_answer
+        actor.in_store += 1
+        try:
+            result = call(*args, **kwargs)
+        finally:
+            actor.in_store -= 1
+        trace.note(f"store {name} -> {_summary(result)}")
+        if lose:
+            trace.fault("lost_answer", name)
+            actor.pause(rng.uniform(0.5, 5.0))
+            raise StoreUnavailable(f"simulated: the answer of {name} was lost")
+        actor.pause(rng.uniform(0.0005, 0.02))  # The answer on its way back.
+        return result
+
+
+def _call_names(store: LeaseStore) -> list[str]:
+    names = []
+    for name in sorted(dir(type(store))):
+        if name.startswith("_") or name in _NOT_CALLS:
+            continue
+        if inspect.isfunction(inspect.getattr_static(type(store), name)):
+            names.append(name)
+    return names
+
+
+def _summary(result: Any) -> str:
+    """A store answer as the trace keeps it: its kind and verdict, never a store's own ids
+    or timestamps in a form another store would write differently."""
+    verdict = getattr(result, "verdict", None)
+    if verdict is not None:
+        return str(getattr(verdict, "value", verdict))
+    if result is None or isinstance(result, bool | int | str):
+        return repr(result)
+    return type(result).__name__

@@ -1,0 +1,66 @@
+"""What the simulation's effects left behind, as an independent checker reads it: the writes
+handlers made to a fenced downstream, the rows their transactions committed to a ledger, and
+the queue's and the scheduler's own logs. Nothing here is read from tasklease's run records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tasklease.testing.simulation.ledgers import LedgerRow
+
+__all__ = ["Answer", "History", "Origin", "Write"]
+
+
+@dataclass
+class Origin:
+    """One lifecycle: a task the queue holds, a scheduler slot, or a manual run, and what the
+    queue (or the scheduler) saw of it."""
+
+    name: str  # "task:<task id>", "slot:<job>@<time>", "manual:<job>#<n>"
+    kind: str  # "task", "slot", "manual"
+    handler: str
+    transactional: bool = False
+    created_at: float = 0.0
+    deliveries: int = 0
+    acknowledged_at: float | None = None  # The first 2xx the queue heard.
+    given_up: bool = False  # Out of retries without a 2xx.
+    resources: tuple[str, ...] = ()  # Locks its handler writes under, besides its own run.
+
+
+@dataclass(frozen=True)
+class Write:
+    """One call a handler made to the downstream: a fenced write of one step of its effect."""
+
+    at: float
+    origin: str
+    resource: str  # What the write is fenced on: the origin's run, or a lock.
+    attempt_id: str
+    token: int
+    key: str  # The idempotency key the handler presented (ctx.idempotency_key).
+    step: int
+    final: bool  # The last step of the handler's effect.
+    valid: bool  # Whether the attempt's lease held by its own clock when the write arrived.
+    accepted: bool  # Whether the downstream's fence let it through.
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer that reached the queue."""
+
+    at: float
+    origin: str
+    status: int
+
+
+@dataclass
+class History:
+    """Everything :func:`~tasklease.testing.simulation.checker.check` reads."""
+
+    seed: int
+    store: str
+    origins: dict[str, Origin] = field(default_factory=dict)
+    writes: list[Write] = field(default_factory=list)
+    answers: list[Answer] = field(default_factory=list)
+    ledger: list[LedgerRow] = field(default_factory=list)
+    crashes: list[str] = field(default_factory=list)  # Exceptions that escaped real code.
+    ended_at: float = 0.0
