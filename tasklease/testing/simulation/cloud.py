@@ -93,6 +93,15 @@ class _Dispatcher:
     ) -> None:
         self.engine, self.fleet, self.plan, self.rng, self.trace = engine, fleet, plan, rng, trace
         self.deliveries = 0
+        self.closed = False  # Once the simulation ends: nothing more is delivered.
+
+    def deadline(self, configured: float, label: str) -> float:
+        """How long the sender waits for this attempt's answer: ``configured``, or (the
+        ``dispatch_deadline`` fault) a deadline shorter than the handler may take."""
+        if self.plan.on("dispatch_deadline") and self.rng.random() < self.plan.dispatch_deadline:
+            self.trace.fault("dispatch_deadline", label)
+            return self.rng.uniform(0.5, 8.0)
+        return configured
 
     def send(
         self,
@@ -103,6 +112,8 @@ class _Dispatcher:
         label: str,
     ) -> None:
         """Deliver, and call ``answered(status)`` when the answer reaches the sender."""
+        if self.closed:
+            return
         copies = 1
         if self.plan.on("duplicate") and self.rng.random() < self.plan.duplicate:
             self.trace.fault("duplicate", label)
@@ -224,10 +235,11 @@ class SimulatedQueue(TaskTransport):
         self.dispatcher.send(
             delivery, task.origin, lambda status: self._answered(task, attempt, status), label=label
         )
-        deadline = (
+        deadline = self.dispatcher.deadline(
             request.dispatch_deadline.total_seconds()
             if request.dispatch_deadline
-            else self.dispatch_deadline
+            else self.dispatch_deadline,
+            label,
         )
         self.engine.at(deadline, lambda: self._deadline(task, attempt))
 
@@ -240,7 +252,7 @@ class SimulatedQueue(TaskTransport):
     def _deadline(self, task: _Task, attempt: _Attempt) -> None:
         if attempt.resolved:
             return
-        self.trace.fault("dispatch_deadline", task.request.task_id[-10:])
+        self.trace.note(f"deadline {task.request.task_id[-10:]}#{attempt.number}")
         self._resolve(task, attempt, None)
 
     def _resolve(self, task: _Task, attempt: _Attempt, status: int | None) -> None:
@@ -373,7 +385,8 @@ class SimulatedScheduler:
         self.dispatcher.send(
             delivery, run.origin, lambda status: self._answered(run, attempt, status), label=label
         )
-        self.engine.at(run.job.attempt_deadline, lambda: self._resolve(run, attempt, None))
+        deadline = self.dispatcher.deadline(run.job.attempt_deadline, label)
+        self.engine.at(deadline, lambda: self._resolve(run, attempt, None))
 
     def _answered(self, run: _Run, attempt: _Attempt, status: int) -> None:
         self.history.answers.append(Answer(self.engine.now, run.origin.name, status))
@@ -384,7 +397,7 @@ class SimulatedScheduler:
             return
         attempt.resolved = True
         if status is None:
-            self.trace.fault("dispatch_deadline", run.origin.name)
+            self.trace.note(f"deadline {run.origin.name}#{attempt.number}")
         if status is not None and 200 <= status < 300:
             run.done = True
             if run.origin.acknowledged_at is None:

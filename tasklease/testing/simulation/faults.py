@@ -53,6 +53,7 @@ class FaultPlan:
     store_outage: float = 0.0005  # Per store call: an outage starts.
     duplicate: float = 0.03  # Per dispatch.
     lost_response: float = 0.03  # Per answer.
+    dispatch_deadline: float = 0.03  # Per dispatch: a deadline shorter than the work.
 
     @classmethod
     def only(cls, kinds: Iterable[str]) -> FaultPlan:

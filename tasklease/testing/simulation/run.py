@@ -91,7 +91,11 @@ def simulate(
     the history. The same seed gives the same trace, in any process."""
     if lifecycles < 1:
         raise ValueError(f"lifecycles must be at least 1, not {lifecycles}")
-    plan = faults if isinstance(faults, FaultPlan) else FaultPlan.only(faults or FAULT_KINDS)
+    plan = (
+        faults
+        if isinstance(faults, FaultPlan)
+        else FaultPlan.only(FAULT_KINDS if faults is None else faults)
+    )
     chosen = (
         workload
         if isinstance(workload, Workload)
@@ -258,6 +262,7 @@ class _Simulation:
         last_start = at
         engine.run(until=last_start + SETTLE_WITHIN)
         self.history.ended_at = engine.now
+        self.dispatcher.closed = True
         for instance, _ in self.fleet.instances:
             instance.killed = True  # Whatever still waits unwinds, writing nothing.
         engine.run(until=math.inf)
