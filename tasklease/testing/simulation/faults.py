@@ -14,9 +14,11 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from tasklease.errors import StoreUnavailable
+from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.testing.simulation.engine import Engine
 from tasklease.worker.stores.base.store import LeaseStore
 
@@ -54,6 +56,9 @@ class FaultPlan:
     duplicate: float = 0.03  # Per dispatch.
     lost_response: float = 0.03  # Per answer.
     dispatch_deadline: float = 0.03  # Per dispatch: a deadline shorter than the work.
+    # How far apart instances' clocks may be: the bound the protocol allows for by default;
+    # a test sets more to show what breaks beyond it.
+    max_clock_skew: timedelta = MAX_CLOCK_SKEW
 
     @classmethod
     def only(cls, kinds: Iterable[str]) -> FaultPlan:

@@ -36,7 +36,6 @@ from tasklease.testing.simulation.workload import (
     producer_for,
 )
 from tasklease.worker.auth.authenticators import NoAuth
-from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.delivery.executor import Executor
 from tasklease.worker.delivery.lease import first_renewal_due, renew_once
 from tasklease.worker.handlers.attempt import Attempt
@@ -218,7 +217,8 @@ class _Simulation:
         if not self.plan.on("clock_skew"):
             return timedelta(0)
         self.trace.fault("clock_skew")  # Each instance's clock is off from the others'.
-        return timedelta(seconds=self.fault_rng.uniform(0.0, MAX_CLOCK_SKEW.total_seconds()))
+        bound = self.plan.max_clock_skew.total_seconds()
+        return timedelta(seconds=self.fault_rng.uniform(0.0, bound))
 
     def _executor(self, instance: Instance) -> Executor:
         engine = self.engine
