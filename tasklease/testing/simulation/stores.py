@@ -66,6 +66,8 @@ def store_factory(name: str, directory: Path) -> StoreFactory:
     ``SPANNER_EMULATOR_HOST``; project ``GOOGLE_CLOUD_PROJECT``, else
     :data:`SIMULATION_PROJECT`), each store a collection (Firestore) or database (Spanner) of
     its own. ConfigurationError (a ValueError) names what is missing and how to start it.
+    Nothing is dropped afterwards: the emulators forget on restart; on Postgres, drop the
+    ``tasklease_sim_*`` schemas when done.
     """
     if name == "memory":
         return MemoryStore
