@@ -147,6 +147,13 @@ class FirestoreStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTal
                     self.claims.forget_all()  # The parent process still owns them.
         return self._client
 
+    @property
+    def database(self) -> str | None:
+        """The Firestore database named when the store was made (``"(default)"`` from
+        :meth:`from_options`), for a tool that opens a client of its own on it; None when none
+        was named: the database of the client given, else the project's default."""
+        return self._database
+
     def _on_documents(self, action: str, body: Callable[[ConditionalWrites[datetime]], _T]) -> _T:
         with guard(action):
             return body(self.runs)
