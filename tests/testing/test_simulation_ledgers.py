@@ -17,7 +17,7 @@ import pytest
 from werkzeug.test import TestResponse
 
 from tasklease.errors import ConfigurationError
-from tasklease.testing.simulation.ledgers import Ledger, LedgerRow, ledger_for
+from tasklease.testing.simulation.ledgers import EffectLedger, LedgerRow, ledger_for
 from tasklease.testing.simulation.stores import STORE_NAMES, store_factory
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.stores import LeaseStore, MemoryStore, PostgresStore, SqliteStore
@@ -34,7 +34,7 @@ BACKENDS = [
 @pytest.fixture(scope="module", params=BACKENDS)
 def backend(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[LeaseStore, Ledger]]:
+) -> Iterator[tuple[LeaseStore, EffectLedger]]:
     """A fresh store of the kind, made by the simulation's own factory, and its ledger."""
     name: str = request.param
     with pytest.MonkeyPatch.context() as env:
@@ -56,12 +56,12 @@ def backend(
 
 
 @pytest.fixture
-def store(backend: tuple[LeaseStore, Ledger]) -> LeaseStore:
+def store(backend: tuple[LeaseStore, EffectLedger]) -> LeaseStore:
     return backend[0]
 
 
 @pytest.fixture
-def ledger(backend: tuple[LeaseStore, Ledger]) -> Ledger:
+def ledger(backend: tuple[LeaseStore, EffectLedger]) -> EffectLedger:
     ledger = backend[1]
     ledger.prepare()  # Empty: what earlier tests of the module left is gone.
     return ledger
@@ -79,7 +79,7 @@ def _task() -> str:
 
 
 def test_a_committed_handler_leaves_one_row_however_often_delivered(
-    store: LeaseStore, ledger: Ledger
+    store: LeaseStore, ledger: EffectLedger
 ) -> None:
     router = Router()
     attempts: list[LedgerRow] = []
@@ -99,7 +99,9 @@ def test_a_committed_handler_leaves_one_row_however_often_delivered(
     assert ledger.rows() == attempts  # One attempt ran, one row: the duplicate wrote none.
 
 
-def test_a_handler_that_writes_then_raises_leaves_no_row(store: LeaseStore, ledger: Ledger) -> None:
+def test_a_handler_that_writes_then_raises_leaves_no_row(
+    store: LeaseStore, ledger: EffectLedger
+) -> None:
     router = Router()
 
     @router.task("charge", transactional=True)
@@ -113,7 +115,7 @@ def test_a_handler_that_writes_then_raises_leaves_no_row(store: LeaseStore, ledg
 
 
 def test_a_transactional_steps_row_commits_with_its_step_and_a_raising_one_leaves_none(
-    store: LeaseStore, ledger: Ledger
+    store: LeaseStore, ledger: EffectLedger
 ) -> None:
     router = Router()
     written: list[LedgerRow] = []
@@ -136,7 +138,9 @@ def test_a_transactional_steps_row_commits_with_its_step_and_a_raising_one_leave
     assert ledger.rows() == written
 
 
-def test_rows_come_back_sorted_and_prepare_empties_them(store: LeaseStore, ledger: Ledger) -> None:
+def test_rows_come_back_sorted_and_prepare_empties_them(
+    store: LeaseStore, ledger: EffectLedger
+) -> None:
     router = Router()
 
     @router.task("charge", transactional=True)

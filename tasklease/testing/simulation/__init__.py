@@ -10,7 +10,7 @@ faults drawn from the seed, and an independent checker of the history it leaves.
 
 from __future__ import annotations
 
-from tasklease.testing.simulation.checker import INVARIANTS, Violation, check
+from tasklease.testing.simulation.checker import INVARIANTS, HistoryViolation, check
 from tasklease.testing.simulation.faults import FAULT_KINDS, FaultPlan
 from tasklease.testing.simulation.history import History
 from tasklease.testing.simulation.run import SimulationReport, simulate
@@ -22,8 +22,8 @@ __all__ = [
     "WORKLOAD_KINDS",
     "FaultPlan",
     "History",
+    "HistoryViolation",
     "SimulationReport",
-    "Violation",
     "Workload",
     "check",
     "simulate",

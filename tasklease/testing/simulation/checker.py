@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from tasklease.testing.simulation.history import History, Write
 
-__all__ = ["INVARIANTS", "Violation", "check"]
+__all__ = ["INVARIANTS", "HistoryViolation", "check"]
 
 INVARIANTS = (
     "one_key_per_lifecycle",
@@ -45,7 +45,7 @@ INVARIANTS = (
 
 
 @dataclass(frozen=True)
-class Violation:
+class HistoryViolation:
     """One broken invariant: which, where (the lifecycle or resource), when, and what."""
 
     invariant: str
@@ -59,16 +59,18 @@ class Violation:
         return f"{where}: {self.detail}; replay: {replay}"
 
 
-def check(history: History) -> list[Violation]:
+def check(history: History) -> list[HistoryViolation]:
     """Every violation ``history`` shows, in order of the invariants, then of time."""
-    found: list[Violation] = []
+    found: list[HistoryViolation] = []
     found += _keys(history)
     found += _after_acknowledged(history)
     found += _holders(history)
     found += _tokens(history)
     found += _ledger(history)
     found += _settled(history)
-    found += [Violation("crashed", "-", history.ended_at, crash) for crash in history.crashes]
+    found += [
+        HistoryViolation("crashed", "-", history.ended_at, crash) for crash in history.crashes
+    ]
     return found
 
 
@@ -79,14 +81,14 @@ def _by(writes: list[Write], key: str) -> dict[str, list[Write]]:
     return grouped
 
 
-def _keys(history: History) -> list[Violation]:
+def _keys(history: History) -> list[HistoryViolation]:
     found = []
     owner: dict[str, str] = {}
     for origin, writes in _by(history.writes, "origin").items():
         keys = sorted({w.key for w in writes})
         if len(keys) > 1:
             found.append(
-                Violation(
+                HistoryViolation(
                     "one_key_per_lifecycle",
                     origin,
                     writes[0].at,
@@ -97,7 +99,7 @@ def _keys(history: History) -> list[Violation]:
             other = owner.setdefault(key, origin)
             if other != origin:
                 found.append(
-                    Violation(
+                    HistoryViolation(
                         "one_key_per_lifecycle",
                         origin,
                         writes[0].at,
@@ -107,14 +109,14 @@ def _keys(history: History) -> list[Violation]:
     return found
 
 
-def _after_acknowledged(history: History) -> list[Violation]:
+def _after_acknowledged(history: History) -> list[HistoryViolation]:
     found = []
     for write in history.writes:
         origin = history.origins.get(write.origin)
         acknowledged = origin.acknowledged_at if origin is not None else None
         if write.valid and acknowledged is not None and write.at > acknowledged:
             found.append(
-                Violation(
+                HistoryViolation(
                     "write_after_acknowledged",
                     write.origin,
                     write.at,
@@ -125,7 +127,7 @@ def _after_acknowledged(history: History) -> list[Violation]:
     return found
 
 
-def _holders(history: History) -> list[Violation]:
+def _holders(history: History) -> list[HistoryViolation]:
     found = []
     for resource, writes in _by(history.writes, "resource").items():
         finished: set[str] = set()
@@ -135,7 +137,7 @@ def _holders(history: History) -> list[Violation]:
                 continue
             if write.attempt_id in finished:
                 found.append(
-                    Violation(
+                    HistoryViolation(
                         "holders_interleave",
                         resource,
                         write.at,
@@ -149,7 +151,7 @@ def _holders(history: History) -> list[Violation]:
         for write in writes:
             if write.valid and not write.accepted:
                 found.append(
-                    Violation(
+                    HistoryViolation(
                         "fenced_while_holding",
                         resource,
                         write.at,
@@ -160,7 +162,7 @@ def _holders(history: History) -> list[Violation]:
     return found
 
 
-def _tokens(history: History) -> list[Violation]:
+def _tokens(history: History) -> list[HistoryViolation]:
     found = []
     for resource, writes in _by(history.writes, "resource").items():
         seen: dict[int, str] = {}
@@ -168,7 +170,7 @@ def _tokens(history: History) -> list[Violation]:
             other = seen.setdefault(write.token, write.attempt_id)
             if other != write.attempt_id:
                 found.append(
-                    Violation(
+                    HistoryViolation(
                         "token_reused",
                         resource,
                         write.at,
@@ -180,7 +182,7 @@ def _tokens(history: History) -> list[Violation]:
     return found
 
 
-def _ledger(history: History) -> list[Violation]:
+def _ledger(history: History) -> list[HistoryViolation]:
     found = []
     rows: dict[str, int] = defaultdict(int)
     for row in history.ledger:
@@ -190,11 +192,13 @@ def _ledger(history: History) -> list[Violation]:
         if origin.transactional:
             if rows[name] > 1:
                 found.append(
-                    Violation("ledger_twice", name, history.ended_at, f"{rows[name]} ledger rows")
+                    HistoryViolation(
+                        "ledger_twice", name, history.ended_at, f"{rows[name]} ledger rows"
+                    )
                 )
             if origin.acknowledged_at is not None and rows[name] == 0:
                 found.append(
-                    Violation(
+                    HistoryViolation(
                         "acknowledged_without_effect",
                         name,
                         origin.acknowledged_at,
@@ -203,7 +207,7 @@ def _ledger(history: History) -> list[Violation]:
                 )
         elif origin.acknowledged_at is not None and name not in finals and origin.resources == ():
             found.append(
-                Violation(
+                HistoryViolation(
                     "acknowledged_without_effect",
                     name,
                     origin.acknowledged_at,
@@ -213,9 +217,9 @@ def _ledger(history: History) -> list[Violation]:
     return found
 
 
-def _settled(history: History) -> list[Violation]:
+def _settled(history: History) -> list[HistoryViolation]:
     return [
-        Violation(
+        HistoryViolation(
             "not_settled",
             name,
             history.ended_at,

@@ -18,8 +18,8 @@ from datetime import timedelta
 from typing import Any
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.testing.simulation.engine import Engine
+from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.stores.base.store import LeaseStore
 
 __all__ = ["FAULT_KINDS", "FaultPlan", "StoreFaults", "Trace"]

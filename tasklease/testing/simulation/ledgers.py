@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from tasklease.worker.stores.spanner.store import SpannerStore
     from tasklease.worker.stores.sqlite.store import SqliteStore
 
-__all__ = ["LEDGER_TABLE", "Ledger", "LedgerRow", "ledger_for"]
+__all__ = ["LEDGER_TABLE", "EffectLedger", "LedgerRow", "ledger_for"]
 
 LEDGER_TABLE = "tasklease_simulation_ledger"
 # A run id no run has: reading it makes a store create its file, schema or tables.
@@ -51,7 +51,7 @@ class LedgerRow:
     effect: str
 
 
-class Ledger(Protocol):
+class EffectLedger(Protocol):
     """A store's ledger (see the module)."""
 
     def prepare(self) -> None:
@@ -67,7 +67,7 @@ class Ledger(Protocol):
         """Close the ledger's own connection or client (the store is the caller's)."""
 
 
-def ledger_for(store: LeaseStore) -> Ledger | None:
+def ledger_for(store: LeaseStore) -> EffectLedger | None:
     """The ledger on ``store``'s database: for SQLite, Postgres, Firestore and Spanner
     stores (their subclasses too). None for a store without transactions (memory) or one
     this module cannot write into (a store of one's own): it runs no transactional handler
@@ -325,7 +325,7 @@ class SpannerLedger:
             return bool(next(iter(found))[0])
 
 
-_LEDGERS: tuple[tuple[str, str, Callable[[Any], Ledger]], ...] = (
+_LEDGERS: tuple[tuple[str, str, Callable[[Any], EffectLedger]], ...] = (
     ("tasklease.worker.stores.sqlite.store", "SqliteStore", SqliteLedger),
     ("tasklease.worker.stores.postgres.store", "PostgresStore", PostgresLedger),
     ("tasklease.worker.stores.firestore.store", "FirestoreStore", FirestoreLedger),

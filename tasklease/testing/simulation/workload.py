@@ -22,7 +22,7 @@ from tasklease.testing.simulation.cloud import QUEUE_PATH, WORKER_URL, Scheduled
 from tasklease.testing.simulation.engine import Engine
 from tasklease.testing.simulation.faults import Trace
 from tasklease.testing.simulation.history import History, Origin, Write
-from tasklease.testing.simulation.ledgers import Ledger, LedgerRow
+from tasklease.testing.simulation.ledgers import EffectLedger, LedgerRow
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import Router
 
@@ -111,7 +111,7 @@ class Downstream:
 def build_router(
     workload: Workload,
     downstream: Downstream,
-    ledger: Ledger | None,
+    ledger: EffectLedger | None,
     engine: Engine,
     rng: random.Random,
 ) -> tuple[Router, list[ScheduledJob]]:
