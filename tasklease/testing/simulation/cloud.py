@@ -26,7 +26,7 @@ from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.delivery.executor import Delivery, Executor
 
-__all__ = ["Fleet", "ScheduledJob", "SimulatedQueue", "SimulatedScheduler"]
+__all__ = ["Dispatcher", "Fleet", "ScheduledJob", "SimulatedQueue", "SimulatedScheduler"]
 
 # Cloud Tasks' default dispatch deadline for an HTTP task is 10 minutes
 # (https://cloud.google.com/tasks/docs/reference/rest/v2/projects.locations.queues.tasks#Task).
@@ -85,7 +85,7 @@ class _Task:
     done: bool = False
 
 
-class _Dispatcher:
+class Dispatcher:
     """Sends one delivery to an instance as an actor and hands its answer back."""
 
     def __init__(
@@ -154,7 +154,7 @@ class SimulatedQueue(TaskTransport):
     def __init__(
         self,
         engine: Engine,
-        dispatcher: _Dispatcher,
+        dispatcher: Dispatcher,
         history: History,
         trace: Trace,
         rng: random.Random,
@@ -314,7 +314,7 @@ class SimulatedScheduler:
     def __init__(
         self,
         engine: Engine,
-        dispatcher: _Dispatcher,
+        dispatcher: Dispatcher,
         history: History,
         trace: Trace,
         rng: random.Random,

@@ -15,11 +15,11 @@ from datetime import datetime, timedelta
 from tasklease.emulator.policy import RetrySettings
 from tasklease.testing.simulation.checker import check
 from tasklease.testing.simulation.cloud import (
+    Dispatcher,
     Fleet,
     ScheduledJob,
     SimulatedQueue,
     SimulatedScheduler,
-    _Dispatcher,
 )
 from tasklease.testing.simulation.engine import EPOCH, Actor, Engine, Instance, Killed
 from tasklease.testing.simulation.faults import FAULT_KINDS, FaultPlan, StoreFaults, Trace
@@ -192,7 +192,7 @@ class _Simulation:
         )
         self.jobs = {job.name: job for job in jobs}
         self.fleet = Fleet(FLEET_SIZE, self.schedule_rng, self._executor, self._skew)
-        self.dispatcher = _Dispatcher(engine, self.fleet, plan, self.fault_rng, self.trace)
+        self.dispatcher = Dispatcher(engine, self.fleet, plan, self.fault_rng, self.trace)
         self.queue = SimulatedQueue(
             engine,
             self.dispatcher,
