@@ -52,7 +52,7 @@ class FaultPlan:
     store_error: float = 0.01  # Per store call.
     store_timeout: float = 0.004
     lost_answer: float = 0.01
-    store_outage: float = 0.0005  # Per store call: an outage starts.
+    store_outage: float = 0.001  # Per store call: an outage starts.
     duplicate: float = 0.03  # Per dispatch.
     lost_response: float = 0.03  # Per answer.
     dispatch_deadline: float = 0.03  # Per dispatch: a deadline shorter than the work.
