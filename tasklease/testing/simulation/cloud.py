@@ -104,7 +104,11 @@ class _Dispatcher:
     ) -> None:
         """Deliver, and call ``answered(status)`` when the answer reaches the sender."""
         copies = 1
-        if self.plan.on("duplicate") and self.rng.random() < self.plan.duplicate:
+        if (
+            self.plan.on("duplicate")
+            and self.rng.random() < self.plan.duplicate
+            and self.trace.fires("duplicate")
+        ):
             self.trace.fault("duplicate", label)
             copies = 2
         for copy in range(copies):
@@ -123,7 +127,11 @@ class _Dispatcher:
             reply = executor.execute(delivery)
             trace.note(f"reply {label} {reply.status} {reply.outcome.value}")
             engine.pause(rng.uniform(0.001, 0.05))  # The answer on its way.
-            if plan.on("lost_response") and rng.random() < plan.lost_response:
+            if (
+                plan.on("lost_response")
+                and rng.random() < plan.lost_response
+                and trace.fires("lost_response")
+            ):
                 trace.fault("lost_response", label)
                 return
             answered(reply.status)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tasklease.emulator.policy import RetrySettings
-from tasklease.testing.simulation.checker import check
+from tasklease.testing.simulation.checker import Violation, check
 from tasklease.testing.simulation.cloud import (
     Fleet,
     ScheduledJob,
@@ -22,9 +22,16 @@ from tasklease.testing.simulation.cloud import (
     _Dispatcher,
 )
 from tasklease.testing.simulation.engine import EPOCH, Actor, Engine, Instance, Killed
-from tasklease.testing.simulation.faults import FAULT_KINDS, FaultPlan, StoreFaults, Trace
+from tasklease.testing.simulation.faults import (
+    FAULT_KINDS,
+    FaultPlan,
+    Occurrence,
+    StoreFaults,
+    Trace,
+)
 from tasklease.testing.simulation.history import History
 from tasklease.testing.simulation.ledgers import ledger_for
+from tasklease.testing.simulation.replay import replay_command
 from tasklease.testing.simulation.workload import (
     LEASE,
     MANUAL_LEAD,
@@ -66,6 +73,9 @@ class SimulationReport:
     trace_hash: str
     events: int
     virtual_seconds: float
+    found: tuple[Violation, ...] = ()  # The violations as the checker found them.
+    fired: tuple[Occurrence, ...] = ()  # The faults that fired: a script replays them.
+    trace: tuple[str, ...] = ()  # The full event trace, when simulate() kept it.
 
     def line(self) -> str:
         """The one-line summary ``tasklease simulate`` ends with."""
@@ -91,7 +101,11 @@ def simulate(
     the history. The same seed gives the same trace, in any process."""
     if lifecycles < 1:
         raise ValueError(f"lifecycles must be at least 1, not {lifecycles}")
-    plan = faults if isinstance(faults, FaultPlan) else FaultPlan.only(faults or FAULT_KINDS)
+    plan = (
+        faults
+        if isinstance(faults, FaultPlan)
+        else FaultPlan.only(FAULT_KINDS if faults is None else faults)
+    )
     chosen = (
         workload
         if isinstance(workload, Workload)
@@ -169,17 +183,21 @@ class _Simulation:
         self.seed, self.plan = seed, plan
         self.store = store
         self.engine = engine = Engine()
-        self.trace = Trace(engine, keep=keep_trace)
+        self.trace = Trace(engine, keep=keep_trace, script=plan.script)
         self.schedule_rng = random.Random(f"{seed}/schedule")
         self.fault_rng = random.Random(f"{seed}/faults")
         self.work_rng = random.Random(f"{seed}/work")
         self.id_rng = random.Random(f"{seed}/ids")
+        # The lifecycles' arrivals and shapes, drawn apart from what runs: a run of fewer
+        # lifecycles is the same run up to the first lifecycle it leaves out.
+        self.arrival_rng = random.Random(f"{seed}/arrivals")
         self.ledger = ledger_for(store) if isinstance(store, TransactionalStore) else None
         if self.ledger is not None:
             self.ledger.prepare()
         kinds = workload.kinds if self.ledger is not None else workload.kinds - NEEDS_TRANSACTIONS
         if not kinds:
             raise ValueError(f"the {store_name} store runs none of the workload kinds asked for")
+        self.asked_kinds = workload.kinds
         self.workload = Workload(kinds, workload.arrival_gap, workload.max_steps)
         self.history = History(seed, store_name)
         self.store_faults = StoreFaults(engine, store, plan, self.fault_rng, self.trace)
@@ -211,7 +229,7 @@ class _Simulation:
     # --- instances ----------------------------------------------------------------------
 
     def _skew(self) -> timedelta:
-        if not self.plan.on("clock_skew"):
+        if not self.plan.on("clock_skew") or not self.trace.fires("clock_skew"):
             return timedelta(0)
         self.trace.fault("clock_skew")  # Each instance's clock is off from the others'.
         return timedelta(seconds=self.fault_rng.uniform(0.0, MAX_CLOCK_SKEW.total_seconds()))
@@ -237,10 +255,10 @@ class _Simulation:
         if instance is None or instance.killed:
             return
         rng, plan = self.fault_rng, self.plan
-        if plan.on("kill") and rng.random() < plan.kill:
+        if plan.on("kill") and rng.random() < plan.kill and self.trace.fires("kill"):
             instance.killed = True
             self.trace.fault("kill", instance.name)
-        elif plan.on("stall") and rng.random() < plan.stall:
+        elif plan.on("stall") and rng.random() < plan.stall and self.trace.fires("stall"):
             seconds = rng.uniform(0.5, 2.5) * LEASE.total_seconds()
             instance.stalled_until = max(instance.stalled_until, self.engine.now + seconds)
             self.trace.fault("stall", f"{instance.name} for {seconds:.3f}s")
@@ -248,7 +266,7 @@ class _Simulation:
     # --- lifecycles ---------------------------------------------------------------------
 
     def run(self, lifecycles: int) -> SimulationReport:
-        engine, rng = self.engine, self.work_rng
+        engine, rng = self.engine, self.arrival_rng
         kinds = sorted(self.workload.kinds)
         at = 0.0
         for number in range(lifecycles):
@@ -268,27 +286,27 @@ class _Simulation:
         ]
         if self.ledger is not None:
             self.history.ledger = self.ledger.rows()
-        replay = (
-            f"tasklease simulate --store {self.history.store} --seed {self.seed} "
-            f"--lifecycles {lifecycles}"
+        replay = replay_command(
+            self.history.store, self.seed, lifecycles, self.plan, self.asked_kinds
         )
-        if self.plan.kinds != frozenset(FAULT_KINDS):
-            replay += f" --faults {','.join(sorted(self.plan.kinds))}"
-        violations = tuple(v.describe(replay) for v in check(self.history))
+        found = tuple(check(self.history))
         return SimulationReport(
             seed=self.seed,
             store=self.history.store,
             lifecycles=len(self.history.origins),
             deliveries=self.dispatcher.deliveries,
             faults=dict(sorted(self.trace.faults.items())),
-            violations=violations,
+            violations=tuple(v.describe(replay) for v in found),
             trace_hash=self.trace.digest,
             events=self.trace.events,
             virtual_seconds=self.history.ended_at,
+            found=found,
+            fired=tuple(self.trace.fired),
+            trace=tuple(self.trace.kept or ()),
         )
 
     def _starter(self, kind: str, number: int, at: float) -> Callable[[], None]:
-        rng = self.work_rng
+        rng = self.arrival_rng
         steps = rng.randint(1, self.workload.max_steps)
         twice = rng.random() < 0.2
 
