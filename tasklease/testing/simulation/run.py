@@ -196,7 +196,11 @@ class _Simulation:
             self.ledger.prepare()
         kinds = workload.kinds if self.ledger is not None else workload.kinds - NEEDS_TRANSACTIONS
         if not kinds:
-            raise ValueError(f"the {store_name} store runs none of the workload kinds asked for")
+            raise ValueError(
+                f"the {store_name} store runs none of the workload kinds asked for: "
+                f"{', '.join(sorted(NEEDS_TRANSACTIONS))} needs a store with transactions; "
+                "ask for another kind too"
+            )
         self.asked_kinds = workload.kinds
         self.workload = Workload(kinds, workload.arrival_gap, workload.max_steps)
         self.history = History(seed, store_name)
