@@ -125,9 +125,9 @@ def test_fewer_lifecycles_are_the_same_run_up_to_the_first_one_left_out() -> Non
     assert up_to(shorter.trace) == up_to(longer.trace)
 
 
-def test_shrinking_stops_at_its_run_budget_with_a_run_that_still_fails() -> None:
+def test_shrinking_stops_at_its_run_budget_with_a_run_that_still_fails(shrunk: Shrunk) -> None:
     with claims_granted_while_held():
-        stopped = shrink(MemoryStore, PLANTED, max_runs=3)
+        stopped = shrink(MemoryStore, PLANTED, report=shrunk.original_report, max_runs=3)
 
     assert not stopped.complete
     assert stopped.runs == 3
