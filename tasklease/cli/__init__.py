@@ -1,4 +1,5 @@
-"""The tasklease command line: the demo, the local emulator and dev stack, deploys, runs."""
+"""The tasklease command line: the demo, the local emulator and dev stack, deploys, runs,
+and the seeded simulation."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from tasklease.cli import (
     outbox,
     runs,
     scheduler,
+    simulate,
 )
 from tasklease.cli.common import HelpFormatter
 
 # One module per subcommand, in the order ``--help`` lists them: each has ``NAME``,
 # ``register(subcommands)`` adding its parser and ``run(args)`` returning the exit code.
-SUBCOMMANDS = (demo, emulator, scheduler, dev, deploy, runs, locks, dashboard, outbox)
+SUBCOMMANDS = (demo, emulator, scheduler, dev, deploy, runs, locks, dashboard, outbox, simulate)
 
 
 def build_parser() -> argparse.ArgumentParser:

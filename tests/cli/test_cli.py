@@ -45,6 +45,7 @@ def test_each_subcommand_is_a_module_that_registers_and_runs_it() -> None:
         "locks",
         "dashboard",
         "outbox",
+        "simulate",
     ]
     for module in cli.SUBCOMMANDS:
         assert module.__name__ == f"tasklease.cli.{module.NAME}"

@@ -26,7 +26,7 @@ from tasklease.worker.core import constants as c
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.delivery.executor import Delivery, Executor
 
-__all__ = ["Dispatcher", "Fleet", "ScheduledJob", "SimulatedQueue", "SimulatedScheduler"]
+__all__ = ["DeliverySender", "Fleet", "ScheduledJob", "SimulatedQueue", "SimulatedScheduler"]
 
 # Cloud Tasks' default dispatch deadline for an HTTP task is 10 minutes
 # (https://cloud.google.com/tasks/docs/reference/rest/v2/projects.locations.queues.tasks#Task).
@@ -85,7 +85,7 @@ class _Task:
     done: bool = False
 
 
-class Dispatcher:
+class DeliverySender:
     """Sends one delivery to an instance as an actor and hands its answer back."""
 
     def __init__(
@@ -98,7 +98,11 @@ class Dispatcher:
     def deadline(self, configured: float, label: str) -> float:
         """How long the sender waits for this attempt's answer: ``configured``, or (the
         ``dispatch_deadline`` fault) a deadline shorter than the handler may take."""
-        if self.plan.on("dispatch_deadline") and self.rng.random() < self.plan.dispatch_deadline:
+        if (
+            self.plan.on("dispatch_deadline")
+            and self.rng.random() < self.plan.dispatch_deadline
+            and self.trace.fires("dispatch_deadline")
+        ):
             self.trace.fault("dispatch_deadline", label)
             return self.rng.uniform(0.5, 8.0)
         return configured
@@ -115,7 +119,11 @@ class Dispatcher:
         if self.closed:
             return
         copies = 1
-        if self.plan.on("duplicate") and self.rng.random() < self.plan.duplicate:
+        if (
+            self.plan.on("duplicate")
+            and self.rng.random() < self.plan.duplicate
+            and self.trace.fires("duplicate")
+        ):
             self.trace.fault("duplicate", label)
             copies = 2
         for copy in range(copies):
@@ -134,7 +142,11 @@ class Dispatcher:
             reply = executor.execute(delivery)
             trace.note(f"reply {label} {reply.status} {reply.outcome.value}")
             engine.pause(rng.uniform(0.001, 0.05))  # The answer on its way.
-            if plan.on("lost_response") and rng.random() < plan.lost_response:
+            if (
+                plan.on("lost_response")
+                and rng.random() < plan.lost_response
+                and trace.fires("lost_response")
+            ):
                 trace.fault("lost_response", label)
                 return
             answered(reply.status)
@@ -154,7 +166,7 @@ class SimulatedQueue(TaskTransport):
     def __init__(
         self,
         engine: Engine,
-        dispatcher: Dispatcher,
+        dispatcher: DeliverySender,
         history: History,
         trace: Trace,
         rng: random.Random,
@@ -314,7 +326,7 @@ class SimulatedScheduler:
     def __init__(
         self,
         engine: Engine,
-        dispatcher: Dispatcher,
+        dispatcher: DeliverySender,
         history: History,
         trace: Trace,
         rng: random.Random,

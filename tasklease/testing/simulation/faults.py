@@ -22,7 +22,7 @@ from tasklease.testing.simulation.engine import Engine
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.stores.base.store import LeaseStore
 
-__all__ = ["FAULT_KINDS", "FaultPlan", "StoreFaults", "Trace"]
+__all__ = ["FAULT_KINDS", "FaultPlan", "Occurrence", "StoreFaults", "Trace"]
 
 # Every fault kind the simulation knows; by default all are on.
 FAULT_KINDS = (
@@ -38,13 +38,20 @@ FAULT_KINDS = (
     "dispatch_deadline",  # An attempt outlives the queue's dispatch deadline: retried meanwhile.
 )
 
+# One fault that fired: its kind, and how many draws of that kind had said "fire" before it
+# (counting from 0), whether those fired or not. A script of them replays a run's faults.
+Occurrence = tuple[str, int]
+
 # Store methods that are not calls an executor makes over the network.
 _NOT_CALLS = frozenset({"close", "prepare", "purge", "check_configuration"})
 
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """How likely each fault is, per opportunity. ``kinds`` limits them (default: all)."""
+    """How likely each fault is, per opportunity. ``kinds`` limits them (default: all);
+    ``script``, when set, lets only the occurrences it names fire (a replay of some of a
+    run's faults: :mod:`~tasklease.testing.simulation.shrink`). ``dispatch_deadline`` is
+    no draw but what a slow attempt meets, so no script holds it back."""
 
     kinds: frozenset[str] = frozenset(FAULT_KINDS)
     kill: float = 0.004  # Per pause of an attempt.
@@ -59,6 +66,7 @@ class FaultPlan:
     # How far apart instances' clocks may be: the bound the protocol allows for by default;
     # a test sets more to show what breaks beyond it.
     max_clock_skew: timedelta = MAX_CLOCK_SKEW
+    script: frozenset[Occurrence] | None = None
 
     @classmethod
     def only(cls, kinds: Iterable[str]) -> FaultPlan:
@@ -78,10 +86,15 @@ class FaultPlan:
 class Trace:
     """The simulation's event trace, hashed as it grows, and the faults injected so far."""
 
-    def __init__(self, engine: Engine, keep: bool = False) -> None:
+    def __init__(
+        self, engine: Engine, keep: bool = False, script: frozenset[Occurrence] | None = None
+    ) -> None:
         import hashlib  # noqa: PLC0415 - only here.
 
         self.engine = engine
+        self.script = script
+        self.drawn: Counter[str] = Counter()  # Draws that said "fire", per kind.
+        self.fired: list[Occurrence] = []
         self.faults: Counter[str] = Counter()
         self.events = 0
         self.kept: list[str] | None = [] if keep else None
@@ -95,6 +108,16 @@ class Trace:
         self.events += 1
         if self.kept is not None:
             self.kept.append(line)
+
+    def fires(self, kind: str) -> bool:
+        """Whether a fault whose draw said "fire" does: every one, unless the script names
+        the occurrences that may. Called once per such draw, so each gets its number."""
+        occurrence = (kind, self.drawn[kind])
+        self.drawn[kind] += 1
+        if self.script is not None and occurrence not in self.script:
+            return False
+        self.fired.append(occurrence)
+        return True
 
     def fault(self, kind: str, detail: str = "") -> None:
         self.faults[kind] += 1
@@ -142,16 +165,25 @@ class StoreFaults:
             plan.on("store_outage")
             and now >= self.outage_until
             and rng.random() < plan.store_outage
+            and trace.fires("store_outage")
         ):
             self.outage_until = now + rng.uniform(1.0, 60.0)
             trace.fault("store_outage", f"until {self.outage_until:.3f}")
         if now < self.outage_until:
             trace.note(f"store {name} refused: outage")
             raise StoreUnavailable(f"simulated outage of the store ({name})")
-        if plan.on("store_error") and rng.random() < plan.store_error:
+        if (
+            plan.on("store_error")
+            and rng.random() < plan.store_error
+            and trace.fires("store_error")
+        ):
             trace.fault("store_error", name)
             raise StoreUnavailable(f"simulated store error ({name})")
-        if plan.on("store_timeout") and rng.random() < plan.store_timeout:
+        if (
+            plan.on("store_timeout")
+            and rng.random() < plan.store_timeout
+            and trace.fires("store_timeout")
+        ):
             trace.fault("store_timeout", name)
             actor.pause(rng.uniform(1.0, 10.0))
             raise StoreUnavailable(f"simulated store timeout ({name})")
@@ -162,7 +194,7 @@ class StoreFaults:
         finally:
             actor.in_store -= 1
         trace.note(f"store {name} -> {_summary(result)}")
-        if lose:
+        if lose and trace.fires("lost_answer"):
             trace.fault("lost_answer", name)
             actor.pause(rng.uniform(0.5, 5.0))
             raise StoreUnavailable(f"simulated: the answer of {name} was lost")

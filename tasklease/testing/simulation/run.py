@@ -13,18 +13,25 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tasklease.emulator.policy import RetrySettings
-from tasklease.testing.simulation.checker import check
+from tasklease.testing.simulation.checker import HistoryViolation, check
 from tasklease.testing.simulation.cloud import (
-    Dispatcher,
+    DeliverySender,
     Fleet,
     ScheduledJob,
     SimulatedQueue,
     SimulatedScheduler,
 )
 from tasklease.testing.simulation.engine import EPOCH, Actor, Engine, Instance, Killed
-from tasklease.testing.simulation.faults import FAULT_KINDS, FaultPlan, StoreFaults, Trace
+from tasklease.testing.simulation.faults import (
+    FAULT_KINDS,
+    FaultPlan,
+    Occurrence,
+    StoreFaults,
+    Trace,
+)
 from tasklease.testing.simulation.history import History
 from tasklease.testing.simulation.ledgers import ledger_for
+from tasklease.testing.simulation.replay import replay_command
 from tasklease.testing.simulation.workload import (
     LEASE,
     MANUAL_LEAD,
@@ -65,6 +72,9 @@ class SimulationReport:
     trace_hash: str
     events: int
     virtual_seconds: float
+    found: tuple[HistoryViolation, ...] = ()  # The violations as the checker found them.
+    fired: tuple[Occurrence, ...] = ()  # The faults that fired: a script replays them.
+    trace: tuple[str, ...] = ()  # The full event trace, when simulate() kept it.
 
     def line(self) -> str:
         """The one-line summary ``tasklease simulate`` ends with."""
@@ -172,17 +182,25 @@ class _Simulation:
         self.seed, self.plan = seed, plan
         self.store = store
         self.engine = engine = Engine()
-        self.trace = Trace(engine, keep=keep_trace)
+        self.trace = Trace(engine, keep=keep_trace, script=plan.script)
         self.schedule_rng = random.Random(f"{seed}/schedule")
         self.fault_rng = random.Random(f"{seed}/faults")
         self.work_rng = random.Random(f"{seed}/work")
         self.id_rng = random.Random(f"{seed}/ids")
+        # The lifecycles' arrivals and shapes, drawn apart from what runs: a run of fewer
+        # lifecycles is the same run up to the first lifecycle it leaves out.
+        self.arrival_rng = random.Random(f"{seed}/arrivals")
         self.ledger = ledger_for(store) if isinstance(store, TransactionalStore) else None
         if self.ledger is not None:
             self.ledger.prepare()
         kinds = workload.kinds if self.ledger is not None else workload.kinds - NEEDS_TRANSACTIONS
         if not kinds:
-            raise ValueError(f"the {store_name} store runs none of the workload kinds asked for")
+            raise ValueError(
+                f"the {store_name} store runs none of the workload kinds asked for: "
+                f"{', '.join(sorted(NEEDS_TRANSACTIONS))} needs a store with transactions; "
+                "ask for another kind too"
+            )
+        self.asked_kinds = workload.kinds
         self.workload = Workload(kinds, workload.arrival_gap, workload.max_steps)
         self.history = History(seed, store_name)
         self.store_faults = StoreFaults(engine, store, plan, self.fault_rng, self.trace)
@@ -192,7 +210,7 @@ class _Simulation:
         )
         self.jobs = {job.name: job for job in jobs}
         self.fleet = Fleet(FLEET_SIZE, self.schedule_rng, self._executor, self._skew)
-        self.dispatcher = Dispatcher(engine, self.fleet, plan, self.fault_rng, self.trace)
+        self.dispatcher = DeliverySender(engine, self.fleet, plan, self.fault_rng, self.trace)
         self.queue = SimulatedQueue(
             engine,
             self.dispatcher,
@@ -214,7 +232,7 @@ class _Simulation:
     # --- instances ----------------------------------------------------------------------
 
     def _skew(self) -> timedelta:
-        if not self.plan.on("clock_skew"):
+        if not self.plan.on("clock_skew") or not self.trace.fires("clock_skew"):
             return timedelta(0)
         self.trace.fault("clock_skew")  # Each instance's clock is off from the others'.
         bound = self.plan.max_clock_skew.total_seconds()
@@ -241,10 +259,10 @@ class _Simulation:
         if instance is None or instance.killed:
             return
         rng, plan = self.fault_rng, self.plan
-        if plan.on("kill") and rng.random() < plan.kill:
+        if plan.on("kill") and rng.random() < plan.kill and self.trace.fires("kill"):
             instance.killed = True
             self.trace.fault("kill", instance.name)
-        elif plan.on("stall") and rng.random() < plan.stall:
+        elif plan.on("stall") and rng.random() < plan.stall and self.trace.fires("stall"):
             seconds = rng.uniform(0.5, 2.5) * LEASE.total_seconds()
             instance.stalled_until = max(instance.stalled_until, self.engine.now + seconds)
             self.trace.fault("stall", f"{instance.name} for {seconds:.3f}s")
@@ -252,7 +270,7 @@ class _Simulation:
     # --- lifecycles ---------------------------------------------------------------------
 
     def run(self, lifecycles: int) -> SimulationReport:
-        engine, rng = self.engine, self.work_rng
+        engine, rng = self.engine, self.arrival_rng
         kinds = sorted(self.workload.kinds)
         at = 0.0
         for number in range(lifecycles):
@@ -273,27 +291,27 @@ class _Simulation:
         ]
         if self.ledger is not None:
             self.history.ledger = self.ledger.rows()
-        replay = (
-            f"tasklease simulate --store {self.history.store} --seed {self.seed} "
-            f"--lifecycles {lifecycles}"
+        replay = replay_command(
+            self.history.store, self.seed, lifecycles, self.plan, self.asked_kinds
         )
-        if self.plan.kinds != frozenset(FAULT_KINDS):
-            replay += f" --faults {','.join(sorted(self.plan.kinds))}"
-        violations = tuple(v.describe(replay) for v in check(self.history))
+        found = tuple(check(self.history))
         return SimulationReport(
             seed=self.seed,
             store=self.history.store,
             lifecycles=len(self.history.origins),
             deliveries=self.dispatcher.deliveries,
             faults=dict(sorted(self.trace.faults.items())),
-            violations=violations,
+            violations=tuple(v.describe(replay) for v in found),
             trace_hash=self.trace.digest,
             events=self.trace.events,
             virtual_seconds=self.history.ended_at,
+            found=found,
+            fired=tuple(self.trace.fired),
+            trace=tuple(self.trace.kept or ()),
         )
 
     def _starter(self, kind: str, number: int, at: float) -> Callable[[], None]:
-        rng = self.work_rng
+        rng = self.arrival_rng
         steps = rng.randint(1, self.workload.max_steps)
         twice = rng.random() < 0.2
 
