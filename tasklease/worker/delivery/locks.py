@@ -136,17 +136,27 @@ class ExecutionLocks:
     def release(self, live: Attempt) -> bool:
         """Release the lock ``live`` holds, fenced by its attempt id. False: another run took
         it (this attempt's lease lapsed meanwhile). Retried on store errors like a finish;
-        if the store stays down, the lock lapses by itself."""
+        if the store stays down, the lock lapses by itself.
+
+        A retry that finds another holder, after a first try sent while this attempt's lease
+        still held, is not a takeover: no run could take the lock before that try, so either
+        it landed unheard and the next run took the freed lock, or the lease lapsed after the
+        handler had ended. Either way no other run overlapped this one's execution."""
         name = live.lock
         if name is None:
             return True
+        held_when_sent = not live.lease_lost
+        tries = 0
+
+        def release_once() -> bool:
+            nonlocal tries
+            tries += 1
+            return lock_store(self.store).release_lock(name, live.attempt_id, self.clock)
+
         try:
-            held = retry_while_unavailable(
-                lambda: lock_store(self.store).release_lock(name, live.attempt_id, self.clock),
-                live.timing.sleep,
-            )
+            released = retry_while_unavailable(release_once, live.timing.sleep)
         except StoreUnavailable:
             _log.warning("run %s: could not release lock %s", live.run_id, name)
             return True
         live.lock = None
-        return held
+        return released or (tries > 1 and held_when_sent)
