@@ -14,6 +14,9 @@ The invariants, each a function of the :class:`~tasklease.testing.simulation.his
 - ``fenced_while_holding``: a write made while its attempt's lease held is never refused by
   the fence (no other attempt got a newer token meanwhile).
 - ``token_reused``: two attempts never present the same fencing token for one resource.
+- ``refused_while_holding``: no attempt answers that its claim was taken over (``lost_claim``,
+  which makes the queue run the handler again) while its lease still holds by its own clock:
+  no other attempt can have taken a run or a lock over before that lease ran out.
 - ``ledger_twice`` / ``acknowledged_without_effect``: a transactional lifecycle commits its
   ledger row at most once, and exactly once if acknowledged; a plain one acknowledged has a
   final write.
@@ -37,6 +40,7 @@ INVARIANTS = (
     "holders_interleave",
     "fenced_while_holding",
     "token_reused",
+    "refused_while_holding",
     "ledger_twice",
     "acknowledged_without_effect",
     "not_settled",
@@ -66,6 +70,7 @@ def check(history: History) -> list[HistoryViolation]:
     found += _after_acknowledged(history)
     found += _holders(history)
     found += _tokens(history)
+    found += _refusals(history)
     found += _ledger(history)
     found += _settled(history)
     found += [
@@ -180,6 +185,20 @@ def _tokens(history: History) -> list[HistoryViolation]:
                 )
                 seen[write.token] = write.attempt_id  # Report each new pair once.
     return found
+
+
+def _refusals(history: History) -> list[HistoryViolation]:
+    return [
+        HistoryViolation(
+            "refused_while_holding",
+            refusal.origin,
+            refusal.at,
+            f"attempt {refusal.attempt_id[:12]} answered lost_claim while its lease held by "
+            "its own clock: nothing can have taken it over",
+        )
+        for refusal in history.refusals
+        if refusal.holding
+    ]
 
 
 def _ledger(history: History) -> list[HistoryViolation]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tasklease.testing.simulation.ledgers import LedgerRow
 
-__all__ = ["Answer", "History", "Origin", "Write"]
+__all__ = ["Answer", "History", "Origin", "Refusal", "Write"]
 
 
 @dataclass
@@ -52,6 +52,17 @@ class Answer:
     status: int
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """An attempt's answer that its claim was taken over (``lost_claim``), and whether, by the
+    attempt's own clock, its lease still held when it answered so."""
+
+    at: float
+    origin: str
+    attempt_id: str
+    holding: bool
+
+
 @dataclass
 class History:
     """Everything :func:`~tasklease.testing.simulation.checker.check` reads."""
@@ -62,5 +73,6 @@ class History:
     writes: list[Write] = field(default_factory=list)
     answers: list[Answer] = field(default_factory=list)
     ledger: list[LedgerRow] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
     crashes: list[str] = field(default_factory=list)  # Exceptions that escaped real code.
     ended_at: float = 0.0

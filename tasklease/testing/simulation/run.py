@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from tasklease.emulator.policy import RetrySettings
 from tasklease.testing.simulation.checker import HistoryViolation, check
@@ -29,7 +30,7 @@ from tasklease.testing.simulation.faults import (
     StoreFaults,
     Trace,
 )
-from tasklease.testing.simulation.history import History
+from tasklease.testing.simulation.history import History, Refusal
 from tasklease.testing.simulation.ledgers import ledger_for
 from tasklease.testing.simulation.replay import replay_command
 from tasklease.testing.simulation.workload import (
@@ -43,8 +44,10 @@ from tasklease.testing.simulation.workload import (
     producer_for,
 )
 from tasklease.worker.auth.authenticators import NoAuth
-from tasklease.worker.delivery.executor import Executor
+from tasklease.worker.core.outcome import Outcome
+from tasklease.worker.delivery.executor import Delivery, Executor
 from tasklease.worker.delivery.lease import first_renewal_due, renew_once
+from tasklease.worker.delivery.reply import Reply
 from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.runtime.clock import Timing
 from tasklease.worker.stores.base.store import LeaseStore
@@ -126,9 +129,15 @@ class _SimulatedLeaseKeeper:
     each kept execution gets a renewal actor on its own instance."""
 
     def __init__(
-        self, engine: Engine, store: LeaseStore, clock: Callable[[], datetime], instance: Instance
+        self,
+        engine: Engine,
+        store: LeaseStore,
+        clock: Callable[[], datetime],
+        instance: Instance,
+        attempts: dict[Actor, Attempt],
     ) -> None:
         self.engine, self.store, self.clock, self.instance = engine, store, clock, instance
+        self.attempts = attempts  # The attempt each delivery's actor keeps the lease of.
 
     @contextmanager
     def kept(
@@ -137,6 +146,8 @@ class _SimulatedLeaseKeeper:
         engine = self.engine
         kept = [True]
         origin = engine.current_actor()
+        if origin is not None:
+            self.attempts[origin] = live
 
         def renewals() -> None:
             delay = first_renewal_due(live, lease, engine.now) - engine.now
@@ -166,6 +177,32 @@ class _SimulatedLeaseKeeper:
             yield
         finally:
             kept[0] = False
+
+
+class _ObservedExecutor(Executor):
+    """The real executor; each ``lost_claim`` answer it gives goes into the history, with
+    whether the attempt's lease still held by its own clock (the checker's evidence)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        engine: Engine,
+        history: History,
+        attempts: dict[Actor, Attempt],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.engine, self.history, self.attempts = engine, history, attempts
+
+    def execute(self, delivery: Delivery) -> Reply:
+        reply = super().execute(delivery)
+        actor = self.engine.current_actor()
+        live = self.attempts.pop(actor, None) if actor is not None else None
+        if reply.outcome is Outcome.LOST_CLAIM and live is not None and actor is not None:
+            self.history.refusals.append(
+                Refusal(self.engine.now, actor.origin or "?", live.attempt_id, not live.lease_lost)
+            )
+        return reply
 
 
 class _Simulation:
@@ -244,14 +281,18 @@ class _Simulation:
         def clock() -> datetime:
             return EPOCH + timedelta(seconds=engine.now) + instance.skew
 
-        return Executor(
+        attempts: dict[Actor, Attempt] = {}
+        return _ObservedExecutor(
             self.router,
             self.store,
             NoAuth(),
             clock=clock,
             timing=Timing(monotonic=lambda: engine.now, sleep=engine.sleep),
             attempt_ids=lambda: f"{self.id_rng.getrandbits(128):032x}",
-            lease_keeper=_SimulatedLeaseKeeper(engine, self.store, clock, instance),
+            lease_keeper=_SimulatedLeaseKeeper(engine, self.store, clock, instance, attempts),
+            engine=engine,
+            history=self.history,
+            attempts=attempts,
         )
 
     def _instance_faults(self, actor: Actor) -> None:
