@@ -32,7 +32,7 @@ from tasklease.worker.stores.base.store import LeaseStore, Moment, resolve
 from tasklease.worker.stores.base.transactional import TransactionOutcome, Work
 from tasklease.worker.stores.sqlite import schema
 from tasklease.worker.stores.sqlite.store import SqliteStore
-from tasklease.worker.stores.sqlite.transactions import SqliteTransaction, run_transaction
+from tasklease.worker.stores.sqlite.transactions import run_transaction
 
 StoreFactory = Callable[[], LeaseStore]
 
@@ -167,7 +167,7 @@ class SplitCompletionStore(SqliteStore):
         return TransactionOutcome(held=held, result_json=result_json if held else None)
 
     @property
-    def complete_in_transaction(self) -> Callable[..., TransactionOutcome]:  # type: ignore[override]
+    def complete_in_transaction(self) -> Callable[..., TransactionOutcome]:
         def in_two_commits(
             run_id: str,
             attempt_id: str,
@@ -237,3 +237,79 @@ def test_a_completed_run_claimed_again_is_found(monkeypatch: pytest.MonkeyPatch)
     assert_caught(report, "write_after_acknowledged", "memory", seed, lifecycles)
     monkeypatch.undo()
     assert_clean(memory_run(seed, lifecycles))
+
+
+# --- plants the checker does not find yet: each a strict xfail, so that the invariant that
+# --- would find it turns its test into a failure to update (see docs/guarantees.md) -------
+
+UNCAUGHT_SEED, UNCAUGHT_LIFECYCLES = 1, 300
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the stale finish never lands in these runs (a stalled attempt seldom resumes "
+    "while its successor still runs); when it does, only a successor's write after the "
+    "stale 2xx is caught: no invariant ties the 2xx to the attempt holding the newest token",
+)
+def test_a_stale_attempts_finish_that_lands_is_found() -> None:
+    """(b) Not caught in 5 seeds x 2,000 lifecycles, in which the stale finish never landed."""
+    seed, lifecycles = UNCAUGHT_SEED, UNCAUGHT_LIFECYCLES
+
+    report = planted_run(StaleFinishStore, "memory", seed, lifecycles)
+
+    assert_caught(report, "write_after_acknowledged", "memory", seed, lifecycles)
+
+
+class StaleRenewalStore(MemoryStore):
+    """(g) A renewal that checks only that the run is in progress, not which attempt holds
+    it: a stale attempt is told its lease runs on, and extends its successor's."""
+
+    def renew(
+        self,
+        run_id: str,
+        attempt_id: str,
+        lease: timedelta,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> datetime | None:
+        def change(record: RunRecord | None) -> tuple[RunRecord | None, datetime | None]:
+            if record is None or record.status is not RunStatus.IN_PROGRESS:
+                return None, None
+            written = decisions.renewed(record, resolve(now) + lease, keep_for)
+            return written, written.lease_expires
+
+        return self._read_modify_write(run_id, change)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="never asked: renew_once stops once the attempt's lease ran out by its own "
+    "monotonic clock (lease_lost, for good), and a takeover comes only after that",
+)
+def test_a_renewal_granted_to_an_attempt_no_longer_holding_is_found() -> None:
+    """(g) Not caught in 5 seeds x 2,000 lifecycles, in which no stale renewal was asked for."""
+    seed, lifecycles = UNCAUGHT_SEED, UNCAUGHT_LIFECYCLES
+
+    report = planted_run(StaleRenewalStore, "memory", seed, lifecycles)
+
+    assert_caught(report, "fenced_while_holding", "memory", seed, lifecycles)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a lock release retried after its answer was lost is refused, the run given "
+    "back and run again: a second execution after a final write, which no invariant "
+    "tells from a legitimate retry (the effects are fenced and keyed)",
+)
+def test_a_lost_answer_not_recognised_as_its_own_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(h) Not caught in 5 seeds x 2,000 lifecycles, in which 19 such releases were
+    refused; nor with run finishes planted the same way (``decisions.finished_by``)."""
+    seed, lifecycles = UNCAUGHT_SEED, UNCAUGHT_LIFECYCLES
+    monkeypatch.setattr(locking, "released_by", lambda lock, attempt_id: False)
+
+    report = planted_run(MemoryStore, "memory", seed, lifecycles)
+
+    assert report.found, "no invariant broken"
