@@ -43,6 +43,7 @@ from tasklease.testing.simulation.workload import Downstream
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import Router
+from tasklease.worker.handlers.spec import JobRetry
 from tasklease.worker.stores.base.store import LeaseStore
 
 __all__ = ["RouterScenario", "UserSimulation"]
@@ -52,6 +53,7 @@ SHOWN_VIOLATIONS = 5  # How many assert_clean lists before "and N more".
 _TWICE = 0.2  # How often a user enqueues the same key again (the second creates nothing).
 _MANUAL = 0.2  # How often a job's lifecycle is a manual run rather than a slot.
 _MANUAL_LEAD = (1200.0, 3600.0)  # As the built-in workload's: unmistakably manual.
+_DEFAULT_ATTEMPT_DEADLINE = 180.0  # Cloud Scheduler's for HTTP targets.
 
 
 class RouterScenario:
@@ -86,11 +88,18 @@ class RouterScenario:
         for name in self.job_names:
             spec = self.router.handler(Kind.SCHEDULER, name)
             assert spec is not None  # UserSimulation.run checked the names.
-            retry = spec.retry.retry_count if spec.retry is not None else 0
+            retry = spec.retry or JobRetry()  # As the job declares it: Cloud Scheduler's.
+            deadline = spec.attempt_deadline
             jobs.append(
                 ScheduledJob(
                     name,
-                    retry_count=max(retry, 2),
+                    retry_count=retry.retry_count,
+                    min_backoff=retry.min_backoff_duration.total_seconds(),
+                    max_backoff=retry.max_backoff_duration.total_seconds(),
+                    max_doublings=retry.max_doublings,
+                    attempt_deadline=_DEFAULT_ATTEMPT_DEADLINE
+                    if deadline is None
+                    else deadline.total_seconds(),
                     resources=(name,) if spec.exclusive else (),
                     transactional=spec.transactional,
                 )
