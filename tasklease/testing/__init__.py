@@ -13,6 +13,14 @@ that depends on it:
   ``[[job]]`` schedules of the project's ``tasklease.toml``; ``bind(router)`` adds the
   schedules declared in code (``@router.scheduled(..., schedule=...)``, the toml's tables
   over them); ``fire(client, job, at=..., manual=False)``.
+- ``tasklease_simulation``: a :class:`~tasklease.testing.simulation.user_router.UserSimulation`,
+  the seeded simulation over your own router: handlers report each step of their effect with
+  ``tasklease_simulation.effect(ctx, "resource", final=...)``;
+  ``run(router, tasks=[(name, payload)], jobs=[name], seed=, lifecycles=, store="memory",
+  faults=None)`` runs them under kills, stalls, duplicates, lost answers, store faults and
+  clock skew on virtual time, and returns a report whose violations (fencing, idempotency
+  keys, effects after acknowledgement, lifecycles never settled) each say how to replay it;
+  ``assert_clean(report)`` fails the test listing the first.
 
 The package's modules: :mod:`.stubs` (the stub queue and scheduler, usable without pytest),
 :mod:`.google_apis` (``FakeGoogleApis``: Workflows, Cloud Run and Cloud Build on loopback gRPC,
@@ -32,6 +40,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from tasklease.testing.simulation.user_router import UserSimulation
     from tasklease.testing.stubs import StubQueue, StubScheduler
 
 # pytest rewrites the asserts of plugin modules only: the contract suites' failures should
@@ -79,3 +88,11 @@ def tasklease_scheduler(request: pytest.FixtureRequest) -> StubScheduler:
     if config.is_file():
         scheduler.load(Path(config))
     return scheduler
+
+
+@pytest.fixture
+def tasklease_simulation(request: pytest.FixtureRequest, tmp_path: Path) -> UserSimulation:
+    """The seeded simulation over the test's own router (its SQLite files in tmp_path)."""
+    from tasklease.testing.simulation.user_router import UserSimulation  # noqa: PLC0415
+
+    return UserSimulation(tmp_path, test=request.node.nodeid)

@@ -251,3 +251,85 @@ def test_executions_counts_every_execution_failed_and_retried_ones_included(
     assert summary.executions("greet") == 1  # Its duplicates ran nothing.
     assert summary.executions() == 5
     assert summary.outcomes["processed"] == 2
+
+
+SIMULATED_SHOP = """
+from datetime import timedelta
+
+from tasklease.worker import Router
+
+LEASE = timedelta(seconds=30)
+
+
+def shop(sim, *, key_of=None):
+    router = Router()
+
+    @router.task("charge", lease=LEASE)
+    def charge(payload, ctx):
+        for _ in range(payload["steps"]):
+            ctx.check_lease()
+            sim.effect(ctx, "payments", key=key_of(ctx) if key_of else None)
+        sim.effect(ctx, "payments", final=True, key=key_of(ctx) if key_of else None)
+
+    @router.task("deposit", lease=LEASE, concurrency_key=lambda payload: payload["account"])
+    def deposit(payload, ctx):
+        sim.effect(ctx, "ledger", final=True)
+
+    @router.scheduled("nightly", lease=LEASE, exclusive=True)
+    def nightly(ctx):
+        sim.effect(ctx, "report")
+        sim.effect(ctx, "report", final=True)
+
+    return router
+
+
+TASKS = [("charge", {"steps": 2}), ("deposit", {"account": "a"}), ("deposit", {"account": "b"})]
+"""
+
+
+def test_the_simulation_fixture_finds_a_careful_router_clean(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        shop=SIMULATED_SHOP,
+        test_shop="""
+        from shop import TASKS, shop
+
+        def test_clean(tasklease_simulation):
+            router = shop(tasklease_simulation)
+            report = tasklease_simulation.run(
+                router, tasks=TASKS, jobs=["nightly"], seed=5, lifecycles=200
+            )
+            tasklease_simulation.assert_clean(report)
+            assert report.lifecycles == 200 and sum(report.faults.values()) > 0
+            assert report.deliveries > report.lifecycles  # Faults made retries.
+        """,
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_the_simulation_fixture_fails_a_handler_keying_its_effect_by_attempt(
+    pytester: pytest.Pytester,
+) -> None:
+    """A planted bug: the handler presents its attempt's id as the idempotency key, so a
+    retried lifecycle's downstream sees two keys and would do the effect twice."""
+    pytester.makepyfile(
+        shop=SIMULATED_SHOP,
+        test_shop="""
+        from shop import TASKS, shop
+
+        def test_keyed_by_attempt(tasklease_simulation):
+            router = shop(tasklease_simulation, key_of=lambda ctx: ctx.attempt_id)
+            report = tasklease_simulation.run(router, tasks=TASKS, seed=5, lifecycles=200)
+            tasklease_simulation.assert_clean(report)
+        """,
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*AssertionError: the simulation found * violation(s) in 200 lifecycles "
+            "(seed 5, memory store):",
+            "*- one_key_per_lifecycle at t=*s (task:*-charge-u*): its executions presented "
+            "2 idempotency keys: *; replay: rerun test_shop.py::test_keyed_by_attempt with "
+            "tasklease_simulation.run(..., seed=5, lifecycles=200, store='memory')",
+        ]
+    )

@@ -7,13 +7,15 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from tasklease.emulator.policy import RetrySettings
+from tasklease.producer import Producer
+from tasklease.producer.transport import TaskRequest
 from tasklease.testing.simulation.checker import HistoryViolation, check
 from tasklease.testing.simulation.cloud import (
     DeliverySender,
@@ -30,8 +32,8 @@ from tasklease.testing.simulation.faults import (
     StoreFaults,
     Trace,
 )
-from tasklease.testing.simulation.history import History, Refusal
-from tasklease.testing.simulation.ledgers import ledger_for
+from tasklease.testing.simulation.history import History, Origin, Refusal
+from tasklease.testing.simulation.ledgers import EffectLedger, ledger_for
 from tasklease.testing.simulation.replay import replay_command
 from tasklease.testing.simulation.workload import (
     LEASE,
@@ -49,11 +51,20 @@ from tasklease.worker.delivery.executor import Delivery, Executor
 from tasklease.worker.delivery.lease import first_renewal_due, renew_once
 from tasklease.worker.delivery.reply import Reply
 from tasklease.worker.handlers.attempt import Attempt
+from tasklease.worker.handlers.router import Router
 from tasklease.worker.runtime.clock import Timing
 from tasklease.worker.stores.base.store import LeaseStore
 from tasklease.worker.stores.base.transactional import TransactionalStore
 
-__all__ = ["SimulationReport", "simulate"]
+__all__ = [
+    "BuiltScenario",
+    "LifecycleStarts",
+    "Scenario",
+    "ScenarioWorld",
+    "SimulationReport",
+    "WorkloadScenario",
+    "simulate",
+]
 
 FLEET_SIZE = 3
 # The queue's retries: Cloud Tasks' formulas, with a short backoff so lifecycles settle.
@@ -88,6 +99,135 @@ class SimulationReport:
         )
 
 
+@dataclass(frozen=True)
+class ScenarioWorld:
+    """What a scenario builds its router on: the simulation's engine, the history its
+    checker reads, the trace, the rng of the handlers' own work, and the store's effect
+    ledger (None on a store without transactions)."""
+
+    engine: Engine
+    history: History
+    trace: Trace
+    work_rng: random.Random
+    ledger: EffectLedger | None
+    store_name: str
+
+
+@dataclass(frozen=True)
+class BuiltScenario:
+    """A scenario's router, the scheduler jobs it serves, and the kinds of lifecycle the
+    arrivals choose from (in this order: the seed picks by index)."""
+
+    router: Router
+    jobs: Sequence[ScheduledJob]
+    kinds: Sequence[str]
+
+
+class LifecycleStarts(Protocol):
+    """What a scenario starts its lifecycles with: the running simulation's parts."""
+
+    @property
+    def arrival_rng(self) -> random.Random: ...
+    @property
+    def producer(self) -> Producer: ...
+    @property
+    def scheduler(self) -> SimulatedScheduler: ...
+    @property
+    def jobs(self) -> Mapping[str, ScheduledJob]: ...
+    def start_user(self, call: Callable[[], None]) -> None: ...
+    def unused_slot(self, job: ScheduledJob, second: int) -> float: ...
+
+
+class Scenario(Protocol):
+    """What a simulation runs: the router it builds, what each kind of lifecycle starts,
+    and the hint that replays a run. The built-in workload is one (:class:`WorkloadScenario`);
+    a user's router is another (:mod:`tasklease.testing.simulation.user_router`)."""
+
+    arrival_gap: float  # Mean virtual seconds between two new lifecycles.
+
+    def build(self, world: ScenarioWorld) -> BuiltScenario:
+        """The router, its jobs, and the lifecycle kinds (ValueError if none can run)."""
+        ...
+
+    def classify(self, request: TaskRequest) -> Origin:
+        """The lifecycle a task the queue just accepted starts."""
+        ...
+
+    def starter(
+        self, starts: LifecycleStarts, kind: str, number: int, at: float
+    ) -> Callable[[], None]:
+        """What starts lifecycle ``number`` of ``kind`` at virtual time ``at`` (its shape is
+        drawn here, from ``starts.arrival_rng``, so fewer lifecycles is a prefix)."""
+        ...
+
+    def replay(self, store: str, seed: int, lifecycles: int, plan: FaultPlan) -> str:
+        """How to run this simulation again, exactly."""
+        ...
+
+
+class WorkloadScenario:
+    """The simulation's own router (:func:`build_router`) and the lifecycles of a
+    :class:`Workload`'s kinds."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.asked = workload
+        self.workload = workload
+        self.arrival_gap = workload.arrival_gap
+
+    def build(self, world: ScenarioWorld) -> BuiltScenario:
+        asked = self.asked
+        kinds = asked.kinds if world.ledger is not None else asked.kinds - NEEDS_TRANSACTIONS
+        if not kinds:
+            raise ValueError(
+                f"the {world.store_name} store runs none of the workload kinds asked for: "
+                f"{', '.join(sorted(NEEDS_TRANSACTIONS))} needs a store with transactions; "
+                "ask for another kind too"
+            )
+        self.workload = Workload(kinds, asked.arrival_gap, asked.max_steps)
+        downstream = Downstream(world.engine, world.history, world.trace, world.work_rng)
+        router, jobs = build_router(
+            self.workload, downstream, world.ledger, world.engine, world.work_rng
+        )
+        return BuiltScenario(router, jobs, sorted(self.workload.kinds))
+
+    def classify(self, request: TaskRequest) -> Origin:
+        return classify(request)
+
+    def replay(self, store: str, seed: int, lifecycles: int, plan: FaultPlan) -> str:
+        return replay_command(store, seed, lifecycles, plan, self.asked.kinds)
+
+    def starter(
+        self, starts: LifecycleStarts, kind: str, number: int, at: float
+    ) -> Callable[[], None]:
+        rng = starts.arrival_rng
+        steps = rng.randint(1, self.workload.max_steps)
+        twice = rng.random() < 0.2
+
+        def enqueue(task: str, payload: object, key: str) -> Callable[[], None]:
+            def user() -> None:
+                starts.producer.enqueue(task, payload, key=key)
+                if twice:  # The same key again: Cloud Tasks refuses the name, nothing new.
+                    starts.producer.enqueue(task, payload, key=key)
+
+            return lambda: starts.start_user(user)
+
+        if kind == "keyed_task":
+            return enqueue("effect", {"steps": steps}, f"e{number}")
+        if kind == "concurrency_key":
+            key = f"k{rng.randrange(3)}"
+            return enqueue("keyed", {"key": key, "steps": steps}, f"c{number}")
+        if kind == "transactional":
+            return enqueue("ledger", {}, f"l{number}")
+        if kind in ("scheduled_job", "exclusive_job"):
+            job = starts.jobs["job" if kind == "scheduled_job" else "exclusive"]
+            slot = starts.unused_slot(job, math.ceil(at))
+            return lambda: starts.scheduler.fire_slot(job, slot)
+        assert kind == "manual_run", kind
+        job = starts.jobs["job"]
+        next_slot = starts.unused_slot(job, math.ceil(at + rng.uniform(*MANUAL_LEAD)))
+        return lambda: starts.scheduler.run_now(job, next_slot)
+
+
 def simulate(
     store_factory: Callable[[], LeaseStore],
     *,
@@ -97,10 +237,14 @@ def simulate(
     workload: Iterable[str] | Workload | None = None,
     store_name: str | None = None,
     keep_trace: bool = False,
+    scenario: Scenario | None = None,
 ) -> SimulationReport:
     """Run ``lifecycles`` lifecycles of the real executor and ``store_factory()``'s store under
     the faults the ``seed`` draws (default: every kind of :data:`FAULT_KINDS`), and check
-    the history. The same seed gives the same trace, in any process."""
+    the history. The same seed gives the same trace, in any process. The lifecycles are the
+    ``workload``'s of the simulation's own router, or the ``scenario``'s (not both)."""
+    if scenario is not None and workload is not None:
+        raise ValueError("give simulate() a workload or a scenario, not both")
     if lifecycles < 1:
         raise ValueError(f"lifecycles must be at least 1, not {lifecycles}")
     plan = (
@@ -108,15 +252,17 @@ def simulate(
         if isinstance(faults, FaultPlan)
         else FaultPlan.only(FAULT_KINDS if faults is None else faults)
     )
-    chosen = (
-        workload
-        if isinstance(workload, Workload)
-        else (Workload.only(workload) if workload is not None else Workload())
-    )
+    if scenario is None:
+        chosen = (
+            workload
+            if isinstance(workload, Workload)
+            else (Workload.only(workload) if workload is not None else Workload())
+        )
+        scenario = WorkloadScenario(chosen)
     name = store_name or _name_of(store_factory)
     with _quiet():
         run = _Simulation(
-            store_factory(), name, seed, plan=plan, workload=chosen, keep_trace=keep_trace
+            store_factory(), name, seed, plan=plan, scenario=scenario, keep_trace=keep_trace
         )
         try:
             return run.run(lifecycles)
@@ -213,7 +359,7 @@ class _Simulation:
         seed: int,
         *,
         plan: FaultPlan,
-        workload: Workload,
+        scenario: Scenario,
         keep_trace: bool,
     ) -> None:
         self.seed, self.plan = seed, plan
@@ -230,22 +376,15 @@ class _Simulation:
         self.ledger = ledger_for(store) if isinstance(store, TransactionalStore) else None
         if self.ledger is not None:
             self.ledger.prepare()
-        kinds = workload.kinds if self.ledger is not None else workload.kinds - NEEDS_TRANSACTIONS
-        if not kinds:
-            raise ValueError(
-                f"the {store_name} store runs none of the workload kinds asked for: "
-                f"{', '.join(sorted(NEEDS_TRANSACTIONS))} needs a store with transactions; "
-                "ask for another kind too"
-            )
-        self.asked_kinds = workload.kinds
-        self.workload = Workload(kinds, workload.arrival_gap, workload.max_steps)
+        self.scenario = scenario
         self.history = History(seed, store_name)
         self.store_faults = StoreFaults(engine, store, plan, self.fault_rng, self.trace)
-        downstream = Downstream(engine, self.history, self.trace, self.work_rng)
-        self.router, jobs = build_router(
-            self.workload, downstream, self.ledger, engine, self.work_rng
+        world = ScenarioWorld(
+            engine, self.history, self.trace, self.work_rng, self.ledger, store_name
         )
-        self.jobs = {job.name: job for job in jobs}
+        built = scenario.build(world)
+        self.router, self.kinds = built.router, list(built.kinds)
+        self.jobs = {job.name: job for job in built.jobs}
         self.fleet = Fleet(FLEET_SIZE, self.schedule_rng, self._executor, self._skew)
         self.dispatcher = DeliverySender(engine, self.fleet, plan, self.fault_rng, self.trace)
         self.queue = SimulatedQueue(
@@ -255,7 +394,7 @@ class _Simulation:
             self.trace,
             self.schedule_rng,
             retry=QUEUE_RETRY,
-            classify=classify,
+            classify=scenario.classify,
         )
         self.scheduler = SimulatedScheduler(
             engine, self.dispatcher, self.history, self.trace, self.schedule_rng
@@ -312,12 +451,12 @@ class _Simulation:
 
     def run(self, lifecycles: int) -> SimulationReport:
         engine, rng = self.engine, self.arrival_rng
-        kinds = sorted(self.workload.kinds)
+        kinds, gap = self.kinds, self.scenario.arrival_gap
         at = 0.0
         for number in range(lifecycles):
-            at = math.ceil(at + rng.expovariate(1.0 / self.workload.arrival_gap))
+            at = math.ceil(at + rng.expovariate(1.0 / gap))
             kind = rng.choice(kinds)
-            engine.at_time(at, self._starter(kind, number, at))
+            engine.at_time(at, self.scenario.starter(self, kind, number, at))
         last_start = at
         engine.run(until=last_start + SETTLE_WITHIN)
         self.history.ended_at = engine.now
@@ -332,9 +471,7 @@ class _Simulation:
         ]
         if self.ledger is not None:
             self.history.ledger = self.ledger.rows()
-        replay = replay_command(
-            self.history.store, self.seed, lifecycles, self.plan, self.asked_kinds
-        )
+        replay = self.scenario.replay(self.history.store, self.seed, lifecycles, self.plan)
         found = tuple(check(self.history))
         return SimulationReport(
             seed=self.seed,
@@ -351,43 +488,14 @@ class _Simulation:
             trace=tuple(self.trace.kept or ()),
         )
 
-    def _starter(self, kind: str, number: int, at: float) -> Callable[[], None]:
-        rng = self.arrival_rng
-        steps = rng.randint(1, self.workload.max_steps)
-        twice = rng.random() < 0.2
-
-        def enqueue(task: str, payload: object, key: str) -> Callable[[], None]:
-            def user() -> None:
-                self.producer.enqueue(task, payload, key=key)
-                if twice:  # The same key again: Cloud Tasks refuses the name, nothing new.
-                    self.producer.enqueue(task, payload, key=key)
-
-            return lambda: self._user(user)
-
-        if kind == "keyed_task":
-            return enqueue("effect", {"steps": steps}, f"e{number}")
-        if kind == "concurrency_key":
-            key = f"k{rng.randrange(3)}"
-            return enqueue("keyed", {"key": key, "steps": steps}, f"c{number}")
-        if kind == "transactional":
-            return enqueue("ledger", {}, f"l{number}")
-        if kind in ("scheduled_job", "exclusive_job"):
-            job = self.jobs["job" if kind == "scheduled_job" else "exclusive"]
-            slot = self._unused_slot(job, math.ceil(at))
-            return lambda: self.scheduler.fire_slot(job, slot)
-        assert kind == "manual_run", kind
-        job = self.jobs["job"]
-        next_slot = self._unused_slot(job, math.ceil(at + rng.uniform(*MANUAL_LEAD)))
-        return lambda: self.scheduler.run_now(job, next_slot)
-
-    def _unused_slot(self, job: ScheduledJob, second: int) -> float:
+    def unused_slot(self, job: ScheduledJob, second: int) -> float:
         """The first whole second from ``second`` no lifecycle of ``job`` has used."""
         while second in self.fired[job.name]:
             second += 1
         self.fired[job.name].add(second)
         return float(second)
 
-    def _user(self, call: Callable[[], None]) -> None:
+    def start_user(self, call: Callable[[], None]) -> None:
         """A user's call (an enqueue), as an actor of no instance: it is never killed."""
         self.engine.spawn(f"user{self.started}", None, call)
         self.started += 1

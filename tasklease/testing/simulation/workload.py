@@ -78,9 +78,19 @@ class Downstream:
     rng: random.Random
     highest: dict[str, int] = field(default_factory=dict)
 
-    def write(self, ctx: TaskContext, *, resource: str, token: int, step: int, final: bool) -> None:
-        """One step of the handler's effect. Raises :class:`LeaseLost` (after recording the
-        refused write) when the attempt's own clock says its lease ran out on the way."""
+    def write(
+        self,
+        ctx: TaskContext,
+        *,
+        resource: str,
+        token: int,
+        step: int,
+        final: bool,
+        key: str | None = None,
+    ) -> None:
+        """One step of the handler's effect, presenting ``key`` (default:
+        ``ctx.idempotency_key``). Raises :class:`LeaseLost` (after recording the refused
+        write) when the attempt's own clock says its lease ran out on the way."""
         self.engine.pause(self.rng.uniform(0.001, 0.05))  # The request on its way.
         actor = self.engine.current_actor()
         origin = actor.origin if actor is not None and actor.origin else "?"
@@ -95,7 +105,7 @@ class Downstream:
                 resource,
                 ctx.attempt_id,
                 token,
-                ctx.idempotency_key,
+                ctx.idempotency_key if key is None else key,
                 step,
                 final,
                 valid,
