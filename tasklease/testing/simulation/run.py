@@ -29,17 +29,20 @@ from tasklease.testing.simulation.faults import (
     StoreFaults,
     Trace,
 )
-from tasklease.testing.simulation.history import History
+from tasklease.testing.simulation.history import Enqueued, History
 from tasklease.testing.simulation.ledgers import ledger_for
+from tasklease.testing.simulation.outbox import SimulatedOutbox, outbox_path
 from tasklease.testing.simulation.replay import replay_command
 from tasklease.testing.simulation.workload import (
     LEASE,
+    LIFECYCLE_KINDS,
     MANUAL_LEAD,
     NEEDS_TRANSACTIONS,
     Downstream,
     Workload,
     build_router,
     classify,
+    lifecycle,
     producer_for,
 )
 from tasklease.worker.auth.authenticators import NoAuth
@@ -194,6 +197,9 @@ class _Simulation:
         if self.ledger is not None:
             self.ledger.prepare()
         kinds = workload.kinds if self.ledger is not None else workload.kinds - NEEDS_TRANSACTIONS
+        path = outbox_path(store)
+        if path is None:
+            kinds -= {"outbox"}
         if not kinds:
             raise ValueError(
                 f"the {store_name} store runs none of the workload kinds asked for: "
@@ -225,6 +231,18 @@ class _Simulation:
         )
         self.producer = producer_for(self.queue, engine)
         self.previous_producer = self.router.use_producer(self.producer)
+        self.outbox: SimulatedOutbox | None = None
+        if path is not None and "outbox" in kinds:
+            self.outbox = SimulatedOutbox(
+                path,
+                engine,
+                self.history,
+                self.trace,
+                random.Random(f"{seed}/outbox"),
+                self.producer,
+                running=lambda: not self.dispatcher.closed,
+            )
+            self.outbox.start()
         engine.pause_hook = self._instance_faults
         self.started = 0
         self.fired: dict[str, set[int]] = {name: set() for name in self.jobs}
@@ -298,7 +316,7 @@ class _Simulation:
         return SimulationReport(
             seed=self.seed,
             store=self.history.store,
-            lifecycles=len(self.history.origins),
+            lifecycles=lifecycles,
             deliveries=self.dispatcher.deliveries,
             faults=dict(sorted(self.trace.faults.items())),
             violations=tuple(v.describe(replay) for v in found),
@@ -317,12 +335,23 @@ class _Simulation:
 
         def enqueue(task: str, payload: object, key: str) -> Callable[[], None]:
             def user() -> None:
-                self.producer.enqueue(task, payload, key=key)
+                result = self.producer.enqueue(task, payload, key=key)
+                self.history.enqueued.append(Enqueued(self.engine.now, result.task_id, "user"))
                 if twice:  # The same key again: Cloud Tasks refuses the name, nothing new.
                     self.producer.enqueue(task, payload, key=key)
 
             return lambda: self._user(user)
 
+        if kind in LIFECYCLE_KINDS:
+            return lifecycle(
+                kind,
+                number,
+                rng,
+                steps=steps,
+                enqueue=enqueue,
+                outbox=self.outbox,
+                user=self._user,
+            )
         if kind == "keyed_task":
             return enqueue("effect", {"steps": steps}, f"e{number}")
         if kind == "concurrency_key":
@@ -355,6 +384,8 @@ class _Simulation:
         self.router.use_producer(self.previous_producer)
         if self.ledger is not None:
             self.ledger.close()
+        if self.outbox is not None:
+            self.outbox.close()
         self.store.close()
 
 
