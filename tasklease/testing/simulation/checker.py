@@ -5,8 +5,8 @@ names each way they break the guarantee.
 The invariants, each a function of the :class:`~tasklease.testing.simulation.history.History`:
 
 - ``one_key_per_lifecycle``: every execution of one lifecycle presents the same idempotency
-  key, and no two lifecycles share one (the deliveries of one continued run share its key) (else a third party with idempotency keys does the
-  effect twice, or drops one).
+  key, and no two lifecycles share one (else a third party with idempotency keys does the
+  effect twice, or drops one); the deliveries of one continued run are one lifecycle.
 - ``write_after_acknowledged``: no handler writes for a lifecycle whose 2xx the queue heard
   (a completed run never runs again).
 - ``holders_interleave``: two attempts whose leases hold by their own clocks never write to

@@ -63,6 +63,7 @@ class SimulatedOutbox:
         self,
         path: str,
         engine: Engine,
+        *,
         history: History,
         trace: Trace,
         rng: random.Random,

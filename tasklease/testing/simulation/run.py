@@ -236,10 +236,10 @@ class _Simulation:
             self.outbox = SimulatedOutbox(
                 path,
                 engine,
-                self.history,
-                self.trace,
-                random.Random(f"{seed}/outbox"),
-                self.producer,
+                history=self.history,
+                trace=self.trace,
+                rng=random.Random(f"{seed}/outbox"),
+                producer=self.producer,
                 running=lambda: not self.dispatcher.closed,
             )
             self.outbox.start()

@@ -169,6 +169,40 @@ def build_router(
         assert ctx.lock is not None and ctx.lock_fencing_token is not None
         work(ctx, ctx.lock, ctx.lock_fencing_token, 2)
 
+    if ledger is not None:
+
+        @router.task("ledger", lease=LEASE, transactional=True)
+        def in_ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
+            ledger.write(ctx.transaction, LedgerRow(ctx.run_id, ctx.attempt_id, origin_of()))
+
+    _lifecycle_handlers(
+        router,
+        downstream=downstream,
+        ledger=ledger,
+        engine=engine,
+        rng=rng,
+        work=work,
+        origin_of=origin_of,
+    )
+    jobs = [
+        ScheduledJob("job", retry_count=3),
+        ScheduledJob("exclusive", retry_count=2, resources=("exclusive",)),
+    ]
+    return router, jobs
+
+
+def _lifecycle_handlers(
+    router: Router,
+    *,
+    downstream: Downstream,
+    ledger: EffectLedger | None,
+    engine: Engine,
+    rng: random.Random,
+    work: Callable[[TaskContext, str, int, int], None],
+    origin_of: Callable[[], str],
+) -> None:
+    """The handlers of :data:`LIFECYCLE_KINDS` (``steps`` only with a ledger)."""
+
     @router.task(OUTBOX_HANDLER, lease=LEASE)
     def outboxed(payload: dict[str, Any], ctx: TaskContext) -> None:
         work(ctx, origin_of(), ctx.fencing_token, int(payload["steps"]))
@@ -195,37 +229,28 @@ def build_router(
             # No delay: the producer turns one into a schedule time by the real clock.
             ctx.continue_later({"after": ctx.continuation})
 
-    if ledger is not None:
+    if ledger is None:
+        return
+    step_ledger: EffectLedger = ledger
 
-        @router.task("ledger", lease=LEASE, transactional=True)
-        def in_ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
-            ledger.write(ctx.transaction, LedgerRow(ctx.run_id, ctx.attempt_id, origin_of()))
+    @router.task("steps", lease=LEASE)
+    def steps(payload: dict[str, Any], ctx: TaskContext) -> None:
+        origin = origin_of()
 
-        @router.task("steps", lease=LEASE)
-        def steps(payload: dict[str, Any], ctx: TaskContext) -> None:
-            origin = origin_of()
+        def body(transaction: Any, name: str) -> str:
+            # Nothing pauses here: the step holds the store's transaction.
+            ran = StepBody(engine.now, origin, ctx.run_id, ctx.attempt_id, name)
+            downstream.history.step_bodies.append(ran)
+            row = LedgerRow(ctx.run_id, ctx.attempt_id, f"{STEP_EFFECT}{name}")
+            step_ledger.write(transaction, row)
+            ran.returned = True
+            return name
 
-            def body(transaction: Any, name: str) -> str:
-                # Nothing pauses here: the step holds the store's transaction.
-                ran = StepBody(engine.now, origin, ctx.run_id, ctx.attempt_id, name)
-                downstream.history.step_bodies.append(ran)
-                ledger.write(
-                    transaction, LedgerRow(ctx.run_id, ctx.attempt_id, f"{STEP_EFFECT}{name}")
-                )
-                ran.returned = True
-                return name
-
-            for number in range(int(payload["steps"])):
-                ctx.check_lease()
-                engine.pause(rng.uniform(0.05, 3.0))  # The handler's own work.
-                ctx.step(f"s{number}", body, f"s{number}", transactional=True)
-            work(ctx, origin, ctx.fencing_token, 1)
-
-    jobs = [
-        ScheduledJob("job", retry_count=3),
-        ScheduledJob("exclusive", retry_count=2, resources=("exclusive",)),
-    ]
-    return router, jobs
+        for number in range(int(payload["steps"])):
+            ctx.check_lease()
+            engine.pause(rng.uniform(0.05, 3.0))  # The handler's own work.
+            ctx.step(f"s{number}", body, f"s{number}", transactional=True)
+        work(ctx, origin, ctx.fencing_token, 1)
 
 
 def classify(request: TaskRequest) -> Origin:
