@@ -27,9 +27,9 @@ The invariants, each a function of the :class:`~tasklease.testing.simulation.his
   user rolled back.
 - ``step_repeated``: once a durable step's record is committed, its body never runs again.
   The step's body writes a ledger row in the step's own transaction, so the row commits
-  exactly when the step's record does: for each run and step with a committed row, the body
-  run by the row's attempt (which returned) is the last run of that body, and no second row
-  is committed. A body that returned but whose transaction did not commit (its attempt lost
+  exactly when the step's record does: for each run and step with a committed row, the last
+  body the row's attempt ran (and which returned; a transaction the database aborted runs it
+  again in the same attempt) is the last run of that body, and no second row is committed. A body that returned but whose transaction did not commit (its attempt lost
   its claim, or died) leaves no row, and may run again.
 - ``crashed``: nothing escaped the real code as an unexpected exception.
 """
@@ -312,8 +312,11 @@ def _steps(history: History) -> list[HistoryViolation]:
                 )
             )
             continue
-        recorded = next(
-            (n for n, b in enumerate(ran) if b.attempt_id == attempts[0] and b.returned), None
+        # The committing attempt's last body: on Firestore and Spanner a transaction the
+        # database aborted runs the body again, in the same attempt, and only the last commits.
+        recorded = max(
+            (n for n, b in enumerate(ran) if b.attempt_id == attempts[0] and b.returned),
+            default=None,
         )
         if recorded is None:
             continue  # Not this history's body: nothing to compare with.
