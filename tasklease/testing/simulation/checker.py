@@ -29,8 +29,9 @@ The invariants, each a function of the :class:`~tasklease.testing.simulation.his
   The step's body writes a ledger row in the step's own transaction, so the row commits
   exactly when the step's record does: for each run and step with a committed row, the last
   body the row's attempt ran (and which returned; a transaction the database aborted runs it
-  again in the same attempt) is the last run of that body, and no second row is committed. A body that returned but whose transaction did not commit (its attempt lost
-  its claim, or died) leaves no row, and may run again.
+  again in the same attempt) is the last run of that body, and no second row is committed.
+  A body that returned but whose transaction did not commit (its attempt lost its claim, or
+  died) leaves no row, and may run again.
 - ``crashed``: nothing escaped the real code as an unexpected exception.
 """
 
