@@ -50,7 +50,11 @@ def register(commands: Subcommands) -> None:
     parser.add_argument(
         "--workload",
         default=None,
-        help="workload kinds, comma-separated (default: every kind the store runs)",
+        help=(
+            "workload kinds, comma-separated, of keyed_task, concurrency_key, scheduled_job, "
+            "manual_run, exclusive_job, transactional, outbox, steps, continuation, fan_out "
+            "(default: every kind the store runs)"
+        ),
     )
     parser.add_argument(
         "--keep-faults",

@@ -14,10 +14,11 @@ import pytest
 
 from tasklease.testing.simulation import FAULT_KINDS, WORKLOAD_KINDS, simulate
 from tasklease.testing.simulation.engine import Engine, Instance
+from tasklease.testing.simulation.workload import NEEDS_TRANSACTIONS
 from tasklease.worker.stores import MemoryStore, SqliteStore
 
 # The kinds of lifecycle every store runs (the rest need a store with transactions).
-PORTABLE = sorted(set(WORKLOAD_KINDS) - {"transactional"})
+PORTABLE = sorted(set(WORKLOAD_KINDS) - NEEDS_TRANSACTIONS)  # What both stores run.
 
 
 def test_a_seed_gives_one_trace_and_no_violations() -> None:

@@ -69,7 +69,7 @@ def test_violations_are_printed_with_their_replay_then_the_summary_and_exit_1(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with mock.patch.object(decisions, "lease_held", lambda record, now: False):
-        code, lines, err = simulate(capsys, "--seed", "1", "--lifecycles", "60", "--shrink")
+        code, lines, err = simulate(capsys, "--seed", "1", "--lifecycles", "120", "--shrink")
 
     assert code == 1
     summary = SUMMARY.match(lines[-1])
@@ -77,12 +77,12 @@ def test_violations_are_printed_with_their_replay_then_the_summary_and_exit_1(
     violations = [line for line in lines[:-1] if not line.startswith("shrunk ")]
     assert len(violations) == int(summary.group(4)) > 0
     assert all(
-        line.endswith("replay: tasklease simulate --store memory --seed 1 --lifecycles 60")
+        line.endswith("replay: tasklease simulate --store memory --seed 1 --lifecycles 120")
         for line in violations
     )
     (shrunk,) = [line for line in lines if line.startswith("shrunk ")]
     assert "--keep-faults " in shrunk
-    assert "lifecycles 60 -> " in err  # The search's steps, on stderr.
+    assert "lifecycles 120 -> " in err  # The search's steps, on stderr.
 
 
 def test_the_store_names_are_the_simulations() -> None:

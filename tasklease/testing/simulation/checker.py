@@ -6,7 +6,7 @@ The invariants, each a function of the :class:`~tasklease.testing.simulation.his
 
 - ``one_key_per_lifecycle``: every execution of one lifecycle presents the same idempotency
   key, and no two lifecycles share one (else a third party with idempotency keys does the
-  effect twice, or drops one).
+  effect twice, or drops one); the deliveries of one continued run are one lifecycle.
 - ``write_after_acknowledged``: no handler writes for a lifecycle whose 2xx the queue heard
   (a completed run never runs again).
 - ``holders_interleave``: two attempts whose leases hold by their own clocks never write to
@@ -22,6 +22,19 @@ The invariants, each a function of the :class:`~tasklease.testing.simulation.his
   final write.
 - ``not_settled``: every lifecycle ends acknowledged, or given up by the queue or the
   scheduler after every retry.
+- ``lost_enqueue``: every task the producer answered as created (a user's enqueue, a child
+  of a fan-out that returned) and every enqueue staged by an outbox transaction the user
+  committed is in the queue by the end (an outbox entry is never dropped before its task is
+  created).
+- ``rolled_back_enqueued``: no task exists for an enqueue staged by an outbox transaction the
+  user rolled back.
+- ``step_repeated``: once a durable step's record is committed, its body never runs again.
+  The step's body writes a ledger row in the step's own transaction, so the row commits
+  exactly when the step's record does: for each run and step with a committed row, the last
+  body the row's attempt ran (and which returned; a transaction the database aborted runs it
+  again in the same attempt) is the last run of that body, and no second row is committed.
+  A body that returned but whose transaction did not commit (its attempt lost its claim, or
+  died) leaves no row, and may run again.
 - ``crashed``: nothing escaped the real code as an unexpected exception.
 """
 
@@ -30,7 +43,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from tasklease.testing.simulation.history import History, Write
+from tasklease.testing.simulation.history import History, StepBody, Write
+from tasklease.testing.simulation.workload import STEP_EFFECT
 
 __all__ = ["INVARIANTS", "HistoryViolation", "check"]
 
@@ -44,6 +58,9 @@ INVARIANTS = (
     "ledger_twice",
     "acknowledged_without_effect",
     "not_settled",
+    "lost_enqueue",
+    "rolled_back_enqueued",
+    "step_repeated",
     "crashed",
 )
 
@@ -73,6 +90,8 @@ def check(history: History) -> list[HistoryViolation]:
     found += _refusals(history)
     found += _ledger(history)
     found += _settled(history)
+    found += _enqueues(history)
+    found += _steps(history)
     found += [
         HistoryViolation("crashed", "-", history.ended_at, crash) for crash in history.crashes
     ]
@@ -89,6 +108,11 @@ def _by(writes: list[Write], key: str) -> dict[str, list[Write]]:
 def _keys(history: History) -> list[HistoryViolation]:
     found = []
     owner: dict[str, str] = {}
+
+    def lifecycle(name: str) -> str:
+        origin = history.origins.get(name)
+        return f"run:{origin.run}" if origin is not None and origin.run else name
+
     for origin, writes in _by(history.writes, "origin").items():
         keys = sorted({w.key for w in writes})
         if len(keys) > 1:
@@ -102,7 +126,7 @@ def _keys(history: History) -> list[HistoryViolation]:
             )
         for key in keys:
             other = owner.setdefault(key, origin)
-            if other != origin:
+            if lifecycle(other) != lifecycle(origin):
                 found.append(
                     HistoryViolation(
                         "one_key_per_lifecycle",
@@ -247,3 +271,84 @@ def _settled(history: History) -> list[HistoryViolation]:
         for name, origin in history.origins.items()
         if origin.acknowledged_at is None and not origin.given_up
     ]
+
+
+def _enqueues(history: History) -> list[HistoryViolation]:
+    found = []
+    origins = history.origins
+    for enqueued in history.enqueued:
+        if f"task:{enqueued.task_id}" not in origins:
+            found.append(
+                HistoryViolation(
+                    "lost_enqueue",
+                    f"task:{enqueued.task_id}",
+                    enqueued.at,
+                    f"the producer answered its enqueue by {enqueued.by} as created, and the "
+                    "queue never had it",
+                )
+            )
+    for staged in history.outbox:
+        name = f"task:{staged.task_id}"
+        if staged.committed and name not in origins:
+            found.append(
+                HistoryViolation(
+                    "lost_enqueue",
+                    name,
+                    staged.at,
+                    "staged by a committed outbox transaction, and never created",
+                )
+            )
+        elif not staged.committed and name in origins:
+            found.append(
+                HistoryViolation(
+                    "rolled_back_enqueued",
+                    name,
+                    origins[name].created_at,
+                    f"staged by an outbox transaction rolled back at t={staged.at:.3f}s, "
+                    "and created",
+                )
+            )
+    return found
+
+
+def _steps(history: History) -> list[HistoryViolation]:
+    found = []
+    committed: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for row in history.ledger:
+        if row.effect.startswith(STEP_EFFECT):
+            committed[row.run_id, row.effect.removeprefix(STEP_EFFECT)].append(row.attempt_id)
+    bodies: dict[tuple[str, str], list[StepBody]] = defaultdict(list)
+    for body in history.step_bodies:
+        bodies[body.run_id, body.step].append(body)
+    for (run_id, step), attempts in sorted(committed.items()):
+        ran = bodies[run_id, step]
+        if len(attempts) > 1:
+            found.append(
+                HistoryViolation(
+                    "step_repeated",
+                    ran[0].origin if ran else run_id,
+                    ran[-1].at if ran else history.ended_at,
+                    f"step {step} of run {run_id[:12]} committed {len(attempts)} times",
+                )
+            )
+            continue
+        # The committing attempt's last body: on Firestore and Spanner a transaction the
+        # database aborted runs the body again, in the same attempt, and only the last commits.
+        recorded = max(
+            (n for n, b in enumerate(ran) if b.attempt_id == attempts[0] and b.returned),
+            default=None,
+        )
+        if recorded is None:
+            continue  # Not this history's body: nothing to compare with.
+        for again in ran[recorded + 1 :]:
+            found.append(
+                HistoryViolation(
+                    "step_repeated",
+                    again.origin,
+                    again.at,
+                    f"attempt {again.attempt_id[:12]} ran step {step} of run {run_id[:12]} "
+                    f"again, after attempt {attempts[0][:12]} committed its record at "
+                    f"t={ran[recorded].at:.3f}s",
+                )
+            )
+    return found

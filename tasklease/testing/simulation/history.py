@@ -1,6 +1,8 @@
 """What the simulation's effects left behind, as an independent checker reads it: the writes
 handlers made to a fenced downstream, the rows their transactions committed to a ledger, and
-the queue's and the scheduler's own logs. Nothing here is read from tasklease's run records."""
+the queue's and the scheduler's own logs, what the simulated users know of their own enqueues
+(the outbox transactions they committed or rolled back, the enqueues and fan-outs answered), and
+the step bodies handlers ran. Nothing here is read from tasklease's run records."""
 
 from __future__ import annotations
 
@@ -8,7 +10,16 @@ from dataclasses import dataclass, field
 
 from tasklease.testing.simulation.ledgers import LedgerRow
 
-__all__ = ["Answer", "History", "Origin", "Refusal", "Write"]
+__all__ = [
+    "Answer",
+    "Enqueued",
+    "History",
+    "Origin",
+    "OutboxTransaction",
+    "Refusal",
+    "StepBody",
+    "Write",
+]
 
 
 @dataclass
@@ -25,6 +36,9 @@ class Origin:
     acknowledged_at: float | None = None  # The first 2xx the queue heard.
     given_up: bool = False  # Out of retries without a 2xx.
     resources: tuple[str, ...] = ()  # Locks its handler writes under, besides its own run.
+    # The run a continued handler said it delivers (each continuation's task is an origin of
+    # its own): the origins of one run share its idempotency key.
+    run: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,39 @@ class Refusal:
     holding: bool
 
 
+@dataclass(frozen=True)
+class Enqueued:
+    """A task the producer answered as created (or already there): a user's enqueue, or a
+    child of a handler's fan-out that returned. Its task must reach the queue."""
+
+    at: float
+    task_id: str
+    by: str  # "user", or the origin of the handler that fanned out.
+
+
+@dataclass(frozen=True)
+class OutboxTransaction:
+    """A user's transaction that staged one enqueue in the outbox, and how it ended as the
+    user saw it: committed (its task must reach the queue) or rolled back (it must not)."""
+
+    at: float
+    task_id: str
+    committed: bool
+
+
+@dataclass(eq=False)
+class StepBody:
+    """One call of a durable step's body by an attempt; ``returned`` once the body returned
+    (its record may still not have been committed)."""
+
+    at: float
+    origin: str
+    run_id: str
+    attempt_id: str
+    step: str
+    returned: bool = False
+
+
 @dataclass
 class History:
     """Everything :func:`~tasklease.testing.simulation.checker.check` reads."""
@@ -74,5 +121,8 @@ class History:
     answers: list[Answer] = field(default_factory=list)
     ledger: list[LedgerRow] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
+    enqueued: list[Enqueued] = field(default_factory=list)
+    outbox: list[OutboxTransaction] = field(default_factory=list)
+    step_bodies: list[StepBody] = field(default_factory=list)  # In the order they ran.
     crashes: list[str] = field(default_factory=list)  # Exceptions that escaped real code.
     ended_at: float = 0.0

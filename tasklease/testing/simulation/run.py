@@ -32,17 +32,20 @@ from tasklease.testing.simulation.faults import (
     StoreFaults,
     Trace,
 )
-from tasklease.testing.simulation.history import History, Origin, Refusal
+from tasklease.testing.simulation.history import Enqueued, History, Origin, Refusal
 from tasklease.testing.simulation.ledgers import EffectLedger, ledger_for
+from tasklease.testing.simulation.outbox import SimulatedOutbox, outbox_path
 from tasklease.testing.simulation.replay import replay_command
 from tasklease.testing.simulation.workload import (
     LEASE,
+    LIFECYCLE_KINDS,
     MANUAL_LEAD,
     NEEDS_TRANSACTIONS,
     Downstream,
     Workload,
     build_router,
     classify,
+    lifecycle,
     producer_for,
 )
 from tasklease.worker.auth.authenticators import NoAuth
@@ -111,6 +114,7 @@ class ScenarioWorld:
     work_rng: random.Random
     ledger: EffectLedger | None
     store_name: str
+    store: LeaseStore
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,12 @@ class LifecycleStarts(Protocol):
     def scheduler(self) -> SimulatedScheduler: ...
     @property
     def jobs(self) -> Mapping[str, ScheduledJob]: ...
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def history(self) -> History: ...
+    @property
+    def outbox(self) -> SimulatedOutbox | None: ...
     def start_user(self, call: Callable[[], None]) -> None: ...
     def unused_slot(self, job: ScheduledJob, second: int) -> float: ...
 
@@ -177,6 +187,8 @@ class WorkloadScenario:
     def build(self, world: ScenarioWorld) -> BuiltScenario:
         asked = self.asked
         kinds = asked.kinds if world.ledger is not None else asked.kinds - NEEDS_TRANSACTIONS
+        if outbox_path(world.store) is None:
+            kinds -= {"outbox"}
         if not kinds:
             raise ValueError(
                 f"the {world.store_name} store runs none of the workload kinds asked for: "
@@ -205,11 +217,23 @@ class WorkloadScenario:
 
         def enqueue(task: str, payload: object, key: str) -> Callable[[], None]:
             def user() -> None:
-                starts.producer.enqueue(task, payload, key=key)
+                result = starts.producer.enqueue(task, payload, key=key)
+                starts.history.enqueued.append(Enqueued(starts.engine.now, result.task_id, "user"))
                 if twice:  # The same key again: Cloud Tasks refuses the name, nothing new.
                     starts.producer.enqueue(task, payload, key=key)
 
             return lambda: starts.start_user(user)
+
+        if kind in LIFECYCLE_KINDS:
+            return lifecycle(
+                kind,
+                number,
+                rng,
+                steps=steps,
+                enqueue=enqueue,
+                outbox=starts.outbox,
+                user=starts.start_user,
+            )
 
         if kind == "keyed_task":
             return enqueue("effect", {"steps": steps}, f"e{number}")
@@ -380,7 +404,7 @@ class _Simulation:
         self.history = History(seed, store_name)
         self.store_faults = StoreFaults(engine, store, plan, self.fault_rng, self.trace)
         world = ScenarioWorld(
-            engine, self.history, self.trace, self.work_rng, self.ledger, store_name
+            engine, self.history, self.trace, self.work_rng, self.ledger, store_name, store
         )
         built = scenario.build(world)
         self.router, self.kinds = built.router, list(built.kinds)
@@ -401,6 +425,19 @@ class _Simulation:
         )
         self.producer = producer_for(self.queue, engine)
         self.previous_producer = self.router.use_producer(self.producer)
+        self.outbox: SimulatedOutbox | None = None
+        path = outbox_path(store)
+        if path is not None and "outbox" in self.kinds:
+            self.outbox = SimulatedOutbox(
+                path,
+                engine,
+                history=self.history,
+                trace=self.trace,
+                rng=random.Random(f"{seed}/outbox"),
+                producer=self.producer,
+                running=lambda: not self.dispatcher.closed,
+            )
+            self.outbox.start()
         engine.pause_hook = self._instance_faults
         self.started = 0
         self.fired: dict[str, set[int]] = {name: set() for name in self.jobs}
@@ -476,7 +513,7 @@ class _Simulation:
         return SimulationReport(
             seed=self.seed,
             store=self.history.store,
-            lifecycles=len(self.history.origins),
+            lifecycles=lifecycles,
             deliveries=self.dispatcher.deliveries,
             faults=dict(sorted(self.trace.faults.items())),
             violations=tuple(v.describe(replay) for v in found),
@@ -504,6 +541,8 @@ class _Simulation:
         self.router.use_producer(self.previous_producer)
         if self.ledger is not None:
             self.ledger.close()
+        if self.outbox is not None:
+            self.outbox.close()
         self.store.close()
 
 

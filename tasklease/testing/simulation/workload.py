@@ -4,13 +4,15 @@ have, and the lifecycles the seed starts (tasks by key, scheduler slots, manual 
 Each handler does its work in steps, each step a write to the :class:`Downstream`, fenced by
 the attempt's token (the run's, or its lock's) as a careful user's third-party call is, and
 presenting ``ctx.idempotency_key``. A transactional handler writes its effect to the ledger
-inside its transaction instead.
+inside its transaction instead; so does each durable step of the ``steps`` handler, in the
+step's own transaction (``ctx.step(..., transactional=True)``): a step's ledger row commits
+exactly when its step record does.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -21,12 +23,22 @@ from tasklease.producer.transport import TaskRequest
 from tasklease.testing.simulation.cloud import QUEUE_PATH, WORKER_URL, ScheduledJob
 from tasklease.testing.simulation.engine import Engine
 from tasklease.testing.simulation.faults import Trace
-from tasklease.testing.simulation.history import History, Origin, Write
+from tasklease.testing.simulation.history import Enqueued, History, Origin, StepBody, Write
 from tasklease.testing.simulation.ledgers import EffectLedger, LedgerRow
+from tasklease.testing.simulation.outbox import OUTBOX_HANDLER, SimulatedOutbox
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import Router
 
-__all__ = ["LEASE", "WORKLOAD_KINDS", "Downstream", "Workload", "build_router"]
+__all__ = [
+    "LEASE",
+    "LIFECYCLE_KINDS",
+    "STEP_EFFECT",
+    "WORKLOAD_KINDS",
+    "Downstream",
+    "Workload",
+    "build_router",
+    "lifecycle",
+]
 
 # Every kind of lifecycle the simulation knows; by default all the store supports are on.
 WORKLOAD_KINDS = (
@@ -36,14 +48,22 @@ WORKLOAD_KINDS = (
     "manual_run",  # `gcloud scheduler jobs run` of that job: a run of its own.
     "exclusive_job",  # A slot of an exclusive job: one run at a time, overlaps skipped.
     "transactional",  # A task whose effect commits with its completion (needs transactions).
+    "outbox",  # A user's transaction stages an enqueue, commits or rolls back (SQLite only).
+    "steps",  # A task of durable steps, each committing a ledger row (needs transactions).
+    "continuation",  # A task that continues itself (ctx.continue_later) a seeded number of times.
+    "fan_out",  # A task that fans out child tasks (Producer.fan_out), then writes.
 )
-NEEDS_TRANSACTIONS = frozenset({"transactional"})
+NEEDS_TRANSACTIONS = frozenset({"transactional", "outbox", "steps"})
 
 LEASE = timedelta(seconds=30)
 # A manual run carries the next slot's time; one sent at least this long before it stays
 # unmistakably manual through all its retries (the worker's margin is 60 s by default).
 MANUAL_LEAD = (1200.0, 3600.0)
 CONCURRENCY_KEYS = 3
+# The kinds whose lifecycles :func:`lifecycle` starts.
+LIFECYCLE_KINDS = frozenset({"outbox", "steps", "continuation", "fan_out"})
+STEP_EFFECT = "step:"  # A ledger row's effect for a durable step: "step:<name>".
+OUTBOX_COMMITS = 0.7  # The share of outbox transactions the user commits.
 
 
 @dataclass(frozen=True)
@@ -165,6 +185,15 @@ def build_router(
         def in_ledger(payload: dict[str, Any], ctx: TaskContext) -> None:
             ledger.write(ctx.transaction, LedgerRow(ctx.run_id, ctx.attempt_id, origin_of()))
 
+    _lifecycle_handlers(
+        router,
+        downstream=downstream,
+        ledger=ledger,
+        engine=engine,
+        rng=rng,
+        work=work,
+        origin_of=origin_of,
+    )
     jobs = [
         ScheduledJob("job", retry_count=3),
         ScheduledJob("exclusive", retry_count=2, resources=("exclusive",)),
@@ -172,10 +201,98 @@ def build_router(
     return router, jobs
 
 
+def _lifecycle_handlers(
+    router: Router,
+    *,
+    downstream: Downstream,
+    ledger: EffectLedger | None,
+    engine: Engine,
+    rng: random.Random,
+    work: Callable[[TaskContext, str, int, int], None],
+    origin_of: Callable[[], str],
+) -> None:
+    """The handlers of :data:`LIFECYCLE_KINDS` (``steps`` only with a ledger)."""
+
+    @router.task(OUTBOX_HANDLER, lease=LEASE)
+    def outboxed(payload: dict[str, Any], ctx: TaskContext) -> None:
+        work(ctx, origin_of(), ctx.fencing_token, int(payload["steps"]))
+
+    @router.task("fan", lease=LEASE)
+    def fan(payload: dict[str, Any], ctx: TaskContext) -> None:
+        children = [(str(n), {"steps": 1}) for n in range(int(payload["children"]))]
+        # One create at a time: a pool of threads would create them in an order the seed
+        # does not decide.
+        results = router.producer().fan_out(ctx, "effect", children, concurrency=1)
+        by = origin_of()
+        for result in results:
+            downstream.history.enqueued.append(Enqueued(engine.now, result.task_id, by))
+        work(ctx, by, ctx.fencing_token, 1)
+
+    @router.task("continued", lease=LEASE)
+    def continued(payload: dict[str, Any], ctx: TaskContext) -> None:
+        # Each delivery writes once, fenced on the run its deliveries share.
+        origin = downstream.history.origins.get(origin_of())
+        if origin is not None:
+            origin.run = ctx.run_id
+        work(ctx, f"run:{ctx.run_id}", ctx.fencing_token, 1)
+        if ctx.continuation < int(payload["times"]):
+            # No delay: the producer turns one into a schedule time by the real clock.
+            ctx.continue_later({"after": ctx.continuation})
+
+    if ledger is None:
+        return
+    step_ledger: EffectLedger = ledger
+
+    @router.task("steps", lease=LEASE)
+    def steps(payload: dict[str, Any], ctx: TaskContext) -> None:
+        origin = origin_of()
+
+        def body(transaction: Any, name: str) -> str:
+            # Nothing pauses here: the step holds the store's transaction.
+            ran = StepBody(engine.now, origin, ctx.run_id, ctx.attempt_id, name)
+            downstream.history.step_bodies.append(ran)
+            row = LedgerRow(ctx.run_id, ctx.attempt_id, f"{STEP_EFFECT}{name}")
+            step_ledger.write(transaction, row)
+            ran.returned = True
+            return name
+
+        for number in range(int(payload["steps"])):
+            ctx.check_lease()
+            engine.pause(rng.uniform(0.05, 3.0))  # The handler's own work.
+            ctx.step(f"s{number}", body, f"s{number}", transactional=True)
+        work(ctx, origin, ctx.fencing_token, 1)
+
+
 def classify(request: TaskRequest) -> Origin:
-    """The lifecycle a task the queue just accepted starts."""
+    """The lifecycle a task the queue just accepted starts (a continuation's task: one of
+    its own, each delivery of the run a lifecycle)."""
     handler = request.url.rsplit("/", 1)[-1]
     return Origin(f"task:{request.task_id}", "task", handler, transactional=handler == "ledger")
+
+
+def lifecycle(
+    kind: str,
+    number: int,
+    rng: random.Random,
+    *,
+    steps: int,
+    enqueue: Callable[[str, object, str], Callable[[], None]],
+    outbox: SimulatedOutbox | None,
+    user: Callable[[Callable[[], None]], None],
+) -> Callable[[], None]:
+    """The start of lifecycle ``number`` of one of :data:`LIFECYCLE_KINDS`, its shape drawn
+    from ``rng``: ``enqueue(task, payload, key)`` is a user's enqueue, ``user(call)`` runs
+    ``call`` as a user."""
+    if kind == "outbox":
+        assert outbox is not None
+        commit = rng.random() < OUTBOX_COMMITS
+        return lambda: user(lambda: outbox.user_transaction(f"o{number}", commit))
+    if kind == "steps":
+        return enqueue("steps", {"steps": steps}, f"s{number}")
+    if kind == "continuation":
+        return enqueue("continued", {"times": rng.randint(1, 3)}, f"n{number}")
+    assert kind == "fan_out", kind
+    return enqueue("fan", {"children": rng.randint(1, 4)}, f"f{number}")
 
 
 def producer_for(transport: Any, engine: Engine) -> Producer:
