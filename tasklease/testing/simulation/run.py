@@ -365,9 +365,11 @@ class _ObservedExecutor(Executor):
         self.engine, self.history, self.attempts = engine, history, attempts
 
     def execute(self, delivery: Delivery) -> Reply:
-        reply = super().execute(delivery)
         actor = self.engine.current_actor()
-        live = self.attempts.pop(actor, None) if actor is not None else None
+        try:
+            reply = super().execute(delivery)
+        finally:  # A killed delivery unwinds through here too: forget its attempt.
+            live = self.attempts.pop(actor, None) if actor is not None else None
         if reply.outcome is Outcome.LOST_CLAIM and live is not None and actor is not None:
             self.history.refusals.append(
                 Refusal(self.engine.now, actor.origin or "?", live.attempt_id, not live.lease_lost)

@@ -98,6 +98,13 @@ def gate(record: RunRecord, identity: DeliveryIdentity) -> Reply | None:
     )
 
 
+def recorded(record: RunRecord | None, seq: int) -> bool:
+    """Whether ``record`` shows continuation ``seq`` (or a later one) recorded: the chain's
+    next delivery claims the run only after it is (:func:`gate`), so a refused retry of the
+    record's write that finds it there, taken by that delivery, had landed unheard."""
+    return seq > 0 and record is not None and rules.continuation_of(record).seq >= seq
+
+
 def enqueue_next(
     router: Router, spec: HandlerSpec, runner: StepRunner, payload: Any, queue: str | None
 ) -> str:

@@ -364,11 +364,17 @@ class Executor:
             error = f"could not enqueue the continuation: {type(exc).__name__}: {exc}"
             return self.finisher.release(live, error, error)
         seq = runner.continuation.seq if runner.continuation else 0
+
+        def record_continuation() -> bool:
+            if self.store.continue_run(
+                live.run_id, live.attempt_id, state_json, self.clock, keep_for=spec.retention
+            ):
+                return True
+            return continuation.recorded(self.store.get(live.run_id), seq)
+
         return self.finisher.finish(
             live,
-            lambda: self.store.continue_run(
-                live.run_id, live.attempt_id, state_json, self.clock, keep_for=spec.retention
-            ),
+            record_continuation,
             Reply.of(Outcome.PROCESSED, f"continued: delivery {seq} enqueued", live.run_id),
         )
 

@@ -138,14 +138,16 @@ class ExecutionLocks:
         it (this attempt's lease lapsed meanwhile). Retried on store errors like a finish;
         if the store stays down, the lock lapses by itself.
 
-        A retry that finds another holder, after a first try sent while this attempt's lease
-        still held, is not a takeover: no run could take the lock before that try, so either
-        it landed unheard and the next run took the freed lock, or the lease lapsed after the
-        handler had ended. Either way no other run overlapped this one's execution."""
+        A retry that finds another holder is not a takeover when the first try was sent while
+        this attempt's lease still held and that holder took the lock after it: the first try
+        landed unheard and the next run took the freed lock, or the lease lapsed after the
+        handler had ended; either way nothing overlapped this run's execution. A holder from
+        before the first try was let in by an operator's forced release: refused, as on a
+        first try."""
         name = live.lock
         if name is None:
             return True
-        held_when_sent = not live.lease_lost
+        held_when_sent, sent_at = not live.lease_lost, self.clock()
         tries = 0
 
         def release_once() -> bool:
@@ -159,4 +161,15 @@ class ExecutionLocks:
             _log.warning("run %s: could not release lock %s", live.run_id, name)
             return True
         live.lock = None
-        return released or (tries > 1 and held_when_sent)
+        if released or tries == 1 or not held_when_sent:
+            return released
+        return self._taken_after(name, sent_at)
+
+    def _taken_after(self, name: str, sent_at: datetime) -> bool:
+        """Whether the lock's holder now took it after ``sent_at`` (this instance's clock, so
+        less the skew the protocol allows between instances)."""
+        try:
+            lock = lock_store(self.store).get_lock(name)
+        except StoreUnavailable:
+            return False
+        return lock is not None and lock.started_at >= sent_at - c.MAX_CLOCK_SKEW
