@@ -84,7 +84,7 @@ def test_a_claim_granted_while_another_attempt_holds_its_lease_is_found(
 ) -> None:
     """(a) The claim rule takes every in-progress lease for expired: a second attempt runs
     beside the holder."""
-    seed, lifecycles = 1, 30
+    seed, lifecycles = 1, 200
     monkeypatch.setattr(decisions, "lease_held", lambda record, now: False)
 
     report = planted_run(MemoryStore, "memory", seed, lifecycles)
@@ -202,7 +202,7 @@ def test_a_lock_granted_while_another_run_holds_it_is_found(
 ) -> None:
     """(e) The lock rule never finds a lock busy: two runs of one exclusive job or one
     concurrency key hold it together."""
-    seed, lifecycles = 4, 30
+    seed, lifecycles = 1, 200
 
     def never_busy(
         lock: LockRecord | None, run_id: str, now: datetime, holder_run: RunRecord | None = None
@@ -221,7 +221,7 @@ def test_a_lock_granted_while_another_run_holds_it_is_found(
 def test_a_completed_run_claimed_again_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     """(f) The claim rule ignores the completion record: a duplicate of a finished run runs
     its handler again."""
-    seed, lifecycles = 3, 60
+    seed, lifecycles = 1, 200
     decide = decisions.decide
 
     def decide_ignoring_completion(
