@@ -370,7 +370,9 @@ class Executor:
                 live.run_id, live.attempt_id, state_json, self.clock, keep_for=spec.retention
             ):
                 return True
-            return continuation.recorded(self.store.get(live.run_id), seq)
+            # Only while the lease holds: then no other attempt of this delivery can have
+            # recorded the continuation in its place.
+            return not live.lease_lost and continuation.recorded(self.store.get(live.run_id), seq)
 
         return self.finisher.finish(
             live,
