@@ -4,7 +4,8 @@ urllib3, used before, spent about 180 µs of CPU per request against a local tar
 manager look-up, URL parsing, header dictionaries, response wrapping, each in Python), twice
 what the dispatch needs: http.client on a kept-alive connection takes about 75. The pool keeps
 the one thing urllib3 gave beyond http.client: a connection the target closed while idle is
-noticed before it is reused, not taken for a failed attempt.
+noticed before it is reused, not taken for a failed attempt (and one it closes as the request
+goes out is the sender's to replace with :meth:`Connections.fresh`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Connections:
                 idle = self._idle.get(origin)
                 connection = idle.pop() if idle else None
             if connection is None:
-                return self._new(origin, timeout)
+                return self.fresh(origin, timeout)
             if connection.sock is not None and _closed_by_peer(connection.sock):
                 connection.close()
                 continue
@@ -70,7 +71,8 @@ class Connections:
         for connection in idle:
             connection.close()
 
-    def _new(self, origin: Origin, timeout: float) -> http.client.HTTPConnection:
+    def fresh(self, origin: Origin, timeout: float) -> http.client.HTTPConnection:
+        """A new connection to ``origin``, not yet connected, never one kept alive."""
         scheme, host, port = origin
         if scheme == "https":
             if self._tls is None:

@@ -12,6 +12,12 @@ attempt. The dispatcher sends anything else with the blocking
 :class:`~tasklease.emulator.sender.Sender`, as before. Requests are the same bytes the
 blocking sender puts on the wire (:func:`tasklease.emulator.http_wire.encode_request`), and
 connections are kept alive the same way.
+
+A request on a kept-alive connection that the target closed before answering a byte (it
+timed the connection out as the request went out: a race no check before sending can close)
+is sent again on a new connection, within the same attempt and deadline, once. Browsers do
+the same for any method (Chromium's ``HttpNetworkTransaction::ShouldResendRequest``); a
+target that closes every connection unanswered still gets a failed attempt, on the new one.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ class _Exchange:
     connected: bool = False
     addresses: list[Any] = field(default_factory=list)  # Left to try, as getaddrinfo gave them.
     sent: int = 0
+    answered: bool = False  # Some byte of an answer arrived.
     reader: ResponseReader = field(init=False)
 
     def __post_init__(self) -> None:
@@ -259,7 +266,8 @@ class Exchanges:
         except BlockingIOError:
             pass
         except OSError as exc:
-            self._fail(exchange, exc)
+            if not self._resend(exchange):
+                self._fail(exchange, exc)
             return
         events = selectors.EVENT_WRITE
         if exchange.sent >= len(exchange.request):
@@ -276,8 +284,12 @@ class Exchanges:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._fail(exchange, exc)
+            if not self._resend(exchange):
+                self._fail(exchange, exc)
             return
+        if not data and self._resend(exchange):
+            return
+        exchange.answered = exchange.answered or bool(data)
         reader = exchange.reader
         try:
             if data:
@@ -315,6 +327,24 @@ class Exchanges:
             self._selector.register(sock, selectors.EVENT_READ, exchange.origin)
         else:
             sock.close()
+
+    def _resend(self, exchange: _Exchange) -> bool:
+        """Send ``exchange`` again on a new connection if the kept-alive one it went out on
+        was closed before any of the answer came; False if it was not (it must fail)."""
+        if not exchange.reused or exchange.answered:
+            return False
+        sock, exchange.sock = exchange.sock, None
+        if sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(sock)
+            sock.close()
+        exchange.reused, exchange.connected, exchange.sent = False, False, 0
+        exchange.reader = ResponseReader(head=exchange.head)
+        if self._connecting.get(exchange.origin, 0) < _CONNECTING_PER_ORIGIN:
+            self._connect(exchange)
+        else:
+            self._waiting.setdefault(exchange.origin, deque()).appendleft(exchange)
+        return True
 
     def _fail(self, exchange: _Exchange, error: BaseException, message: str | None = None) -> None:
         sock, exchange.sock = exchange.sock, None

@@ -190,18 +190,31 @@ class Sender:
         scheme = parsed.scheme or "http"
         origin: Origin = (scheme, parsed.host or "", parsed.port or _DEFAULT_PORTS.get(scheme, 80))
         connection = self._connections.take(origin, max(0.001, deadline - time.monotonic()))
+        # A kept-alive connection the target closed before answering a byte (it timed the
+        # connection out as the request went out, after the pool's check) is replaced by a new
+        # one and the request sent again, once, as the dispatcher's exchanges do.
+        resend = connection.sock is not None
         try:
-            connection.request(
-                method, parsed.request_uri, body=body, headers=without_framing(headers)
-            )
-            # The deadline covers the whole attempt, as urllib3's total timeout did: what is
-            # left of it once the request is sent bounds the wait for the answer.
-            if connection.sock is not None:
-                connection.sock.settimeout(max(0.001, deadline - time.monotonic()))
             # http.client raises ValueError on some malformed answers (a negative chunk
             # size): a failed attempt, like any other bad answer, not the request's error.
             try:
-                response = connection.getresponse()
+                while True:
+                    try:
+                        response = _request(
+                            connection,
+                            method=method,
+                            target=parsed.request_uri,
+                            headers=headers,
+                            body=body,
+                            deadline=deadline,
+                        )
+                        break
+                    except ConnectionError:  # RemoteDisconnected too: no status line came.
+                        if not resend:
+                            raise
+                    connection.close()
+                    left = max(0.001, deadline - time.monotonic())
+                    connection, resend = self._connections.fresh(origin, left), False
                 drained = _drain(response)
             except ValueError as exc:
                 raise http.client.HTTPException(f"malformed answer: {exc}") from exc
@@ -226,6 +239,24 @@ class Sender:
             bounded_text(response.getheader(OUTCOME_HEADER)),
             response.getheader("Retry-After"),
         )
+
+
+def _request(
+    connection: http.client.HTTPConnection,
+    *,
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    body: bytes,
+    deadline: float,
+) -> http.client.HTTPResponse:
+    """Send the request and read the answer's head."""
+    connection.request(method, target, body=body, headers=without_framing(headers))
+    # The deadline covers the whole attempt, as urllib3's total timeout did: what is left of
+    # it once the request is sent bounds the wait for the answer.
+    if connection.sock is not None:
+        connection.sock.settimeout(max(0.001, deadline - time.monotonic()))
+    return connection.getresponse()
 
 
 def _drain(response: http.client.HTTPResponse) -> bool:
