@@ -15,12 +15,14 @@ slots here are croniter's, which ``tests/worker/test_cron.py`` pins:
   in Europe/Paris on 2026-03-29 fires at 03:00 CEST);
 - a wall time the fall-back overlap repeats fires at both instants (``30 2 * * *`` in
   Europe/Paris on 2026-10-25 fires at 00:30 and 01:30 UTC), each a run of its own, since a
-  run's identity is its schedule time as an instant.
+  run's identity is its schedule time as an instant; so too when the overlap is half an hour
+  (Australia/Lord_Howe) or starts off the hour (Pacific/Chatham).
 
-croniter's get_prev and get_next do not always agree around a repeated hour: the slots are
-get_next's, and :meth:`Cron.last_slot` walks them forward rather than trusting get_prev. (In a
-zone whose repeated hour starts off the hour, Pacific/Chatham's, get_next from a first-pass
-slot can still skip second-pass slots that get_next from inside the second pass finds.)
+croniter's get_next from before or inside a repeated hour's first pass may skip its second
+pass (a half-hour overlap, or a slot a year on at the same offset): :meth:`Cron.next_slot`
+also asks it from the start of that second pass. croniter's get_prev and get_next do not
+always agree around a repeated hour either: the slots are get_next's, and
+:meth:`Cron.last_slot` walks them forward rather than trusting get_prev.
 
 Slots are compared as instants, never as wall times: two datetimes with the same ``ZoneInfo``
 compare by wall time and ignore ``fold``, which put a slot of the repeated hour "before" a
@@ -35,6 +37,10 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import croniter
+
+_SECOND = timedelta(seconds=1)
+# Longer than any clock change in the tz database (Antarctica/Troll's is two hours).
+_LONGEST_SHIFT = timedelta(hours=3)
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,17 @@ class Cron:
     def next_slot(self, after: datetime) -> datetime:
         """The first slot strictly after ``after``, in UTC; ValueError (croniter's
         CroniterBadDateError) if there is none."""
-        local = _aware(after).astimezone(self.tzinfo)
-        following: datetime = croniter(self.expression, local).get_next(datetime)
-        return following.astimezone(UTC)
+        moment = _aware(after).astimezone(UTC)
+        following = self._croniter_next(moment)
+        # croniter's get_next from before a repeated hour's second pass may skip that pass:
+        # from 01:56 LHDT (Australia/Lord_Howe, 2026-04-05) */7 went on to 02:00 LHST, past
+        # 01:35..01:56 LHST; 5 2 25 10 * from 02:10 CEST (Europe/Paris, 2026-10-25) went on
+        # to 2027. From inside the second pass it finds them: ask it from there too.
+        repeat = self._repeat_after(moment)
+        if repeat is not None and repeat < following:
+            second = repeat if self._matches(repeat) else self._croniter_next(repeat)
+            following = min(following, second)
+        return following
 
     def last_slot(self, at: datetime) -> datetime:
         """The latest slot at or before ``at``, in UTC; ValueError if there is none."""
@@ -81,6 +95,39 @@ class Cron:
         while (following := self.next_slot(slot)) <= moment:
             slot = following
         return slot
+
+    def _croniter_next(self, moment: datetime) -> datetime:
+        following: datetime = croniter(self.expression, moment.astimezone(self.tzinfo)).get_next(
+            datetime
+        )
+        return following.astimezone(UTC)
+
+    def _repeat_after(self, moment: datetime) -> datetime | None:
+        """The start (UTC) of the second pass of a repeated wall time (clocks going back) in
+        ``(moment, moment + _LONGEST_SHIFT]``, or None: the instant the offset drops."""
+        low = moment.replace(microsecond=0)
+        high = low + _LONGEST_SHIFT
+        offset = self._offset(low)
+        if self._offset(high) >= offset:
+            return None
+        while high - low > _SECOND:  # Offsets change on whole seconds.
+            middle = low + _SECOND * ((high - low) // _SECOND // 2)
+            if self._offset(middle) == offset:
+                low = middle
+            else:
+                high = middle
+        return high if high > moment else None
+
+    def _offset(self, moment: datetime) -> timedelta:
+        offset = moment.astimezone(self.tzinfo).utcoffset()
+        assert offset is not None  # A ZoneInfo always has one.
+        return offset
+
+    def _matches(self, moment: datetime) -> bool:
+        """Whether the wall time of ``moment`` in the zone is one the expression names."""
+        wall = moment.astimezone(self.tzinfo).replace(tzinfo=None)
+        found: datetime = croniter(self.expression, wall - _SECOND).get_next(datetime)
+        return found == wall
 
     def is_slot(self, moment: datetime) -> bool:
         """Whether ``moment`` is one of the slots."""

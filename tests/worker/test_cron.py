@@ -1,6 +1,7 @@
 """The cron helper's promises as properties: the last slot at or before a moment and the next
-slot after it bracket the moment, slots only grow, they are the instants croniter enumerates,
-and daylight saving changes in Europe/Paris and America/New_York go as the module documents."""
+slot after it bracket the moment, slots only grow, they are the instants croniter enumerates
+(and the second passes of repeated wall times it skips), and daylight saving changes in
+Europe/Paris, America/New_York and Australia/Lord_Howe go as the module documents."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from croniter import croniter
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tasklease import cron
@@ -51,6 +52,8 @@ schedules = st.builds(Cron, expressions, st.sampled_from(ZONES))
 
 @settings(max_examples=400, deadline=None)
 @given(schedules, moments)
+@example(Cron("*/7 * * * *", "Australia/Lord_Howe"), datetime(2026, 4, 4, 15, 3, tzinfo=UTC))
+@example(Cron("* 2 * * *", "Pacific/Chatham"), datetime(2026, 4, 4, 14, 0, 17, tzinfo=UTC))
 def test_the_last_slot_and_the_next_one_bracket_every_moment(job: Cron, moment: datetime) -> None:
     last = job.last_slot(moment)
     assert last <= moment < job.next_slot(last)
@@ -70,14 +73,20 @@ def test_next_slot_is_strictly_increasing(job: Cron, moment: datetime, steps: in
 
 @settings(max_examples=200, deadline=None)
 @given(schedules, moments)
-def test_the_slots_are_the_instants_croniter_enumerates(job: Cron, moment: datetime) -> None:
+def test_the_slots_are_the_instants_croniter_enumerates_and_the_second_passes_it_skips(
+    job: Cron, moment: datetime
+) -> None:
     start = moment - timedelta(days=2)
     walk = croniter(job.expression, start.astimezone(ZoneInfo(job.time_zone)))
     enumerated = [walk.get_next(datetime).astimezone(UTC) for _ in range(8)]
-    assert job.next_slot(start) == enumerated[0]
-    for slot, following in itertools.pairwise(enumerated):
+    slots = [job.next_slot(start)]
+    while slots[-1] < enumerated[-1]:
+        slots.append(job.next_slot(slots[-1]))
+    assert set(enumerated) <= set(slots)
+    skipped = set(slots) - set(enumerated)
+    assert all(slot.astimezone(job.tzinfo).fold == 1 for slot in skipped)  # A second pass.
+    for slot, following in itertools.pairwise(slots):
         assert job.last_slot(slot) == slot
-        assert job.next_slot(slot) == following
         between = slot + (following - slot) / 2
         assert job.last_slot(between) == slot
 
@@ -133,12 +142,38 @@ def test_the_last_slot_in_the_second_pass_of_a_repeated_hour_may_be_in_the_first
 
 
 def test_the_last_slot_is_one_next_slot_enumerates_around_a_repeated_hour() -> None:
-    """croniter's get_prev finds 02:59 CET on 2028-10-29 (the second pass), which its
-    get_next from 02:59 CEST skips: the last slot is the one the next slots go through."""
+    """02:59 on 2028-10-29 in Europe/Paris fires in both passes (CEST, then CET), though
+    croniter's get_next from 02:59 CEST skips the second: the last slot after it is 02:59 CET,
+    and the next slots go through both."""
     job = Cron("59 2 29 3,10 *", "Europe/Paris")
     last = job.last_slot(datetime(2029, 1, 12, 12, 59, tzinfo=UTC))
-    assert last == datetime(2028, 10, 29, 0, 59, tzinfo=UTC)
+    assert last == datetime(2028, 10, 29, 1, 59, tzinfo=UTC)
+    assert job.next_slot(datetime(2028, 10, 29, 0, 59, tzinfo=UTC)) == last
     assert job.next_slot(last) == datetime(2029, 3, 29, 0, 59, tzinfo=UTC)
+
+
+def test_a_half_hour_repeated_by_lord_howe_fires_in_both_passes() -> None:
+    """Australia/Lord_Howe puts its clocks back half an hour at 02:00 LHDT on 2026-04-05
+    (15:00 UTC): ``*/7`` fires at 01:35..01:56 in the second pass too, where croniter's get_next
+    from 01:56 LHDT went on to 02:00 LHST, and the last slot of a moment there was 01:56 LHDT
+    with a next slot after the moment's."""
+    job = Cron("*/7 * * * *", "Australia/Lord_Howe")
+    first_pass_end = datetime(2026, 4, 4, 14, 56, tzinfo=UTC)  # 01:56 LHDT.
+    slots = [job.next_slot(first_pass_end)]
+    while len(slots) < 5:
+        slots.append(job.next_slot(slots[-1]))
+    assert slots == [utc(f"2026-04-04T15:{m:02}") for m in (5, 12, 19, 26, 30)]
+    moment = utc("2026-04-04T15:03")  # 01:33 LHST, the second pass.
+    assert job.last_slot(moment) == first_pass_end
+    assert job.next_slot(job.last_slot(moment)) == job.next_slot(moment) == slots[0]
+
+
+def test_a_yearly_time_in_a_repeated_hour_fires_in_its_second_pass() -> None:
+    """``5 2 25 10 *`` in Europe/Paris from 02:10 CEST on 2026-10-25: 02:05 CET that day comes
+    next, not 02:05 CEST a year later (croniter's get_next, the offsets a year apart being
+    the same)."""
+    job = Cron("5 2 25 10 *", "Europe/Paris")
+    assert job.next_slot(utc("2026-10-25T00:10")) == utc("2026-10-25T01:05")
 
 
 @pytest.mark.parametrize("expression", ["0 0 31 2 *", "0 0 30 2 *"])
