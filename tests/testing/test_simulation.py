@@ -125,6 +125,25 @@ def test_the_engine_runs_one_actor_at_a_time_in_virtual_time_order() -> None:
     assert engine.now == 4.5  # b's last pause ends last.
 
 
+@pytest.mark.parametrize("pauses_first", [0, 1, 3])
+def test_an_exception_escaping_an_actor_is_recorded_after_any_number_of_pauses(
+    pauses_first: int,
+) -> None:
+    engine = Engine()
+
+    def work() -> None:
+        for _ in range(pauses_first):
+            engine.pause(1.0)
+        raise RuntimeError("escaped real code")
+
+    actor = engine.spawn("w", None, work)
+    engine.run(until=100.0)
+
+    assert actor.done
+    assert engine.crashed == [actor]
+    assert isinstance(actor.crash, RuntimeError)
+
+
 def test_a_killed_instance_stops_its_actors_at_their_next_pause() -> None:
     engine = Engine()
     instance = Instance("i1", skew=timedelta(0))

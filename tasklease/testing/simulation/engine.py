@@ -113,7 +113,10 @@ class Actor:
         except Killed:
             pass
         except BaseException as exc:  # What escaped real code: the checker reports it.
+            # Recorded here, not where the engine first resumed the actor: an exception
+            # raised after any pause ends a later resume, which nothing else inspects.
             self.crash = exc
+            self.engine.crashed.append(self)
         finally:
             self.done = True
             self.engine.actor_paused()
@@ -152,13 +155,8 @@ class Engine:
         actor.origin = origin
         if instance is not None:
             instance.actors.append(actor)
-        self.at(delay, lambda: self._run_actor(actor))
+        self.at(delay, actor.resume)
         return actor
-
-    def _run_actor(self, actor: Actor) -> None:
-        actor.resume()
-        if actor.done and actor.crash is not None and actor not in self.crashed:
-            self.crashed.append(actor)
 
     def pause(self, delay: float) -> None:
         """Pause the running actor for ``delay``; outside an actor (set-up), nothing."""
