@@ -82,6 +82,26 @@ class LockContract:
         )
         assert not store.release_lock("job/nightly", "a1", T0 + EXPIRED)
 
+    def test_an_attempt_whose_claim_passed_on_cannot_take_the_lock_back(
+        self, store: LockStore
+    ) -> None:
+        """An attempt's acquisition that lands once another attempt of its run took the run
+        and the lock over (held up on its way, or sent after a stall) is refused: granted, it
+        would take the lock from the attempt now running, and its release would free the lock
+        for another run while that attempt still works."""
+        store.claim(claim_request("run-a", "a1"), T0)
+        assert store.acquire_lock(lock_request(), T0).acquired
+        store.claim(claim_request("run-a", "a2"), T0 + EXPIRED)
+        successor = store.acquire_lock(lock_request("run-a", "a2"), T0 + EXPIRED)
+        assert successor.acquired and successor.lock.holder_attempt_id == "a2"
+        late = T0 + EXPIRED + timedelta(seconds=1)
+        stale = store.acquire_lock(lock_request("run-a", "a1"), late)
+        assert not stale.acquired
+        assert stale.lock == successor.lock == store.get_lock("job/nightly")
+        assert not store.release_lock("job/nightly", "a1", late)
+        assert not store.acquire_lock(lock_request("run-b", "b1"), late).acquired
+        assert store.release_lock("job/nightly", "a2", late)
+
     def test_purge_deletes_locks_that_decide_nothing_any_more(self, store: LockStore) -> None:
         store.acquire_lock(lock_request(name="key/a"), T0)
         store.acquire_lock(lock_request(name="key/b", max_runtime=None), T0)

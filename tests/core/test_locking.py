@@ -81,6 +81,24 @@ def test_a_holder_that_ended_its_own_run_holds_nothing_but_min_gap_still_counts(
     assert (grant.acquired, grant.took_over_from) == (True, None)
 
 
+def test_an_attempt_whose_claim_passed_on_is_refused_its_runs_lock() -> None:
+    lock = locking.acquire(None, lock_request("run-a", "a2"), T0).lock
+    taken_over = decisions.claim(None, claim_request("run-a", "a2"), T0).record
+    stale = lock_request("run-a", "a1")
+    later = T0 + timedelta(seconds=1)
+
+    assert locking.needs_holder(lock, "run-a", later)  # Its own run's record decides.
+    assert locking.claim_passed_on(lock, stale, taken_over)
+    refused = locking.acquire(lock, stale, later, taken_over)
+    assert (refused.acquired, refused.lock) == (False, lock)
+    assert refused.free_at == T0 + HOUR  # When the holder's max_runtime ends.
+    # The attempt holding the run's claim takes its earlier attempt's lock over, as before.
+    own = decisions.claim(None, claim_request("run-a", "a3"), T0).record
+    assert locking.acquire(lock, lock_request("run-a", "a3"), later, own).acquired
+    assert locking.acquire(lock, lock_request("run-a", "a3"), later, None).acquired
+    assert not locking.claim_passed_on(lock, stale, None)  # No record: nothing to go by.
+
+
 def test_an_operator_release_needs_force_only_for_a_live_holder() -> None:
     lock = locking.acquire(None, lock_request(), T0).lock
     refused = locking.operator_release(lock, None, T0 + LEASE / 2)

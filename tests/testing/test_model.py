@@ -40,7 +40,7 @@ LOCK_BOUNDS = Bounds(attempts=2, lock=True, horizon=timedelta(seconds=4))
 EXPLORED = {
     "three attempts, plain effect": (Bounds(), 99245),
     "three attempts, transactional effect": (Bounds(transactional=True), 4945),
-    "two attempts holding a lock": (LOCK_BOUNDS, 75320),
+    "two attempts holding a lock": (LOCK_BOUNDS, 74434),
     "two attempts, crashes as steps": (Bounds(attempts=2, crashes=True), 19496),
 }
 

@@ -87,14 +87,15 @@ def holder_finished(lock: LockRecord, holder_run: RunRecord | None) -> bool:
 
 
 def needs_holder(lock: LockRecord | None, run_id: str, now: datetime) -> bool:
-    """Whether the holder's run record could change :func:`busy_until`'s answer for ``run_id``
-    at ``now``: a store reads it (in the same atomic change) only then."""
-    return (
-        lock is not None
-        and lock.holder_run_id != run_id
-        and not lock.released
-        and _held_until(lock) > now
-    )
+    """Whether :func:`acquire` needs the record of the lock holder's run to decide for
+    ``run_id`` at ``now``: a store reads it (in the same atomic change) only then. For a lock
+    last held by ``run_id`` itself, that record is the requester's own: it shows whether the
+    requester still holds its run's claim."""
+    if lock is None:
+        return False
+    if lock.holder_run_id == run_id:
+        return True
+    return not lock.released and _held_until(lock) > now
 
 
 def busy_until(
@@ -102,13 +103,31 @@ def busy_until(
 ) -> datetime | None:
     """When ``lock`` stops keeping ``run_id`` out, if it does at ``now``; else None.
 
-    Another attempt of the *same* run is never kept out: the run's own claim already fenced
-    the earlier attempt (it takes a run over only once that attempt's lease lapsed).
+    Another attempt of the *same* run is never kept out here: the run's own claim fenced the
+    earlier attempt (it takes a run over only once that attempt's lease lapsed), and
+    :func:`acquire` refuses a requester whose claim has passed on (:func:`claim_passed_on`).
     ``holder_run`` is the holder's run record, when the store read it (:func:`needs_holder`).
     """
     if lock is None or lock.holder_run_id == run_id:
         return None
     return kept_out_until(lock, holder_run, now)
+
+
+def claim_passed_on(lock: LockRecord | None, request: LockRequest, run: RunRecord | None) -> bool:
+    """Whether ``run``, the record of the run ``request`` asks for and whose lock it last
+    was, shows its claim held by another attempt than the requester's. The requester is stale:
+    its claim was taken over while its request was on its way, or while it stalled between
+    its claim and this request. Granted the lock, it would take it from the attempt now
+    holding the run and, giving it back, free it for another run while that attempt works.
+    Attempt ids are single use, so once true this stays true: reading ``run`` beside the
+    lock's compare-and-set is enough."""
+    return (
+        lock is not None
+        and lock.holder_run_id == request.run_id
+        and run is not None
+        and run.run_id == request.run_id
+        and run.attempt_id != request.attempt_id
+    )
 
 
 def _held_until(lock: LockRecord) -> datetime:
@@ -138,6 +157,9 @@ def acquire(
     ``holder_run``: the holder's run record, when :func:`needs_holder` asked for it."""
     if lock is not None and holds(lock, request.attempt_id):
         return LockGrant(True, lock)  # Our own acquisition, landed before: nothing to write.
+    if claim_passed_on(lock, request, holder_run):
+        assert lock is not None
+        return LockGrant(False, lock, free_at=max(_held_until(lock), now))
     free_at = busy_until(lock, request.run_id, now, holder_run)
     if free_at is not None:
         assert lock is not None
