@@ -48,6 +48,13 @@ def register(commands: Subcommands) -> None:
         help="fault kinds on, comma-separated, or none (default: every kind)",
     )
     parser.add_argument(
+        "--rates",
+        default=None,
+        metavar="KIND=P,...",
+        help="fault probabilities apart from the defaults (per opportunity), as a replay "
+        "names them, e.g. slow_request=0.05,duplicate=0.2",
+    )
+    parser.add_argument(
         "--workload",
         default=None,
         help=(
@@ -112,7 +119,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 def _configuration(args: argparse.Namespace) -> Configuration:
     """The run the flags ask for; ValueError naming a bad flag and what it takes."""
     from tasklease.testing.simulation.faults import FAULT_KINDS, FaultPlan  # noqa: PLC0415
-    from tasklease.testing.simulation.replay import parse_kinds, parse_script  # noqa: PLC0415
+    from tasklease.testing.simulation.replay import (  # noqa: PLC0415
+        parse_kinds,
+        parse_rates,
+        parse_script,
+    )
     from tasklease.testing.simulation.shrink import Configuration  # noqa: PLC0415
     from tasklease.testing.simulation.workload import WORKLOAD_KINDS, Workload  # noqa: PLC0415
 
@@ -140,7 +151,20 @@ def _configuration(args: argparse.Namespace) -> Configuration:
         script = None if args.keep_faults is None else parse_script(args.keep_faults)
     except ValueError as exc:
         raise ValueError(f"--keep-faults: {exc}") from None
-    return Configuration(args.store, args.seed, args.lifecycles, faults, workload, script)
+    try:
+        rates = {} if args.rates is None else parse_rates(args.rates)
+        FaultPlan().with_rates(rates)
+    except ValueError as exc:
+        raise ValueError(f"--rates: {exc}") from None
+    return Configuration(
+        args.store,
+        args.seed,
+        args.lifecycles,
+        faults,
+        workload,
+        script,
+        tuple(sorted(rates.items())),
+    )
 
 
 def _shrink(

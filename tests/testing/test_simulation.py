@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasklease.testing.simulation import FAULT_KINDS, WORKLOAD_KINDS, simulate
+from tasklease.testing.simulation import FAULT_KINDS, WORKLOAD_KINDS, FaultPlan, simulate
 from tasklease.testing.simulation.engine import Engine, Instance
 from tasklease.testing.simulation.workload import NEEDS_TRANSACTIONS
 from tasklease.worker.stores import MemoryStore, SqliteStore
@@ -48,6 +48,17 @@ def test_faults_narrow_to_the_kinds_asked_for() -> None:
     assert calm.faults == {}
     assert set(kills.faults) == {"kill"}  # A deadline a kill runs into is no fault of its own.
     assert calm.violations == kills.violations == ()
+
+
+def test_a_held_up_request_is_drawn_apart_so_a_run_where_none_fires_is_unchanged() -> None:
+    others = [kind for kind in FAULT_KINDS if kind != "slow_request"]
+    without = simulate(MemoryStore, seed=4, lifecycles=120, faults=others)
+    never = simulate(MemoryStore, seed=4, lifecycles=120, faults=FaultPlan(slow_request=0.0))
+    held_up = simulate(MemoryStore, seed=4, lifecycles=120, faults=FaultPlan(slow_request=0.05))
+
+    assert never.trace_hash == without.trace_hash
+    assert held_up.faults["slow_request"] > 0 and held_up.trace_hash != without.trace_hash
+    assert held_up.violations == ()
 
 
 def test_the_same_seed_gives_the_same_trace_on_memory_and_sqlite(tmp_path: Path) -> None:

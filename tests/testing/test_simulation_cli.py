@@ -85,6 +85,22 @@ def test_violations_are_printed_with_their_replay_then_the_summary_and_exit_1(
     assert "lifecycles 120 -> " in err  # The search's steps, on stderr.
 
 
+def test_a_run_with_its_own_rates_replays_from_the_command_its_violations_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    flags = ["--seed", "2", "--lifecycles", "60", "--rates", "stall=0.05,slow_request=0.1"]
+    with mock.patch.object(decisions, "lease_held", lambda record, now: False):
+        code, lines, _ = simulate(capsys, *flags)
+        replay = lines[0].rsplit("replay: ", 1)[1]
+        again_code, again, _ = simulate(capsys, *replay.split()[2:])
+
+    assert code == again_code == 1
+    assert replay.endswith("--lifecycles 60 --rates slow_request=0.1,stall=0.05")
+    assert again == lines
+    calm = simulate(capsys, *flags[:4])[1][-1]
+    assert SUMMARY.match(calm) and calm != lines[-1]  # The rates made another run.
+
+
 def test_the_store_names_are_the_simulations() -> None:
     assert STORES == STORE_NAMES
 
@@ -99,6 +115,10 @@ def test_the_store_names_are_the_simulations() -> None:
         (["--workload", "none"], "--workload: name at least one of keyed_task,"),
         (["--keep-faults", "kill"], "--keep-faults: bad fault occurrence 'kill': write KIND:N"),
         (["--shrink-runs", "0"], "--shrink-runs must be at least 1"),
+        (["--rates", "stall"], "--rates: bad fault probability 'stall': write KIND=P"),
+        (["--rates", "stall=often"], "--rates: bad fault probability 'stall=often'"),
+        (["--rates", "clock_skew=0.1"], "--rates: no probability to set for clock_skew: choose"),
+        (["--rates", "stall=1.5"], "--rates: the probability of stall must lie in [0, 1], not 1.5"),
         (["--workload", "transactional"], "the memory store runs none of the workload kinds"),
         (["--store", "postgres"], "TASKLEASE_STORE"),
         (["--store", "firestore"], "FIRESTORE_EMULATOR_HOST"),

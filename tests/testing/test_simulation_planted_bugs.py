@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tasklease.testing.simulation import SimulationReport, simulate
+from tasklease.testing.simulation import WORKLOAD_KINDS, FaultPlan, SimulationReport, simulate
+from tasklease.testing.simulation.replay import replay_command
 from tasklease.worker.core import decisions, locking
 from tasklease.worker.core.records import (
     Claim,
@@ -53,12 +54,19 @@ def memory_run(seed: int, lifecycles: int) -> SimulationReport:
     return simulate(MemoryStore, seed=seed, lifecycles=lifecycles, store_name="memory")
 
 
-def planted_run(factory: StoreFactory, store: str, seed: int, lifecycles: int) -> SimulationReport:
-    return simulate(factory, seed=seed, lifecycles=lifecycles, store_name=store)
+def planted_run(
+    factory: StoreFactory, store: str, seed: int, lifecycles: int, plan: FaultPlan | None = None
+) -> SimulationReport:
+    return simulate(factory, seed=seed, lifecycles=lifecycles, faults=plan, store_name=store)
 
 
 def assert_caught(
-    report: SimulationReport, invariant: str, store: str, seed: int, lifecycles: int
+    report: SimulationReport,
+    invariant: str,
+    store: str,
+    seed: int,
+    lifecycles: int,
+    plan: FaultPlan | None = None,
 ) -> None:
     """``report`` found ``invariant`` broken, and its text names the run's replay command."""
     named = [
@@ -67,8 +75,8 @@ def assert_caught(
         if found.invariant == invariant
     ]
     assert named, f"{invariant} not found; found: {sorted({v.invariant for v in report.found})}"
-    replay = f"replay: tasklease simulate --store {store} --seed {seed} --lifecycles {lifecycles}"
-    assert named[0].startswith(invariant) and replay in named[0], named[0]
+    command = replay_command(store, seed, lifecycles, plan or FaultPlan(), WORKLOAD_KINDS)
+    assert named[0].startswith(invariant) and named[0].endswith(f"replay: {command}"), named[0]
 
 
 def assert_clean(report: SimulationReport) -> None:
@@ -115,6 +123,32 @@ class StaleFinishStore(MemoryStore):
             return decisions.kept(written, at, keep_for), True
 
         return self._read_modify_write(run_id, change)
+
+
+# Faults concentrated on the threat of a stale attempt: store requests held up on their way
+# past the lease, stalls, and the redeliveries (a duplicate, a deadline shorter than the work)
+# that let a successor take a run over meanwhile.
+HELD_UP = FaultPlan().with_rates(
+    {"slow_request": 0.25, "duplicate": 0.3, "dispatch_deadline": 0.3, "stall": 0.02}
+)
+
+
+@functools.cache
+def held_up_run(seed: int, lifecycles: int) -> SimulationReport:
+    """The unplanted memory run of ``seed`` under :data:`HELD_UP`."""
+    return planted_run(MemoryStore, "memory", seed, lifecycles, HELD_UP)
+
+
+def test_a_stale_attempts_finish_that_lands_is_found() -> None:
+    """(b) An attempt's completion held up on its way past its lease lands on the claim of
+    the attempt that took the run over: the successor's own completion is refused while its
+    lease holds."""
+    seed, lifecycles = 3, 400
+
+    report = planted_run(StaleFinishStore, "memory", seed, lifecycles, HELD_UP)
+
+    assert_caught(report, "refused_while_holding", "memory", seed, lifecycles, HELD_UP)
+    assert_clean(held_up_run(seed, lifecycles))
 
 
 def test_a_fencing_token_that_does_not_grow_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -255,27 +289,6 @@ def test_a_lost_answer_not_recognised_as_its_own_is_found(
     assert_clean(clean)
 
 
-# --- plants the checker does not find yet: each a strict xfail, so that the invariant that
-# --- would find it turns its test into a failure to update (see docs/guarantees.md) -------
-
-UNCAUGHT_SEED, UNCAUGHT_LIFECYCLES = 1, 300
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the stale finish never lands in these runs (a stalled attempt seldom resumes "
-    "while its successor still runs); when it does, only a successor's write after the "
-    "stale 2xx is caught: no invariant ties the 2xx to the attempt holding the newest token",
-)
-def test_a_stale_attempts_finish_that_lands_is_found() -> None:
-    """(b) Not caught in 5 seeds x 2,000 lifecycles, in which the stale finish never landed."""
-    seed, lifecycles = UNCAUGHT_SEED, UNCAUGHT_LIFECYCLES
-
-    report = planted_run(StaleFinishStore, "memory", seed, lifecycles)
-
-    assert_caught(report, "write_after_acknowledged", "memory", seed, lifecycles)
-
-
 class StaleRenewalStore(MemoryStore):
     """(g) A renewal that checks only that the run is in progress, not which attempt holds
     it: a stale attempt is told its lease runs on, and extends its successor's."""
@@ -298,15 +311,29 @@ class StaleRenewalStore(MemoryStore):
         return self._read_modify_write(run_id, change)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="never asked: renew_once stops once the attempt's lease ran out by its own "
-    "monotonic clock (lease_lost, for good), and a takeover comes only after that",
-)
 def test_a_renewal_granted_to_an_attempt_no_longer_holding_is_found() -> None:
-    """(g) Not caught in 5 seeds x 2,000 lifecycles, in which no stale renewal was asked for."""
-    seed, lifecycles = UNCAUGHT_SEED, UNCAUGHT_LIFECYCLES
+    """(g) A renewal held up on its way lands after a takeover and is granted: the stale
+    attempt, told its lease runs on, carries on as if it held the run, and is refused its
+    completion while its own clock says its lease holds."""
+    seed, lifecycles = 4, 400
 
-    report = planted_run(StaleRenewalStore, "memory", seed, lifecycles)
+    report = planted_run(StaleRenewalStore, "memory", seed, lifecycles, HELD_UP)
 
-    assert_caught(report, "fenced_while_holding", "memory", seed, lifecycles)
+    assert_caught(report, "refused_while_holding", "memory", seed, lifecycles, HELD_UP)
+    assert_clean(held_up_run(seed, lifecycles))
+
+
+def test_a_lock_taken_back_by_an_attempt_whose_claim_passed_on_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(i) A concurrency key's lock granted to an attempt of the run whose claim has passed
+    to a later attempt (its request held up past its lease): it takes the lock from that
+    attempt and, giving it back, leaves it answering lost_claim while its lease holds."""
+    seed, lifecycles = 3, 400
+    clean = held_up_run(seed, lifecycles)
+    monkeypatch.setattr(locking, "claim_passed_on", lambda lock, request, run: False)
+
+    report = planted_run(MemoryStore, "memory", seed, lifecycles, HELD_UP)
+
+    assert_caught(report, "refused_while_holding", "memory", seed, lifecycles, HELD_UP)
+    assert_clean(clean)

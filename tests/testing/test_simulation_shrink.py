@@ -17,8 +17,15 @@ import pytest
 
 from tasklease.testing.simulation import simulate
 from tasklease.testing.simulation.faults import FaultPlan
-from tasklease.testing.simulation.replay import parse_script, replay_command, script_text
+from tasklease.testing.simulation.replay import (
+    parse_rates,
+    parse_script,
+    rates_text,
+    replay_command,
+    script_text,
+)
 from tasklease.testing.simulation.shrink import Configuration, Shrunk, ddmin, shrink
+from tasklease.testing.simulation.workload import WORKLOAD_KINDS
 from tasklease.worker.core import decisions
 from tasklease.worker.stores import MemoryStore
 
@@ -160,6 +167,24 @@ def test_ddmin_keeps_just_the_items_a_failure_needs() -> None:
     assert len(runs) < 40
     assert ddmin(range(5), lambda subset: True) == []
     assert ddmin([7], bool) == [7]
+
+
+def test_rates_read_back_as_they_were_written() -> None:
+    rates = {"stall": 0.05, "duplicate": 0.2}
+
+    assert rates_text(rates) == "duplicate=0.2,stall=0.05"
+    assert parse_rates(rates_text(rates)) == rates
+    assert parse_rates("none") == {}
+    plan = FaultPlan().with_rates(rates)
+    assert plan.rates == rates and FaultPlan().rates == {}
+    assert replay_command("memory", 3, 10, plan, WORKLOAD_KINDS) == (
+        "tasklease simulate --store memory --seed 3 --lifecycles 10 "
+        "--rates duplicate=0.2,stall=0.05"
+    )
+    configuration = Configuration("memory", 3, 10, rates=tuple(sorted(rates.items())))
+    assert configuration.plan.rates == rates and configuration.replay == replay_command(
+        "memory", 3, 10, plan, WORKLOAD_KINDS
+    )
 
 
 def test_a_script_reads_back_as_it_was_written() -> None:

@@ -3,16 +3,20 @@ Tasks, a worker instance and its store, and how often.
 
 :class:`StoreFaults` puts the engine between the executor and a real store: each public call of
 the store pauses the calling actor (so another may run between any two store calls), and may
-fail, time out, or commit with its answer lost, as a store across a network does.
+fail, time out, or commit with its answer lost, as a store across a network does, or reach
+the store only after the caller's lease ran out: the request a renewal or a finish sent while
+its lease held, held up on its way (a congested link, retransmits, a store's own queue), which
+only the store's check of the attempt id stops from landing on a successor's claim.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,7 +26,7 @@ from tasklease.testing.simulation.engine import Engine
 from tasklease.worker.core.constants import MAX_CLOCK_SKEW
 from tasklease.worker.stores.base.store import LeaseStore
 
-__all__ = ["FAULT_KINDS", "FaultPlan", "Occurrence", "StoreFaults", "Trace"]
+__all__ = ["FAULT_KINDS", "RATED_KINDS", "FaultPlan", "Occurrence", "StoreFaults", "Trace"]
 
 # Every fault kind the simulation knows; by default all are on.
 FAULT_KINDS = (
@@ -32,11 +36,16 @@ FAULT_KINDS = (
     "store_error",  # A store call fails before it reaches the store.
     "store_timeout",  # A store call hangs, then fails, without reaching the store.
     "lost_answer",  # A store call commits, and its answer never reaches the caller.
+    "slow_request",  # A store call's request is held up on its way, past the caller's lease.
     "store_outage",  # The store answers no call for a window of time.
     "duplicate",  # Cloud Tasks delivers an attempt twice.
     "lost_response",  # The worker's answer never reaches the queue: it retries the task.
     "dispatch_deadline",  # An attempt outlives the queue's dispatch deadline: retried meanwhile.
 )
+
+# The kinds drawn with a probability of their own (a plan's field of the same name); clock
+# skew is no draw but a bound.
+RATED_KINDS = tuple(kind for kind in FAULT_KINDS if kind != "clock_skew")
 
 # One fault that fired: its kind, and how many draws of that kind had said "fire" before it
 # (counting from 0), whether those fired or not. A script of them replays a run's faults.
@@ -59,6 +68,9 @@ class FaultPlan:
     store_error: float = 0.01  # Per store call.
     store_timeout: float = 0.004
     lost_answer: float = 0.01
+    # Per store call. Drawn from a stream of its own: a run in which none fires is the run
+    # without the kind, draw for draw.
+    slow_request: float = 0.002
     store_outage: float = 0.001  # Per store call: an outage starts.
     duplicate: float = 0.03  # Per dispatch.
     lost_response: float = 0.03  # Per answer.
@@ -81,6 +93,32 @@ class FaultPlan:
 
     def on(self, kind: str) -> bool:
         return kind in self.kinds
+
+    def with_rates(self, rates: Mapping[str, float]) -> FaultPlan:
+        """This plan with the probabilities ``rates`` names (``{"stall": 0.05}``): a run that
+        concentrates its faults on one threat. ValueError names an unknown kind or a
+        probability outside [0, 1]."""
+        unknown = sorted(set(rates) - set(RATED_KINDS))
+        if unknown:
+            raise ValueError(
+                f"no probability to set for {', '.join(unknown)}: choose from "
+                f"{', '.join(RATED_KINDS)}"
+            )
+        for kind, rate in rates.items():
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"the probability of {kind} must lie in [0, 1], not {rate}")
+        changes: dict[str, Any] = dict(rates)
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def rates(self) -> dict[str, float]:
+        """The probabilities this plan sets apart from the defaults, by kind."""
+        default = FaultPlan()
+        return {
+            kind: getattr(self, kind)
+            for kind in RATED_KINDS
+            if getattr(self, kind) != getattr(default, kind)
+        }
 
 
 class Trace:
@@ -130,16 +168,28 @@ class Trace:
 
 class StoreFaults:
     """Wraps every public call of one store instance in a pause and the store faults of
-    ``plan`` (the store object stays itself, so isinstance checks and collaborators hold)."""
+    ``plan`` (the store object stays itself, so isinstance checks and collaborators hold).
+    A ``slow_request`` holds a request up for a time drawn from ``slow_for`` (seconds), with
+    ``slow_rng``."""
 
     def __init__(
-        self, engine: Engine, store: LeaseStore, plan: FaultPlan, rng: random.Random, trace: Trace
+        self,
+        engine: Engine,
+        store: LeaseStore,
+        plan: FaultPlan,
+        rng: random.Random,
+        trace: Trace,
+        *,
+        slow_rng: random.Random,
+        slow_for: tuple[float, float],
     ) -> None:
         self.engine = engine
         self.store = store
         self.plan = plan
         self.rng = rng
         self.trace = trace
+        self.slow_rng = slow_rng
+        self.slow_for = slow_for
         self.outage_until = -1.0
         self.calls = 0
         for name in _call_names(store):
@@ -159,7 +209,16 @@ class StoreFaults:
     def _call(self, actor: Any, name: str, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         plan, rng, trace = self.plan, self.rng, self.trace
         self.calls += 1
-        actor.pause(rng.uniform(0.0005, 0.02))  # The request on its way.
+        on_its_way = rng.uniform(0.0005, 0.02)
+        if (
+            plan.on("slow_request")
+            and self.slow_rng.random() < plan.slow_request
+            and trace.fires("slow_request")
+        ):
+            held_up = self.slow_rng.uniform(*self.slow_for)
+            trace.fault("slow_request", f"{name} {held_up:.3f}s")
+            on_its_way += held_up
+        actor.pause(on_its_way)  # The request on its way.
         now = self.engine.now
         if (
             plan.on("store_outage")

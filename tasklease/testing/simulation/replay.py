@@ -1,15 +1,24 @@
 """The command line that replays a simulation exactly, and how its lists are written: fault
-and workload kinds (``kill,stall``; ``none``) and a script of fault occurrences
-(``kill:0,stall:3``; ``none``)."""
+and workload kinds (``kill,stall``; ``none``), a script of fault occurrences
+(``kill:0,stall:3``; ``none``) and fault probabilities (``stall=0.05,duplicate=0.2``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from tasklease.testing.simulation.faults import FAULT_KINDS, FaultPlan, Occurrence
+from tasklease.testing.simulation.faults import FAULT_KINDS, RATED_KINDS, FaultPlan, Occurrence
 from tasklease.testing.simulation.workload import WORKLOAD_KINDS
 
-__all__ = ["NONE", "kinds_text", "parse_kinds", "parse_script", "replay_command", "script_text"]
+__all__ = [
+    "NONE",
+    "kinds_text",
+    "parse_kinds",
+    "parse_rates",
+    "parse_script",
+    "rates_text",
+    "replay_command",
+    "script_text",
+]
 
 NONE = "none"  # An empty list on the command line.
 
@@ -17,11 +26,12 @@ NONE = "none"  # An empty list on the command line.
 def replay_command(
     store: str, seed: int, lifecycles: int, plan: FaultPlan, workload: Iterable[str]
 ) -> str:
-    """``tasklease simulate ...`` with every flag that makes this run what it was (the
-    plan's probabilities are the defaults: the command line has no flag for them)."""
+    """``tasklease simulate ...`` with every flag that makes this run what it was."""
     command = f"tasklease simulate --store {store} --seed {seed} --lifecycles {lifecycles}"
     if plan.kinds != frozenset(FAULT_KINDS):
         command += f" --faults {kinds_text(plan.kinds)}"
+    if plan.rates:
+        command += f" --rates {rates_text(plan.rates)}"
     kinds = frozenset(workload)
     if kinds != frozenset(WORKLOAD_KINDS):
         command += f" --workload {kinds_text(kinds)}"
@@ -57,3 +67,23 @@ def parse_script(text: str) -> frozenset[Occurrence]:
             )
         script.add((kind, int(number)))
     return frozenset(script)
+
+
+def rates_text(rates: Mapping[str, float]) -> str:
+    return ",".join(f"{kind}={rate!r}" for kind, rate in sorted(rates.items()))
+
+
+def parse_rates(text: str) -> dict[str, float]:
+    """``stall=0.05,duplicate=0.2`` as probabilities by kind; ValueError names a bad item
+    (FaultPlan.with_rates refuses an unknown kind or a probability outside [0, 1])."""
+    rates: dict[str, float] = {}
+    for item in parse_kinds(text):
+        kind, _, number = item.partition("=")
+        try:
+            rates[kind.strip()] = float(number)
+        except ValueError:
+            raise ValueError(
+                f"bad fault probability {item!r}: write KIND=P, P a number in [0, 1], KIND one "
+                f"of {', '.join(RATED_KINDS)}"
+            ) from None
+    return rates

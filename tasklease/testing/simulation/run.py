@@ -404,7 +404,15 @@ class _Simulation:
             self.ledger.prepare()
         self.scenario = scenario
         self.history = History(seed, store_name)
-        self.store_faults = StoreFaults(engine, store, plan, self.fault_rng, self.trace)
+        self.store_faults = StoreFaults(
+            engine,
+            store,
+            plan,
+            self.fault_rng,
+            self.trace,
+            slow_rng=random.Random(f"{seed}/slow_request"),
+            slow_for=(0.5 * LEASE.total_seconds(), 2.5 * LEASE.total_seconds()),
+        )
         world = ScenarioWorld(
             engine, self.history, self.trace, self.work_rng, self.ledger, store_name, store
         )

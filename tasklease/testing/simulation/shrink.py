@@ -63,7 +63,8 @@ DEFAULT_MAX_RUNS = 400
 
 @dataclass(frozen=True)
 class Configuration:
-    """Everything that fixes one simulation run (the fault probabilities are the defaults)."""
+    """Everything that fixes one simulation run (``rates``: the fault probabilities set apart
+    from the defaults, by kind)."""
 
     store: str
     seed: int
@@ -71,10 +72,12 @@ class Configuration:
     faults: frozenset[str] = frozenset(FAULT_KINDS)
     workload: frozenset[str] = frozenset(WORKLOAD_KINDS)
     script: frozenset[Occurrence] | None = None  # None: every fault drawn fires.
+    rates: tuple[tuple[str, float], ...] = ()
 
     @property
     def plan(self) -> FaultPlan:
-        return dataclasses.replace(FaultPlan.only(self.faults), script=self.script)
+        plan = FaultPlan.only(self.faults).with_rates(dict(self.rates))
+        return dataclasses.replace(plan, script=self.script)
 
     @property
     def replay(self) -> str:
