@@ -34,7 +34,8 @@ from tasklease.testing.simulation.faults import (
 )
 from tasklease.testing.simulation.history import Enqueued, History, Origin, Refusal
 from tasklease.testing.simulation.ledgers import EffectLedger, ledger_for
-from tasklease.testing.simulation.outbox import SimulatedOutbox, outbox_path
+from tasklease.testing.simulation.outbox import SimulatedOutbox
+from tasklease.testing.simulation.outbox_worlds import outbox_kind, outbox_world
 from tasklease.testing.simulation.replay import replay_command
 from tasklease.testing.simulation.workload import (
     LEASE,
@@ -187,7 +188,7 @@ class WorkloadScenario:
     def build(self, world: ScenarioWorld) -> BuiltScenario:
         asked = self.asked
         kinds = asked.kinds if world.ledger is not None else asked.kinds - NEEDS_TRANSACTIONS
-        if outbox_path(world.store) is None:
+        if outbox_kind(world.store) is None:
             kinds -= {"outbox"}
         if not kinds:
             raise ValueError(
@@ -436,14 +437,17 @@ class _Simulation:
         self.producer = producer_for(self.queue, engine)
         self.previous_producer = self.router.use_producer(self.producer)
         self.outbox: SimulatedOutbox | None = None
-        path = outbox_path(store)
-        if path is not None and "outbox" in self.kinds:
+        outbox = (
+            outbox_world(store, engine, random.Random(f"{seed}/outbox"), self.producer)
+            if "outbox" in self.kinds
+            else None
+        )
+        if outbox is not None:
             self.outbox = SimulatedOutbox(
-                path,
+                outbox,
                 engine,
                 history=self.history,
                 trace=self.trace,
-                rng=random.Random(f"{seed}/outbox"),
                 producer=self.producer,
                 running=lambda: not self.dispatcher.closed,
             )
