@@ -147,7 +147,7 @@ def test_the_outbox_workload_runs_clean_and_the_same_twice_on_each_database(
 
 # On Postgres, as on SQLite above: the entries a claim deletes at once are lost when a relay
 # is killed before their create.
-PG_LOST_SEED, PG_LOST_LIFECYCLES = 5, 300
+PG_LOST_SEED, PG_LOST_LIFECYCLES = 5, 60
 
 
 @pytest.mark.service

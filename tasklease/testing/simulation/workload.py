@@ -48,7 +48,7 @@ WORKLOAD_KINDS = (
     "manual_run",  # `gcloud scheduler jobs run` of that job: a run of its own.
     "exclusive_job",  # A slot of an exclusive job: one run at a time, overlaps skipped.
     "transactional",  # A task whose effect commits with its completion (needs transactions).
-    "outbox",  # A user's transaction stages an enqueue, commits or rolls back (SQLite only).
+    "outbox",  # A user's transaction stages an enqueue, commits or rolls back (not memory).
     "steps",  # A task of durable steps, each committing a ledger row (needs transactions).
     "continuation",  # A task that continues itself (ctx.continue_later) a seeded number of times.
     "fan_out",  # A task that fans out child tasks (Producer.fan_out), then writes.
