@@ -87,6 +87,9 @@ class PausedOutbox(OutboxDB):
     def close(self) -> None:
         self.inner.close()
 
+    def wait(self, timeout: float) -> bool:
+        return self.inner.wait(timeout)
+
     def migrate(self) -> None:
         self.inner.migrate()
 
@@ -164,12 +167,15 @@ class _RolledBack(Exception):
 
 
 class _SQLiteWorld:
+    """The store's file: the relay's :class:`~tasklease.outbox.db.SQLiteOutbox` on it, and a
+    user's ``sqlite3`` connection per transaction."""
+
     def __init__(self, path: str, stage: _Stage, paused: _Pause) -> None:
         self.path, self.stage = path, stage
         self.db = SQLiteOutbox(path)
         self.outbox = paused(self.db)
         self.db.migrate()
-        with sqlite3.connect(path, isolation_level=None) as connection:
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as connection:
             connection.execute("CREATE TABLE IF NOT EXISTS sim_orders (key TEXT PRIMARY KEY)")
 
     def user_transaction(self, key: str, commit: bool) -> EnqueueResult:
