@@ -24,10 +24,12 @@ class LockStore(LeaseStore):
     - :meth:`_read_modify_write_lock`: apply a change to one lock atomically, as
       :meth:`LeaseStore._read_modify_write` does for a run. The change may read the holder's
       run record through the reader it is given: a holder whose own attempt recorded its
-      run's end holds nothing, so a release that was lost never blocks the next run. Read it
-      in the same transaction where the backend can (SQLite, memory, Postgres); reading it
-      beside the lock's compare-and-set (Firestore) is enough, because "this attempt ended its
-      run" never becomes false (attempt ids are single use).
+      run's end holds nothing, so a release that was lost never blocks the next run; and a
+      requester of the lock's own run whose claim has passed to another attempt is refused.
+      Read it in the same transaction where the backend can (SQLite, memory, Postgres);
+      reading it beside the lock's compare-and-set (Firestore) is enough, because neither
+      "this attempt ended its run" nor "this run's claim passed on from that attempt" ever
+      becomes false again (attempt ids are single use).
     - :meth:`get_lock` and :meth:`list_locks`: plain reads.
 
     and purges lapsed locks (:func:`tasklease.worker.core.locking.lapses_at`) in

@@ -205,7 +205,8 @@ class FirestoreStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTal
                 lambda data: locks.decode(name, data),
                 locks.encode,
                 # The holder's run is read apart from the lock's precondition: enough, as the
-                # lock rules only ask whether the holding attempt ended its run (see base).
+                # lock rules only ask whether the holding attempt ended its run, or whether
+                # the requester's claim passed on: neither becomes false again (see base).
                 lambda lock: change(lock, self.get),
                 # Conflict covers Aborted and AlreadyExists; an uncertain write is read back.
                 retry_on=(api.Conflict, api.FailedPrecondition, api.NotFound, *UNCERTAIN),
