@@ -25,6 +25,7 @@ from tasklease.worker.core.records import RunStatus
 from tasklease.worker.core.steps import StepRecord
 from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.steps import StepRunner
+from tasklease.worker.runtime.clock import Timing
 from tasklease.worker.stores.base.transactional import TRANSACTIONAL_STEP_STORES, TransactionalStore
 from tasklease.worker.stores.memory.store import MemoryStore
 from tasklease.worker.stores.postgres.store import PostgresStore
@@ -228,6 +229,41 @@ def test_a_stale_attempts_step_is_rolled_back_and_raises_lease_lost(ledger: Ledg
     record = store.get("run-1")
     assert record is not None and steps.steps_of(record) == {}
     assert record.attempt_id == "attempt-2"
+
+
+def test_a_step_whose_lease_ran_out_on_the_way_to_its_transaction_never_runs(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempt's lease held when the step began, and ran out by its own clock before the
+    step's transaction opened (a stall, a call held up on its way): ``fn`` is not called."""
+    store = ledger.store
+    store.claim(claim_request(), T0)
+    now = [0.0]
+    attempt = Attempt(
+        "task", "h", "run-1", "attempt-1", T0 + timedelta(seconds=30), timing=Timing(lambda: now[0])
+    )
+    attempt.confirm_lease(T0 + timedelta(seconds=30), 30.0)
+    record_step = store.record_step_in_transaction
+
+    def held_up(*args: Any, **kwargs: Any) -> Any:
+        now[0] += 31.0  # On its way, the lease ran out by the attempt's own clock.
+        return record_step(*args, **kwargs)
+
+    monkeypatch.setattr(store, "record_step_in_transaction", held_up)
+    runner = StepRunner("run-1", attempt, store, None)
+    calls: list[Any] = []
+
+    def debit(tx: Any) -> int:
+        ledger.bump(tx)
+        calls.append(tx)
+        return 1
+
+    with pytest.raises(LeaseLost):
+        runner.run("debit", debit, transactional=True)
+    assert calls == []
+    assert ledger.balance() == 0
+    record = store.get("run-1")
+    assert record is not None and steps.steps_of(record) == {}
 
 
 def test_an_async_handlers_transactional_step_commits_with_its_record(tmp_path: Path) -> None:

@@ -75,6 +75,10 @@ def run_transactional_step(
     def step_work(transaction: Any) -> StepRecord:
         nonlocal tries
         tries += 1  # More than once where the database runs an aborted transaction again.
+        # Checked again here, not only before the store call: the attempt may have stalled,
+        # or its call been held up, until after another attempt took the run over and
+        # recorded this step. Its transaction would roll back, but ``fn`` would have run.
+        attempt.check_lease()
         # ctx.transaction, and no step nested in this one, for this step's own execution:
         # its coroutine's task, started from this thread, copies its context. The step call
         # is fresh at each try: its enqueues name the first try's tasks.
