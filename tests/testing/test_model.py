@@ -119,6 +119,20 @@ def test_a_lock_granted_while_another_run_holds_it_is_found() -> None:
     assert "a0 and a1 both hold the lock" in text
 
 
+def test_a_lock_taken_back_by_an_attempt_whose_claim_passed_on_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two runs of one concurrency key, the first delivered twice: its stale attempt takes
+    the lock from its successor, gives it back, and the other run takes it meanwhile."""
+    monkeypatch.setattr(locking, "claim_passed_on", lambda lock, request, run: False)
+    short = timedelta(seconds=2)
+    bounds = Bounds(attempts=3, runs=2, lock=True, lease=short, horizon=short, retention=short)
+    report = explore(bounds, Rules(), stop_at_violation=True)
+    text = found(report, "holders overlap")
+    assert "a1 and a2 both hold the lock" in text
+    assert "a0 takes the lock" in text and "a0 releases the lock" in text
+
+
 def test_a_renewal_that_extends_a_lapsed_lease_is_found() -> None:
     """The renewal was sent in time and lands after another attempt took the run over."""
 
