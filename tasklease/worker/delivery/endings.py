@@ -139,7 +139,18 @@ class Finisher:
         refused like that of a run taken over.
         """
         lock = live.lock
-        if not self.locks.release(live):
+        try:
+            released = self.locks.release(live)
+        except StoreUnavailable as exc:
+            # Whether another run took the lock is unknown: the record stays in progress
+            # until its lease expires, as when the outcome's own write fails.
+            return store_unavailable(
+                f"could not tell whether the lock {lock} was released ({reply.outcome.value} "
+                f"not recorded): {exc}",
+                live.run_id,
+                Outcome.UNRECORDED,
+            )
+        if not released:
             self.give_back(live, f"the lock {lock} was taken over by another run while it ran")
             return Reply.of(
                 Outcome.LOST_CLAIM,

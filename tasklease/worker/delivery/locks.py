@@ -143,7 +143,8 @@ class ExecutionLocks:
         landed unheard and the next run took the freed lock, or the lease lapsed after the
         handler had ended; either way nothing overlapped this run's execution. A holder from
         before the first try was let in by an operator's forced release: refused, as on a
-        first try."""
+        first try. Raises :class:`StoreUnavailable` when the lock cannot be read to tell the
+        two apart: the outcome cannot be recorded, but nothing took the run over."""
         name = live.lock
         if name is None:
             return True
@@ -163,13 +164,14 @@ class ExecutionLocks:
         live.lock = None
         if released or tries == 1 or not held_when_sent:
             return released
-        return self._taken_after(name, sent_at)
+        return self._taken_after(name, sent_at, live)
 
-    def _taken_after(self, name: str, sent_at: datetime) -> bool:
+    def _taken_after(self, name: str, sent_at: datetime, live: Attempt) -> bool:
         """Whether the lock's holder now took it after ``sent_at`` (this instance's clock, so
-        less the skew the protocol allows between instances)."""
-        try:
-            lock = lock_store(self.store).get_lock(name)
-        except StoreUnavailable:
-            return False
+        less the skew the protocol allows between instances). Read with the release's
+        retries; StoreUnavailable if the store stays down (not a takeover: the queue would
+        be told another attempt took the run while this one's lease still holds)."""
+        lock = retry_while_unavailable(
+            lambda: lock_store(self.store).get_lock(name), live.timing.sleep
+        )
         return lock is not None and lock.started_at >= sent_at - c.MAX_CLOCK_SKEW

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker.core.records import LockRequest
+from tasklease.worker.core.records import LockRecord, LockRequest
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.serving.app import create_app
@@ -55,6 +55,75 @@ def test_a_release_that_landed_unheard_lets_the_run_complete_once() -> None:
     retry = client.post("/tasks/post_ledger", headers=task_headers(retry=1), data=body)
     assert retry.headers["X-Tasklease-Outcome"] == "duplicate", retry.get_json()
     assert len(calls) == 1
+
+
+class ReleaseAnswerLostAndReadFails(ReleaseAnswerLost):
+    """As :class:`ReleaseAnswerLost`, and the first read of the lock then fails too (found by
+    the soak: SQLite, seed 75, an exclusive job's slot answered lost_claim and ran again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_next_read = True
+
+    def get_lock(self, name: str) -> LockRecord | None:
+        if self.fail_next_read:
+            self.fail_next_read = False
+            raise StoreUnavailable("the store did not answer the read")
+        return super().get_lock(name)
+
+
+def test_a_release_that_landed_unheard_is_recognised_though_a_read_fails_once() -> None:
+    router = Router()
+    calls: list[str] = []
+
+    @router.task("post_ledger", concurrency_key=lambda payload: payload["account"])
+    def post_ledger(payload: Any, ctx: TaskContext) -> None:
+        calls.append(ctx.attempt_id)
+
+    store = ReleaseAnswerLostAndReadFails()
+    client = create_app(router, store=store, auth="none").test_client()
+    body = json.dumps({"account": "acct-1"})
+    first = client.post("/tasks/post_ledger", headers=task_headers(), data=body)
+    assert first.status_code == 200, first.get_json()
+    assert first.headers["X-Tasklease-Outcome"] == "processed"
+    assert not store.fail_next_read
+    assert len(calls) == 1
+
+
+class ReleaseAnswerLostAndStoreDown(ReleaseAnswerLost):
+    """As :class:`ReleaseAnswerLost`, and the store then answers nothing more (found by the
+    soak: SQLite, seed 83, an outage began as the release was retried)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    def release_lock(self, name: str, attempt_id: str, now: Moment) -> bool:
+        if self.down:
+            return super().release_lock(name, attempt_id, now)
+        try:
+            return super().release_lock(name, attempt_id, now)
+        finally:
+            self.down = True
+
+    def get_lock(self, name: str) -> LockRecord | None:
+        if self.down:
+            raise StoreUnavailable("the store is down")
+        return super().get_lock(name)
+
+
+def test_a_release_that_cannot_be_told_from_a_takeover_is_unrecorded_not_lost() -> None:
+    router = Router()
+
+    @router.task("post_ledger", concurrency_key=lambda payload: payload["account"])
+    def post_ledger(payload: Any, ctx: TaskContext) -> None:
+        pass
+
+    client = create_app(router, store=ReleaseAnswerLostAndStoreDown(), auth="none").test_client()
+    body = json.dumps({"account": "acct-1"})
+    first = client.post("/tasks/post_ledger", headers=task_headers(), data=body)
+    assert first.status_code == 503, first.get_json()
+    assert first.headers["X-Tasklease-Outcome"] == "unrecorded"
 
 
 class ReleaseFailsAfterATakeover(MemoryStore):
