@@ -79,8 +79,8 @@ bench: $(STAMP) $(NODE_STAMP)
 
 # The simulation soak: SOAK_LIFECYCLES seeded lifecycles on SQLite (seeds of 2,000 each, over
 # 2 processes, a progress bar on stderr), then a table of lifecycles x faults x stores and the
-# violations, written into BENCHMARKS.md ("Simulation soak"). The full million takes about an
-# hour on this 2-core machine when quiet (20,000: 1 min 16 s); SOAK_LIFECYCLES=20000 is quick.
+# violations, written into BENCHMARKS.md ("Simulation soak"). The full million takes about
+# 2.5 hours on this 2-core machine when quiet (250,000: 38 min); SOAK_LIFECYCLES=20000 is quick.
 SOAK_LIFECYCLES ?= 1000000
 soak: $(STAMP)
 	$(BIN)/python -m bench.simulation_soak --lifecycles $(SOAK_LIFECYCLES) --per-seed 2000 \
