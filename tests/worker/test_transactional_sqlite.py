@@ -8,6 +8,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ from tasklease.testing.transaction_contract import TransactionContract
 from tasklease.testing.transactional_step_contract import TransactionalStepContract
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import RunStatus
+from tasklease.worker.delivery.executor import Executor
 from tasklease.worker.handlers.context import TaskContext
+from tasklease.worker.runtime.clock import Timing
 from tasklease.worker.stores.memory.store import MemoryStore
 from tasklease.worker.stores.sqlite.store import SqliteStore
 from tests.support.helpers import task_headers
@@ -116,6 +119,39 @@ def test_a_handler_that_raises_is_rolled_back_and_released_for_a_retry(
     assert _deliver(app, retry=1).headers["X-Tasklease-Outcome"] == "processed"
     assert _balance(store) == 1
     assert calls == [1, 2]
+
+
+def test_a_handler_whose_lease_ran_out_on_the_way_to_its_transaction_never_runs(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease held at the claim and ran out by the attempt's own clock before the
+    transaction opened (a stall, a call held up on its way): the handler is not called, and
+    the claim is given back for the next delivery."""
+    router = Router()
+    calls: list[str] = []
+
+    @router.task("charge", transactional=True, lease=timedelta(seconds=30))
+    def charge(payload: Any, ctx: TaskContext) -> None:
+        calls.append(ctx.run_id)
+        ctx.transaction.execute("UPDATE accounts SET balance = balance + 1")
+
+    app = create_app(router, store=store, auth="none")
+    executor: Executor = app.extensions["tasklease"]
+    now = [0.0]
+    executor.timing = Timing(lambda: now[0])
+    complete_in_transaction = store.complete_in_transaction
+
+    def held_up(*args: Any, **kwargs: Any) -> Any:
+        now[0] += 31.0  # On its way, the lease ran out by the attempt's own clock.
+        return complete_in_transaction(*args, **kwargs)
+
+    monkeypatch.setattr(store, "complete_in_transaction", held_up)
+    answer = _deliver(app)
+    assert answer.headers["X-Tasklease-Outcome"] == "lost_claim"
+    assert calls == []
+    assert _balance(store) == 0
+    record = store.get(store.list_runs()[0].run_id)
+    assert record is not None and record.status is RunStatus.RELEASED
 
 
 def test_a_permanent_failure_is_rolled_back_and_recorded_failed(store: SqliteStore) -> None:

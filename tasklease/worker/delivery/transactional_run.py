@@ -55,6 +55,10 @@ def run_in_transaction(
         nonlocal tries
         tries += 1
         log["transaction_tries"] = tries
+        # Checked again as the transaction opens, as a transactional step does: the attempt
+        # may have stalled, or its call been held up, past its lease on the way here. Its
+        # commit would be fenced, but the handler's effects outside the transaction not.
+        live.check_lease()
         call = current_call()
         if call is not None:  # A try again: its enqueues name the tasks of the first.
             call.restart()
