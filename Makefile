@@ -78,13 +78,13 @@ bench: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python bench/run_all.py
 
 # The simulation soak: SOAK_LIFECYCLES seeded lifecycles on SQLite (seeds of 2,000 each, over
-# 2 processes, a progress bar on stderr), then a table of lifecycles x faults x stores and the
-# violations, written into BENCHMARKS.md ("Simulation soak"). The full million takes about
-# 2.5 hours on this 2-core machine when quiet (250,000: 38 min); SOAK_LIFECYCLES=20000 is quick.
+# one process more than cores, a progress bar on stderr), then a table of lifecycles x faults x
+# stores and the violations, written into BENCHMARKS.md ("Simulation soak"). The full million
+# takes SOAK_TIME on this 2-core machine when quiet; SOAK_LIFECYCLES=20000 is quick.
 SOAK_LIFECYCLES ?= 1000000
 soak: $(STAMP)
 	$(BIN)/python -m bench.simulation_soak --lifecycles $(SOAK_LIFECYCLES) --per-seed 2000 \
-		--processes 2 --stores sqlite
+		--stores sqlite
 
 clean:
 	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache .tasklease site

@@ -79,6 +79,7 @@ def test_a_small_soak_prints_its_table_and_writes_it_labelled_as_reduced(
     assert written.startswith(f"# Benchmarks\n\n{SECTION}\n")
     assert "A reduced run: 30 lifecycles a store, not the 1,000,000 of `make soak`" in written
     assert "--lifecycles 30 --per-seed 15 --processes 1 --stores memory" in written
+    assert "spread over\n1 process, and checks each history" in written
 
 
 def test_an_unknown_store_stops_before_any_seed(capsys: pytest.CaptureFixture[str]) -> None:
