@@ -64,8 +64,12 @@ size:
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
+# The suite over TEST_WORKERS processes (pytest-xdist; one a core by default). Each starts the
+# services its tests need (emulators, a Postgres cluster) on free ports of its own; the tests
+# of one gcloud batch share a worker (tests/conftest.py). `$(BIN)/pytest` alone runs serially.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 test: lint docs $(NODE_STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # The fault suite at full scale (tests/faults; `make test` runs it reduced), printing each
 # scenario's counts. BENCHMARKS.md records one run.

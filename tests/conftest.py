@@ -3,7 +3,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
@@ -32,6 +32,14 @@ def _tasklease_logs_propagate() -> Iterator[None]:
     logger.propagate = True
     yield
     logger.propagate, logger.handlers[:] = saved[0], saved[1]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``), the tests of the gcloud batch run on one
+    worker: each worker would otherwise start the whole batch of gcloud commands again."""
+    for item in items:
+        if "gcloud_verdicts" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("gcloud"))
 
 
 @pytest.fixture(scope="session")
@@ -172,14 +180,63 @@ def _firestore_emulator_gaps(request: pytest.FixtureRequest) -> None:
         pytest.skip(f"npm Firestore emulator gap: {mark.args[0]}")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(report: Any) -> Generator[None, Any, Any]:
+    """A report as pytest-xdist's worker sends it, with every lone surrogate escaped: the
+    channel encodes text as strict UTF-8, and a test's captured log may quote a name decoded
+    with surrogateescape (``os.fsdecode(b"\\xff")``), which stopped the whole run."""
+    data = yield
+    return _encodable(data)
+
+
+def _encodable(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(key): _encodable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_encodable(item) for item in value)
+    return value
+
+
+# Why a pytest-xdist worker's Firestore tests ran on the npm fallback, as the workers told the
+# controlling process (which starts no emulator itself, so it cannot know).
+_WORKERS_ON_NPM: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a pytest-xdist worker, pass on to the controller whether it fell back to npm."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and firestore_support.session.backend == firestore_support.NPM:
+        workeroutput["firestore_fallback"] = firestore_support.session.fallback_reason
+
+
+class _WorkerReports:
+    """pytest-xdist's hooks, registered only where it is installed: this conftest also runs in
+    the fresh environments of the examples' own tests, which have no pytest-xdist."""
+
+    @staticmethod
+    def pytest_testnodedown(node: Any, error: Any) -> None:
+        """On the controller, hear a worker's fallback."""
+        if "firestore_fallback" in getattr(node, "workeroutput", {}):
+            _WORKERS_ON_NPM.append(str(node.workeroutput["firestore_fallback"]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_WorkerReports(), "tasklease-worker-reports")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Say at the end of the run, too, that the Firestore tests ran on the weaker fallback."""
+    reasons = list(_WORKERS_ON_NPM)
     if firestore_support.session.backend == firestore_support.NPM:
+        reasons.append(str(firestore_support.session.fallback_reason))
+    if reasons:
         terminalreporter.section("Firestore emulator", sep="!", red=True, bold=True)
         terminalreporter.line(
             "Firestore tests ran on the npm fallback emulator, NOT Google's: "
-            f"{firestore_support.session.fallback_reason}. "
-            "Tests needing preconditions were skipped.",
+            f"{reasons[0]}. Tests needing preconditions were skipped.",
             red=True,
             bold=True,
         )
