@@ -84,7 +84,8 @@ bench: $(STAMP) $(NODE_STAMP)
 # The simulation soak: SOAK_LIFECYCLES seeded lifecycles on SQLite (seeds of 2,000 each, over
 # one process more than cores, a progress bar on stderr), then a table of lifecycles x faults x
 # stores and the violations, written into BENCHMARKS.md ("Simulation soak"). The full million
-# takes SOAK_TIME on this 2-core machine when quiet; SOAK_LIFECYCLES=20000 is quick.
+# took 2 h 18 min on this 2-core machine beside a test run (BENCHMARKS.md); SOAK_LIFECYCLES=20000
+# is quick.
 SOAK_LIFECYCLES ?= 1000000
 soak: $(STAMP)
 	$(BIN)/python -m bench.simulation_soak --lifecycles $(SOAK_LIFECYCLES) --per-seed 2000 \
