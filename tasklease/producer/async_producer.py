@@ -101,12 +101,20 @@ class AsyncProducer(TaskBuilder[AsyncTaskTransport, Callable[[float], Awaitable[
         ctx: RunContext,
         task_name: str,
         items: Iterable[tuple[str, Any]],
+        *,
+        then: str | None = None,
         **options: Any,
     ) -> list[EnqueueResult]:
-        """From a scheduled handler, one task per item keyed by the run:
-        :meth:`Producer.fan_out`, awaited (raises the same :class:`FanOutIncomplete`)."""
+        """From a handler, one task per item keyed by the run: :meth:`Producer.fan_out`
+        (``then=`` too), awaited (raises the same :class:`FanOutIncomplete`)."""
         items = list(items)
-        results = await self.enqueue_many(task_name, fan_out_items(ctx, items), **options)
+        if then is None:
+            results = await self.enqueue_many(task_name, fan_out_items(ctx, items), **options)
+            return fan_out_done(task_name, items, results)
+        requests, closing = self._build_fan_in(ctx, task_name, items, then, Options(**options))
+        if closing is not None:
+            return [await self._create(closing[1], closing[0])]
+        results = await self._create_many(requests, asyncio.Semaphore(32))
         return fan_out_done(task_name, items, results)
 
     async def aclose(self) -> None:

@@ -5,6 +5,7 @@ request reaches the queue."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,6 +21,8 @@ from tasklease.producer.results import EnqueueResult, FanOutIncomplete
 from tasklease.producer.retry import RetryPolicy
 from tasklease.producer.transport import TaskRequest
 from tasklease.protocol import (
+    FAN_IN_HEADER,
+    FAN_IN_OF_HEADER,
     LARGE_TASK_BYTES,
     LOCATION_HEADER,
     MAX_TASK_BYTES,
@@ -212,6 +215,42 @@ class TaskBuilder(Generic[TransportT, SleepT]):
         """Every item's request, all validated before anything is sent."""
         return [(key, self._build(task_name, payload, key, options)) for key, payload in items]
 
+    def _build_fan_in(
+        self,
+        ctx: RunContext,
+        task_name: str,
+        items: Sequence[tuple[str, Any]],
+        then: str,
+        options: Options,
+    ) -> tuple[list[tuple[str | None, TaskRequest]], tuple[str, TaskRequest] | None]:
+        """A fan-out with ``then=``: every child's request (each with its fan-in header), and
+        for no items the ``then`` task's own (the join closes at once). All validated."""
+        if self.router is not None and not self.router.has_task(then):
+            raise InvalidTask(
+                f"then {then!r}: the producer's router has no task handler of that name"
+            )
+        join, children = fan_in_plan(ctx, task_name, items, then)
+        requests: list[tuple[str | None, TaskRequest]] = []
+        for key, payload, header in children:
+            merged = {**(options.headers or {}), **header}
+            requests.append(
+                (
+                    key,
+                    self._build(
+                        task_name, payload, key, dataclasses.replace(options, headers=merged)
+                    ),
+                )
+            )
+        if children:
+            return requests, None
+        from tasklease.worker.core.fan_in import then_key  # noqa: PLC0415 - fan-ins only.
+
+        closing = dataclasses.replace(
+            options, headers={**(options.headers or {}), FAN_IN_OF_HEADER: join}
+        )
+        key = then_key(join)
+        return [], (key, self._build(then, empty_fan_in_payload(ctx, join), key, closing))
+
 
 def env_settings(environ: Mapping[str, str] | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """A producer's constructor arguments from ``TASKLEASE_*`` variables, then ``overrides``
@@ -249,6 +288,53 @@ def env_settings(environ: Mapping[str, str] | None, overrides: Mapping[str, Any]
 def fan_out_items(ctx: RunContext, items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """A fan-out's items, each key combined with the run's id."""
     return [(f"{ctx.run_id}/{item_key}", payload) for item_key, payload in items]
+
+
+def fan_in_plan(
+    ctx: RunContext, task_name: str, items: Sequence[tuple[str, Any]], then: str
+) -> tuple[str, list[tuple[str, Any, dict[str, str]]]]:
+    """A fan-out with ``then=``: its join id, and each child's key (from the join, so from
+    the run), payload and fan-in header. Refuses item keys that repeat (the join would wait
+    for a child that never comes) or are not text."""
+    from tasklease.worker.core import fan_in  # noqa: PLC0415 - fan-ins only.
+
+    _check_handler_name("then", then)
+    keys = [key for key, _ in items]
+    seen: set[str] = set()
+    for key in keys:
+        if not isinstance(key, str) or not key:
+            raise InvalidTask(f"fan-out item key {key!r}: item keys are non-empty strings")
+        if key in seen:
+            raise InvalidTask(
+                f"fan-out item key {key!r} appears twice: a join counts one child per key"
+            )
+        seen.add(key)
+    continuation = getattr(ctx, "continuation", 0)
+    join = fan_in.join_id(
+        ctx.run_id, continuation if isinstance(continuation, int) else 0, task_name, then, keys
+    )
+    members = fan_in.members(join, ctx.run_id, then, keys)
+    children = [
+        (f"{join}/{key}", payload, {FAN_IN_HEADER: member.header()})
+        for (key, payload), member in zip(items, members, strict=True)
+    ]
+    return join, children
+
+
+def empty_fan_in_payload(ctx: RunContext, join: str) -> dict[str, Any]:
+    """The ``then`` payload of a fan-out with no items: it closes as it opens."""
+    return {
+        "join_id": join,
+        "parent_run_id": ctx.run_id,
+        "summary": {"total": 0, "completed": 0, "failed": 0},
+        "results": [],
+        "next_after": None,
+    }
+
+
+def _check_handler_name(what: str, name: str) -> None:
+    if not name or not all(ch.isascii() and (ch.isalnum() or ch in "-_") for ch in name):
+        raise InvalidTask(f"{what} {name!r}: use letters, digits, '-' or '_'")
 
 
 def fan_out_done(

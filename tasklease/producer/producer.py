@@ -152,18 +152,33 @@ class Producer(TaskBuilder[TaskTransport, Callable[[float], None]]):
         ctx: RunContext,
         task_name: str,
         items: Iterable[tuple[str, Any]],
+        *,
+        then: str | None = None,
         **options: Any,
     ) -> list[EnqueueResult]:
-        """From a scheduled handler: one task per ``(item_key, payload)``, keyed by the run.
+        """From a handler: one task per ``(item_key, payload)``, keyed by the run.
 
         Each child's key combines ``ctx.run_id`` with the item key, so a re-delivered (or
-        retried) scheduler run re-creates nothing, while the next run creates fresh tasks.
-        Every child is tried; if any could not be created, raises :class:`FanOutIncomplete`
-        naming their keys, so the run is released rather than completed with children missing,
-        and its retry creates only those (the others come back ``created=False``).
+        retried) run re-creates nothing, while the next run creates fresh tasks. Every child
+        is tried; if any could not be created, raises :class:`FanOutIncomplete` naming their
+        keys, so the run is released rather than completed with children missing, and its
+        retry creates only those (the others come back ``created=False``).
+
+        ``then="handler"`` makes the fan-out a join: when every child has finished (completed,
+        or failed for good), the task handler ``then`` runs once, with every child's key,
+        status and result (see the fan-in guide). Item keys must then be unique, and the
+        items the same in every attempt of the run (compute them in a step).
         """
         items = list(items)
-        results = self.enqueue_many(task_name, fan_out_items(ctx, items), **options)
+        if then is None:
+            results = self.enqueue_many(task_name, fan_out_items(ctx, items), **options)
+            return fan_out_done(task_name, items, results)
+        with tracing.enqueue_span(task_name, self.queue_path(options.get("queue"))) as span:
+            requests, closing = self._build_fan_in(ctx, task_name, items, then, Options(**options))
+            if closing is not None:
+                return [self._create(closing[1], closing[0])]
+            results = self.send(requests)
+            tracing.enqueued(span, results)
         return fan_out_done(task_name, items, results)
 
     def close(self) -> None:

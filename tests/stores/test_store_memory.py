@@ -4,6 +4,7 @@ import gc
 
 import pytest
 
+from tasklease.testing.fan_in_contract import FanInContract
 from tasklease.testing.store_contract import (
     LockContract,
     OperationsContract,
@@ -14,7 +15,9 @@ from tasklease.worker.stores import MemoryStore
 from tests.support.helpers import T0, claim_request
 
 
-class TestMemoryStore(StoreContract, LockContract, OperationsContract, TallyContract):
+class TestMemoryStore(
+    StoreContract, LockContract, FanInContract, OperationsContract, TallyContract
+):
     @pytest.fixture
     def store(self) -> MemoryStore:
         return MemoryStore()

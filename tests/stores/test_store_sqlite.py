@@ -9,6 +9,7 @@ import pytest
 
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.testing.contract_support import lock_request
+from tasklease.testing.fan_in_contract import FanInContract, FanInCrossProcess
 from tasklease.testing.store_contract import (
     CrossProcessContract,
     LockContract,
@@ -22,7 +23,13 @@ from tests.support.helpers import T0, claim_request
 
 
 class TestSqliteStore(
-    StoreContract, LockContract, OperationsContract, CrossProcessContract, TallyContract
+    StoreContract,
+    LockContract,
+    FanInContract,
+    FanInCrossProcess,
+    OperationsContract,
+    CrossProcessContract,
+    TallyContract,
 ):
     @pytest.fixture
     def store(self, tmp_path: Path) -> Iterator[SqliteStore]:

@@ -21,6 +21,8 @@ from tasklease import protocol
 from tasklease.errors import InvalidDelivery
 from tasklease.protocol import rfc3339
 from tasklease.worker.core import constants as c
+from tasklease.worker.core import fan_in
+from tasklease.worker.core.fan_in import Member
 from tasklease.worker.core.steps import parse_continuation_header
 
 _T = TypeVar("_T")
@@ -32,6 +34,7 @@ _JOB_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{protocol.MAX_JOB_NAME_LENGTH}}}", re
 _PROJECT = re.compile(r"[a-z0-9:.-]{1,100}", re.ASCII)
 _LOCATION = re.compile(r"[a-z0-9-]{1,63}", re.ASCII)
 _RETRY_REASON = re.compile(r"[\x20-\x7e]{0,256}", re.ASCII)
+_JOIN_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
 _MAX_COUNT = 10**9
 # ETA / schedule times outside this range are not something either service sends.
 _EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
@@ -72,6 +75,10 @@ class DeliveryIdentity:
     # task name are not the run's identity. 0: not a continuation.
     continues: str | None = None
     continuation_seq: int = 0
+    # A child of a fan-out with then= (counted in its join when it finishes), and a join's
+    # then task (the join whose results it gets).
+    fan_in: Member | None = None
+    fan_in_of: str | None = None
     # Per-attempt fields, informational only.
     retry_count: int | None = None
     execution_count: int | None = None
@@ -183,6 +190,8 @@ def parse_identity(
             retry_reason=_optional(header, c.TASKS_RETRY_REASON, _matching(_RETRY_REASON)),
             continues=continued[0] if continued else None,
             continuation_seq=continued[1] if continued else 0,
+            fan_in=_optional(header, protocol.FAN_IN_HEADER, fan_in.parse_header),
+            fan_in_of=_optional(header, protocol.FAN_IN_OF_HEADER, _matching(_JOIN_ID)),
         )
     schedule_time = _required(header, c.SCHEDULER_SCHEDULE_TIME, parse_rfc3339)
     ahead = schedule_time - received_at if received_at is not None else timedelta(0)

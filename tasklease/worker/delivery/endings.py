@@ -16,15 +16,18 @@ from datetime import datetime, timedelta
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core import decisions
 from tasklease.worker.core.endings import Action, Ending
+from tasklease.worker.core.fan_in import Member, Progress
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.outcome import Outcome
 from tasklease.worker.core.records import RunStatus
+from tasklease.worker.delivery.fan_in import FanIns
 from tasklease.worker.delivery.locks import ExecutionLocks
 from tasklease.worker.delivery.reply import Reply
 from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.observe import telemetry
 from tasklease.worker.observe.logs import note_error
+from tasklease.worker.stores.base.fan_ins import FanInStore
 from tasklease.worker.stores.base.retries import retry_while_unavailable
 from tasklease.worker.stores.base.store import LeaseStore
 
@@ -54,6 +57,7 @@ class Finisher:
         self.clock = clock
         self.locks = locks
         self.router = router
+        self.fan_ins = FanIns(store, router, clock)
 
     def end(self, live: Attempt, ending: Ending, exc: BaseException, body: bytes) -> Reply:
         """Write ``ending`` (any but :attr:`Action.COMPLETE`, which only the path that holds
@@ -75,17 +79,27 @@ class Finisher:
         return reply
 
     def complete(self, live: Attempt, result_json: str | None) -> Reply:
-        """Record the run as completed with ``result_json``, as :meth:`finish` does."""
+        """Record the run as completed with ``result_json``, as :meth:`finish` does (a fan-in
+        child counted in its join in the same write)."""
+        reply = Reply.of(Outcome.PROCESSED, "processed", live.run_id, result_json=result_json)
+        keep_for = self.retention(live)
+        store = self.store
+        if isinstance(store, FanInStore) and live.fan_in is not None:
+            member = live.fan_in
+            return self._finish_member(
+                live,
+                member,
+                lambda: store.complete_member(
+                    member, live.run_id, live.attempt_id, result_json, self.clock, keep_for=keep_for
+                ),
+                reply,
+            )
         return self.finish(
             live,
-            lambda: self.store.complete(
-                live.run_id,
-                live.attempt_id,
-                result_json,
-                self.clock,
-                keep_for=self.retention(live),
+            lambda: store.complete(
+                live.run_id, live.attempt_id, result_json, self.clock, keep_for=keep_for
             ),
-            Reply.of(Outcome.PROCESSED, "processed", live.run_id, result_json=result_json),
+            reply,
         )
 
     def release(self, live: Attempt, error: str, message: str) -> Reply:
@@ -100,20 +114,58 @@ class Finisher:
         )
 
     def fail(self, live: Attempt, error: str, body: bytes) -> Reply:
-        """Record the run as failed (a dead letter keeping ``body``), as :meth:`finish` does."""
+        """Record the run as failed (a dead letter keeping ``body``), as :meth:`finish` does
+        (a fan-in child counted in its join, as failed, in the same write)."""
         payload = body.decode("utf-8", errors="backslashreplace")
+        reply = Reply.of(Outcome.FAILED, error, live.run_id, {"status": "failed"})
+        keep_for = self.retention(live)
+        store = self.store
+        if isinstance(store, FanInStore) and live.fan_in is not None:
+            member = live.fan_in
+            return self._finish_member(
+                live,
+                member,
+                lambda: store.fail_member(
+                    member,
+                    live.run_id,
+                    live.attempt_id,
+                    error,
+                    self.clock,
+                    payload=payload,
+                    keep_for=keep_for,
+                ),
+                reply,
+            )
         return self.finish(
             live,
-            lambda: self.store.fail(
-                live.run_id,
-                live.attempt_id,
-                error,
-                self.clock,
-                payload,
-                keep_for=self.retention(live),
+            lambda: store.fail(
+                live.run_id, live.attempt_id, error, self.clock, payload, keep_for=keep_for
             ),
-            Reply.of(Outcome.FAILED, error, live.run_id, {"status": "failed"}),
+            reply,
         )
+
+    def _finish_member(
+        self,
+        live: Attempt,
+        member: Member,
+        write: Callable[[], Progress | None],
+        reply: Reply,
+    ) -> Reply:
+        """:meth:`finish` with a write that counts the child in its join; then the join
+        closed, if this finish (or an earlier one) filled it."""
+        progress: list[Progress] = []
+
+        def counted() -> bool:
+            written = write()
+            if written is None:
+                return False
+            progress[:] = [written]
+            return True
+
+        answered = self.finish(live, counted, reply)
+        if answered is not reply or not progress:
+            return answered
+        return self.fan_ins.closed(member, progress[0], reply)
 
     def give_back(self, live: Attempt, error: str, *, count: bool = True) -> None:
         """Release a claim this attempt will not use, if it still holds it (best effort: a

@@ -50,6 +50,9 @@ __all__ = ["Delivery", "Executor", "Reply", "decode_payload"]
 # Verdicts a read alone may act on: a finished run stays finished until its record expires.
 _SETTLED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.FORBIDDEN, Verdict.SKIPPED})
 
+# A fan-in child whose run ended so: counted in its join.
+_FINISHED_CHILD = frozenset({Verdict.COMPLETED, Verdict.FAILED})
+
 _AUTH_OUTCOMES = {401: Outcome.UNAUTHENTICATED, 403: Outcome.FORBIDDEN, 503: Outcome.UNAVAILABLE}
 
 
@@ -195,6 +198,8 @@ class Executor:
     ) -> Steps[Reply]:
         log.update(_identity_fields(identity))
         run_id = identity.run_id
+        if (refused := self.finisher.fan_ins.refusal(identity.fan_in)) is not None:
+            return refused
         if identity.continues is not None or identity.is_retry:
             # A retry or a continuation has most likely been seen before: one read answers a
             # finished run without a write (no write lock on SQLite, one RPC on Firestore).
@@ -209,7 +214,7 @@ class Executor:
                     return refused
             verdict = decisions.decide(seen, now, caller)
             if seen is not None and verdict in _SETTLED:
-                return self._settled(verdict, seen, log)
+                return self._settled(verdict, seen, log, identity, spec)
         request = ClaimRequest(
             run_id=run_id,
             kind=identity.kind.value,
@@ -235,7 +240,7 @@ class Executor:
         ):
             return moved  # A later delivery of the chain holds the run: this one is done.
         if claim.verdict is not Verdict.CLAIMED:
-            return self._settled(claim.verdict, record, log)
+            return self._settled(claim.verdict, record, log, identity, spec)
         log.update(
             attempt_id=record.attempt_id,
             attempt=record.attempts,
@@ -249,10 +254,11 @@ class Executor:
             record.run_id,
             record.attempt_id,
             record.lease_expires,
+            fan_in=identity.fan_in,
             timing=self.timing,
         )
         runner = StepRunner.of(record, live, self.store, self.clock)
-        ctx = view_of(live, identity, record, body, runner)
+        ctx = view_of(live, identity, record, body, runner, producers=self.router)
         answered = self.timing.monotonic()
         live.confirm_lease(
             record.lease_expires,
@@ -273,8 +279,24 @@ class Executor:
         log.update(runner.log_fields())
         return reply
 
-    def _settled(self, verdict: Verdict, record: RunRecord, log: dict[str, Any]) -> Reply:
-        """The answer to a delivery that may not run the handler, given the stored record."""
+    def _settled(
+        self,
+        verdict: Verdict,
+        record: RunRecord,
+        log: dict[str, Any],
+        identity: DeliveryIdentity,
+        spec: HandlerSpec,
+    ) -> Reply:
+        """The answer to a delivery that may not run the handler, given the stored record; a
+        finished fan-in child's settles its join first (counted, closed), if still due."""
+        reply = self._settled_reply(verdict, record, log)
+        if identity.fan_in is not None and verdict in _FINISHED_CHILD:
+            return self.finisher.fan_ins.recount(
+                identity.fan_in, record.run_id, reply, spec.retention
+            )
+        return reply
+
+    def _settled_reply(self, verdict: Verdict, record: RunRecord, log: dict[str, Any]) -> Reply:
         if verdict is not Verdict.FORBIDDEN:  # Another caller learns nothing of the run.
             log.update(
                 attempt_id=record.attempt_id,
@@ -319,7 +341,7 @@ class Executor:
             if overlap is not None:
                 return finisher.finish(live, overlap.write, overlap.reply)
         if spec.transactional:
-            return run_in_transaction(
+            reply = run_in_transaction(
                 self.lease_keeper,
                 finisher,
                 spec,
@@ -329,6 +351,11 @@ class Executor:
                 body=body,
                 log=log,
             )
+            if live.fan_in is not None and reply.outcome is Outcome.PROCESSED:
+                # Its record committed in the handler's transaction, not beside its join:
+                # counted now, or by the retry a failure here answers for.
+                return finisher.fan_ins.recount(live.fan_in, live.run_id, reply, spec.retention)
+            return reply
         try:
             with (
                 self.lease_keeper.kept(live, spec.lease, keep_for=spec.retention),

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from tasklease.errors import LeaseLost
+from tasklease.worker.core.fan_in import Member
 from tasklease.worker.runtime.clock import REAL_TIMING, Timing
 
 # The transactional step the calling code runs inside, as (its attempt, its transaction). A
@@ -43,6 +44,8 @@ class Attempt:
     # The store's native transaction while a transactional handler runs in it, else None
     # (a transactional step's is in_step_transaction's, for its own execution only).
     transaction: Any = None
+    # The join this attempt's run is a child of (a fan-out with then=): counted when it ends.
+    fan_in: Member | None = None
     # The local clock the lease is measured by, and the pause before a store write's retry.
     timing: Timing = field(default=REAL_TIMING, repr=False)
     # Set once, by the keeper's thread or a lease check, and never cleared; nothing waits on

@@ -5,16 +5,20 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasklease.worker.core.identity import DeliveryIdentity, Kind, parse_rfc3339
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.handlers.attempt import Attempt
+from tasklease.worker.handlers.fan_outs import FanOuts
 from tasklease.worker.handlers.steps import DurableSteps, StepRunner
+
+if TYPE_CHECKING:
+    from tasklease.worker.handlers.handles import Producers
 
 
 @dataclass(frozen=True, eq=False, init=False)
-class TaskContext(DurableSteps):
+class TaskContext(DurableSteps, FanOuts):
     """One execution of a task or scheduled run, as the handler sees it.
 
     ``fencing_token`` grows with every new claim of the same run: pass it to downstream
@@ -43,8 +47,10 @@ class TaskContext(DurableSteps):
     schedule_time: datetime | None
     project: str | None
     location: str | None
+    fan_in_of: str | None  # In a join's then handler: the join (see fan_in_results).
     _live: Attempt = field(repr=False)
     _steps: StepRunner = field(repr=False)
+    _producers: Producers | None = field(repr=False)
 
     def __init__(  # noqa: PLR0917 - the arguments (and order) it always took.
         self,
@@ -72,10 +78,13 @@ class TaskContext(DurableSteps):
         *,
         live: Attempt | None = None,
         steps: StepRunner | None = None,
+        producers: Producers | None = None,
+        fan_in_of: str | None = None,
     ) -> None:
         """``live``: the executor's attempt, which this view reads (the lease and lock given
-        are then its own). Without it, as in a handler's unit test, the view reads an attempt
-        of its own, started with the lease and lock given."""
+        are then its own); ``producers``: the router ``fan_out`` enqueues through. Without
+        ``live``, as in a handler's unit test, the view reads an attempt of its own, started
+        with the lease and lock given."""
         if live is None:
             live = Attempt(
                 kind, handler, run_id, attempt_id, lease_expires, lock, lock_fencing_token
@@ -100,8 +109,10 @@ class TaskContext(DurableSteps):
             schedule_time=schedule_time,
             project=project,
             location=location,
+            fan_in_of=fan_in_of,
             _live=live,
             _steps=steps if steps is not None else StepRunner(run_id, live),
+            _producers=producers,
         )
 
     @property
@@ -167,6 +178,8 @@ def view_of(
     record: RunRecord,
     body: bytes,
     steps: StepRunner | None = None,
+    *,
+    producers: Producers | None = None,
 ) -> TaskContext:
     """The handler's view of the attempt ``live``, claimed for ``identity`` as ``record``.
     A scheduled run's continuation (a Cloud Tasks task) sees the job and schedule time of
@@ -197,4 +210,6 @@ def view_of(
         location=identity.location,
         live=live,
         steps=steps,
+        producers=producers,
+        fan_in_of=identity.fan_in_of,
     )

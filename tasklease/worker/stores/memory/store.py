@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from tasklease.worker.core import locking
+from tasklease.worker.core.fan_in import Entry, FanInRecord, Member, Progress
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base.codec import Conversion, RecordCodec
+from tasklease.worker.stores.base.fan_ins import FanInStore, count_member_in
 from tasklease.worker.stores.base.locks import LockStore
 from tasklease.worker.stores.base.queries import OperatorQueries
-from tasklease.worker.stores.base.store import Change, LockChange
+from tasklease.worker.stores.base.store import Change, LockChange, Moment, resolve
 from tasklease.worker.stores.base.tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
 from tasklease.worker.stores.memory.tally import TallyTable
 
@@ -27,7 +29,7 @@ _CODEC = RecordCodec(RunRecord, mapping=Conversion(lambda m: tuple(sorted(m.item
 Packed = tuple[Any, ...]
 
 
-class MemoryStore(LockStore, OperatorQueries, DeliveryTally):
+class MemoryStore(LockStore, FanInStore, OperatorQueries, DeliveryTally):
     """Records in a dict behind one lock. Shared by the threads of one process only.
 
     Records are kept as flat tuples of immutable values, which Python's cycle collector stops
@@ -40,6 +42,7 @@ class MemoryStore(LockStore, OperatorQueries, DeliveryTally):
     def __init__(self) -> None:
         self._records: dict[str, Packed] = {}
         self._locks: dict[str, LockRecord] = {}  # Few: one per exclusive job or busy key.
+        self._joins = _Joins()
         self._lock = threading.Lock()
         self.tally = TallyTable()  # The DeliveryTally methods delegate to it.
 
@@ -61,6 +64,41 @@ class MemoryStore(LockStore, OperatorQueries, DeliveryTally):
             if new_lock is not None:
                 self._locks[name] = new_lock
             return value
+
+    def _read_modify_write_member(
+        self, run_id: str, member: Member, change: Change[_T], now: Moment, keep_for: timedelta
+    ) -> tuple[_T, Progress]:
+        with self._lock:
+            packed = self._records.get(run_id)
+            stored = None if packed is None else _unpack(packed)
+            new_record, value = change(stored)
+            if new_record is not None:
+                self._records[run_id] = _pack(new_record)
+            after = new_record if new_record is not None else stored
+            return value, count_member_in(self._joins, after, member, resolve(now), keep_for)
+
+    def get_fan_in(self, join_id: str) -> FanInRecord | None:
+        with self._lock:
+            return self._joins.join(join_id)
+
+    def fan_in_entries(
+        self, join_id: str, after: str | None = None, limit: int = 1000
+    ) -> list[Entry]:
+        with self._lock:
+            entries = list(self._joins.entries.get(join_id, {}).values())
+        entries = [e for e in entries if after is None or e.key > after]
+        return sorted(entries, key=lambda e: e.key)[:limit]
+
+    def fan_ins_of(self, parent_run_id: str, limit: int = 100) -> list[FanInRecord]:
+        with self._lock:
+            joins = [j for j in self._joins.joins.values() if j.parent_run_id == parent_run_id]
+        return sorted(joins, key=lambda j: (j.created_at, j.join_id), reverse=True)[:limit]
+
+    def mark_then_enqueued(self, join_id: str, now: datetime) -> None:
+        with self._lock:
+            join = self._joins.join(join_id)
+            if join is not None and join.then_enqueued_at is None:
+                self._joins.put_join(join.replace(then_enqueued_at=now))
 
     def get_lock(self, name: str) -> LockRecord | None:
         with self._lock:
@@ -92,7 +130,8 @@ class MemoryStore(LockStore, OperatorQueries, DeliveryTally):
             lapsed = [name for name, lock in self._locks.items() if locking.lapses_at(lock) <= now]
             for name in lapsed:
                 del self._locks[name]
-        return len(expired) + len(lapsed) + self.purge_delivery_counts(now - TALLY_KEPT)
+            joins = self._joins.purge(now)
+        return len(expired) + len(lapsed) + joins + self.purge_delivery_counts(now - TALLY_KEPT)
 
     def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
         self.tally.write(instance, counts)
@@ -120,6 +159,33 @@ class MemoryStore(LockStore, OperatorQueries, DeliveryTally):
         with self._lock:
             records = [_unpack(packed) for packed in self._records.values()]
         return [r for r in records if r.identity.get(name) == value]
+
+
+class _Joins:
+    """The joins and their entries (read and written under the store's lock)."""
+
+    def __init__(self) -> None:
+        self.joins: dict[str, FanInRecord] = {}
+        self.entries: dict[str, dict[str, Entry]] = {}
+
+    def join(self, join_id: str) -> FanInRecord | None:
+        return self.joins.get(join_id)
+
+    def has_entry(self, join_id: str, key: str) -> bool:
+        return key in self.entries.get(join_id, {})
+
+    def add_entry(self, entry: Entry) -> None:
+        self.entries.setdefault(entry.join_id, {})[entry.key] = entry
+
+    def put_join(self, join: FanInRecord) -> None:
+        self.joins[join.join_id] = join
+
+    def purge(self, now: datetime) -> int:
+        expired = [j.join_id for j in self.joins.values() if j.expire_at <= now]
+        for join_id in expired:
+            del self.joins[join_id]
+            self.entries.pop(join_id, None)
+        return len(expired)
 
 
 def _pack(record: RunRecord) -> Packed:

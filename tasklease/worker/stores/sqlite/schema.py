@@ -14,7 +14,7 @@ from typing import Any
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.stores.base.codec import Conversion, RecordCodec
-from tasklease.worker.stores.sqlite import locks
+from tasklease.worker.stores.sqlite import fan_ins, locks
 
 __all__ = [
     "INSERT",
@@ -133,7 +133,7 @@ def migrate(connection: sqlite3.Connection, path: Path) -> None:
             )
         if version == 1:  # Version 2 added the caller column.
             connection.execute("ALTER TABLE runs ADD COLUMN caller TEXT")
-        for statement in filter(str.strip, SCHEMA.split(";")):
+        for statement in filter(str.strip, (SCHEMA + ";" + fan_ins.SCHEMA).split(";")):
             connection.execute(statement)
         _add_missing_columns(connection)
         connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from tasklease.errors import StoreUnavailable
+from tasklease.worker.core.fan_in import Entry, FanInRecord, Member, Progress
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
+from tasklease.worker.stores.base.fan_ins import FanInStore, count_member_in
 from tasklease.worker.stores.base.locks import LockStore
 from tasklease.worker.stores.base.queries import OperatorQueries
 from tasklease.worker.stores.base.store import Change, LockChange, Moment, resolve
@@ -40,7 +42,7 @@ from tasklease.worker.stores.base.transactional import (
     TransactionOutcome,
     Work,
 )
-from tasklease.worker.stores.sqlite import locks, schema
+from tasklease.worker.stores.sqlite import fan_ins, locks, schema
 from tasklease.worker.stores.sqlite.database import SqliteDatabase
 from tasklease.worker.stores.sqlite.locks import micros as _micros
 from tasklease.worker.stores.sqlite.tally import SqliteTally
@@ -50,7 +52,7 @@ _T = TypeVar("_T")
 _log = logging.getLogger("tasklease.store")
 
 
-class SqliteStore(LockStore, OperatorQueries, DeliveryTally, TransactionalStore):
+class SqliteStore(LockStore, FanInStore, OperatorQueries, DeliveryTally, TransactionalStore):
     """Run records in a SQLite file at ``path`` (created 0600, with any missing folder 0700,
     on first use: records hold payloads and errors).
 
@@ -97,6 +99,41 @@ class SqliteStore(LockStore, OperatorQueries, DeliveryTally, TransactionalStore)
             return value
 
         return self._database.change(work)
+
+    def _read_modify_write_member(
+        self, run_id: str, member: Member, change: Change[_T], now: Moment, keep_for: timedelta
+    ) -> tuple[_T, Progress]:
+        def work(connection: sqlite3.Connection) -> tuple[_T, Progress]:
+            row = schema.read_row(connection, run_id)
+            stored = schema.decode_run(row) if row else None
+            new_record, value = change(stored)
+            if new_record is not None:
+                try:
+                    schema.write_run(connection, row, new_record)
+                except (UnicodeError, OverflowError) as exc:
+                    raise StoreUnavailable(f"SQLite store: cannot store the record: {exc}") from exc
+            after = new_record if new_record is not None else stored
+            rows = fan_ins.Rows(connection)
+            return value, count_member_in(rows, after, member, resolve(now), keep_for)
+
+        return self._database.change(work)
+
+    def get_fan_in(self, join_id: str) -> FanInRecord | None:
+        with self._database.guard("read a fan-in"):
+            return fan_ins.get(self._database.connection(), join_id)
+
+    def fan_in_entries(
+        self, join_id: str, after: str | None = None, limit: int = 1000
+    ) -> list[Entry]:
+        with self._database.guard("read a fan-in's entries"):
+            return fan_ins.entries(self._database.connection(), join_id, after, limit)
+
+    def fan_ins_of(self, parent_run_id: str, limit: int = 100) -> list[FanInRecord]:
+        with self._database.guard("list a run's fan-ins"):
+            return fan_ins.of_parent(self._database.connection(), parent_run_id, limit)
+
+    def mark_then_enqueued(self, join_id: str, now: datetime) -> None:
+        self._database.change(lambda c: fan_ins.mark_then_enqueued(c, join_id, now))
 
     def complete_in_transaction(
         self,
@@ -199,7 +236,7 @@ class SqliteStore(LockStore, OperatorQueries, DeliveryTally, TransactionalStore)
         def work(connection: sqlite3.Connection) -> int:
             moment = (_micros(now),)
             purged = connection.execute("DELETE FROM runs WHERE expire_at_us <= ?", moment).rowcount
-            return purged + locks.purge(connection, now)
+            return purged + locks.purge(connection, now) + fan_ins.purge(connection, now)
 
         purged = self._database.change(work)
         return purged + self.purge_delivery_counts(now - TALLY_KEPT)
