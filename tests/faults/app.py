@@ -123,6 +123,27 @@ def chain(payload: dict[str, Any], ctx: TaskContext) -> dict[str, int] | None:
     return {"done": i}
 
 
+@router.task("fan_parent", lease=timedelta(seconds=5))
+def fan_parent(payload: dict[str, Any], ctx: TaskContext) -> int:
+    """Fans out ``count`` ``work`` children, joined by ``fan_then``."""
+    items = [(f"{payload['prefix']}-{n:04d}", {"key": f"{payload['prefix']}-{n:04d}"})
+             for n in range(int(payload["count"]))]  # fmt: skip
+    ctx.fan_out("work", items, then="fan_then")
+    return len(items)
+
+
+@router.task("fan_then", lease=timedelta(seconds=5))
+def fan_then(payload: dict[str, Any], ctx: TaskContext) -> int:
+    """Appends each execution, with the results it was given, to ``fan_in.jsonl``."""
+    import json  # noqa: PLC0415 - this scenario only.
+
+    line = json.dumps({"attempt": ctx.attempt_id, "pid": os.getpid(), "payload": payload})
+    path = Path(os.environ[ENV_DOWNSTREAM]).with_name("fan_in.jsonl")
+    with path.open("a") as out:  # One write of one line: appends do not interleave.
+        out.write(line + "\n")
+    return len(payload["results"])
+
+
 ledger.register(router)  # The crash-after-effect scenario's handlers (test_transactional.py).
 
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -137,3 +138,55 @@ def test_an_attempt_outliving_the_dispatch_deadline_keeps_the_run_until_it_finis
         assert (attempts[-1].status, attempts[-1].outcome) == (200, "duplicate")
     records = backend.records()
     assert {(r.status, r.attempts) for r in records.values()} == {(RunStatus.COMPLETED, 1)}
+
+
+def test_a_fan_in_under_duplicates_and_lost_answers_joins_once_with_every_result(
+    tmp_path: Path, backend_sql: Backend, report: Callable[[str, Tally], None]
+) -> None:
+    """100 children, 30% duplicated and 30% of answers lost: one then execution, 100 results."""
+    from tasklease.plumbing.serve import free_port  # noqa: PLC0415
+
+    backend = backend_sql
+    children = 100
+    port = free_port()
+    faults = Faults(lost_response=0.3, duplicate=0.3, seed=11)
+    with CloudTasksEmulator(data_dir=tmp_path / "emulator", faults=faults) as emulator:
+        emulator.create_queue(
+            QUEUE,
+            retryConfig={"minBackoff": "0.1s", "maxBackoff": "1s", "maxAttempts": -1},
+            rateLimits={"maxConcurrentDispatches": 32},
+        )
+        env = {
+            **backend.env,
+            "TASKLEASE_PROJECT": "p",
+            "TASKLEASE_LOCATION": "us-central1",
+            "TASKLEASE_QUEUE": "faults",
+            "TASKLEASE_WORKER_URL": f"http://127.0.0.1:{port}",
+            "TASKLEASE_TASKS_ENDPOINT": emulator.url,
+        }
+        with FaultServer(tmp_path, store=backend.url, workers=2, threads=16, env=env, port=port):
+            producer = Producer("p", "us-central1", "faults", f"http://127.0.0.1:{port}",
+                                tasks_endpoint=emulator.url)  # fmt: skip
+            producer.enqueue("fan_parent", {"count": children, "prefix": "fan"}, key="fan-1")
+            emulator.join(timeout=180)
+            deliveries = emulator.deliveries()
+    lines = (tmp_path / "fan_in.jsonl").read_text().splitlines()
+    executions = [json.loads(line) for line in lines]
+    keys = [f"fan-{n:04d}" for n in range(children)]
+    counts = _counts(keys, [d for d in deliveries if d.url.endswith("/work")], Downstream(
+        tmp_path / "downstream.db"), backend)  # fmt: skip
+    faulted = Counter(d.fault for d in deliveries)
+    counts.extra.update(
+        then_executions=len(executions),
+        injected_duplicates=faulted["duplicate"],
+        lost_responses=faulted["lost_response"],
+    )
+    report(f"fan_in[{backend.name}]", counts)
+    assert faulted["duplicate"] > 10 and faulted["lost_response"] > 10  # The faults happened.
+    assert counts.lost == 0
+    assert counts.executed == children
+    (execution,) = executions
+    payload = execution["payload"]
+    assert payload["summary"] == {"total": children, "completed": children, "failed": 0}
+    assert [r["key"] for r in payload["results"]] == keys
+    assert all(r["status"] == "completed" for r in payload["results"])
