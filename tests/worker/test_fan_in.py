@@ -277,3 +277,18 @@ def test_a_transactional_child_is_counted_after_its_commit(tmp_path: Path) -> No
     assert [r["result"] for r in payload["results"]] == [0, 1, 2, 3]
     queue.close()
     store.close()
+
+
+def test_the_how_to_pages_example_runs_and_prints_what_it_says(tmp_path: Path) -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    page = (Path(__file__).parents[2] / "docs" / "how-to" / "fan-in.md").read_text()
+    example = page.split("```python\n", 1)[1].split("\n```", 1)[0]
+    expected = example.rsplit("# ", 1)[1].strip()
+    script = tmp_path / "fan_in.py"
+    script.write_text(example)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == expected
