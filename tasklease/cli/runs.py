@@ -23,7 +23,7 @@ from tasklease.cli.store_choice import STORE_HELP, open_existing_store
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.producer import EnqueueError, Producer
 from tasklease.protocol import rfc3339_or_none
-from tasklease.worker.core import steps
+from tasklease.worker.core import fan_in, steps
 from tasklease.worker.core.decisions import ReleaseOutcome
 from tasklease.worker.core.queries import RunFilter, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
@@ -249,8 +249,9 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
     now = operations.clock()
     summary = run_summary(record, now)
     bodies = redacted_bodies(record.payload, record.result_json) if args.payload else {}
+    joins = operations.fan_ins(record.run_id)
     if args.json:
-        _print_json(out, {**summary, **steps.summary(record), **bodies})
+        _print_json(out, {**summary, **steps.summary(record), "fan_ins": joins, **bodies})
         return Exit.OK
     for name, value in summary.items():
         if name == "identity":
@@ -258,7 +259,7 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
                 print(_safe(f"{'identity.' + key:<18} {item}"), file=out)
         elif value is not None:
             print(_safe(f"{name:<18} {_describe(name, value, record, now)}"), file=out)
-    for line in steps.summary_lines(record):
+    for line in [*steps.summary_lines(record), *_fan_in_lines(joins)]:
         print(_safe(line), file=out)
     for name in ("payload", "result"):
         if name in bodies:
@@ -266,6 +267,10 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
             lines = [_safe(line) for line in text.splitlines()]
             print(f"{name + ':':<18} " + "\n    ".join(lines), file=out)
     return Exit.OK
+
+
+def _fan_in_lines(joins: list[dict[str, Any]]) -> list[str]:
+    return [line for join in joins for line in fan_in.summary_lines(join)]
 
 
 def _stuck(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -3,6 +3,7 @@ under duplicates, lost answers, failed children, retried parents and a failed th
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -292,3 +293,49 @@ def test_the_how_to_pages_example_runs_and_prints_what_it_says(tmp_path: Path) -
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == expected
+
+
+def _fanned_out_on_sqlite(path: Path) -> str:
+    """A parent fanned out and its four children finished on the SQLite file at ``path``;
+    returns the parent's run id."""
+    store = SqliteStore(path)
+    flow = Flow(4, fail={3})
+    queue = StubQueue().bind(flow.router)
+    client = create_app(flow.router, store=store, auth="none").test_client()
+    queue.producer.enqueue("parent", {"count": 4}, key="p")
+    queue.drain(client)
+    (payload,) = flow.then_payloads
+    queue.close()
+    store.close()
+    return str(payload["parent_run_id"])
+
+
+def test_runs_show_lists_a_parents_fan_in_and_its_children(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tasklease import cli  # noqa: PLC0415
+
+    parent = _fanned_out_on_sqlite(tmp_path / "shown.db")
+    url = f"sqlite:///{tmp_path / 'shown.db'}"
+    assert cli.main(["runs", "show", parent, "--store", url]) == 0
+    text = capsys.readouterr().out
+    assert "-> summarise: 4/4 finished (1 failed), then enqueued at" in text
+    assert "item-0003  failed" in text
+    assert cli.main(["runs", "show", parent, "--store", url, "--json"]) == 0
+    (join,) = json.loads(capsys.readouterr().out)["fan_ins"]
+    assert (join["expected"], join["completed"], join["failed"], join["pending"]) == (4, 3, 1, 0)
+    assert [c["key"] for c in join["children"]] == [f"item-{n:04d}" for n in range(4)]
+
+
+def test_the_dashboard_run_page_shows_the_fan_in_and_links_its_children(tmp_path: Path) -> None:
+    from tasklease.worker.dashboard import create_dashboard_app  # noqa: PLC0415
+
+    parent = _fanned_out_on_sqlite(tmp_path / "dash.db")
+    store = SqliteStore(tmp_path / "dash.db")
+    page = create_dashboard_app(store).test_client().get(f"/runs/{parent}")
+    assert page.status_code == 200
+    assert "Fan-in to summarise" in page.text
+    assert "4 of 4 children finished (1 failed, 0 pending)" in page.text
+    child = store.fan_in_entries(store.fan_ins_of(parent)[0].join_id)[0]
+    assert f"/runs/{child.run_id}" in page.text
+    store.close()

@@ -277,6 +277,38 @@ def new_shard(member: Member) -> ShardRecord:
     return ShardRecord(member.join_id, member.shard, member.shard_expected)
 
 
+def summary(join: FanInRecord, entries: Sequence[Entry]) -> dict[str, Any]:
+    """A join for operators (``tasklease runs show``, the dashboard): its counts and its
+    finished children (keys, runs, statuses; never their results)."""
+    from tasklease.protocol import rfc3339_or_none  # noqa: PLC0415 - operators only.
+
+    return {
+        "join_id": join.join_id,
+        "then": join.then,
+        "expected": join.expected,
+        "completed": join.completed,
+        "failed": join.failed,
+        "pending": max(0, join.expected - join.done),
+        "then_enqueued_at": rfc3339_or_none(join.then_enqueued_at),
+        "children": [{"key": e.key, "run_id": e.run_id, "status": e.status.value} for e in entries],
+    }
+
+
+def summary_lines(shown: dict[str, Any]) -> list[str]:
+    """One :func:`summary` as the text lines of ``tasklease runs show``."""
+    then = shown["then_enqueued_at"]
+    closing = f"then enqueued at {then}" if then else "then not yet enqueued"
+    lines = [
+        f"{'fan-in':<18} {shown['join_id']} -> {shown['then']}: "
+        f"{shown['completed'] + shown['failed']}/{shown['expected']} finished "
+        f"({shown['failed']} failed), {closing}"
+    ]
+    lines += [
+        f"{'  child':<18} {c['key']}  {c['status']}  run {c['run_id']}" for c in shown["children"]
+    ]
+    return lines
+
+
 def summed(root: FanInRecord, shards: Sequence[ShardRecord]) -> FanInRecord:
     """A sharded join's root with its shards' counts summed in."""
     return root.replace(

@@ -186,6 +186,7 @@ class Views:
             replayable=record.status is RunStatus.FAILED and record.kind == "task",
             timeline=run_timeline(self.operations.store, record, now),
             steps=steps.summary(record),
+            fan_ins=self.operations.fan_ins(record.run_id),
         )
 
 

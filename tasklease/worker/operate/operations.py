@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 from tasklease.errors import TaskleaseError
 from tasklease.jobs import Job
 from tasklease.protocol import rfc3339_or_none
-from tasklease.worker.core import decisions, locking
+from tasklease.worker.core import decisions, fan_in, locking
 from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.queries import RunFilter, RunPage, is_stuck
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.operate.run_ids import resolve_run_id
 from tasklease.worker.operate.stuck_schedules import DEFAULT_GRACE, OverdueJob, overdue_jobs
 from tasklease.worker.runtime.clock import utc_now
+from tasklease.worker.stores.base.fan_ins import FanInStore
 from tasklease.worker.stores.base.locks import lock_store
 from tasklease.worker.stores.base.queries import operator_queries
 from tasklease.worker.stores.base.store import LeaseStore
@@ -166,6 +167,18 @@ class Operations:
         characters) names; :class:`tasklease.worker.operate.run_ids.AmbiguousRunId` for a prefix
         several ids start with."""
         return resolve_run_id(self.store, reference)
+
+    def fan_ins(self, run_id: str, children: int = 50) -> list[dict[str, Any]]:
+        """The joins run ``run_id`` fanned out (``fan_out(..., then=...)``), each with up to
+        ``children`` of its finished children (:func:`tasklease.worker.core.fan_in.summary`);
+        none on a store that keeps no joins."""
+        store = self.store
+        if not isinstance(store, FanInStore):
+            return []
+        return [
+            fan_in.summary(join, store.fan_in_entries(join.join_id, limit=children))
+            for join in store.fan_ins_of(run_id)
+        ]
 
     def show(self, reference: str) -> RunRecord | None:
         """The run with this id (or unique id prefix), else the newest run of the task with
