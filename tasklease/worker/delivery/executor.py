@@ -292,7 +292,11 @@ class Executor:
         reply = self._settled_reply(verdict, record, log)
         if identity.fan_in is not None and verdict in _FINISHED_CHILD:
             return self.finisher.fan_ins.recount(
-                identity.fan_in, record.run_id, reply, spec.retention
+                identity.fan_in,
+                record.run_id,
+                reply,
+                spec.retention,
+                counted_with_record=not spec.transactional,
             )
         return reply
 
@@ -354,7 +358,9 @@ class Executor:
             if live.fan_in is not None and reply.outcome is Outcome.PROCESSED:
                 # Its record committed in the handler's transaction, not beside its join:
                 # counted now, or by the retry a failure here answers for.
-                return finisher.fan_ins.recount(live.fan_in, live.run_id, reply, spec.retention)
+                return finisher.fan_ins.recount(
+                    live.fan_in, live.run_id, reply, spec.retention, counted_with_record=False
+                )
             return reply
         try:
             with (

@@ -86,19 +86,27 @@ class FanIns:
         return self._enqueue_then(member, reply)
 
     def recount(
-        self, member: Member, run_id: str, reply: Reply, keep_for: timedelta | None
+        self,
+        member: Member,
+        run_id: str,
+        reply: Reply,
+        keep_for: timedelta | None,
+        *,
+        counted_with_record: bool = True,
     ) -> Reply:
-        """For a finished child's duplicate (or a finish written outside the join, in a
-        transactional handler's own transaction): count it (a no-op when it was) and close
-        its join if that is still due."""
+        """For a finished child's duplicate: close its join if that is still due. A child
+        whose final record may have been written without its count (``counted_with_record``
+        false: a transactional handler's, written in the handler's own transaction) is
+        counted first (a no-op when it was); any other counted with its record."""
         store = self.store
         assert isinstance(store, FanInStore)
         try:
-            join = store.get_fan_in(member.join_id)
-            if join is not None and join.then_enqueued_at is not None:
+            progress = store.fan_in_progress(member.join_id)
+            if progress is not None and progress.then_enqueued:
                 return reply
-            progress = store.count_member(member, run_id, self.clock, keep_for=keep_for)
-        except Exception as exc:
+            if progress is None or not counted_with_record:
+                progress = store.count_member(member, run_id, self.clock, keep_for=keep_for)
+        except Exception as exc:  # Any failure: the queue retries the child.
             return self._unsettled(member, reply, exc)
         return self.closed(member, progress, reply)
 

@@ -98,6 +98,14 @@ class FanInStore(LeaseStore):
     def mark_then_enqueued(self, join_id: str, now: datetime) -> None:
         """Note that the join's ``then`` task was created (kept if already noted)."""
 
+    def fan_in_progress(self, join_id: str) -> Progress | None:
+        """Whether the join is closed and its ``then`` noted (None: no child counted yet): what
+        a finished child's duplicate reads. A sharded store answers from its root alone."""
+        join = self.get_fan_in(join_id)
+        if join is None:
+            return None
+        return Progress(join_id, join.closed, join.then_enqueued_at is not None)
+
     def complete_member(
         self,
         member: Member,
