@@ -339,3 +339,41 @@ def test_the_dashboard_run_page_shows_the_fan_in_and_links_its_children(tmp_path
     child = store.fan_in_entries(store.fan_ins_of(parent)[0].join_id)[0]
     assert f"/runs/{child.run_id}" in page.text
     store.close()
+
+
+def test_an_async_handler_fans_out_with_afan_out_and_the_async_producer_joins_too(
+    store: FanInStore,
+) -> None:
+    import asyncio  # noqa: PLC0415
+
+    router = Router()
+    joined: list[dict[str, Any]] = []
+
+    @router.task("parent")
+    async def parent(payload: None, ctx: TaskContext) -> None:
+        await ctx.afan_out("child", [("a", 1), ("b", 2)], then="summarise")
+
+    @router.task("child")
+    async def child(payload: int, ctx: TaskContext) -> int:
+        return payload + 100
+
+    @router.task("summarise")
+    def summarise(payload: dict[str, Any], ctx: TaskContext) -> None:
+        joined.append(payload)
+
+    queue = StubQueue().bind(router)
+    client = create_app(router, store=store, auth="none").test_client()
+    queue.producer.enqueue("parent", None, key="p")
+    queue.drain(client, duplicate_every=2)
+
+    class Ctx:
+        run_id = "outside-1"
+
+    created = asyncio.run(
+        queue.async_producer.fan_out(Ctx(), "child", [("c", 3)], then="summarise")
+    )
+    assert [r.created for r in created] == [True]
+    queue.drain(client)
+    assert [[r["result"] for r in j["results"]] for j in joined] == [[101, 102], [103]]
+    assert joined[1]["parent_run_id"] == "outside-1"
+    queue.close()
