@@ -20,7 +20,7 @@ LOCATION_QUERY = "location"
 
 # On a continuation task (ctx.continue_later): "<run id>:<sequence number>", the run it resumes.
 CONTINUATION_HEADER = "X-Tasklease-Continuation"
-# On a child of a fan-out with then= (tasklease.worker.core.fan_in.Member.header): its join.
+# On a child of a fan-out with then= (tasklease.joins.Member.header): its join.
 FAN_IN_HEADER = "X-Tasklease-Fan-In"
 # On a join's then task: the join whose children's results it receives.
 FAN_IN_OF_HEADER = "X-Tasklease-Fan-In-Of"

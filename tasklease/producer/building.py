@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
+from tasklease import joins
 from tasklease.producer import tracing
 from tasklease.producer.errors import InvalidTask
 from tasklease.producer.naming import random_task_id, task_id
@@ -243,12 +244,10 @@ class TaskBuilder(Generic[TransportT, SleepT]):
             )
         if children:
             return requests, None
-        from tasklease.worker.core.fan_in import then_key  # noqa: PLC0415 - fan-ins only.
-
         closing = dataclasses.replace(
             options, headers={**(options.headers or {}), FAN_IN_OF_HEADER: join}
         )
-        key = then_key(join)
+        key = joins.then_key(join)
         return [], (key, self._build(then, empty_fan_in_payload(ctx, join), key, closing))
 
 
@@ -296,7 +295,6 @@ def fan_in_plan(
     """A fan-out with ``then=``: its join id, and each child's key (from the join, so from
     the run), payload and fan-in header. Refuses item keys that repeat (the join would wait
     for a child that never comes) or are not text."""
-    from tasklease.worker.core import fan_in  # noqa: PLC0415 - fan-ins only.
 
     _check_handler_name("then", then)
     keys = [key for key, _ in items]
@@ -310,10 +308,10 @@ def fan_in_plan(
             )
         seen.add(key)
     continuation = getattr(ctx, "continuation", 0)
-    join = fan_in.join_id(
+    join = joins.join_id(
         ctx.run_id, continuation if isinstance(continuation, int) else 0, task_name, then, keys
     )
-    members = fan_in.members(join, ctx.run_id, then, keys)
+    members = joins.members(join, ctx.run_id, then, keys)
     children = [
         (f"{join}/{key}", payload, {FAN_IN_HEADER: member.header()})
         for (key, payload), member in zip(items, members, strict=True)

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from tasklease import joins
+from tasklease.joins import Member
 from tasklease.testing.contract_support import EXPIRED, T0, claim_request
-from tasklease.worker.core import fan_in
-from tasklease.worker.core.fan_in import Member
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores.base.fan_ins import FanInStore
 
@@ -29,8 +29,8 @@ KEEP = timedelta(days=7)
 def family(count: int, parent: str = "parent-1", then: str = "summarise") -> list[Member]:
     """The members of one join of ``count`` children (keys ``k000``, ``k001``, ...)."""
     keys = [f"k{index:03d}" for index in range(count)]
-    join = fan_in.join_id(parent, 0, "child", then, keys)
-    return fan_in.members(join, parent, then, keys)
+    join = joins.join_id(parent, 0, "child", then, keys)
+    return joins.members(join, parent, then, keys)
 
 
 def _child(store: FanInStore, member: Member, attempt: str = "a1", at: Any = T0) -> None:

@@ -185,7 +185,9 @@ def test_past_a_thousand_children_the_payload_holds_a_page_and_ctx_pages_the_res
 def test_a_then_payload_too_large_for_one_task_holds_a_smaller_page() -> None:
     join = fan_in.FanInRecord("a" * 32, "p", "then", 40, T0, T0, completed=40)
     entries = [
-        fan_in.Entry("a" * 32, f"k{n:02d}", f"r{n}", RunStatus.COMPLETED, T0, '"' + "x" * 100 + '"')
+        fan_in.ChildEntry(
+            "a" * 32, f"k{n:02d}", f"r{n}", RunStatus.COMPLETED, T0, '"' + "x" * 100 + '"'
+        )
         for n in range(40)
     ]
     payload = then_payload(join, entries, room=2000)

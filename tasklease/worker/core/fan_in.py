@@ -2,7 +2,7 @@
 
 A fan-out with ``then=`` names a join: ``expected`` children, each carrying
 :data:`~tasklease.protocol.FAN_IN_HEADER` (its :class:`Member`). A child's final record
-(completed, or failed for good) adds its :class:`Entry` to the join in the same store operation
+(completed, or failed for good) adds its :class:`ChildEntry` to the join in the same store operation
 as the record itself, once per child key: a duplicated or retried child can never count twice,
 and a finish whose answer was lost has counted. When the count reaches ``expected`` the
 ``then`` task is enqueued under a name derived from the join (:func:`then_key`), so however many
@@ -17,75 +17,39 @@ holds, so the child that fills a shard knows it without reading the others, and 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import quote, unquote
 
-from tasklease.errors import InvalidDelivery
+from tasklease.joins import Member
 from tasklease.worker.core.records import RunRecord, RunStatus
 
 __all__ = [
     "COUNTED",
     "MAX_INLINE_RESULTS",
-    "Entry",
+    "ChildEntry",
     "FanInRecord",
-    "Member",
     "Progress",
     "ShardRecord",
     "counted",
     "entry_of",
-    "join_id",
-    "members",
+    "new_shard",
     "opened",
-    "parse_header",
-    "shard_count",
-    "then_key",
+    "shard_counted",
+    "summary",
+    "summary_lines",
+    "summed",
 ]
 
 # The children's final statuses: each counts once, with its result or its error.
 COUNTED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED})
 
 MAX_INLINE_RESULTS = 1000  # Up to this many children, the then task's payload lists them all.
-CHILDREN_PER_SHARD = 100  # A sharded store's join takes one shard per this many children.
-MAX_SHARDS = 100
-_HEADER_VERSION = "v1"
 
 
 @dataclass(frozen=True)
-class Member:
-    """What a child of a join carries (its header): the join, its parent, the handler to run
-    when every child has finished, how many children there are, and its own key and shard."""
-
-    join_id: str
-    parent_run_id: str
-    then: str
-    expected: int
-    key: str  # The item key the fan-out was given for this child.
-    shard: int = 0
-    shards: int = 1
-    shard_expected: int = 0  # How many children share this child's shard (expected if 1).
-
-    def header(self) -> str:
-        return ";".join(
-            [
-                _HEADER_VERSION,
-                self.join_id,
-                quote(self.parent_run_id, safe=""),
-                self.then,
-                str(self.expected),
-                f"{self.shard}/{self.shards}",
-                str(self.shard_expected),
-                quote(self.key, safe=""),
-            ]
-        )
-
-
-@dataclass(frozen=True)
-class Entry:
+class ChildEntry:
     """One finished child, as the join keeps it: ``status`` is ``completed`` or ``failed``."""
 
     join_id: str
@@ -163,73 +127,11 @@ class Progress:
     then_enqueued: bool
 
 
-def shard_count(expected: int) -> int:
-    """How many shards a sharded store spreads a join of ``expected`` children over."""
-    return max(1, min(MAX_SHARDS, math.ceil(expected / CHILDREN_PER_SHARD)))
-
-
-def shard_of(key: str, shards: int) -> int:
-    digest = hashlib.sha256(key.encode()).digest()
-    return int.from_bytes(digest[:8], "big") % shards
-
-
-def join_id(
-    parent_run_id: str, continuation: int, task_name: str, then: str, keys: Sequence[str]
-) -> str:
-    """The join of one fan-out: the same for every attempt of the parent's delivery that fans
-    out the same items (so a retried parent names the same join and children), another for
-    different items (a parent whose items changed between attempts starts a join of its own,
-    never one that mixes both sets)."""
-    items = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()
-    text = "\n".join([parent_run_id, str(continuation), task_name, then, items])
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def members(join: str, parent_run_id: str, then: str, keys: Sequence[str]) -> list[Member]:
-    """One :class:`Member` per key, in order, with shards assigned."""
-    expected = len(keys)
-    shards = shard_count(expected)
-    assigned = [shard_of(key, shards) for key in keys]
-    sizes = [0] * shards
-    for shard in assigned:
-        sizes[shard] += 1
-    return [
-        Member(join, parent_run_id, then, expected, key, shard, shards, sizes[shard])
-        for key, shard in zip(keys, assigned, strict=True)
-    ]
-
-
-def then_key(join: str) -> str:
-    """The task key of a join's ``then`` task: one task per join."""
-    return f"fan-in/{join}"
-
-
-def parse_header(value: str) -> Member:
-    """A child's :data:`~tasklease.protocol.FAN_IN_HEADER`; raises InvalidDelivery."""
-    parts = value.split(";")
-    if len(parts) != 8 or parts[0] != _HEADER_VERSION:
-        raise InvalidDelivery("malformed fan-in header")
-    _, join, parent, then, expected, shard_part, shard_expected, key = parts
-    try:
-        shard_text, shards_text = shard_part.split("/")
-        numbers = int(expected), int(shard_text), int(shards_text), int(shard_expected)
-    except ValueError:
-        raise InvalidDelivery("malformed fan-in header: counts are not numbers") from None
-    count, shard, shards, in_shard = numbers
-    if not (len(join) == 32 and all(ch in "0123456789abcdef" for ch in join)):
-        raise InvalidDelivery("malformed fan-in header: bad join id")
-    if count < 1 or not 0 <= shard < shards <= MAX_SHARDS or not 1 <= in_shard <= count:
-        raise InvalidDelivery("malformed fan-in header: counts out of range")
-    if not then or not all(ch.isascii() and (ch.isalnum() or ch in "-_") for ch in then):
-        raise InvalidDelivery("malformed fan-in header: bad handler name")
-    return Member(join, unquote(parent), then, count, unquote(key), shard, shards, in_shard)
-
-
-def entry_of(record: RunRecord | None, member: Member) -> Entry | None:
+def entry_of(record: RunRecord | None, member: Member) -> ChildEntry | None:
     """The entry a child's record adds to its join: None until the record is final."""
     if record is None or record.status not in COUNTED or record.finished_at is None:
         return None
-    return Entry(
+    return ChildEntry(
         member.join_id,
         member.key,
         record.run_id,
@@ -254,7 +156,9 @@ def opened(member: Member, now: datetime, keep_for: timedelta) -> FanInRecord:
     )
 
 
-def counted(join: FanInRecord, entry: Entry, now: datetime, keep_for: timedelta) -> FanInRecord:
+def counted(
+    join: FanInRecord, entry: ChildEntry, now: datetime, keep_for: timedelta
+) -> FanInRecord:
     """``join`` with a newly added ``entry`` counted (call it only when the entry was new), and
     kept ``keep_for`` past now."""
     return join.replace(
@@ -264,7 +168,7 @@ def counted(join: FanInRecord, entry: Entry, now: datetime, keep_for: timedelta)
     )
 
 
-def shard_counted(shard: ShardRecord, entry: Entry) -> ShardRecord:
+def shard_counted(shard: ShardRecord, entry: ChildEntry) -> ShardRecord:
     """``shard`` with a newly added ``entry`` counted."""
     return dataclasses.replace(
         shard,
@@ -277,7 +181,7 @@ def new_shard(member: Member) -> ShardRecord:
     return ShardRecord(member.join_id, member.shard, member.shard_expected)
 
 
-def summary(join: FanInRecord, entries: Sequence[Entry]) -> dict[str, Any]:
+def summary(join: FanInRecord, entries: Sequence[ChildEntry]) -> dict[str, Any]:
     """A join for operators (``tasklease runs show``, the dashboard): its counts and its
     finished children (keys, runs, statuses; never their results)."""
     from tasklease.protocol import rfc3339_or_none  # noqa: PLC0415 - operators only.

@@ -17,12 +17,11 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TypeVar
 
-from tasklease import protocol
+from tasklease import joins, protocol
 from tasklease.errors import InvalidDelivery
+from tasklease.joins import Member
 from tasklease.protocol import rfc3339
 from tasklease.worker.core import constants as c
-from tasklease.worker.core import fan_in
-from tasklease.worker.core.fan_in import Member
 from tasklease.worker.core.steps import parse_continuation_header
 
 _T = TypeVar("_T")
@@ -190,7 +189,7 @@ def parse_identity(
             retry_reason=_optional(header, c.TASKS_RETRY_REASON, _matching(_RETRY_REASON)),
             continues=continued[0] if continued else None,
             continuation_seq=continued[1] if continued else 0,
-            fan_in=_optional(header, protocol.FAN_IN_HEADER, fan_in.parse_header),
+            fan_in=_optional(header, protocol.FAN_IN_HEADER, joins.parse_header),
             fan_in_of=_optional(header, protocol.FAN_IN_OF_HEADER, _matching(_JOIN_ID)),
         )
     schedule_time = _required(header, c.SCHEDULER_SCHEDULE_TIME, parse_rfc3339)

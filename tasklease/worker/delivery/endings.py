@@ -14,9 +14,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from tasklease.errors import StoreUnavailable
+from tasklease.joins import Member
 from tasklease.worker.core import decisions
 from tasklease.worker.core.endings import Action, Ending
-from tasklease.worker.core.fan_in import Member, Progress
+from tasklease.worker.core.fan_in import Progress
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.outcome import Outcome
 from tasklease.worker.core.records import RunStatus

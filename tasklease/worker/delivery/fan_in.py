@@ -16,9 +16,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from tasklease import protocol
+from tasklease import joins, protocol
+from tasklease.joins import Member
 from tasklease.worker.core import fan_in as rules
-from tasklease.worker.core.fan_in import Entry, FanInRecord, Member, Progress
+from tasklease.worker.core.fan_in import ChildEntry, FanInRecord, Progress
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.outcome import Outcome
 from tasklease.worker.delivery.reply import Reply
@@ -36,7 +37,7 @@ _PAYLOAD_ROOM = protocol.MAX_TASK_BYTES - 64 * 1024
 
 
 def then_payload(
-    join: FanInRecord, entries: list[Entry], *, room: int = _PAYLOAD_ROOM
+    join: FanInRecord, entries: list[ChildEntry], *, room: int = _PAYLOAD_ROOM
 ) -> dict[str, Any]:
     """The ``then`` handler's payload: every child's entry for a join of up to
     :data:`~tasklease.worker.core.fan_in.MAX_INLINE_RESULTS` children whose results fit in one
@@ -138,7 +139,7 @@ class FanIns:
             options["queue"] = spec.queue
             if spec.audience:
                 options["audience"] = spec.audience
-        self.router.producer().enqueue(join.then, payload, rules.then_key(join.join_id), **options)
+        self.router.producer().enqueue(join.then, payload, joins.then_key(join.join_id), **options)
 
     def _unsettled(self, member: Member, reply: Reply, exc: BaseException) -> Reply:
         note_error(exc)

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from tasklease.errors import LeaseLost
-from tasklease.worker.core.fan_in import Member
+from tasklease.joins import Member
 from tasklease.worker.runtime.clock import REAL_TIMING, Timing
 
 # The transactional step the calling code runs inside, as (its attempt, its transaction). A

@@ -5,16 +5,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tasklease.worker.core.identity import DeliveryIdentity, Kind, parse_rfc3339
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.handlers.attempt import Attempt
-from tasklease.worker.handlers.fan_outs import FanOuts
+from tasklease.worker.handlers.fan_outs import FanOuts, ProducerSource
 from tasklease.worker.handlers.steps import DurableSteps, StepRunner
-
-if TYPE_CHECKING:
-    from tasklease.worker.handlers.handles import Producers
 
 
 @dataclass(frozen=True, eq=False, init=False)
@@ -50,7 +47,7 @@ class TaskContext(DurableSteps, FanOuts):
     fan_in_of: str | None  # In a join's then handler: the join (see fan_in_results).
     _live: Attempt = field(repr=False)
     _steps: StepRunner = field(repr=False)
-    _producers: Producers | None = field(repr=False)
+    _producers: ProducerSource | None = field(repr=False)
 
     def __init__(  # noqa: PLR0917 - the arguments (and order) it always took.
         self,
@@ -78,7 +75,7 @@ class TaskContext(DurableSteps, FanOuts):
         *,
         live: Attempt | None = None,
         steps: StepRunner | None = None,
-        producers: Producers | None = None,
+        producers: ProducerSource | None = None,
         fan_in_of: str | None = None,
     ) -> None:
         """``live``: the executor's attempt, which this view reads (the lease and lock given
@@ -179,7 +176,7 @@ def view_of(
     body: bytes,
     steps: StepRunner | None = None,
     *,
-    producers: Producers | None = None,
+    producers: ProducerSource | None = None,
 ) -> TaskContext:
     """The handler's view of the attempt ``live``, claimed for ``identity`` as ``record``.
     A scheduled run's continuation (a Cloud Tasks task) sees the job and schedule time of

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tasklease.errors import ConfigurationError
 from tasklease.worker.core import fan_in as rules
@@ -14,8 +14,13 @@ from tasklease.worker.stores.base.fan_ins import FanInStore
 if TYPE_CHECKING:
     from tasklease.producer.producer import Producer
     from tasklease.producer.results import EnqueueResult
-    from tasklease.worker.handlers.handles import Producers
     from tasklease.worker.handlers.steps import StepRunner
+
+
+class ProducerSource(Protocol):
+    """Where ``ctx.fan_out`` gets its producer: a :class:`~tasklease.worker.Router` fits."""
+
+    def producer(self) -> Producer: ...
 
 
 class FanOuts:
@@ -24,7 +29,7 @@ class FanOuts:
     run_id: str
     fan_in_of: str | None
     _steps: StepRunner
-    _producers: Producers | None
+    _producers: ProducerSource | None
 
     def fan_out(
         self,

@@ -10,9 +10,10 @@ from abc import abstractmethod
 from datetime import datetime, timedelta
 from typing import Protocol, TypeVar
 
+from tasklease.joins import Member
 from tasklease.worker.core import decisions
 from tasklease.worker.core import fan_in as rules
-from tasklease.worker.core.fan_in import Entry, FanInRecord, Member, Progress
+from tasklease.worker.core.fan_in import ChildEntry, FanInRecord, Progress
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.stores.base.store import Change, LeaseStore, Moment, Update, resolve
 
@@ -31,7 +32,7 @@ class JoinRows(Protocol):
 
     def has_entry(self, join_id: str, key: str) -> bool: ...
 
-    def add_entry(self, entry: Entry) -> None: ...
+    def add_entry(self, entry: ChildEntry) -> None: ...
 
     def put_join(self, join: FanInRecord) -> None: ...
 
@@ -62,7 +63,7 @@ class FanInStore(LeaseStore):
 
     - :meth:`_read_modify_write_member`: apply a change to a child's run record atomically
       with its join: when the record after the change (written, or as stored) is final, the
-      child's :class:`~tasklease.worker.core.fan_in.Entry` is added to the join unless its key
+      child's :class:`~tasklease.worker.core.fan_in.ChildEntry` is added to the join unless its key
       is there already, and counted, in the same atomic operation as the record's write.
       Stores with one record per join do it with :func:`count_member_in`; a sharded store
       counts the child's shard, and the root only when that shard fills.
@@ -87,7 +88,7 @@ class FanInStore(LeaseStore):
     @abstractmethod
     def fan_in_entries(
         self, join_id: str, after: str | None = None, limit: int = rules.MAX_INLINE_RESULTS
-    ) -> list[Entry]:
+    ) -> list[ChildEntry]:
         """Up to ``limit`` of the join's entries with keys after ``after``, by key."""
 
     @abstractmethod

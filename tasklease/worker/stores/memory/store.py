@@ -7,8 +7,9 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from tasklease.joins import Member
 from tasklease.worker.core import locking
-from tasklease.worker.core.fan_in import Entry, FanInRecord, Member, Progress
+from tasklease.worker.core.fan_in import ChildEntry, FanInRecord, Progress
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base.codec import Conversion, RecordCodec
 from tasklease.worker.stores.base.fan_ins import FanInStore, count_member_in
@@ -83,7 +84,7 @@ class MemoryStore(LockStore, FanInStore, OperatorQueries, DeliveryTally):
 
     def fan_in_entries(
         self, join_id: str, after: str | None = None, limit: int = 1000
-    ) -> list[Entry]:
+    ) -> list[ChildEntry]:
         with self._lock:
             entries = list(self._joins.entries.get(join_id, {}).values())
         entries = [e for e in entries if after is None or e.key > after]
@@ -166,7 +167,7 @@ class _Joins:
 
     def __init__(self) -> None:
         self.joins: dict[str, FanInRecord] = {}
-        self.entries: dict[str, dict[str, Entry]] = {}
+        self.entries: dict[str, dict[str, ChildEntry]] = {}
 
     def join(self, join_id: str) -> FanInRecord | None:
         return self.joins.get(join_id)
@@ -174,7 +175,7 @@ class _Joins:
     def has_entry(self, join_id: str, key: str) -> bool:
         return key in self.entries.get(join_id, {})
 
-    def add_entry(self, entry: Entry) -> None:
+    def add_entry(self, entry: ChildEntry) -> None:
         self.entries.setdefault(entry.join_id, {})[entry.key] = entry
 
     def put_join(self, join: FanInRecord) -> None:

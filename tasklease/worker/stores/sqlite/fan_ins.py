@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from datetime import datetime
 
-from tasklease.worker.core.fan_in import Entry, FanInRecord
+from tasklease.worker.core.fan_in import ChildEntry, FanInRecord
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores.sqlite.locks import micros, moment
 
@@ -69,7 +69,7 @@ class Rows:
         ).fetchone()
         return row is not None
 
-    def add_entry(self, entry: Entry) -> None:
+    def add_entry(self, entry: ChildEntry) -> None:
         self.connection.execute(
             f"INSERT INTO fan_in_entries ({_ENTRY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
             (
@@ -108,14 +108,14 @@ def get(connection: sqlite3.Connection, join_id: str) -> FanInRecord | None:
 
 def entries(
     connection: sqlite3.Connection, join_id: str, after: str | None, limit: int
-) -> list[Entry]:
+) -> list[ChildEntry]:
     rows = connection.execute(
         f"SELECT {_ENTRY_COLUMNS} FROM fan_in_entries "  # noqa: S608
         "WHERE join_id = ? AND child_key > ? ORDER BY child_key LIMIT ?",
         (join_id, after or "", limit),
     ).fetchall()
     return [
-        Entry(join, key, run_id, RunStatus(status), _time(finished), result, error)
+        ChildEntry(join, key, run_id, RunStatus(status), _time(finished), result, error)
         for join, key, run_id, status, finished, result, error in rows
     ]
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker.core.fan_in import Entry, FanInRecord, Member, Progress
+from tasklease.joins import Member
+from tasklease.worker.core.fan_in import ChildEntry, FanInRecord, Progress
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base.fan_ins import FanInStore, count_member_in
@@ -124,7 +125,7 @@ class SqliteStore(LockStore, FanInStore, OperatorQueries, DeliveryTally, Transac
 
     def fan_in_entries(
         self, join_id: str, after: str | None = None, limit: int = 1000
-    ) -> list[Entry]:
+    ) -> list[ChildEntry]:
         with self._database.guard("read a fan-in's entries"):
             return fan_ins.entries(self._database.connection(), join_id, after, limit)
 
