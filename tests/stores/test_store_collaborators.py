@@ -19,8 +19,10 @@ from tasklease.worker.stores import (
     SqliteStore,
     TransactionalStore,
 )
+from tasklease.worker.stores.base.fan_ins import FanInStore
 from tasklease.worker.stores.base.tally import TallyKey, minute_of
 from tasklease.worker.stores.memory.tally import TallyTable
+from tasklease.worker.stores.spanner.fan_ins import SpannerFanIns
 from tasklease.worker.stores.spanner.runs import SpannerRuns
 from tasklease.worker.stores.spanner.tally import SpannerTally
 from tasklease.worker.stores.spanner.transactions import SpannerTransactions
@@ -32,11 +34,19 @@ COLLABORATORS = [
     SqliteTally,
     SqliteTransactions,
     SpannerRuns,
+    SpannerFanIns,
     SpannerTally,
     SpannerTransactions,
     TallyTable,
 ]
-CAPABILITIES = (LeaseStore, DeliveryTally, TransactionalStore, LockStore, OperatorQueries)
+CAPABILITIES = (
+    LeaseStore,
+    DeliveryTally,
+    TransactionalStore,
+    LockStore,
+    FanInStore,
+    OperatorQueries,
+)
 
 
 @pytest.mark.parametrize("backend", ["memory", "sqlite", "spanner"])
@@ -61,7 +71,13 @@ def test_a_collaborator_is_no_store_capability_mixed_in(collaborator: type) -> N
 def test_the_stores_still_are_every_capability_they_were() -> None:
     assert all(
         issubclass(SpannerStore, capability)
-        for capability in (TransactionalStore, DeliveryTally, LockStore, OperatorQueries)
+        for capability in (
+            TransactionalStore,
+            DeliveryTally,
+            LockStore,
+            FanInStore,
+            OperatorQueries,
+        )
     )
     assert all(
         issubclass(MemoryStore, capability)
@@ -76,6 +92,7 @@ def test_the_stores_still_are_every_capability_they_were() -> None:
 def test_a_spanner_store_holds_its_collaborators_before_it_connects() -> None:
     store = SpannerStore("projects/p/instances/i/databases/d", create_schema=False)
     assert isinstance(store.runs, SpannerRuns) and store.runs.table == store.table
+    assert isinstance(store.fan_ins, SpannerFanIns) and store.fan_ins.table.startswith(store.table)
     assert isinstance(store.tally, SpannerTally)
     assert isinstance(store.transactions, SpannerTransactions)
     assert not store.transactions.is_open("an-attempt")

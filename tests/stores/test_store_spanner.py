@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import functools
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from google.api_core import exceptions as api
+from google.cloud import spanner
 from google.cloud.spanner_v1.batch import Batch
 
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.testing.contract_support import EXPIRED, LEASE, lock_request
+from tasklease.testing.fan_in_contract import FanInContract, FanInCrossProcess, family
 from tasklease.testing.lock_contract import LockContract
 from tasklease.testing.operations_contract import OperationsContract
 from tasklease.testing.store_contract import CrossProcessContract, StoreContract
@@ -32,7 +34,13 @@ def new_store(database: str, **options: Any) -> SpannerStore:
 
 
 class TestSpannerStore(
-    StoreContract, LockContract, OperationsContract, CrossProcessContract, TallyContract
+    StoreContract,
+    LockContract,
+    FanInContract,
+    OperationsContract,
+    CrossProcessContract,
+    FanInCrossProcess,
+    TallyContract,
 ):
     @pytest.fixture
     def store(self, spanner_database: str) -> SpannerStore:
@@ -96,6 +104,27 @@ def test_renewal_and_a_lock_change_are_one_transaction_each(
     assert rpcs.take() == ["streaming_read", "commit"]
 
 
+def test_a_fan_in_childs_finish_is_one_transaction_of_three_rpcs(
+    counted: tuple[SpannerStore, RpcCounter],
+) -> None:
+    store, rpcs = counted
+    first, second = family(2)
+    for member in (first, second):
+        store.claim(claim_request(f"child-{member.key}", f"a1-{member.key}"), T0)
+    rpcs.take()
+    # The run's row, the join with the child's entry in one query, the Commit.
+    opening = store.complete_member(
+        first, "child-k000", "a1-k000", "1", T0, keep_for=timedelta(days=7)
+    )
+    assert opening is not None and not opening.closed
+    assert rpcs.take() == ["streaming_read", "execute_streaming_sql", "commit"]
+    closing = store.complete_member(
+        second, "child-k001", "a1-k001", "2", T0, keep_for=timedelta(days=7)
+    )
+    assert closing is not None and closing.closed
+    assert rpcs.take() == ["streaming_read", "execute_streaming_sql", "commit"]
+
+
 def test_an_aborted_transaction_runs_again_reading_the_row_and_the_clock_afresh(
     spanner_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -123,6 +152,34 @@ def test_an_aborted_transaction_runs_again_reading_the_row_and_the_clock_afresh(
     assert store.renew("run-1", "attempt-1", LEASE, clock) == readings[-1] + LEASE
     assert (runs, len(readings)) == (["aborted", "committed"], 2)
     assert store.get("run-1").lease_expires == readings[-1] + LEASE  # type: ignore[union-attr]
+
+
+def test_an_aborted_fan_in_count_runs_again_and_counts_the_child_once(
+    spanner_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = new_store(spanner_database)
+    first, _ = family(2)
+    store.claim(claim_request("child-k000", "a1-k000"), T0)
+    database = store.database
+    original = database.run_in_transaction
+    tries: list[str] = []
+
+    def abort_the_first(work: Any, **options: Any) -> Any:
+        def aborted(transaction: Any) -> Any:
+            work(transaction)  # Counted and buffered the join and its entry; never committed.
+            raise api.Aborted("contention", errors=[None])
+
+        tries.append("aborted" if not tries else "committed")
+        return original(aborted if len(tries) == 1 else work, **options)
+
+    monkeypatch.setattr(database, "run_in_transaction", abort_the_first)
+    progress = store.complete_member(
+        first, "child-k000", "a1-k000", "1", T0, keep_for=timedelta(days=7)
+    )
+    assert progress is not None and not progress.closed
+    assert tries == ["aborted", "committed"]
+    join = store.get_fan_in(first.join_id)
+    assert join is not None and (join.done, join.expected) == (1, 2)
 
 
 def test_a_claim_whose_insert_landed_unseen_is_recognised_by_attempt_id(
@@ -172,6 +229,8 @@ def test_schema_creation_is_idempotent_and_includes_the_row_deletion_policies(
         policies = [tuple(row) for row in snapshot.execute_sql(sql)]
     assert policies == [
         ("tasklease_runs", "OLDER_THAN(expire_at, INTERVAL 0 DAY)"),
+        ("tasklease_runs_fan_in_entries", None),  # Deleted with their join (interleaved).
+        ("tasklease_runs_fan_ins", "OLDER_THAN(expire_at, INTERVAL 0 DAY)"),
         ("tasklease_runs_locks", "OLDER_THAN(lapses_at, INTERVAL 0 DAY)"),
         ("tasklease_runs_tally", "OLDER_THAN(minute, INTERVAL 1 DAY)"),
     ]
@@ -185,6 +244,28 @@ def _names(store: SpannerStore) -> list[str]:
     )
     with store.database.snapshot() as snapshot:
         return [row[0] for row in snapshot.execute_sql(sql)]
+
+
+def test_a_database_made_before_fan_ins_gains_their_tables_on_first_use(
+    spanner_database: str,
+) -> None:
+    before = [
+        statement
+        for statement in schema.ddl("tasklease_runs")
+        if statement not in schema.fan_in_ddl("tasklease_runs")
+    ]
+    _, project, _, instance, _, database_id = spanner_database.split("/")
+    client = spanner.Client(project=project)
+    database = client.instance(instance).database(database_id)  # type: ignore[no-untyped-call]
+    database.update_ddl(before).result(120)
+    store = new_store(spanner_database)
+    (member,) = family(1)
+    store.claim(claim_request("child-k000", "a1-k000"), T0)
+    progress = store.complete_member(
+        member, "child-k000", "a1-k000", "1", T0, keep_for=timedelta(days=7)
+    )
+    assert progress is not None and progress.closed
+    assert [e.key for e in store.fan_in_entries(member.join_id)] == ["k000"]
 
 
 def test_a_store_told_not_to_create_the_schema_says_what_is_missing(
@@ -231,11 +312,13 @@ def test_a_frozen_emulator_answers_store_unavailable_within_the_call_timeout(
 ) -> None:
     store = new_store(spanner_database, call_timeout=1.0)
     store.claim(claim_request(), T0)
+    (member,) = family(1)
     spanner_emulator.freeze()
     try:
         for call in (
             lambda: store.claim(claim_request("run-2", "attempt-2"), T0),
             lambda: store.complete("run-1", "attempt-1", None, T0),
+            lambda: store.complete_member(member, "run-1", "attempt-1", None, T0),
             lambda: store.get("run-1"),
         ):
             started = time.monotonic()

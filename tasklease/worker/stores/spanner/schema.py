@@ -1,9 +1,12 @@
 """The Spanner store's tables: their DDL, and how records become rows and back.
 
-Two tables per store: ``<table>`` (one row per run, keyed by the run id, already a hash, so
-writes spread over splits) and ``<table>_locks`` (one row per lock, keyed by the hashed lock
-name). Each has a row deletion policy (Spanner's TTL) on the time after which the row decides
-nothing: ``expire_at`` for runs, ``lapses_at`` for locks. Spanner deletes such rows within
+The tables of a store: ``<table>`` (one row per run, keyed by the run id, already a hash, so
+writes spread over splits), ``<table>_locks`` (one row per lock, keyed by the hashed lock
+name), ``<table>_fan_ins`` (one row per join, keyed by the join id, a hash too) with
+``<table>_fan_in_entries`` interleaved in it (one row per counted child: :mod:`.fan_ins` says
+why), and the delivery tally (:mod:`.tally`). Runs, locks and joins have a row deletion policy
+(Spanner's TTL) on the time after which the row decides nothing: ``expire_at`` for runs and
+joins (a join's entries go with it), ``lapses_at`` for locks. Spanner deletes such rows within
 about three days; until then the rules treat them as absent (:func:`decisions.is_live`).
 
 ``committed_at`` is the commit timestamp of the row's last write (Spanner's TrueTime, not an
@@ -91,6 +94,43 @@ def ddl(table: str) -> list[str]:
         ) PRIMARY KEY (lock_id),
         ROW DELETION POLICY (OLDER_THAN(lapses_at, INTERVAL 0 DAY))""",
         tally.ddl(table),
+        *fan_in_ddl(table),
+    ]
+
+
+def fan_in_tables(table: str) -> tuple[str, str]:
+    """The joins' table and their entries' table beside the runs table ``table``."""
+    return f"{table}_fan_ins", f"{table}_fan_in_entries"
+
+
+def fan_in_ddl(table: str) -> list[str]:
+    """The joins' table, the index listing a parent's joins, and the entries' table,
+    interleaved in the joins' (deleted with their join, by its row deletion policy too)."""
+    joins, entries = fan_in_tables(table)
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {joins} (
+            join_id STRING(64) NOT NULL,
+            parent_run_id STRING(MAX) NOT NULL,
+            then_handler STRING(MAX) NOT NULL,
+            expected INT64 NOT NULL,
+            completed INT64 NOT NULL,
+            failed INT64 NOT NULL,
+            created_at TIMESTAMP NOT NULL,
+            expire_at TIMESTAMP NOT NULL,
+            then_enqueued_at TIMESTAMP
+        ) PRIMARY KEY (join_id),
+        ROW DELETION POLICY (OLDER_THAN(expire_at, INTERVAL 0 DAY))""",
+        f"CREATE INDEX IF NOT EXISTS {joins}_by_parent ON {joins} (parent_run_id, created_at DESC)",
+        f"""CREATE TABLE IF NOT EXISTS {entries} (
+            join_id STRING(64) NOT NULL,
+            child_key STRING(MAX) NOT NULL,
+            run_id STRING(MAX) NOT NULL,
+            status STRING(32) NOT NULL,
+            finished_at TIMESTAMP NOT NULL,
+            result STRING(MAX),
+            error STRING(MAX)
+        ) PRIMARY KEY (join_id, child_key),
+        INTERLEAVE IN PARENT {joins} ON DELETE CASCADE""",
     ]
 
 
@@ -101,6 +141,8 @@ def objects(table: str) -> set[str]:
         f"{table}_locks",
         tally.table_of(table),
         *(f"{table}_by_{what}" for what in ("status", "handler", "task", "job")),
+        *fan_in_tables(table),
+        f"{table}_fan_ins_by_parent",
     }
 
 

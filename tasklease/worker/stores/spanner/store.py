@@ -12,6 +12,9 @@ with its first read, so a transaction costs its reads plus the Commit):
 - a retried delivery's first read (the executor's ``get``): one strong read. 1 RPC.
 - a transactional handler's completion: one read-write transaction holding the handler's
   statements too (:mod:`.transactions`). 2 RPCs beyond the handler's own.
+- a fan-in child's finish (or its recount): one read-write transaction that reads the run's
+  row, reads its join with its entry in one query, and writes the row, the entry and the
+  join's counts (:mod:`.fan_ins`). 3 RPCs.
 - on Google's emulator, a renewal made while the attempt's own handler or step transaction
   is open: one strong read, which confirms the lease as stored (:meth:`SpannerStore.renew`).
 
@@ -38,6 +41,7 @@ from google.cloud.spanner_v1.client import EMULATOR_ENV_VAR
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.plumbing.spanner_calls import bound_calls, guard, run_transaction
 from tasklease.worker.core import decisions, locking
+from tasklease.worker.core.fan_in import Entry, FanInRecord, Member, Progress
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import (
     Claim,
@@ -47,6 +51,7 @@ from tasklease.worker.core.records import (
     RunStatus,
     Verdict,
 )
+from tasklease.worker.stores.base.fan_ins import FanInStore, count_member_in
 from tasklease.worker.stores.base.locks import LockStore
 from tasklease.worker.stores.base.orphans import OrphanClaims, orphan_released
 from tasklease.worker.stores.base.queries import OperatorQueries
@@ -58,7 +63,7 @@ from tasklease.worker.stores.base.transactional import (
     TransactionOutcome,
     Work,
 )
-from tasklease.worker.stores.spanner import schema
+from tasklease.worker.stores.spanner import fan_ins, schema
 from tasklease.worker.stores.spanner.runs import SpannerRuns, key_set
 from tasklease.worker.stores.spanner.tally import SpannerTally
 from tasklease.worker.stores.spanner.transactions import SpannerTransactions
@@ -84,12 +89,12 @@ _RUNS = ", ".join(schema.RUN_COLUMNS)
 _LOCKS = ", ".join(schema.LOCK_COLUMNS)
 
 
-class SpannerStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTally):
-    """Run records in ``table`` (locks in ``<table>_locks``) of the Spanner database
-    ``projects/P/instances/I/databases/D``.
+class SpannerStore(TransactionalStore, LockStore, FanInStore, OperatorQueries, DeliveryTally):
+    """Run records in ``table`` (locks in ``<table>_locks``, joins in ``<table>_fan_ins``) of
+    the Spanner database ``projects/P/instances/I/databases/D``.
 
-    Its run rows, delivery tally and transactions are collaborators on the same database
-    (:attr:`runs`, :attr:`tally`, :attr:`transactions`).
+    Its run rows, joins, delivery tally and transactions are collaborators on the same
+    database (:attr:`runs`, :attr:`fan_ins`, :attr:`tally`, :attr:`transactions`).
 
     The database must exist; the tables, indexes and row deletion policies are created on
     first use when missing (:meth:`create_schema`). The client is created lazily per process
@@ -128,6 +133,7 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTally
         # Whether the client talks to Google's emulator (it reads the same variable).
         self._on_emulator = False
         self.runs = SpannerRuns(lambda: self.database, table)
+        self.fan_ins = fan_ins.SpannerFanIns(lambda: self.database, table, call_timeout)
         self.tally = SpannerTally(lambda: self.database, table, call_timeout)
         self.transactions = SpannerTransactions(lambda: self.database, self.runs)
         self._schema_ready_pid: int | None = None
@@ -391,11 +397,12 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTally
         return [schema.decode_run(row) for row in self._query(sql, {"value": value}, "look up")]
 
     def purge_expired(self, now: datetime) -> int:
-        """Delete expired runs and lapsed locks now, in bounded batches (in production the
-        row deletion policies do this by themselves)."""
+        """Delete expired runs, lapsed locks and expired joins (their entries with them) now,
+        in bounded batches (in production the row deletion policies do this by themselves)."""
         return (
             self._purge(self.table, "run_id", "expire_at", now)
             + self._purge(self.lock_table, "lock_id", "lapses_at", now)
+            + self._purge(self.fan_ins.table, "join_id", "expire_at", now)
             + self.purge_delivery_counts(now - TALLY_KEPT)
         )
 
@@ -456,6 +463,43 @@ class SpannerStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTally
         order = "ORDER BY started_at DESC, name DESC LIMIT @limit"
         sql = f"SELECT {_LOCKS} FROM {self.lock_table} {order}"  # noqa: S608
         return [schema.decode_lock(row) for row in self._query(sql, {"limit": limit}, "list locks")]
+
+    # --- Fan-ins -------------------------------------------------------------------
+
+    def _read_modify_write_member(
+        self, run_id: str, member: Member, change: Change[_T], now: Moment, keep_for: timedelta
+    ) -> tuple[_T, Progress]:
+        """The run's change and the child's count in one read-write transaction: an abort
+        runs both again from their reads, the clock read afresh."""
+
+        def work(transaction: Any) -> tuple[_T, Progress]:
+            stored = self.runs.read(transaction, run_id)
+            record, value = change(stored)
+            if record is not None:
+                self.runs.write(transaction, record)
+            rows = fan_ins.SpannerJoinRows(transaction, self.table, member.key)
+            after = record if record is not None else stored
+            progress = count_member_in(rows, after, member, resolve(now), keep_for)
+            rows.flush()
+            return value, progress
+
+        database = self.database
+        with guard("count a fan-in child"):
+            return run_transaction(database, work, self._timeout, f"count run {run_id}")
+
+    def get_fan_in(self, join_id: str) -> FanInRecord | None:
+        return self.fan_ins.get(join_id)
+
+    def fan_in_entries(
+        self, join_id: str, after: str | None = None, limit: int = 1000
+    ) -> list[Entry]:
+        return self.fan_ins.entries(join_id, after, limit)
+
+    def fan_ins_of(self, parent_run_id: str, limit: int = 100) -> list[FanInRecord]:
+        return self.fan_ins.of_parent(parent_run_id, limit)
+
+    def mark_then_enqueued(self, join_id: str, now: datetime) -> None:
+        self.fan_ins.mark_then_enqueued(join_id, now)
 
     # --- Plumbing --------------------------------------------------------------------
 
