@@ -6,6 +6,7 @@ Everything tasklease raises for a failure is a :class:`TaskleaseError`::
     ├── ConfigurationError         a setting or option is inconsistent (also a ValueError)
     ├── InvalidDelivery            a request carries no valid Cloud Tasks / Scheduler identity
     ├── StoreUnavailable           the lease store failed; nothing was claimed or changed
+    ├── FanInGone                  a join's results were asked for after it expired
     ├── OperationRefused           an operator action does not apply to the run or lock
     ├── WriterLockTimeout          another process held the SQLite writer lock too long
     ├── NotInTransaction           an outbox entry's transaction would not hold it (also a
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigurationError",
+    "FanInGone",
     "InvalidDelivery",
     "LeaseLost",
     "PermanentFailure",
@@ -52,6 +54,10 @@ class InvalidDelivery(TaskleaseError, ValueError):
 
 class StoreUnavailable(TaskleaseError):
     """The lease store could not be reached or failed; nothing was claimed or changed."""
+
+
+class FanInGone(TaskleaseError, LookupError):
+    """A join's results were asked for (``ctx.fan_in_results``) after the store let it go."""
 
 
 class PermanentFailure(Exception):

@@ -69,6 +69,9 @@ MAX_TASK_BYTES = 1024 * 1024
 LARGE_TASK_BYTES = 100 * 1024  # The proto comment's limit: the producer warns above it.
 MAX_TASK_HEADER_BYTES = 80 * 1024  # A task's headers, in all; so any one of them at most.
 MAX_TASK_NAME_LENGTH = 500
+# The longest value of an identity header the worker reads (tasklease's own included: a fan-in
+# child's member header); no identity header Google sends comes near it.
+MAX_HEADER_VALUE_LENGTH = 1024
 MAX_QUEUE_NAME_LENGTH = 100
 MAX_JOB_NAME_LENGTH = 500
 

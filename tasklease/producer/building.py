@@ -26,6 +26,7 @@ from tasklease.protocol import (
     FAN_IN_OF_HEADER,
     LARGE_TASK_BYTES,
     LOCATION_HEADER,
+    MAX_HEADER_VALUE_LENGTH,
     MAX_TASK_BYTES,
     PROJECT_HEADER,
     SCHEDULER_ROUTE_PREFIX,
@@ -312,6 +313,13 @@ def fan_in_plan(
         ctx.run_id, continuation if isinstance(continuation, int) else 0, task_name, then, keys
     )
     members = joins.members(join, ctx.run_id, then, keys)
+    for member in members:
+        if len(member.header()) > MAX_HEADER_VALUE_LENGTH:
+            raise InvalidTask(
+                f"fan-out item key {member.key[:40]!r}...: with the run id it makes a "
+                f"{FAN_IN_HEADER} header over {MAX_HEADER_VALUE_LENGTH} characters, which the "
+                "worker refuses: use shorter keys (an id, or a hash of a long one)"
+            )
     children = [
         (f"{join}/{key}", payload, {FAN_IN_HEADER: member.header()})
         for (key, payload), member in zip(items, members, strict=True)

@@ -247,7 +247,8 @@ def test_max_attempts_turns_repeated_failure_into_a_dead_letter(
 ) -> None:
     path = "/tasks/limited"
     outcomes = [deliver(app, path=path).headers["X-Tasklease-Outcome"] for _ in range(4)]
-    assert outcomes == ["released", "released", "failed", "duplicate"]
+    # The second attempt is the last allowed: its failure is the dead letter.
+    assert outcomes == ["released", "failed", "duplicate", "duplicate"]
     assert shop.calls["limited"] == 2
 
 

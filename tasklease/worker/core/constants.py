@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from tasklease import protocol
+
 # Cloud Tasks HTTP-target headers (docs/platform-facts.md, "what an HTTP target receives").
 # Header lookups are case-insensitive: HTTP/2 front ends (Cloud Run) lower-case them.
 TASKS_QUEUE_NAME = "X-CloudTasks-QueueName"
@@ -25,7 +27,7 @@ SCHEDULER_SCHEDULE_TIME = "X-CloudScheduler-ScheduleTime"
 DEFAULT_STORE_URL = "sqlite:///tasklease-runs.db"
 
 # Limits taken from the platform (docs/platform-facts.md); task sizes are in tasklease.protocol.
-MAX_HEADER_VALUE_LENGTH = 1024  # No identity header Google sends comes near this.
+MAX_HEADER_VALUE_LENGTH = protocol.MAX_HEADER_VALUE_LENGTH
 
 # Per-handler defaults.
 DEFAULT_LEASE = timedelta(minutes=5)

@@ -268,6 +268,9 @@ def cap_text(text: str, limit: int = c.MAX_ERROR_CHARS) -> str:
     return text[: limit - len(marker)] + marker
 
 
+DROPPED_RESULT_KEY = "tasklease_result_dropped"  # The note's one key (see serialize_result).
+
+
 def serialize_result(result: Any, limit: int = c.MAX_RESULT_BYTES) -> str | None:
     """The handler's result as the JSON text stored and answered; None for None.
 
@@ -283,7 +286,7 @@ def serialize_result(result: Any, limit: int = c.MAX_RESULT_BYTES) -> str | None
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"the handler's result is not JSON-serialisable: {exc}") from None
     if len(encoded.encode()) > limit:
-        note = {"tasklease_result_dropped": f"{len(encoded)} bytes of JSON, over {limit}"}
+        note = {DROPPED_RESULT_KEY: f"{len(encoded)} bytes of JSON, over {limit}"}
         return json.dumps(note, sort_keys=True, separators=(",", ":"))
     return encoded
 

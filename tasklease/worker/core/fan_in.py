@@ -17,12 +17,14 @@ holds, so the child that fills a shard knows it without reading the others, and 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from tasklease.joins import Member
+from tasklease.worker.core.decisions import DROPPED_RESULT_KEY
 from tasklease.worker.core.records import RunRecord, RunStatus
 
 __all__ = [
@@ -45,6 +47,11 @@ __all__ = [
 # The children's final statuses: each counts once, with its result or its error.
 COUNTED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED})
 
+# A join is kept at least this long past its latest count, whatever its children's retention:
+# longer than a child can be scheduled ahead (Cloud Tasks: 30 days), so a join still open when
+# a child's record expires keeps its counts, and a then handler retried days later still pages
+# its results.
+JOIN_KEEP_FLOOR = timedelta(days=31)
 MAX_INLINE_RESULTS = 1000  # Up to this many children, the then task's payload lists them all.
 
 
@@ -63,8 +70,6 @@ class ChildEntry:
 
     def as_result(self) -> dict[str, Any]:
         """The entry as the ``then`` handler's payload lists it."""
-        import json  # noqa: PLC0415 - only the closing delivery builds payloads.
-
         return {
             "key": self.key,
             "status": self.status.value,
@@ -131,16 +136,29 @@ def entry_of(record: RunRecord | None, member: Member) -> ChildEntry | None:
     """The entry a child's record adds to its join: None until the record is final."""
     if record is None or record.status not in COUNTED or record.finished_at is None:
         return None
+    result_json = record.result_json if record.status is RunStatus.COMPLETED else None
+    error = record.error if record.status is RunStatus.FAILED else None
+    dropped = _dropped(result_json)
+    if dropped is not None:  # Completed, but its result was too large to keep: say so.
+        result_json, error = None, f"result dropped: {dropped}"
     return ChildEntry(
         member.join_id,
         member.key,
         record.run_id,
         record.status,
         record.finished_at,
-        record.result_json if record.status is RunStatus.COMPLETED else None,
-        record.error if record.status is RunStatus.FAILED else None,
+        result_json,
+        error,
         member.shard,
     )
+
+
+def _dropped(result_json: str | None) -> str | None:
+    """The note of a result the store replaced for its size, or None."""
+    if result_json is None or not result_json.startswith('{"' + DROPPED_RESULT_KEY):
+        return None
+    note = json.loads(result_json)
+    return str(note[DROPPED_RESULT_KEY]) if list(note) == [DROPPED_RESULT_KEY] else None
 
 
 def opened(member: Member, now: datetime, keep_for: timedelta) -> FanInRecord:
@@ -151,7 +169,7 @@ def opened(member: Member, now: datetime, keep_for: timedelta) -> FanInRecord:
         member.then,
         member.expected,
         now,
-        now + keep_for,
+        now + max(keep_for, JOIN_KEEP_FLOOR),
         shards=member.shards,
     )
 
@@ -164,7 +182,7 @@ def counted(
     return join.replace(
         completed=join.completed + (entry.status is RunStatus.COMPLETED),
         failed=join.failed + (entry.status is RunStatus.FAILED),
-        expire_at=max(join.expire_at, now + keep_for),
+        expire_at=max(join.expire_at, now + max(keep_for, JOIN_KEEP_FLOOR)),
     )
 
 

@@ -28,6 +28,7 @@ from tasklease.worker.delivery.reply import Reply
 FINISHED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.SKIPPED})
 
 if TYPE_CHECKING:
+    from tasklease.joins import Member
     from tasklease.producer.building import EnqueueOptions
     from tasklease.worker.core.identity import DeliveryIdentity
     from tasklease.worker.core.records import RunRecord
@@ -106,7 +107,13 @@ def recorded(record: RunRecord | None, seq: int) -> bool:
 
 
 def enqueue_next(
-    router: Router, spec: HandlerSpec, runner: StepRunner, payload: Any, queue: str | None
+    router: Router,
+    spec: HandlerSpec,
+    runner: StepRunner,
+    payload: Any,
+    queue: str | None,
+    *,
+    member: Member | None = None,
 ) -> str:
     """Enqueue the continuation ``continue_later`` asked for (once: a name derived from the
     run and its number); return its continuation json to record.
@@ -114,7 +121,8 @@ def enqueue_next(
     A task run's continuation goes to ``queue`` (the task's own), with its payload; a
     scheduled run's is a task on the job's route, in the handler's declared queue (else the
     producer's default), with no payload. Its token is for the handler's own ``audience`` when
-    it sets one."""
+    it sets one. A fan-in child's continuation carries its ``member`` header: the delivery that
+    completes the chain counts the child in its join."""
     continuation = runner.continuation
     assert continuation is not None
     scheduled = spec.kind is Kind.SCHEDULER
@@ -123,7 +131,10 @@ def enqueue_next(
         "queue": spec.queue if scheduled else queue,
         "route": protocol.SCHEDULER_ROUTE_PREFIX if scheduled else protocol.TASK_ROUTE_PREFIX,
         "headers": {
-            protocol.CONTINUATION_HEADER: rules.continuation_header(runner.run_id, continuation.seq)
+            protocol.CONTINUATION_HEADER: rules.continuation_header(
+                runner.run_id, continuation.seq
+            ),
+            **({protocol.FAN_IN_HEADER: member.header()} if member is not None else {}),
         },
     }
     if spec.audience:  # A handler with an audience of its own accepts tokens for it only.

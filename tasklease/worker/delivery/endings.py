@@ -74,6 +74,13 @@ class Finisher:
         # A completion is written by the path that holds the result (complete, or the commit).
         assert ending.action is Action.RETRY, ending
         note_error(exc)  # Its stack trace goes into the request's one log line.
+        limit = self._max_attempts(live)
+        if limit is not None and live.number >= limit and not ending.reraise:
+            # The last attempt allowed: a dead letter now, not on a claim after it, which a
+            # queue whose own max attempts is the same number never makes.
+            return self.fail(
+                live, f"gave up after {limit} attempts (max_attempts): {ending.reason}", body
+            )
         reply = self.release(live, ending.reason, ending.message)
         if ending.reraise:
             raise exc  # The process is being stopped: its run was given back first.
@@ -235,6 +242,10 @@ class Finisher:
                 live.run_id,
             )
         return reply
+
+    def _max_attempts(self, live: Attempt) -> int | None:
+        spec = self.router.handler(Kind(live.kind), live.handler)
+        return spec.max_attempts if spec is not None else None
 
     def retention(self, live: Attempt) -> timedelta | None:
         """The retention of the handler the attempt runs, to keep its record that long after a

@@ -255,6 +255,7 @@ class Executor:
             record.attempt_id,
             record.lease_expires,
             fan_in=identity.fan_in,
+            number=record.attempts,
             timing=self.timing,
         )
         runner = StepRunner.of(record, live, self.store, self.clock)
@@ -390,7 +391,9 @@ class Executor:
         run (continuation.gate); a failed enqueue releases the run for a retry."""
         try:
             state_json = yield Blocking(
-                lambda: continuation.enqueue_next(self.router, spec, runner, payload, ctx.queue)
+                lambda: continuation.enqueue_next(
+                    self.router, spec, runner, payload, ctx.queue, member=live.fan_in
+                )
             )
         except Exception as exc:
             note_error(exc)

@@ -46,6 +46,7 @@ class Attempt:
     transaction: Any = None
     # The join this attempt's run is a child of (a fan-out with then=): counted when it ends.
     fan_in: Member | None = None
+    number: int = 1  # Which claim of the run this is (the record's attempts).
     # The local clock the lease is measured by, and the pause before a store write's retry.
     timing: Timing = field(default=REAL_TIMING, repr=False)
     # Set once, by the keeper's thread or a lease check, and never cleared; nothing waits on

@@ -7,8 +7,9 @@ import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tasklease.errors import ConfigurationError
+from tasklease.errors import ConfigurationError, FanInGone
 from tasklease.worker.core import fan_in as rules
+from tasklease.worker.core.fan_in import JOIN_KEEP_FLOOR
 from tasklease.worker.stores.base.fan_ins import FanInStore
 
 if TYPE_CHECKING:
@@ -51,6 +52,13 @@ class FanOuts:
         its own completion record, so duplicates never count twice and a lost answer never
         loses a count. Keys must be unique, and the items the same in every attempt
         (compute them in a step)."""
+        store = self._steps.store
+        if then is not None and store is not None and not isinstance(store, FanInStore):
+            raise ConfigurationError(
+                f"ctx.fan_out(..., then={then!r}): the worker's store {store!r} keeps no joins, "
+                "so the children could never count: use a store that does (every store "
+                "tasklease ships)"
+            )
         source = producer if producer is not None else self._router_producer()
         return source.fan_out(self, task_name, items, then=then, **options)
 
@@ -83,6 +91,12 @@ class FanOuts:
         store = self._steps.store
         if not isinstance(store, FanInStore):
             raise RuntimeError("ctx.fan_in_results: the worker's store keeps no joins")
+        if store.fan_in_progress(self.fan_in_of) is None:
+            raise FanInGone(
+                f"ctx.fan_in_results: the join {self.fan_in_of} is no longer in the store (kept "
+                f"{JOIN_KEEP_FLOOR.days} days past its last count, or its children's retention "
+                "if longer): its results cannot be paged"
+            )
         entries = store.fan_in_entries(self.fan_in_of, after or None, limit)
         return [entry.as_result() for entry in entries]
 

@@ -33,7 +33,7 @@ from typing import Any
 from google.cloud import spanner
 
 from tasklease.plumbing.spanner_calls import guard, run_transaction
-from tasklease.worker.core.fan_in import Entry, FanInRecord
+from tasklease.worker.core.fan_in import ChildEntry, FanInRecord
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.stores.spanner.runs import key_set
 from tasklease.worker.stores.spanner.schema import fan_in_tables, utc
@@ -65,7 +65,7 @@ class SpannerJoinRows:
         self._joins, self._entries = fan_in_tables(runs_table)
         self._key = key
         self._counted: dict[tuple[str, str], bool] = {}
-        self._held: list[Entry] = []
+        self._held: list[ChildEntry] = []
 
     def join(self, join_id: str) -> FanInRecord | None:
         columns = ", ".join(f"j.{name}" for name in _JOIN_COLUMNS)
@@ -91,7 +91,7 @@ class SpannerJoinRows:
             self._counted[(join_id, key)] = bool(list(found))
         return self._counted[(join_id, key)]
 
-    def add_entry(self, entry: Entry) -> None:
+    def add_entry(self, entry: ChildEntry) -> None:
         self._held.append(entry)  # Written after its join's row (see the class).
         self._counted[(entry.join_id, entry.key)] = True
 
@@ -123,7 +123,7 @@ class SpannerFanIns:
             rows = list(snapshot.read(self.table, _JOIN_COLUMNS, key_set([join_id])))
         return _join(rows[0]) if rows else None
 
-    def entries(self, join_id: str, after: str | None, limit: int) -> list[Entry]:
+    def entries(self, join_id: str, after: str | None, limit: int) -> list[ChildEntry]:
         sql = (
             f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM {self.entries_table} "  # noqa: S608
             "WHERE join_id = @join_id AND child_key > @after ORDER BY child_key LIMIT @limit"
@@ -196,7 +196,7 @@ def _join(row: list[Any]) -> FanInRecord:
     )
 
 
-def _entry_row(entry: Entry) -> list[Any]:
+def _entry_row(entry: ChildEntry) -> list[Any]:
     return [
         entry.join_id,
         entry.key,
@@ -208,6 +208,6 @@ def _entry_row(entry: Entry) -> list[Any]:
     ]
 
 
-def _entry(row: list[Any]) -> Entry:
+def _entry(row: list[Any]) -> ChildEntry:
     join_id, key, run_id, status, finished, result, error = row
-    return Entry(join_id, key, run_id, RunStatus(status), utc(finished), result, error)
+    return ChildEntry(join_id, key, run_id, RunStatus(status), utc(finished), result, error)

@@ -39,9 +39,10 @@ from google.cloud import spanner
 from google.cloud.spanner_v1.client import EMULATOR_ENV_VAR
 
 from tasklease.errors import ConfigurationError, StoreUnavailable
+from tasklease.joins import Member
 from tasklease.plumbing.spanner_calls import bound_calls, guard, run_transaction
 from tasklease.worker.core import decisions, locking
-from tasklease.worker.core.fan_in import Entry, FanInRecord, Member, Progress
+from tasklease.worker.core.fan_in import ChildEntry, FanInRecord, Progress
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import (
     Claim,
@@ -492,7 +493,7 @@ class SpannerStore(TransactionalStore, LockStore, FanInStore, OperatorQueries, D
 
     def fan_in_entries(
         self, join_id: str, after: str | None = None, limit: int = 1000
-    ) -> list[Entry]:
+    ) -> list[ChildEntry]:
         return self.fan_ins.entries(join_id, after, limit)
 
     def fan_ins_of(self, parent_run_id: str, limit: int = 100) -> list[FanInRecord]:
