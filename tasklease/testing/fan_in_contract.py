@@ -20,7 +20,7 @@ from tasklease import joins
 from tasklease.errors import StoreUnavailable
 from tasklease.joins import Member
 from tasklease.testing.contract_support import EXPIRED, T0, claim_request
-from tasklease.worker.core.fan_in import Progress
+from tasklease.worker.core.fan_in import JOIN_KEEP_FLOOR, Progress
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores.base.fan_ins import FanInStore
 
@@ -188,9 +188,11 @@ class FanInContract:
         (member,) = family(1)
         _child(store, member)
         store.complete_member(member, "child-k000", "a1-k000", "1", T0, keep_for=timedelta(hours=1))
-        store.purge_expired(T0 + timedelta(minutes=30))
-        assert store.get_fan_in(member.join_id) is not None
+        # Kept past the child's retention: an open join must keep its counts until its last
+        # child, however late, arrives.
         store.purge_expired(T0 + timedelta(days=30))
+        assert store.get_fan_in(member.join_id) is not None
+        store.purge_expired(T0 + JOIN_KEEP_FLOOR + timedelta(days=1))
         assert store.get_fan_in(member.join_id) is None
         assert store.fan_in_entries(member.join_id) == []
 
