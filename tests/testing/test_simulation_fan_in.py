@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tasklease.joins import Member
 from tasklease.testing.simulation import SimulationReport, simulate
 from tasklease.testing.simulation.stores import store_factory
 from tasklease.worker.core import fan_in as rules
-from tasklease.worker.core.fan_in import Member, Progress
+from tasklease.worker.core.fan_in import Progress
 from tasklease.worker.core.records import RunRecord
 from tasklease.worker.delivery.fan_in import FanIns
 from tasklease.worker.delivery.reply import Reply
