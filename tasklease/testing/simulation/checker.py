@@ -35,15 +35,30 @@ The invariants, each a function of the :class:`~tasklease.testing.simulation.his
   again in the same attempt) is the last run of that body, and no second row is committed.
   A body that returned but whose transaction did not commit (its attempt lost its claim, or
   died) leaves no row, and may run again.
+- ``join_twice``: a join's ``then`` effect (its ledger row on a store with transactions, else
+  a then lifecycle's accepted final write) happens at most once, over every then task of the
+  join.
+- ``join_inexact``: every execution of a join's ``then`` handler is given every child of the
+  fan-out exactly once, with what that child did: a child told to fail, ``failed`` with an
+  error naming an attempt of it that wrote its effect; any other, ``completed`` with the id
+  of an attempt of it that made its accepted final write (what the child returns); and a
+  summary that counts them so. A then run early (a child counted twice) misses a child.
+- ``lost_join``: once every child of a join is acknowledged, its ``then`` effect has happened
+  by the end (a join whose then task was never created is lost).
 - ``crashed``: nothing escaped the real code as an unexpected exception.
+
+The joins are told apart by their parent's run id (one fan-out with a join per parent run),
+from what the parent handler saw its fan-out return, never from tasklease's join records.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from tasklease.testing.simulation.history import History, StepBody, Write
+from tasklease.testing.simulation.history import FanInPlan, History, StepBody, ThenRun, Write
 from tasklease.testing.simulation.workload import STEP_EFFECT
 
 __all__ = ["INVARIANTS", "HistoryViolation", "check"]
@@ -61,6 +76,9 @@ INVARIANTS = (
     "lost_enqueue",
     "rolled_back_enqueued",
     "step_repeated",
+    "join_twice",
+    "join_inexact",
+    "lost_join",
     "crashed",
 )
 
@@ -92,6 +110,7 @@ def check(history: History) -> list[HistoryViolation]:
     found += _settled(history)
     found += _enqueues(history)
     found += _steps(history)
+    found += _joins(history)
     found += [
         HistoryViolation("crashed", "-", history.ended_at, crash) for crash in history.crashes
     ]
@@ -351,4 +370,123 @@ def _steps(history: History) -> list[HistoryViolation]:
                     f"t={ran[recorded].at:.3f}s",
                 )
             )
+    return found
+
+
+class _JoinEvidence:
+    """What the history holds of each join, by its parent's run id: the fan-out the parent
+    saw return, the then handler's executions, and each lifecycle's effects."""
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+        self.plans: dict[str, FanInPlan] = {}
+        for plan in history.fan_ins:  # A retried parent's fan-out names the same children.
+            self.plans.setdefault(plan.parent_run_id, plan)
+        self.thens: dict[str, list[ThenRun]] = defaultdict(list)
+        for ran in history.then_runs:
+            self.thens[ran.parent_run_id].append(ran)
+        self.rows = Counter(row.effect for row in history.ledger)
+        self.writers: dict[str, set[str]] = defaultdict(set)  # Origin -> its final writers.
+        for write in history.writes:
+            if write.final and write.accepted:
+                self.writers[write.origin].add(write.attempt_id)
+
+    def effects(self, join: str) -> list[str]:
+        """The then lifecycles of ``join`` that made its effect, once per effect."""
+        made: list[str] = []
+        for name in sorted({ran.origin for ran in self.thens[join]}):
+            origin = self.history.origins.get(name)
+            if origin is not None and origin.transactional:
+                made += [name] * self.rows[name]
+            elif self.writers[name]:
+                made.append(name)
+        return made
+
+    def inexact(self, plan: FanInPlan, ran: ThenRun) -> list[str]:
+        """How ``ran``'s payload differs from what ``plan``'s children did."""
+        wrong: list[str] = []
+        listed = Counter(str(result.get("key")) for result in ran.results)
+        missing = sorted(set(plan.children) - set(listed))
+        if missing:
+            wrong.append(f"no result for {', '.join(missing)}")
+        wrong += [f"{key} listed {n} times" for key, n in sorted(listed.items()) if n > 1]
+        wrong += [f"{key} is no child" for key in sorted(set(listed) - set(plan.children))]
+        if ran.next_after is not None:
+            wrong.append(f"the results end at a page (next_after {ran.next_after!r})")
+        for result in ran.results:
+            key = str(result.get("key"))
+            if key in plan.children:
+                wrong += self._result(key, plan.children[key], key in plan.failing, result)
+        failed = len(plan.failing)
+        summary = {"total": len(plan.children), "completed": len(plan.children) - failed}
+        summary["failed"] = failed
+        if dict(ran.summary) != summary:
+            wrong.append(f"summary {dict(ran.summary)}, the children did {summary}")
+        return wrong
+
+    def _result(
+        self, key: str, task_id: str, told_to_fail: bool, result: Mapping[str, Any]
+    ) -> list[str]:
+        writers = self.writers[f"task:{task_id}"]
+        status = result.get("status")
+        if told_to_fail:
+            error = str(result.get("error"))
+            if status != "failed" or not any(attempt in error for attempt in writers):
+                return [f"{key} was told to fail and is listed {status}: {error!r}"]
+            return []
+        value = result.get("result")
+        attempt = value.get("attempt") if isinstance(value, dict) else None
+        if status != "completed" or attempt not in writers:
+            return [f"{key} is listed {status} with {value!r}, no attempt of it that wrote"]
+        return []
+
+
+def _joins(history: History) -> list[HistoryViolation]:
+    evidence = _JoinEvidence(history)
+    found = []
+    for join, runs in sorted(evidence.thens.items()):
+        made = evidence.effects(join)
+        if len(made) > 1:
+            found.append(
+                HistoryViolation(
+                    "join_twice",
+                    runs[0].origin,
+                    runs[-1].at,
+                    f"the join of run {join[:12]} made its then effect {len(made)} times "
+                    f"({', '.join(made)})",
+                )
+            )
+    for join, runs in sorted(evidence.thens.items()):
+        plan = evidence.plans.get(join)
+        if plan is None:
+            continue  # No fan-out of its parent returned: nothing to compare with.
+        reported: set[str] = set()
+        for ran in runs:
+            wrong = evidence.inexact(plan, ran)
+            if wrong and ran.origin not in reported:
+                reported.add(ran.origin)  # Each then task's payload once: it is fixed.
+                found.append(
+                    HistoryViolation(
+                        "join_inexact",
+                        ran.origin,
+                        ran.at,
+                        f"attempt {ran.attempt_id[:12]} of the join of run {join[:12]} "
+                        f"was given: {'; '.join(wrong)}",
+                    )
+                )
+    for join, plan in sorted(evidence.plans.items()):
+        children = [history.origins.get(f"task:{task_id}") for task_id in plan.children.values()]
+        acknowledged = [o.acknowledged_at for o in children if o is not None]
+        if len(acknowledged) < len(children) or None in acknowledged or evidence.effects(join):
+            continue
+        last = max(at for at in acknowledged if at is not None)
+        found.append(
+            HistoryViolation(
+                "lost_join",
+                plan.origin,
+                last,
+                f"every child of the join of run {join[:12]} was acknowledged by "
+                f"t={last:.3f}s, and its then effect never happened",
+            )
+        )
     return found

@@ -17,7 +17,7 @@ from datetime import timedelta
 
 from tasklease import protocol
 from tasklease.emulator.policy import RetrySettings, backoff, gives_up
-from tasklease.producer.errors import TaskAlreadyExists
+from tasklease.producer.errors import PermanentEnqueueError, TaskAlreadyExists
 from tasklease.producer.transport import BatchOutcome, TaskRequest, TaskTransport
 from tasklease.testing.simulation.engine import EPOCH, Engine, Instance
 from tasklease.testing.simulation.faults import FaultPlan, Trace
@@ -163,6 +163,9 @@ class DeliverySender:
 class SimulatedQueue(TaskTransport):
     """A Cloud Tasks queue: the producer's transport, and the dispatcher of its tasks."""
 
+    # "A maximum of 100 tasks can be created in a single batch" (BatchCreateTasksRequest).
+    max_batch_size = 100
+
     def __init__(
         self,
         engine: Engine,
@@ -186,14 +189,44 @@ class SimulatedQueue(TaskTransport):
         self.dispatch_deadline = dispatch_deadline
         self.classify = classify
         self.tasks: dict[str, _Task] = {}
+        self.batches: dict[str, BatchOutcome] = {}  # Each batch's answer, by request_id.
 
     # --- the producer's side ----------------------------------------------------------
 
     def create_task(self, task: TaskRequest, timeout: float) -> None:
         self.engine.pause(self.rng.uniform(0.001, 0.02))
+        if not self._accept(task):
+            raise TaskAlreadyExists(f"task {task.name} already exists")
+
+    def create_tasks(
+        self, tasks: Sequence[TaskRequest], request_id: str, timeout: float
+    ) -> BatchOutcome:
+        """BatchCreateTasks: up to :attr:`max_batch_size` tasks of one queue, each accepted
+        (or its name found taken) as its own create is; a repeated ``request_id`` gets the
+        first call's answer back (docs/platform-facts.md, "Cloud Tasks: BatchCreateTasks")."""
+        if len(tasks) > self.max_batch_size or len({t.queue_path for t in tasks}) > 1:
+            raise PermanentEnqueueError(
+                f"a batch holds at most {self.max_batch_size} tasks, all of one queue"
+            )
+        replayed = self.batches.get(request_id)
+        if replayed is not None:
+            return replayed
+        created: set[str] = set()
+        existed: set[str] = set()
+        for task in tasks:
+            # The draw a single create makes: a batch's run is, draw for draw, its creates'.
+            self.engine.pause(self.rng.uniform(0.001, 0.02))
+            (created if self._accept(task) else existed).add(task.name)
+        outcome = BatchOutcome(frozenset(created), frozenset(existed))
+        self.batches[request_id] = outcome
+        return outcome
+
+    def _accept(self, task: TaskRequest) -> bool:
+        """Queue ``task`` for dispatch; False if its name is taken (Cloud Tasks keeps a
+        name for a while after its task ran; here, for the whole simulation)."""
         if task.name in self.tasks:
             self.trace.note(f"create {task.task_id}: exists")
-            raise TaskAlreadyExists(f"task {task.name} already exists")
+            return False
         origin = self.classify(task)
         origin.created_at = self.engine.now
         self.history.origins[origin.name] = origin
@@ -204,11 +237,7 @@ class SimulatedQueue(TaskTransport):
         if task.schedule_time is not None:
             eta = max((task.schedule_time - EPOCH).total_seconds() - self.engine.now, 0.0)
         self.engine.at(eta + self.rng.uniform(0.0, 0.5), lambda: self._dispatch(queued))
-
-    def create_tasks(
-        self, tasks: Sequence[TaskRequest], request_id: str, timeout: float
-    ) -> BatchOutcome:
-        raise NotImplementedError("the simulated queue takes tasks one at a time")
+        return True
 
     # --- the queue's side -------------------------------------------------------------
 

@@ -2,22 +2,27 @@
 handlers made to a fenced downstream, the rows their transactions committed to a ledger, and
 the queue's and the scheduler's own logs, what the simulated users know of their own enqueues
 (the outbox transactions they committed or rolled back, the enqueues and fan-outs answered), and
-the step bodies handlers ran. Nothing here is read from tasklease's run records."""
+the step bodies handlers ran, the fan-outs with a join that returned and what each execution of
+a join's ``then`` handler was given. Nothing here is read from tasklease's run records."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from tasklease.testing.simulation.ledgers import LedgerRow
 
 __all__ = [
     "Answer",
     "Enqueued",
+    "FanInPlan",
     "History",
     "Origin",
     "OutboxTransaction",
     "Refusal",
     "StepBody",
+    "ThenRun",
     "Write",
 ]
 
@@ -110,6 +115,32 @@ class StepBody:
     returned: bool = False
 
 
+@dataclass(frozen=True)
+class FanInPlan:
+    """A fan-out with a join, as the parent handler saw it return: its run, each child's item
+    key and task id, and the keys the children were told to fail for good."""
+
+    at: float
+    origin: str
+    parent_run_id: str
+    children: Mapping[str, str]  # Item key -> the child's task id.
+    failing: frozenset[str]
+
+
+@dataclass(frozen=True)
+class ThenRun:
+    """One execution of a join's ``then`` handler, and what its payload said: the join's
+    parent run, the summary, the results (key, status, result, error) and ``next_after``."""
+
+    at: float
+    origin: str
+    attempt_id: str
+    parent_run_id: str
+    summary: Mapping[str, Any]
+    results: tuple[Mapping[str, Any], ...]
+    next_after: str | None
+
+
 @dataclass
 class History:
     """Everything :func:`~tasklease.testing.simulation.checker.check` reads."""
@@ -124,5 +155,7 @@ class History:
     enqueued: list[Enqueued] = field(default_factory=list)
     outbox: list[OutboxTransaction] = field(default_factory=list)
     step_bodies: list[StepBody] = field(default_factory=list)  # In the order they ran.
+    fan_ins: list[FanInPlan] = field(default_factory=list)
+    then_runs: list[ThenRun] = field(default_factory=list)
     crashes: list[str] = field(default_factory=list)  # Exceptions that escaped real code.
     ended_at: float = 0.0

@@ -38,9 +38,11 @@ from tasklease.testing.simulation.outbox import SimulatedOutbox
 from tasklease.testing.simulation.outbox_worlds import outbox_kind, outbox_world
 from tasklease.testing.simulation.replay import replay_command
 from tasklease.testing.simulation.workload import (
+    FAN_IN_THEN,
     LEASE,
     LIFECYCLE_KINDS,
     MANUAL_LEAD,
+    NEEDS_FAN_INS,
     NEEDS_TRANSACTIONS,
     Downstream,
     Workload,
@@ -57,6 +59,7 @@ from tasklease.worker.delivery.reply import Reply
 from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.runtime.clock import Timing
+from tasklease.worker.stores.base.fan_ins import FanInStore
 from tasklease.worker.stores.base.store import LeaseStore
 from tasklease.worker.stores.base.transactional import TransactionalStore
 
@@ -184,19 +187,25 @@ class WorkloadScenario:
         self.asked = workload
         self.workload = workload
         self.arrival_gap = workload.arrival_gap
+        self.transactional = frozenset({"ledger"})  # The handlers whose effect is a row.
 
     def build(self, world: ScenarioWorld) -> BuiltScenario:
         asked = self.asked
         kinds = asked.kinds if world.ledger is not None else asked.kinds - NEEDS_TRANSACTIONS
         if outbox_kind(world.store) is None:
             kinds -= {"outbox"}
+        if not isinstance(world.store, FanInStore):
+            kinds -= NEEDS_FAN_INS
         if not kinds:
             raise ValueError(
                 f"the {world.store_name} store runs none of the workload kinds asked for: "
-                f"{', '.join(sorted(NEEDS_TRANSACTIONS))} needs a store with transactions; "
+                f"{', '.join(sorted(NEEDS_TRANSACTIONS))} needs a store with transactions, "
+                f"{', '.join(sorted(NEEDS_FAN_INS))} one that keeps joins; "
                 "ask for another kind too"
             )
         self.workload = Workload(kinds, asked.arrival_gap, asked.max_steps)
+        if world.ledger is not None:
+            self.transactional = frozenset({"ledger", FAN_IN_THEN})
         downstream = Downstream(world.engine, world.history, world.trace, world.work_rng)
         router, jobs = build_router(
             self.workload, downstream, world.ledger, world.engine, world.work_rng
@@ -204,7 +213,7 @@ class WorkloadScenario:
         return BuiltScenario(router, jobs, sorted(self.workload.kinds))
 
     def classify(self, request: TaskRequest) -> Origin:
-        return classify(request)
+        return classify(request, self.transactional)
 
     def replay(self, store: str, seed: int, lifecycles: int, plan: FaultPlan) -> str:
         return replay_command(store, seed, lifecycles, plan, self.asked.kinds)

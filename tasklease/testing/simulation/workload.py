@@ -17,19 +17,30 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from tasklease.errors import LeaseLost
+from tasklease.errors import LeaseLost, PermanentFailure
 from tasklease.producer import Producer
 from tasklease.producer.transport import TaskRequest
 from tasklease.testing.simulation.cloud import QUEUE_PATH, WORKER_URL, ScheduledJob
 from tasklease.testing.simulation.engine import Engine
 from tasklease.testing.simulation.faults import Trace
-from tasklease.testing.simulation.history import Enqueued, History, Origin, StepBody, Write
+from tasklease.testing.simulation.history import (
+    Enqueued,
+    FanInPlan,
+    History,
+    Origin,
+    StepBody,
+    ThenRun,
+    Write,
+)
 from tasklease.testing.simulation.ledgers import EffectLedger, LedgerRow
 from tasklease.testing.simulation.outbox import OUTBOX_HANDLER, SimulatedOutbox
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import Router
 
 __all__ = [
+    "FAN_IN_CHILD",
+    "FAN_IN_PARENT",
+    "FAN_IN_THEN",
     "LEASE",
     "LIFECYCLE_KINDS",
     "STEP_EFFECT",
@@ -52,8 +63,10 @@ WORKLOAD_KINDS = (
     "steps",  # A task of durable steps, each committing a ledger row (needs transactions).
     "continuation",  # A task that continues itself (ctx.continue_later) a seeded number of times.
     "fan_out",  # A task that fans out child tasks (Producer.fan_out), then writes.
+    "fan_in",  # A fan-out with then= (some children fail for good) and its then handler.
 )
 NEEDS_TRANSACTIONS = frozenset({"transactional", "outbox", "steps"})
+NEEDS_FAN_INS = frozenset({"fan_in"})  # Needs a store that keeps joins (FanInStore).
 
 LEASE = timedelta(seconds=30)
 # A manual run carries the next slot's time; one sent at least this long before it stays
@@ -61,9 +74,13 @@ LEASE = timedelta(seconds=30)
 MANUAL_LEAD = (1200.0, 3600.0)
 CONCURRENCY_KEYS = 3
 # The kinds whose lifecycles :func:`lifecycle` starts.
-LIFECYCLE_KINDS = frozenset({"outbox", "steps", "continuation", "fan_out"})
+LIFECYCLE_KINDS = frozenset({"outbox", "steps", "continuation", "fan_out", "fan_in"})
 STEP_EFFECT = "step:"  # A ledger row's effect for a durable step: "step:<name>".
 OUTBOX_COMMITS = 0.7  # The share of outbox transactions the user commits.
+# The fan-in workload's handlers: the parent, its children, and the join's then handler.
+FAN_IN_PARENT, FAN_IN_CHILD, FAN_IN_THEN = "joiner", "member", "joined"
+FAN_IN_CHILDREN = (1, 6)
+FAN_IN_FAILS = 0.25  # The share of a join's children told to fail for good.
 
 
 @dataclass(frozen=True)
@@ -212,6 +229,9 @@ def _lifecycle_handlers(
     origin_of: Callable[[], str],
 ) -> None:
     """The handlers of :data:`LIFECYCLE_KINDS` (``steps`` only with a ledger)."""
+    _fan_in_handlers(
+        router, downstream=downstream, ledger=ledger, engine=engine, work=work, origin_of=origin_of
+    )
 
     @router.task(OUTBOX_HANDLER, lease=LEASE)
     def outboxed(payload: dict[str, Any], ctx: TaskContext) -> None:
@@ -263,11 +283,66 @@ def _lifecycle_handlers(
         work(ctx, origin, ctx.fencing_token, 1)
 
 
-def classify(request: TaskRequest) -> Origin:
+def _fan_in_handlers(
+    router: Router,
+    *,
+    downstream: Downstream,
+    ledger: EffectLedger | None,
+    engine: Engine,
+    work: Callable[[TaskContext, str, int, int], None],
+    origin_of: Callable[[], str],
+) -> None:
+    """The fan-in workload's handlers. Each child writes its effect, then returns the id of
+    the attempt that wrote it, or (told to) fails for good naming it; the then handler notes
+    what it was given and makes its effect: a ledger row in its transaction on a store with
+    transactions, else a fenced write."""
+    history = downstream.history
+
+    @router.task(FAN_IN_PARENT, lease=LEASE)
+    def joiner(payload: dict[str, Any], ctx: TaskContext) -> None:
+        failing = frozenset(f"c{n}" for n in payload["fail"])
+        children = [(f"c{n}", {"fail": f"c{n}" in failing}) for n in range(payload["children"])]
+        results = ctx.fan_out(FAN_IN_CHILD, children, then=FAN_IN_THEN)
+        by = origin_of()
+        tasks = {key: result.task_id for (key, _), result in zip(children, results, strict=True)}
+        history.enqueued += [Enqueued(engine.now, task_id, by) for task_id in tasks.values()]
+        history.fan_ins.append(FanInPlan(engine.now, by, ctx.run_id, tasks, failing))
+        work(ctx, by, ctx.fencing_token, 1)
+
+    @router.task(FAN_IN_CHILD, lease=LEASE)
+    def member(payload: dict[str, Any], ctx: TaskContext) -> dict[str, str]:
+        work(ctx, origin_of(), ctx.fencing_token, 1)
+        if payload["fail"]:
+            raise PermanentFailure(f"told to fail; attempt {ctx.attempt_id} wrote its effect")
+        return {"attempt": ctx.attempt_id}
+
+    @router.task(FAN_IN_THEN, lease=LEASE, transactional=ledger is not None)
+    def joined(payload: dict[str, Any], ctx: TaskContext) -> None:
+        origin = origin_of()
+        ran = ThenRun(
+            engine.now,
+            origin,
+            ctx.attempt_id,
+            payload["parent_run_id"],
+            payload["summary"],
+            tuple(payload["results"]),
+            payload["next_after"],
+        )
+        history.then_runs.append(ran)
+        if ledger is not None:  # Nothing pauses here: the handler holds the transaction.
+            ledger.write(ctx.transaction, LedgerRow(ctx.run_id, ctx.attempt_id, origin))
+        else:
+            work(ctx, origin, ctx.fencing_token, 1)
+
+
+def classify(request: TaskRequest, transactional: frozenset[str] = frozenset({"ledger"})) -> Origin:
     """The lifecycle a task the queue just accepted starts (a continuation's task: one of
-    its own, each delivery of the run a lifecycle)."""
+    its own, each delivery of the run a lifecycle); ``transactional``: the handlers whose
+    effect is a ledger row."""
     handler = request.url.rsplit("/", 1)[-1]
-    return Origin(f"task:{request.task_id}", "task", handler, transactional=handler == "ledger")
+    return Origin(
+        f"task:{request.task_id}", "task", handler, transactional=handler in transactional
+    )
 
 
 def lifecycle(
@@ -291,6 +366,10 @@ def lifecycle(
         return enqueue("steps", {"steps": steps}, f"s{number}")
     if kind == "continuation":
         return enqueue("continued", {"times": rng.randint(1, 3)}, f"n{number}")
+    if kind == "fan_in":
+        children = rng.randint(*FAN_IN_CHILDREN)
+        failing = [n for n in range(children) if rng.random() < FAN_IN_FAILS]
+        return enqueue(FAN_IN_PARENT, {"children": children, "fail": failing}, f"j{number}")
     assert kind == "fan_out", kind
     return enqueue("fan", {"children": rng.randint(1, 4)}, f"f{number}")
 
