@@ -121,6 +121,16 @@ class Config:
         return f"{self.collection}_tally"
 
     @property
+    def fan_in_collections(self) -> tuple[str, str, str]:
+        """The collection groups of the Firestore store's joins: roots, shards, entries
+        (stores.firestore.fan_ins)."""
+        return (
+            f"{self.collection}_fan_ins",
+            f"{self.collection}_fan_in_shards",
+            f"{self.collection}_fan_in_entries",
+        )
+
+    @property
     def worker_email(self) -> str:
         return f"{self.worker_account}@{self.project}.iam.gserviceaccount.com"
 

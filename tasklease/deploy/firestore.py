@@ -1,5 +1,6 @@
 """The Firestore database of a deploy: the database, the TTL policies that delete expired run
-records, lapsed locks and old delivery counts, and the composite indexes the run listings query."""
+records, lapsed locks, old delivery counts and expired joins, and the composite indexes the run
+listings query."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def ensure_firestore(config: Config, gcloud: Gcloud) -> None:
     ensure_ttl_policy(gcloud, config.lock_collection, "lapses_at", database, project)
     # The dashboard's delivery counts: kept two hours (stores.delivery_tally.TALLY_KEPT).
     ensure_ttl_policy(gcloud, config.tally_collection, "expire_at", database, project)
+    # Joins (fan_out(..., then=...)): the root, each shard and each entry carry expire_at.
+    for collection in config.fan_in_collections:
+        ensure_ttl_policy(gcloud, collection, "expire_at", database, project)
     ensure_listing_indexes(gcloud, config.collection, database, project)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tasklease.deploy.config import load_config
+from tasklease.worker.stores.firestore import fan_ins
 from tasklease.worker.stores.firestore.store import FirestoreStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +84,9 @@ def test_first_run_sets_up_everything_in_order(cloud: Cloud) -> None:
     assert heads == [
         "services enable run.googleapis.com cloudbuild.googleapis.com",
         "firestore databases create",
+        "firestore fields ttls update",
+        "firestore fields ttls update",
+        "firestore fields ttls update",
         "firestore fields ttls update",
         "firestore fields ttls update",
         "firestore fields ttls update",
@@ -184,7 +188,8 @@ def test_dry_run_prints_every_command_and_calls_nothing(cloud: Cloud) -> None:
     assert result.returncode == 0, result.stderr
     assert cloud.calls() == []
     printed = [line for line in result.stdout.splitlines() if line.startswith("gcloud ")]
-    assert len(printed) == 16  # Three TTL policies (runs, locks, tally), two indexes.
+    # Six TTL policies (runs, locks, tally, and the joins' roots, shards and entries), two indexes.
+    assert len(printed) == 19
     assert printed[0].startswith("gcloud services enable")
     assert printed[-1].startswith("gcloud scheduler jobs create http nightly_reports")
 
@@ -540,6 +545,9 @@ def test_the_locks_collection_gets_a_ttl_policy_on_lapses_at_once(cloud: Cloud) 
         ("expire_at", "--collection-group=tasklease_runs"),
         ("lapses_at", "--collection-group=tasklease_runs_locks"),
         ("expire_at", "--collection-group=tasklease_runs_tally"),
+        ("expire_at", "--collection-group=tasklease_runs_fan_ins"),
+        ("expire_at", "--collection-group=tasklease_runs_fan_in_shards"),
+        ("expire_at", "--collection-group=tasklease_runs_fan_in_entries"),
     ]
     assert all("--enable-ttl" in c and "--database=(default)" in c for c in ttls)
     assert cloud.deploy().returncode == 0
@@ -549,3 +557,12 @@ def test_the_locks_collection_gets_a_ttl_policy_on_lapses_at_once(cloud: Cloud) 
 def test_the_ttl_policy_is_on_the_collection_the_firestore_store_keeps_locks_in() -> None:
     config = load_config(EXAMPLE)
     assert FirestoreStore(collection=config.collection).lock_collection == config.lock_collection
+
+
+def test_the_ttl_policies_are_on_the_collection_groups_the_firestore_store_keeps_joins_in() -> None:
+    config = load_config(EXAMPLE)
+    assert config.fan_in_collections == (
+        fan_ins.root_collection(config.collection),
+        fan_ins.shard_collection(config.collection),
+        fan_ins.entry_collection(config.collection),
+    )

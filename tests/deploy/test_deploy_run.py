@@ -55,6 +55,9 @@ def test_run_called_directly_deploys_an_empty_project_in_order(
         "firestore fields ttls",
         "firestore fields ttls",
         "firestore fields ttls",  # Runs, locks, and the delivery tally.
+        "firestore fields ttls",
+        "firestore fields ttls",
+        "firestore fields ttls",  # The joins' roots, shards and entries.
         "firestore indexes composite",
         "firestore indexes composite",
         "iam service-accounts create",

@@ -15,6 +15,7 @@ from google.cloud.firestore_v1.document import DocumentReference
 
 from tasklease.errors import StoreUnavailable
 from tasklease.testing.contract_support import EXPIRED, LEASE, lock_request
+from tasklease.testing.fan_in_contract import FanInContract, FanInCrossProcess
 from tasklease.testing.store_contract import (
     CrossProcessContract,
     LockContract,
@@ -27,6 +28,7 @@ from tasklease.worker.core.locking import token_floor
 from tasklease.worker.core.records import RunRecord, RunStatus, Verdict
 from tasklease.worker.stores import FirestoreStore, LockStore, store_from_url
 from tasklease.worker.stores.base.conditional_claims import Versioned
+from tasklease.worker.stores.base.fan_ins import FanInStore
 from tasklease.worker.stores.base.store import LeaseStore
 from tests.support.firestore import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.support.firestore_faults import LANDED_THEN_FAILED, Scripted
@@ -43,7 +45,13 @@ def new_store(collection: str | None = None, **options: Any) -> FirestoreStore:
 
 
 class TestFirestoreStore(
-    StoreContract, LockContract, OperationsContract, CrossProcessContract, TallyContract
+    StoreContract,
+    LockContract,
+    FanInContract,
+    OperationsContract,
+    CrossProcessContract,
+    FanInCrossProcess,
+    TallyContract,
 ):
     @pytest.fixture
     def store(self, firestore_host: str | None) -> FirestoreStore:
@@ -62,6 +70,16 @@ class TestFirestoreStore(
     @IGNORES_UPDATE_TIME
     def test_twenty_runs_racing_for_one_lock_one_acquires_it(self, store: LockStore) -> None:
         super().test_twenty_runs_racing_for_one_lock_one_acquires_it(store)
+
+    @IGNORES_UPDATE_TIME
+    def test_children_finishing_at_once_count_exactly_once_each(self, store: FanInStore) -> None:
+        super().test_children_finishing_at_once_count_exactly_once_each(store)
+
+    @IGNORES_UPDATE_TIME
+    def test_children_in_four_processes_count_once_each(
+        self, store_factory: Callable[[], FanInStore]
+    ) -> None:
+        super().test_children_in_four_processes_count_once_each(store_factory)
 
 
 @IGNORES_UPDATE_TIME

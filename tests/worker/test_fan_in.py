@@ -19,16 +19,22 @@ from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core import fan_in
 from tasklease.worker.core.records import RunStatus
 from tasklease.worker.delivery.fan_in import then_payload
-from tasklease.worker.stores import MemoryStore, SqliteStore
+from tasklease.worker.stores import FirestoreStore, MemoryStore, SqliteStore
 from tasklease.worker.stores.base.fan_ins import FanInStore
+from tests.support.firestore import PROJECT, unique_collection
 from tests.support.helpers import T0
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "firestore"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FanInStore]:
-    made: FanInStore = (
-        MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "r.db")
-    )
+    made: FanInStore
+    if request.param == "memory":
+        made = MemoryStore()
+    elif request.param == "sqlite":
+        made = SqliteStore(tmp_path / "r.db")
+    else:
+        request.getfixturevalue("firestore_host")  # Google's emulator, started for the session.
+        made = FirestoreStore.from_options(collection=unique_collection(), project=PROJECT)
     yield made
     made.close()
 

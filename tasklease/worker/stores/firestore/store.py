@@ -40,6 +40,7 @@ from google.cloud import firestore
 
 from tasklease.errors import StoreUnavailable
 from tasklease.worker.core import locking
+from tasklease.worker.core.fan_in import Entry, FanInRecord, Member, Progress
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base.conditional_claims import (
@@ -47,6 +48,7 @@ from tasklease.worker.stores.base.conditional_claims import (
     ConditionalClaims,
     ConditionalWrites,
 )
+from tasklease.worker.stores.base.fan_ins import FanInStore
 from tasklease.worker.stores.base.locks import LockStore
 from tasklease.worker.stores.base.queries import OperatorQueries
 from tasklease.worker.stores.base.store import Change, LockChange, Moment, Update
@@ -60,6 +62,7 @@ from tasklease.worker.stores.base.transactional import (
 from tasklease.worker.stores.firestore import locks
 from tasklease.worker.stores.firestore.codec import decode_run, encode_run
 from tasklease.worker.stores.firestore.documents import UNCERTAIN, FirestoreRuns, guard
+from tasklease.worker.stores.firestore.fan_ins import FirestoreFanIns
 from tasklease.worker.stores.firestore.tally import FirestoreTally
 from tasklease.worker.stores.firestore.transactions import FirestoreTransactions
 
@@ -73,8 +76,9 @@ MAX_ROUNDS = 8
 log = logging.getLogger("tasklease.store.firestore")
 
 
-class FirestoreStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTally):
-    """Run records in ``collection`` (document id: the hashed run id, so writes spread out).
+class FirestoreStore(TransactionalStore, LockStore, FanInStore, OperatorQueries, DeliveryTally):
+    """Run records in ``collection`` (document id: the hashed run id, so writes spread out);
+    locks, joins (sharded, :mod:`.fan_ins`) and delivery counts in collections named after it.
 
     ``expire_at`` is a Firestore timestamp for a TTL policy on the collection (the deploy
     kit creates it); Firestore deletes expired documents within about a day, and until then
@@ -112,6 +116,7 @@ class FirestoreStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTal
         )
         self.transactions = FirestoreTransactions(self.runs, self.claims.writes)
         self.tally = FirestoreTally(self.runs)
+        self.fan_ins = FirestoreFanIns(self.runs, self.claims.writes)
 
     @classmethod
     def from_options(
@@ -341,6 +346,7 @@ class FirestoreStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTal
                 purged += 1
             lock_collection = self.client.collection(self.lock_collection)
             purged += locks.purge(self.client, lock_collection, now, self.call_options)
+        purged += self.fan_ins.purge(now)
         return purged + self.purge_delivery_counts(now - TALLY_KEPT)
 
     def close(self) -> None:
@@ -374,6 +380,28 @@ class FirestoreStore(TransactionalStore, LockStore, OperatorQueries, DeliveryTal
     ) -> TransactionOutcome:
         """The step's function gets the ``Transaction`` a transactional handler would."""
         return self.transactions.record_step(run_id, attempt_id, step_work)
+
+    def _read_modify_write_member(
+        self, run_id: str, member: Member, change: Change[_T], now: Moment, keep_for: timedelta
+    ) -> tuple[_T, Progress]:
+        """One read and one atomic Commit conditional on what it read: the run's change, and
+        the child counted in its shard (and the join's root only when the child creates or
+        fills the shard; see :mod:`.fan_ins`)."""
+        return self.fan_ins.count(run_id, member, change, now, keep_for)
+
+    def get_fan_in(self, join_id: str) -> FanInRecord | None:
+        return self.fan_ins.get(join_id)
+
+    def fan_in_entries(
+        self, join_id: str, after: str | None = None, limit: int = 1000
+    ) -> list[Entry]:
+        return self.fan_ins.entries(join_id, after, limit)
+
+    def fan_ins_of(self, parent_run_id: str, limit: int = 100) -> list[FanInRecord]:
+        return self.fan_ins.of_parent(parent_run_id, limit)
+
+    def mark_then_enqueued(self, join_id: str, now: datetime) -> None:
+        self.fan_ins.mark_then_enqueued(join_id, now)
 
     def write_delivery_counts(self, instance: str, counts: MinuteCounts) -> None:
         self.tally.write(instance, counts)
