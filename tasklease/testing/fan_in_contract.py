@@ -157,6 +157,21 @@ class FanInContract:
         assert join.then_enqueued_at == T0 + timedelta(seconds=1)
         assert store.count_member(member, "child-k000", T0, keep_for=KEEP).then_enqueued
 
+    def test_progress_says_closed_and_then_noted(self, store: FanInStore) -> None:
+        first, second = family(2)
+        assert store.fan_in_progress(first.join_id) is None
+        _child(store, first)
+        store.complete_member(first, "child-k000", "a1-k000", "1", T0, keep_for=KEEP)
+        progress = store.fan_in_progress(first.join_id)
+        assert progress is not None
+        assert (progress.closed, progress.then_enqueued) == (False, False)
+        _child(store, second)
+        store.complete_member(second, "child-k001", "a1-k001", "2", T0, keep_for=KEEP)
+        store.mark_then_enqueued(first.join_id, T0)
+        progress = store.fan_in_progress(first.join_id)
+        assert progress is not None
+        assert (progress.closed, progress.then_enqueued) == (True, True)
+
     def test_entries_page_by_key(self, store: FanInStore) -> None:
         members = family(25)
         for member in reversed(members):

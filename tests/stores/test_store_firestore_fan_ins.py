@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from tasklease import joins
+from tasklease.joins import Member
 from tasklease.testing.contract_support import T0, claim_request
-from tasklease.worker.core import fan_in
-from tasklease.worker.core.fan_in import Member
 from tasklease.worker.stores import FirestoreStore
 from tests.support.firestore import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.support.firestore_faults import LANDED_THEN_FAILED
@@ -34,7 +34,7 @@ def sharded(per_shard: list[int], parent: str = "parent-1") -> list[Member]:
     """A join's members over ``len(per_shard)`` shards, ``per_shard[n]`` in shard ``n``, in
     shard order (keys ``s<shard>-<n>``)."""
     keys = [f"s{shard}-{n}" for shard, size in enumerate(per_shard) for n in range(size)]
-    join = fan_in.join_id(parent, 0, "child", "summarise", keys)
+    join = joins.join_id(parent, 0, "child", "summarise", keys)
     return [
         Member(join, parent, "summarise", len(keys), f"s{shard}-{n}", shard, len(per_shard), size)
         for shard, size in enumerate(per_shard)

@@ -45,8 +45,9 @@ from google.api_core import exceptions as api
 from google.cloud import firestore
 
 from tasklease.errors import StoreUnavailable
+from tasklease.joins import Member
 from tasklease.worker.core import fan_in as rules
-from tasklease.worker.core.fan_in import Entry, FanInRecord, Member, Progress, ShardRecord
+from tasklease.worker.core.fan_in import ChildEntry, FanInRecord, Progress, ShardRecord
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.stores.base.conditional_claims import RememberedWrites
 from tasklease.worker.stores.base.store import Change, Moment, resolve
@@ -192,7 +193,7 @@ class FirestoreFanIns:
     @staticmethod
     def _counted(
         member: Member,
-        entry: Entry,
+        entry: ChildEntry,
         *,
         at: datetime,
         keep_for: timedelta,
@@ -229,11 +230,17 @@ class FirestoreFanIns:
             snapshot = self.root(join_id).get(**self.runs.call_options)
             return self._summed(join_id, snapshot.to_dict()) if snapshot.exists else None
 
+    def progress(self, join_id: str) -> Progress | None:
+        """:meth:`FanInStore.fan_in_progress`: from the root alone (one read, no shards)."""
+        with guard("read a fan-in's progress"):
+            snapshot = self.root(join_id).get(**self.runs.call_options)
+            return _progress_of(join_id, snapshot) if snapshot.exists else None
+
     def _summed(self, join_id: str, root: dict[str, Any] | None) -> FanInRecord:
         shards = self.shards_of(join_id).stream(timeout=self.runs.call_timeout)
         return rules.summed(_root(join_id, root), [_shard(join_id, s.to_dict()) for s in shards])
 
-    def entries(self, join_id: str, after: str | None, limit: int) -> list[Entry]:
+    def entries(self, join_id: str, after: str | None, limit: int) -> list[ChildEntry]:
         """:meth:`FanInStore.fan_in_entries`: ordered by the ``key`` field (its automatic
         single-field index)."""
         query: Any = self.entries_of(join_id)
@@ -411,7 +418,7 @@ def _shard(join_id: str, data: dict[str, Any] | None) -> ShardRecord:
     )
 
 
-def _entry_fields(entry: Entry, expire_at: datetime) -> dict[str, Any]:
+def _entry_fields(entry: ChildEntry, expire_at: datetime) -> dict[str, Any]:
     return {
         "key": entry.key,
         "run_id": entry.run_id,
@@ -424,9 +431,9 @@ def _entry_fields(entry: Entry, expire_at: datetime) -> dict[str, Any]:
     }
 
 
-def _entry(join_id: str, data: dict[str, Any] | None) -> Entry:
+def _entry(join_id: str, data: dict[str, Any] | None) -> ChildEntry:
     data = data or {}
-    return Entry(
+    return ChildEntry(
         join_id,
         str(data["key"]),
         str(data["run_id"]),

@@ -39,8 +39,9 @@ from google.api_core import exceptions as api
 from google.cloud import firestore
 
 from tasklease.errors import StoreUnavailable
+from tasklease.joins import Member
 from tasklease.worker.core import locking
-from tasklease.worker.core.fan_in import Entry, FanInRecord, Member, Progress
+from tasklease.worker.core.fan_in import ChildEntry, FanInRecord, Progress
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.stores.base.conditional_claims import (
@@ -392,9 +393,12 @@ class FirestoreStore(TransactionalStore, LockStore, FanInStore, OperatorQueries,
     def get_fan_in(self, join_id: str) -> FanInRecord | None:
         return self.fan_ins.get(join_id)
 
+    def fan_in_progress(self, join_id: str) -> Progress | None:
+        return self.fan_ins.progress(join_id)
+
     def fan_in_entries(
         self, join_id: str, after: str | None = None, limit: int = 1000
-    ) -> list[Entry]:
+    ) -> list[ChildEntry]:
         return self.fan_ins.entries(join_id, after, limit)
 
     def fan_ins_of(self, parent_run_id: str, limit: int = 100) -> list[FanInRecord]:
