@@ -181,6 +181,44 @@ def test_a_batch_with_a_failing_statement_sends_every_member_alone(
         connection.close()
 
 
+def test_a_batch_sends_its_statements_in_the_order_they_name(
+    postgres_cluster: postgres_support.Cluster,
+) -> None:
+    """By run id, unless a statement names what it locks first (a fan-out child's finish:
+    its join), so that batches take shared rows in one order."""
+    url = postgres_cluster.url()
+    table = f"gc_{postgres_support.fresh_schema()}"
+    postgres_cluster.sql(f"CREATE TABLE {table} (id text PRIMARY KEY, n bigserial)")
+    group = StatementBatcher()
+    group.queue_wait_ms = 60_000  # The queue waits on the lone statement throughout.
+    connections = [psycopg.connect(url, autocommit=True) for _ in range(5)]
+    insert = f"INSERT INTO {table} (id) VALUES (%s) RETURNING id"
+    orders = {"r1": ("join-2", "r1"), "r2": ("join-1", "r2"), "r3": None, "r4": ("join-1", "r4")}
+
+    def member(index: int, statement: str, run_id: str) -> None:
+        order = orders.get(run_id)
+        group.fetch(connections[index], run_id, statement, (run_id,), order=order)
+
+    with held_advisory_lock(url, 9) as release:
+        leader = threading.Thread(
+            target=member, args=(0, "SELECT %s, pg_advisory_lock(9), pg_advisory_unlock(9)", "r0")
+        )
+        leader.start()
+        wait_for(lambda: group._busy, "the lone statement in flight")
+        members = [threading.Thread(target=member, args=(n, insert, f"r{n}")) for n in range(1, 5)]
+        for thread in members:
+            thread.start()
+        wait_for(lambda: len(group._queue) == 4, "four statements queued")
+        release()
+        for thread in [leader, *members]:
+            thread.join(30)
+    assert group.batches == 1 and group.failed == 0
+    sent = postgres_cluster.sql(f"SELECT id FROM {table} ORDER BY n")
+    assert sent == [("r2",), ("r4",), ("r1",), ("r3",)]
+    for connection in connections:
+        connection.close()
+
+
 def test_a_batchs_bound_on_lock_waits_ends_with_the_batch(
     postgres_cluster: postgres_support.Cluster,
 ) -> None:
