@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg._pipeline_base import BasePipeline
 
+from tasklease.testing.fan_in_contract import family
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores.postgres import group_commit as postgres_group_commit
@@ -119,6 +120,44 @@ def test_two_processes_racing_on_the_same_runs_claim_each_exactly_once(
         assert mine.count(Verdict.CLAIMED) == 1, (run, mine)
         assert mine.count(Verdict.IN_PROGRESS) == 11, (run, mine)
     assert sum(batches(store)[0] for store in stores) > 0
+    for store in stores:
+        store.close()
+
+
+@pytest.mark.parametrize("pools", [1, 2])
+def test_children_of_one_join_finishing_at_once_share_commits_and_count_once_each(
+    postgres_url: str, pools: int
+) -> None:
+    """Each child's finish writes its run, its entry and the join's row: batches of them
+    (in one process, or two processes' batches waiting on the join's row in turn) count every
+    child once, and exactly one finish is told the join closed."""
+    stores = [
+        PostgresStore.from_url(f"{postgres_url}&server_clock=off&max_size={THREADS}")
+        for _ in range(pools)
+    ]
+    members = family(96)
+    for n, member in enumerate(members):  # Each finished by the store that claimed it.
+        stores[n % pools].claim(claim_request(f"child-{member.key}", f"a-{member.key}"), T0)
+
+    def finish(thread: int) -> list[bool]:
+        closed = []
+        for n in range(thread, len(members), THREADS):
+            member = members[n]
+            run_id, attempt = f"child-{member.key}", f"a-{member.key}"
+            progress = stores[n % pools].complete_member(member, run_id, attempt, "1", T0)
+            assert progress is not None
+            closed.append(progress.closed)
+        return closed
+
+    closed = [c for outcome in in_threads(THREADS, finish) for c in outcome]
+    assert closed.count(True) == 1
+    join = stores[0].get_fan_in(members[0].join_id)
+    assert join is not None and (join.completed, join.expected) == (96, 96)
+    assert len(stores[0].fan_in_entries(members[0].join_id)) == 96
+    sent, batched, failed = batches(stores[0])
+    assert sent > 0 and batched > sent, "no batch of two formed"
+    if pools == 1:
+        assert failed == 0
     for store in stores:
         store.close()
 
