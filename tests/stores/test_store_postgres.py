@@ -15,6 +15,7 @@ import pytest
 
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.testing.contract_support import EXPIRED
+from tasklease.testing.fan_in_contract import FanInContract, FanInCrossProcess, family
 from tasklease.testing.store_contract import (
     CrossProcessContract,
     LockContract,
@@ -23,6 +24,7 @@ from tasklease.testing.store_contract import (
     TallyContract,
 )
 from tasklease.worker import Router, create_app
+from tasklease.worker.core.fan_in import JOIN_KEEP_FLOOR
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores import store_from_url
 from tasklease.worker.stores.postgres.options import Options
@@ -35,7 +37,13 @@ pytestmark = pytest.mark.service
 
 
 class TestPostgresStore(
-    StoreContract, LockContract, OperationsContract, CrossProcessContract, TallyContract
+    StoreContract,
+    LockContract,
+    OperationsContract,
+    CrossProcessContract,
+    TallyContract,
+    FanInContract,
+    FanInCrossProcess,
 ):
     @pytest.fixture
     def store(self, postgres_url: str) -> Iterator[PostgresStore]:
@@ -123,6 +131,32 @@ def test_a_takeover_costs_two_round_trips_and_a_finish_elsewhere_two(
     other.close()
 
 
+def test_a_childs_finish_and_count_cost_one_round_trip_and_two_from_another_process(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run row's write, the child's entry and its join's count are one statement."""
+    store = PostgresStore.from_url(f"{postgres_url}&server_clock=off")
+    other = PostgresStore.from_url(f"{postgres_url}&server_clock=off")  # Another process.
+    _warm(store)
+    _warm(other)
+    first, second = family(2)
+    store.claim(claim_request("child-k000", "a1"), T0)
+    store.claim(claim_request("child-k001", "a1"), T0)
+    counter = StatementCounter(monkeypatch)
+    progress = store.complete_member(first, "child-k000", "a1", '"one"', T0)
+    assert progress is not None and not progress.closed
+    assert counter.take() == ["WITH"]
+    closing = other.complete_member(second, "child-k001", "a1", '"two"', T0)
+    assert closing is not None and closing.closed
+    assert counter.take() == ["SELECT", "WITH"]  # It never saw the claim: a read first.
+    assert store.count_member(second, "child-k001", T0).closed  # A duplicate's recount.
+    assert counter.take() == ["SELECT", "WITH"]
+    join = store.get_fan_in(first.join_id)
+    assert join is not None and (join.completed, join.failed) == (2, 0)
+    store.close()
+    other.close()
+
+
 def test_a_finish_sends_only_the_columns_it_changes_and_the_row_reads_back_whole(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,6 +210,30 @@ def test_with_the_server_clock_a_skewed_instance_clock_decides_nothing(
     finished = store.get("run-1")
     assert finished is not None and finished.finished_at is not None
     assert abs(finished.finished_at - server_now) < timedelta(minutes=1)
+    store.close()
+
+
+def test_with_the_server_clock_a_childs_finish_and_its_join_take_the_servers_time(
+    postgres_url: str,
+) -> None:
+    store = PostgresStore.from_url(postgres_url)
+    behind = lambda: datetime.now(UTC) - timedelta(hours=1)  # noqa: E731
+    first, second = family(2)
+    for member in (first, second):
+        store.claim(claim_request(f"child-{member.key}", "a1"), behind)
+    progress = store.complete_member(first, "child-k000", "a1", '"ok"', behind)  # No read.
+    assert progress is not None and not progress.closed
+    assert store.complete("child-k001", "a1", '"ok"', behind)  # Counted by a recount (read).
+    assert store.count_member(second, "child-k001", behind).closed
+    server_now = postgres_now(store)
+    join = store.get_fan_in(first.join_id)
+    assert join is not None
+    assert abs(join.created_at - server_now) < timedelta(minutes=1)
+    assert join.expire_at > server_now + timedelta(days=6)
+    for entry in store.fan_in_entries(first.join_id):
+        record = store.get(entry.run_id)
+        assert record is not None and record.finished_at == entry.finished_at
+        assert abs(entry.finished_at - server_now) < timedelta(minutes=1)
     store.close()
 
 
@@ -267,7 +325,14 @@ def test_the_schema_is_created_in_an_empty_database_and_reopening_changes_nothin
     tables = postgres_cluster.sql(
         f"SELECT tablename FROM pg_tables WHERE schemaname = '{schema}' ORDER BY 1"
     )
-    assert tables == [("delivery_tally",), ("locks",), ("runs",), ("schema_version",)]
+    assert tables == [
+        ("delivery_tally",),
+        ("fan_in_entries",),
+        ("fan_ins",),
+        ("locks",),
+        ("runs",),
+        ("schema_version",),
+    ]
 
 
 def test_a_newer_schema_is_refused_with_a_message(
@@ -289,9 +354,35 @@ def test_purge_deletes_in_bounded_batches(
     store.claim(claim_request("new"), T0)
     counter = StatementCounter(monkeypatch)
     assert store.purge_expired(T0 + timedelta(days=1)) == 10
-    # 3 + 3 + 3 + 1 runs, then the locks (none), then the delivery tally's old minutes.
-    assert counter.take() == ["DELETE"] * 6
+    # 3 + 3 + 3 + 1 runs, the locks (none), the joins (none), the delivery tally's old minutes.
+    assert counter.take() == ["DELETE"] * 5 + ["WITH", "DELETE"]
     assert store.get("new") is not None
+    store.close()
+
+
+def test_purge_deletes_expired_joins_with_their_entries_in_bounded_batches(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = PostgresStore.from_url(f"{postgres_url}&purge_batch=3&server_clock=off")
+    kept = {n: timedelta(hours=1) for n in range(4)} | {4: JOIN_KEEP_FLOOR * 2}
+    joins = []
+    for n, keep_for in kept.items():
+        first, second = family(2, parent=f"parent-{n}")
+        for member in (first, second):
+            run_id = f"child-{n}-{member.key}"
+            store.claim(claim_request(run_id, "a1", retention=JOIN_KEEP_FLOOR * 3), T0)
+            store.complete_member(member, run_id, "a1", "1", T0, keep_for=keep_for)
+        joins.append(first.join_id)
+    counter = StatementCounter(monkeypatch)
+    # Kept their floor past their last count, though their children named an hour.
+    assert store.purge_expired(T0 + timedelta(days=1)) == 0
+    counter.take()
+    assert store.purge_expired(T0 + JOIN_KEEP_FLOOR + timedelta(days=1)) == 4
+    assert counter.take() == ["DELETE", "DELETE", "WITH", "WITH", "DELETE"]  # Joins: 3, 1.
+    assert [store.get_fan_in(join) is None for join in joins] == [True] * 4 + [False]
+    count = f"SELECT join_id, count(*) FROM {store.options.schema}.fan_in_entries GROUP BY 1"
+    entries = store.connections.call("count entries", lambda c: c.execute(count).fetchall())
+    assert entries == [(joins[4], 2)]
     store.close()
 
 

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg._pipeline_base import BasePipeline
 
+from tasklease.testing.fan_in_contract import family
 from tasklease.worker import Router, create_app
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores.postgres import group_commit as postgres_group_commit
@@ -123,6 +124,44 @@ def test_two_processes_racing_on_the_same_runs_claim_each_exactly_once(
         store.close()
 
 
+@pytest.mark.parametrize("pools", [1, 2])
+def test_children_of_one_join_finishing_at_once_share_commits_and_count_once_each(
+    postgres_url: str, pools: int
+) -> None:
+    """Each child's finish writes its run, its entry and the join's row: batches of them
+    (in one process, or two processes' batches waiting on the join's row in turn) count every
+    child once, and exactly one finish is told the join closed."""
+    stores = [
+        PostgresStore.from_url(f"{postgres_url}&server_clock=off&max_size={THREADS}")
+        for _ in range(pools)
+    ]
+    members = family(96)
+    for n, member in enumerate(members):  # Each finished by the store that claimed it.
+        stores[n % pools].claim(claim_request(f"child-{member.key}", f"a-{member.key}"), T0)
+
+    def finish(thread: int) -> list[bool]:
+        closed = []
+        for n in range(thread, len(members), THREADS):
+            member = members[n]
+            run_id, attempt = f"child-{member.key}", f"a-{member.key}"
+            progress = stores[n % pools].complete_member(member, run_id, attempt, "1", T0)
+            assert progress is not None
+            closed.append(progress.closed)
+        return closed
+
+    closed = [c for outcome in in_threads(THREADS, finish) for c in outcome]
+    assert closed.count(True) == 1
+    join = stores[0].get_fan_in(members[0].join_id)
+    assert join is not None and (join.completed, join.expected) == (96, 96)
+    assert len(stores[0].fan_in_entries(members[0].join_id)) == 96
+    sent, batched, failed = batches(stores[0])
+    assert sent > 0 and batched > sent, "no batch of two formed"
+    if pools == 1:
+        assert failed == 0
+    for store in stores:
+        store.close()
+
+
 # --- A batch that fails ------------------------------------------------------------------
 
 
@@ -177,6 +216,44 @@ def test_a_batch_with_a_failing_statement_sends_every_member_alone(
     assert [outcomes[f"r{n}"] for n in range(1, 5)] == [(f"r{n}",) for n in range(1, 5)]
     assert isinstance(outcomes["z-bad"], psycopg.errors.DivisionByZero)
     assert postgres_cluster.sql(f"SELECT count(*) FROM {table}") == [(4,)]
+    for connection in connections:
+        connection.close()
+
+
+def test_a_batch_sends_its_statements_in_the_order_they_name(
+    postgres_cluster: postgres_support.Cluster,
+) -> None:
+    """By run id, unless a statement names what it locks first (a fan-out child's finish:
+    its join), so that batches take shared rows in one order."""
+    url = postgres_cluster.url()
+    table = f"gc_{postgres_support.fresh_schema()}"
+    postgres_cluster.sql(f"CREATE TABLE {table} (id text PRIMARY KEY, n bigserial)")
+    group = StatementBatcher()
+    group.queue_wait_ms = 60_000  # The queue waits on the lone statement throughout.
+    connections = [psycopg.connect(url, autocommit=True) for _ in range(5)]
+    insert = f"INSERT INTO {table} (id) VALUES (%s) RETURNING id"
+    orders = {"r1": ("join-2", "r1"), "r2": ("join-1", "r2"), "r3": None, "r4": ("join-1", "r4")}
+
+    def member(index: int, statement: str, run_id: str) -> None:
+        order = orders.get(run_id)
+        group.fetch(connections[index], run_id, statement, (run_id,), order=order)
+
+    with held_advisory_lock(url, 9) as release:
+        leader = threading.Thread(
+            target=member, args=(0, "SELECT %s, pg_advisory_lock(9), pg_advisory_unlock(9)", "r0")
+        )
+        leader.start()
+        wait_for(lambda: group._busy, "the lone statement in flight")
+        members = [threading.Thread(target=member, args=(n, insert, f"r{n}")) for n in range(1, 5)]
+        for thread in members:
+            thread.start()
+        wait_for(lambda: len(group._queue) == 4, "four statements queued")
+        release()
+        for thread in [leader, *members]:
+            thread.join(30)
+    assert group.batches == 1 and group.failed == 0
+    sent = postgres_cluster.sql(f"SELECT id FROM {table} ORDER BY n")
+    assert sent == [("r2",), ("r4",), ("r1",), ("r3",)]
     for connection in connections:
         connection.close()
 

@@ -17,7 +17,11 @@ rolled back whole if one fails (postgresql.org/docs/current/protocol-flow.html, 
 Each keeps its own ``statement_timestamp()`` (set at each Bind message); ``now()`` would be
 the batch's start. A batch locks its rows in run id order, as every batch does, so two
 processes' batches cannot deadlock; a second statement on a run already in the batch waits
-for the next batch (then it runs after the first, as sent one at a time).
+for the next batch (then it runs after the first, as sent one at a time). A fan-out child's
+finish locks its join's row too, after its run's (:mod:`.fan_ins`), and is sorted by its join
+first, so batches take join rows in one order as well; two batches can then wait on each
+other only over a run both hold a statement on (a stale attempt's finish racing the one
+that took over), and the bound on lock waits below ends that.
 
 A batch waits on a lock no longer than :data:`BATCH_LOCK_WAIT_MS`: a member whose row
 another transaction is writing would otherwise hold every member (and the queue behind) up
@@ -78,6 +82,7 @@ class _Member:
     run_id: str
     statement: str
     params: Sequence[Any]
+    order: tuple[str, ...]  # Where the batch sends it: by the rows it locks, in their order.
     done: threading.Event = field(default_factory=threading.Event)
     lead: bool = False  # Woken to lead the next batch.
     fetched: Fetched | None = None  # None once done: the batch failed, send it alone.
@@ -103,12 +108,20 @@ class StatementBatcher:
         self.queue_wait_ms = QUEUE_WAIT_MS
 
     def fetch(
-        self, connection: Connection[Any], run_id: str, statement: str, params: Any
+        self,
+        connection: Connection[Any],
+        run_id: str,
+        statement: str,
+        params: Any,
+        *,
+        order: tuple[str, ...] | None = None,
     ) -> Fetched:
-        """``statement``'s row on ``run_id``, sent alone or in a batch with other threads'."""
+        """``statement``'s row on ``run_id``, sent alone or in a batch with other threads'
+        that sorts it by ``order``: by default its run id; a statement that locks rows other
+        runs' statements lock too names those first, so that batches take them in one order."""
         if not self.enabled:
             return fetch_alone(connection, statement, params)
-        member = _Member(run_id, statement, params)
+        member = _Member(run_id, statement, params, order or (run_id,))
         with self._lock:
             if self._busy:
                 self._queue.append(member)
@@ -150,7 +163,8 @@ class StatementBatcher:
                 successor.done.set()
 
     def _take(self, own: _Member) -> list[_Member]:
-        """``own`` and the queued statements that fit, one per run, in run id order."""
+        """``own`` and the queued statements that fit, one per run, in their order (by
+        run id, but for the rows some lock first)."""
         batch, runs, deferred = [own], {own.run_id}, []
         for member in self._queue:
             if len(batch) < self._max and member.run_id not in runs:
@@ -159,7 +173,7 @@ class StatementBatcher:
             else:
                 deferred.append(member)
         self._queue = deferred
-        batch.sort(key=lambda member: member.run_id)
+        batch.sort(key=lambda member: member.order)
         return batch
 
     def _send(self, connection: Connection[Any], batch: list[_Member]) -> None:
@@ -188,8 +202,10 @@ def fetch(
     run_id: str,
     statement: str,
     params: Any,
+    *,
+    order: tuple[str, ...] | None = None,
 ) -> Fetched:
-    """``statement`` through ``group`` (None: alone)."""
+    """``statement`` through ``group`` (None: alone), sorted in a batch by ``order``."""
     if group is None:
         return fetch_alone(connection, statement, params)
-    return group.fetch(connection, run_id, statement, params)
+    return group.fetch(connection, run_id, statement, params, order=order)

@@ -27,7 +27,7 @@ from tasklease.worker.stores.postgres.schema import (
     encode_run_changes,
 )
 
-__all__ = ["VERSION_AT", "PostgresRows", "Timed"]
+__all__ = ["VERSION_AT", "PostgresRows", "Timed", "conditional_write"]
 
 VERSION_AT = len(RUN_COLUMNS)  # A read row: the record's columns, its version, the time.
 
@@ -37,6 +37,17 @@ run (its last argument), with other threads' statements (group commit)."""
 
 At = Callable[[datetime], AbstractContextManager[None]]
 """Makes the store's clock read ``datetime`` (the server's time of a read) for a block."""
+
+
+def conditional_write(
+    statements: Statements, before: Versioned[int], record: RunRecord
+) -> tuple[str, list[Any]]:
+    """The statement (and its parameters) that writes ``record`` if its row is still at
+    ``before``'s version and attempt, sending only the columns that differ; it returns the
+    new version, or no row."""
+    columns, values = encode_run_changes(before.record, record)
+    params = [*values, record.run_id, before.version, before.record.attempt_id]
+    return statements.update_columns(columns), params
 
 
 class PostgresRows(ConditionalWrites[int]):
@@ -91,9 +102,7 @@ class PostgresRows(ConditionalWrites[int]):
     ) -> int | None:
         """Write ``record`` if its row is still at ``before``'s version and attempt, sending
         only the columns that differ; with other threads' finishes when ``finishing``."""
-        columns, values = encode_run_changes(before.record, record)
-        params = [*values, record.run_id, before.version, before.record.attempt_id]
-        statement = self.statements.update_columns(columns)
+        statement, params = conditional_write(self.statements, before, record)
         batches = self._finishes if finishing else None
         row = fetch(batches, self.connection, record.run_id, statement, params)[0]
         return None if row is None else int(row[0])

@@ -1,7 +1,8 @@
 """The Postgres store's tables, their migrations, its row codec and its SQL statements.
 
 The tables live in one Postgres schema (``tasklease`` unless the URL names another):
-``runs``, ``locks`` and ``schema_version``. The store creates and migrates them on first use,
+``runs``, ``locks``, ``delivery_tally``, ``fan_ins`` and ``fan_in_entries`` (:mod:`.fan_ins`),
+and ``schema_version``. The store creates and migrates them on first use,
 under an advisory lock so that the processes of a deploy opening together migrate once.
 
 Rows are encoded from the record dataclasses' own fields by :mod:`.codec` (a column per
@@ -26,7 +27,8 @@ from tasklease.worker.core.records import LockRecord, RunRecord
 from tasklease.worker.stores.base.codec import Conversion, RecordCodec
 from tasklease.worker.stores.postgres import tally
 
-SCHEMA_VERSION = 3  # 2: runs.steps_json, runs.continuation_json (durable steps); 3: the tally.
+SCHEMA_VERSION = 4  # 2: runs.steps_json, runs.continuation_json (durable steps); 3: the tally;
+# 4: the joins of fan-ins.
 DEFAULT_SCHEMA = "tasklease"
 
 # Each entry migrates from the version before it; entry n creates version n + 1.
@@ -84,6 +86,34 @@ _MIGRATIONS: list[list[LiteralString]] = [
         "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS continuation_json text",
     ],
     [tally.TABLE, tally.INDEX],
+    [
+        """CREATE TABLE IF NOT EXISTS {s}.fan_ins (
+            join_id text PRIMARY KEY,
+            parent_run_id text NOT NULL,
+            then_handler text NOT NULL,
+            expected integer NOT NULL,
+            completed integer NOT NULL,
+            failed integer NOT NULL,
+            created_at timestamptz NOT NULL,
+            expire_at timestamptz NOT NULL,
+            then_enqueued_at timestamptz
+        )""",
+        """CREATE INDEX IF NOT EXISTS fan_ins_by_parent
+            ON {s}.fan_ins (parent_run_id, created_at DESC, join_id DESC)""",
+        "CREATE INDEX IF NOT EXISTS fan_ins_by_expiry ON {s}.fan_ins (expire_at)",
+        # Keys in byte order (the "C" collation), as the other stores page them, whatever
+        # the database's own collation.
+        """CREATE TABLE IF NOT EXISTS {s}.fan_in_entries (
+            join_id text NOT NULL,
+            child_key text COLLATE "C" NOT NULL,
+            run_id text NOT NULL,
+            status text NOT NULL,
+            finished_at timestamptz NOT NULL,
+            result text,
+            error text,
+            PRIMARY KEY (join_id, child_key)
+        )""",
+    ],
 ]
 
 

@@ -14,6 +14,9 @@ concurrent changes one wins and the other reads again. Round trips (autocommit s
 - renew and finish (complete, fail, release, skip) by the process that claimed: 1, an
   ``UPDATE`` conditional on the version of this attempt's own last write, which the store
   remembers. Otherwise (another process, a version that moved): 2, a read and the update.
+- a child's finish (``fan_out(..., then=...)``): the same, its run row's write, its entry
+  and its join's count in one statement (:mod:`.fan_ins`): 1 by the process that claimed,
+  else 2.
 - operator actions and locks: a read (a lock's change may read its holder's run too) and a
   conditional write.
 
@@ -55,7 +58,10 @@ from typing import Any, TypeVar
 from psycopg import Connection
 
 from tasklease.errors import StoreUnavailable
+from tasklease.joins import Member
 from tasklease.worker.core import decisions, locking
+from tasklease.worker.core import fan_in as rules
+from tasklease.worker.core.fan_in import ChildEntry, FanInRecord, Progress
 from tasklease.worker.core.queries import Position, RunFilter
 from tasklease.worker.core.records import (
     Claim,
@@ -71,9 +77,10 @@ from tasklease.worker.stores.base.conditional_claims import (
     ConditionalClaims,
     ConditionalWrites,
 )
+from tasklease.worker.stores.base.fan_ins import DEFAULT_KEEP, FanInStore
 from tasklease.worker.stores.base.locks import LockStore
 from tasklease.worker.stores.base.queries import OperatorQueries
-from tasklease.worker.stores.base.store import Change, LockChange, Moment, Update
+from tasklease.worker.stores.base.store import Change, LockChange, Moment, Update, resolve
 from tasklease.worker.stores.base.tally import TALLY_KEPT, DeliveryTally, MinuteCounts, TallyKey
 from tasklease.worker.stores.base.transactional import (
     StepWork,
@@ -83,6 +90,7 @@ from tasklease.worker.stores.base.transactional import (
 )
 from tasklease.worker.stores.postgres import locks
 from tasklease.worker.stores.postgres.connections import PostgresConnections
+from tasklease.worker.stores.postgres.fan_ins import PostgresFanIns
 from tasklease.worker.stores.postgres.group_commit import fetch
 from tasklease.worker.stores.postgres.options import Options
 from tasklease.worker.stores.postgres.rows import PostgresRows
@@ -102,8 +110,9 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class PostgresStore(LockStore, OperatorQueries, DeliveryTally, TransactionalStore):
-    """Run records and locks in a PostgreSQL schema (created and migrated on first use).
+class PostgresStore(LockStore, FanInStore, OperatorQueries, DeliveryTally, TransactionalStore):
+    """Run records, locks and joins in a PostgreSQL schema (created and migrated on first
+    use).
 
     ``conninfo`` is a libpq URL or key/value string (``host=/cloudsql/PROJECT:REGION:INSTANCE``
     for Cloud SQL's Unix socket). Use :meth:`from_url` for a ``TASKLEASE_STORE`` URL, whose
@@ -137,6 +146,7 @@ class PostgresStore(LockStore, OperatorQueries, DeliveryTally, TransactionalStor
             self.connections, self.statements, self.claims.writes, self.get
         )
         self.tally = PostgresTally(self.connections.call, self.options.schema)
+        self.fan_ins = PostgresFanIns(self.connections.call, self.statements)
         # The first purge comes one interval after the store starts, as every later one.
         self._next_purge = time.monotonic() + self.options.purge_interval.total_seconds()
 
@@ -228,7 +238,107 @@ class PostgresStore(LockStore, OperatorQueries, DeliveryTally, TransactionalStor
 
         purged = sum(locks.purge_batches(run, self.statements.purge_runs, now, batch))
         purged += sum(locks.purge_batches(run, self.statements.purge_locks, now, batch))
+        purged += self.fan_ins.purge(now, batch)  # Joins, with their entries.
         return purged + self.purge_delivery_counts(now - TALLY_KEPT)
+
+    # --- Joins --------------------------------------------------------------------
+
+    def _read_modify_write_member(
+        self, run_id: str, member: Member, change: Change[_T], now: Moment, keep_for: timedelta
+    ) -> tuple[_T, Progress]:
+        """Read the run, then its change and the child's count in one statement,
+        conditional on the version read (read again if it moved)."""
+        now = self._clock(now)
+
+        def work(connection: Connection[Any]) -> tuple[_T, Progress]:
+            rows = self._rows(connection)
+            for _ in range(MAX_ROUNDS):
+                found, read_at = rows.read(run_id)
+                stored = None if found is None else found.record
+                with self._at(read_at):
+                    new_record, value = change(stored)
+                    at = resolve(now)
+                entry = rules.entry_of(new_record or stored, member)
+                write = self.fan_ins.statements.run_write(found, new_record)
+                if write is None or (new_record is None and entry is None):
+                    return value, self.fan_ins.progress(connection, member.join_id)
+                counted = self.fan_ins.count(
+                    connection, run_id, write, member=member, entry=entry, at=at, keep_for=keep_for
+                )
+                if counted is not None:
+                    if new_record is not None:
+                        self.claims.writes.remember(new_record, counted[0])
+                    return value, counted[1]
+                if new_record is not None:
+                    self.claims.writes.forget(new_record.run_id, new_record.attempt_id)
+            raise StoreUnavailable(f"run {run_id}: too much contention to count it")
+
+        return self._call("count a fan-in child", work)
+
+    def _finish_member(
+        self,
+        member: Member,
+        *,
+        run_id: str,
+        attempt_id: str,
+        update: Update,
+        now: Moment,
+        status: RunStatus,
+        keep_for: timedelta | None,
+    ) -> Progress | None:
+        """A child's finish, as any finish here: one statement, sent with other threads'
+        finishes, conditional on the version of this attempt's last write when this process
+        remembers it (the attempt then holds the claim as that write left it); otherwise,
+        or if the row moved on, read first (:meth:`_read_modify_write_member`)."""
+        now = self._clock(now)
+        held = self.claims.writes.recall(run_id, attempt_id)
+        if held is not None:
+            at = resolve(now)
+            written = decisions.kept(update(held.record, at), at, keep_for)
+            write = self.fan_ins.statements.run_write(held, written)
+            assert write is not None  # A write over a row read.
+            entry = rules.entry_of(written, member)
+            batches = self.connections.process().finishes
+            counted = self._call(
+                "finish a run",
+                lambda c: self.fan_ins.count(
+                    c,
+                    run_id,
+                    write,
+                    member=member,
+                    entry=entry,
+                    at=at,
+                    keep_for=keep_for or DEFAULT_KEEP,
+                    batches=batches,
+                ),
+            )
+            if counted is not None:
+                self.claims.writes.remember(written, counted[0])  # Finished: forgotten.
+                return counted[1]
+            self.claims.writes.forget(run_id, attempt_id)
+        return super()._finish_member(
+            member,
+            run_id=run_id,
+            attempt_id=attempt_id,
+            update=update,
+            now=now,
+            status=status,
+            keep_for=keep_for,
+        )
+
+    def get_fan_in(self, join_id: str) -> FanInRecord | None:
+        return self.fan_ins.get(join_id)
+
+    def fan_in_entries(
+        self, join_id: str, after: str | None = None, limit: int = rules.MAX_INLINE_RESULTS
+    ) -> list[ChildEntry]:
+        return self.fan_ins.entries(join_id, after, limit)
+
+    def fan_ins_of(self, parent_run_id: str, limit: int = 100) -> list[FanInRecord]:
+        return self.fan_ins.of_parent(parent_run_id, limit)
+
+    def mark_then_enqueued(self, join_id: str, now: datetime) -> None:
+        self.fan_ins.mark_then_enqueued(join_id, now)
 
     # --- Locks --------------------------------------------------------------------
 
