@@ -15,6 +15,7 @@ import pytest
 from tasklease import joins
 from tasklease.joins import Member
 from tasklease.testing.contract_support import T0, claim_request
+from tasklease.worker.core.fan_in import JOIN_KEEP_FLOOR
 from tasklease.worker.stores import FirestoreStore
 from tests.support.firestore import IGNORES_UPDATE_TIME, PROJECT, RpcCounter, unique_collection
 from tests.support.firestore_faults import LANDED_THEN_FAILED
@@ -175,11 +176,12 @@ def test_a_child_counted_between_anothers_read_and_commit_refuses_that_commit_wh
 def test_a_join_is_kept_while_any_shard_is_live(store: FirestoreStore) -> None:
     first, later, _ = sharded([3])
     hour = timedelta(hours=1)
-    finish(store, first, T0, hour)  # The root: kept until T0 + 1 h.
-    finish(store, later, T0 + 50 * timedelta(minutes=1), hour)  # Its shard: until T0 + 1 h 50.
-    store.purge_expired(T0 + 70 * timedelta(minutes=1))
+    # Kept JOIN_KEEP_FLOOR past each count (longer than the children's hour of retention).
+    finish(store, first, T0, hour)  # The root: kept until T0 + floor.
+    finish(store, later, T0 + 50 * timedelta(minutes=1), hour)  # Its shard: 50 min more.
+    store.purge_expired(T0 + JOIN_KEEP_FLOOR + 10 * timedelta(minutes=1))
     assert store.get_fan_in(first.join_id) is not None
-    store.purge_expired(T0 + 2 * hour)
+    store.purge_expired(T0 + JOIN_KEEP_FLOOR + 2 * hour)
     assert store.get_fan_in(first.join_id) is None
     assert store.fan_in_entries(first.join_id) == []
 

@@ -36,6 +36,7 @@ __all__ = [
     "ShardRecord",
     "counted",
     "entry_of",
+    "kept_until",
     "new_shard",
     "opened",
     "shard_counted",
@@ -161,6 +162,12 @@ def _dropped(result_json: str | None) -> str | None:
     return str(note[DROPPED_RESULT_KEY]) if list(note) == [DROPPED_RESULT_KEY] else None
 
 
+def kept_until(at: datetime, keep_for: timedelta) -> datetime:
+    """How long a count made at ``at`` keeps its join (and, on a store that spreads a join over
+    documents, each of them): ``keep_for`` (the child's retention) or the floor, if longer."""
+    return at + max(keep_for, JOIN_KEEP_FLOOR)
+
+
 def opened(member: Member, now: datetime, keep_for: timedelta) -> FanInRecord:
     """A join as its first counted child creates it."""
     return FanInRecord(
@@ -169,7 +176,7 @@ def opened(member: Member, now: datetime, keep_for: timedelta) -> FanInRecord:
         member.then,
         member.expected,
         now,
-        now + max(keep_for, JOIN_KEEP_FLOOR),
+        kept_until(now, keep_for),
         shards=member.shards,
     )
 
@@ -182,7 +189,7 @@ def counted(
     return join.replace(
         completed=join.completed + (entry.status is RunStatus.COMPLETED),
         failed=join.failed + (entry.status is RunStatus.FAILED),
-        expire_at=max(join.expire_at, now + max(keep_for, JOIN_KEEP_FLOOR)),
+        expire_at=max(join.expire_at, kept_until(now, keep_for)),
     )
 
 

@@ -30,7 +30,7 @@ duplicate, a recount) has the root from the same read, and writes nothing.
 Subcollections keep every query to one collection and one field (the key, the parent, the
 expiry), which Firestore's automatic single-field indexes serve: no composite index. Every
 document carries ``expire_at`` for a TTL policy on its collection group (the deploy kit
-creates them); an entry expires with its child's run record.
+creates them); an entry is kept as long as its count keeps the join.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class FirestoreFanIns:
         if entry is None or entry_read.exists:
             progress = _progress_of(member.join_id, root_read)
         else:
-            writes.append((entry_read, _entry_fields(entry, at + keep_for)))
+            writes.append((entry_read, _entry_fields(entry, rules.kept_until(at, keep_for))))
             progress = self._counted(
                 member,
                 entry,
@@ -207,7 +207,7 @@ class FirestoreFanIns:
         stored = shard_read.to_dict() if shard_read.exists else None
         before = _shard(member.join_id, stored) if stored is not None else None
         shard = rules.shard_counted(before or rules.new_shard(member), entry)
-        kept = at + keep_for
+        kept = rules.kept_until(at, keep_for)
         writes.append(
             (shard_read, _shard_fields(shard, max(_expiry(stored), kept) if stored else kept))
         )
