@@ -20,18 +20,20 @@ NOW = T0 + timedelta(hours=1)
 
 def seed_every_state(store: LeaseStore, t0: datetime = T0) -> dict[str, RunRecord]:
     """One run per state, claimed a minute apart from ``t0`` on, but ``live``, claimed just
-    before ``t0 + 1 hour`` (NOW), when ``stuck``'s lease has long expired."""
+    before ``t0 + 1 hour`` (NOW), when ``stuck``'s lease has long expired, and ``waiting``
+    and ``cancelled``, claimed between ``stuck`` and ``completed``."""
     names = ["stuck", "completed", "failed", "released", "skipped", "manual", "live"]
-    for index, name in enumerate(names):
-        at = t0 + timedelta(minutes=index)
+    claimed_at = {name: t0 + timedelta(minutes=index) for index, name in enumerate(names)}
+    claimed_at.update(waiting=t0 + timedelta(seconds=20), cancelled=t0 + timedelta(seconds=40))
+    claimed_at["live"] = t0 + (NOW - T0) - timedelta(seconds=10)
+    for name, at in sorted(claimed_at.items(), key=lambda item: item[1]):
+        index = names.index(name) if name in names else 0
         if name in ("manual", "skipped"):
             identity = {"job_name": "nightly", "schedule_time": f"2026-10-16T12:0{index}:00Z"}
             identity["trigger"] = "manual" if name == "manual" else "scheduled"
             request = claim_request(name, kind="scheduler", handler="nightly", identity=identity)
         else:
             request = claim_request(name, identity={"queue": "default", "task_name": f"t-{name}"})
-        if name == "live":
-            at = t0 + (NOW - T0) - timedelta(seconds=10)
         assert store.claim(request, at).verdict is Verdict.CLAIMED
         if name == "completed":
             assert store.complete(name, "attempt-1", '{"sent":true}', at)
@@ -43,7 +45,12 @@ def seed_every_state(store: LeaseStore, t0: datetime = T0) -> dict[str, RunRecor
             assert store.skip(name, "attempt-1", "stuck", "job:nightly", at)
         elif name == "manual":
             assert store.complete(name, "attempt-1", None, at)
-    return {name: store.get(name) for name in names}  # type: ignore[misc]
+        elif name == "waiting":
+            assert store.suspend(name, "attempt-1", None, None, at) is not None
+        elif name == "cancelled":
+            assert store.cancel_run(name, "operator@example.com", at).record is not None
+            assert store.end_cancelled(name, "attempt-1", at)
+    return {name: store.get(name) for name in claimed_at}  # type: ignore[misc]
 
 
 def ids(runs: list[RunRecord]) -> list[str]:
@@ -59,7 +66,8 @@ class OperationsContract:
         runs = seed_every_state(store)
         listed = store.query_runs(limit=100).runs
         assert ids(listed) == [
-            "live", "manual", "skipped", "released", "failed", "completed", "stuck",
+            "live", "manual", "skipped", "released", "failed", "completed", "cancelled",
+            "waiting", "stuck",
         ]  # fmt: skip
         assert listed == [runs[name] for name in ids(listed)]
         for status in RunStatus:
@@ -81,7 +89,12 @@ class OperationsContract:
         assert listed(handler="nightly") == ["manual", "skipped"]
         assert listed(kind="scheduler") == ["manual", "skipped"]
         assert listed(kind="task", status=RunStatus.FAILED) == ["failed"]
-        assert listed(older_than=T0 + timedelta(minutes=2)) == ["completed", "stuck"]
+        assert listed(older_than=T0 + timedelta(minutes=2)) == [
+            "completed",
+            "cancelled",
+            "waiting",
+            "stuck",
+        ]
         assert listed(newer_than=T0 + timedelta(minutes=5)) == ["live", "manual"]
         assert listed(manual=True) == ["manual"]
         assert "manual" not in listed(manual=False)

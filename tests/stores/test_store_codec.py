@@ -151,11 +151,15 @@ def test_firestore_documents_keep_their_field_names_and_old_ones_read_back() -> 
     from tasklease.worker.stores.firestore import codec as firestore_codec  # noqa: PLC0415
     from tasklease.worker.stores.firestore import locks as firestore_locks  # noqa: PLC0415
 
-    # Durable steps added two fields; a document written before them reads back without.
+    # Durable steps added two fields, waits and cancellation three; a document written
+    # before them reads back without.
     assert firestore_codec.encode_run(RECORD) == {
         **_old_firestore_document(RECORD),
         "steps_json": None,
         "continuation_json": None,
+        "waits_json": None,
+        "cancelled_by": None,
+        "cancelled_at": None,
     }
     assert firestore_codec.decode_run("run-1", _old_firestore_document(RECORD)) == RECORD
     # Written before caller and the replay links existed: those read as None.
@@ -189,7 +193,7 @@ def test_postgres_columns_are_the_field_names_of_the_tables_created() -> None:
         "run_id", "kind", "handler", "status", "attempt_id", "fencing_token", "attempts",
         "lease_expires", "expire_at", "claimed_at", "identity", "finished_at", "result_json",
         "error", "payload", "caller", "replay_of", "replayed_as", "steps_json",
-        "continuation_json",
+        "continuation_json", "waits_json", "cancelled_by", "cancelled_at",
     )  # fmt: skip
     assert postgres_schema.LOCK_COLUMNS == (
         "name", "holder_run_id", "holder_attempt_id", "fencing_token", "started_at",

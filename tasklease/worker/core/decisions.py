@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from tasklease.worker.core import constants as c
+from tasklease.worker.core import waits
 from tasklease.worker.core.records import Claim, ClaimRequest, RunRecord, RunStatus, Verdict
 from tasklease.worker.core.text import storable_text
 
@@ -51,9 +52,15 @@ def decide(record: RunRecord | None, now: datetime, caller: str | None = None) -
         return Verdict.FAILED
     if record.status is RunStatus.SKIPPED:
         return Verdict.SKIPPED
+    if record.status is RunStatus.CANCELLED:
+        return Verdict.CANCELLED
     if lease_held(record, now):
         return Verdict.IN_PROGRESS
-    return Verdict.CLAIMED  # Released, or the holder's lease expired: take it over.
+    if record.cancelled_at is not None:
+        return Verdict.CANCELLED  # Cancelled while it ran, and its holder is gone.
+    if record.status is RunStatus.WAITING and not waits.resumable(record, now):
+        return Verdict.WAITING
+    return Verdict.CLAIMED  # Released, resumable, or the holder's lease expired: take it over.
 
 
 def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Claim:
@@ -88,10 +95,10 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
             live.expire_at if live is not None else now,
         ),
         claimed_at=now,
-        # A continued run keeps its first delivery's identity (a continuation task's own
-        # queue and name are not the run's).
+        # A continued or resumed run keeps its first delivery's identity (a continuation's
+        # or resume task's own queue and name are not the run's).
         identity=live.identity
-        if live is not None and live.continuation_json
+        if live is not None and (live.continuation_json or live.waits_json)
         else _carried(record, request.identity),
         caller=request.caller,
         # An operator's replay is written before its first delivery (replay_pending).
@@ -99,6 +106,9 @@ def claim(record: RunRecord | None, request: ClaimRequest, now: datetime) -> Cla
         # A live run's steps and continuation carry over: a retry resumes after them.
         steps_json=live.steps_json if live is not None else None,
         continuation_json=live.continuation_json if live is not None else None,
+        # So are its waits and signals, and the payload a waiting run keeps for its resume.
+        waits_json=live.waits_json if live is not None else None,
+        payload=live.payload if live is not None else None,
     )
     return Claim(Verdict.CLAIMED, claimed, took_over_from=previous_holder)
 
@@ -126,6 +136,7 @@ def takes_manual_delivery(record: RunRecord | None, now: datetime, caller: str |
         is_live(record, now)
         and record is not None
         and not record.continuation_json
+        and record.status is not RunStatus.WAITING
         and decide(record, now, caller) is Verdict.CLAIMED
     )
 
@@ -167,8 +178,11 @@ def kept(record: RunRecord, since: datetime, keep_for: timedelta | None) -> RunR
 
 
 def completed(record: RunRecord, result_json: str | None, now: datetime) -> RunRecord:
-    """The record of a successful run, keeping the handler's result as serialised JSON."""
-    return record.replace(status=RunStatus.COMPLETED, finished_at=now, result_json=result_json)
+    """The record of a successful run, keeping the handler's result as serialised JSON (and
+    no payload: a waiting run kept it for its resume only)."""
+    return record.replace(
+        status=RunStatus.COMPLETED, finished_at=now, result_json=result_json, payload=None
+    )
 
 
 def failed(
@@ -230,6 +244,31 @@ def continuation_due(continuation_json: str, now: datetime) -> datetime:
     plus its delay."""
     delay = float(json.loads(continuation_json).get("delay", 0.0))
     return now + timedelta(seconds=max(delay, 0.0))
+
+
+def waiting(
+    record: RunRecord,
+    waits_json: str | None,
+    payload: str | None,
+    now: datetime,
+    keep_for: timedelta | None = None,
+) -> RunRecord:
+    """The record after a delivery ended in ``ctx.wait_for``: waiting, its steps kept (the
+    resumed delivery replays them), with ``waits_json`` (the wait) and the task's
+    ``payload`` (the resume task carries none). ``attempts`` starts again, as after a
+    continuation: each resumed delivery is allowed ``max_attempts``. The record is kept
+    ``keep_for`` past the wait's deadline, so its timeout finds it."""
+    written = record.replace(
+        status=RunStatus.WAITING,
+        lease_expires=now,
+        error=None,
+        attempts=0,
+        waits_json=waits_json,
+        payload=payload,
+    )
+    wait = waits.waits_of(written).wait
+    due = now if wait is None or wait.deadline is None else max(now, wait.deadline)
+    return kept(written, due, keep_for)
 
 
 def released(record: RunRecord, error: str, now: datetime) -> RunRecord:

@@ -18,6 +18,8 @@ class RunStatus(StrEnum):
     FAILED = "failed"  # Permanently: a dead-letter record, never run again by a retry.
     RELEASED = "released"  # A retryable failure gave the claim back; the next delivery runs it.
     SKIPPED = "skipped"  # An exclusive job's run found another run holding the job: not run.
+    WAITING = "waiting"  # Suspended in ctx.wait_for: its signal or its timeout resumes it.
+    CANCELLED = "cancelled"  # Cancelled by tasklease.cancel: never runs again.
 
 
 class Verdict(StrEnum):
@@ -29,6 +31,8 @@ class Verdict(StrEnum):
     IN_PROGRESS = "in_progress"  # Another attempt holds an unexpired lease: answer 409.
     FORBIDDEN = "forbidden"  # The run belongs to another caller: answer 403, reveal nothing.
     SKIPPED = "skipped"  # Skipped as an overlap before: answer 200, do not run.
+    WAITING = "waiting"  # Waits for a signal not yet sent, or a timeout not yet due: do not run.
+    CANCELLED = "cancelled"  # Cancelled: answer 200, never run again.
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,13 @@ class RunRecord:
     # continuation, as JSON text. Kept across claims, purged with the run.
     steps_json: str | None = None
     continuation_json: str | None = None
+    # Durable waits (tasklease.worker.core.waits): the wait the run is suspended on, and the
+    # signals it was sent, pending and delivered, as JSON text. Kept across claims.
+    waits_json: str | None = None
+    # Cancellation: who asked for it, and when. Set on a running run too, whose holder ends
+    # it at its next step or lease renewal; kept across claims.
+    cancelled_by: str | None = None
+    cancelled_at: datetime | None = None
 
     @property
     def result(self) -> Any:

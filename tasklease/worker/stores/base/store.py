@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import ClassVar, TypeVar
 
-from tasklease.worker.core import decisions, steps
+from tasklease.worker.core import cancellation, decisions, steps, waits
 from tasklease.worker.core.records import Claim, ClaimRequest, LockRecord, RunRecord, RunStatus
 from tasklease.worker.core.steps import StepRecord
 
@@ -242,6 +242,90 @@ class LeaseStore(ABC):
             lambda r, at: decisions.continued(r, continuation_json, at, keep_for),
             now,
             RunStatus.RELEASED,
+            keep_for=keep_for,
+        )
+
+    def suspend(
+        self,
+        run_id: str,
+        attempt_id: str,
+        waits_json: str | None,
+        payload: str | None,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> RunRecord | None:
+        """End this attempt's delivery waiting (``ctx.wait_for``), its steps kept, if
+        ``attempt_id`` still holds the claim; return the record written (None: the claim is
+        gone). A signal that came while the handler ran is in it: then its resume is due."""
+        return self._if_held(
+            run_id,
+            attempt_id,
+            lambda r, at: decisions.kept(
+                decisions.waiting(r, waits_json, payload, at, keep_for), at, keep_for
+            ),
+            now,
+            RunStatus.WAITING,
+        )
+
+    def resolve_wait(
+        self, run_id: str, attempt_id: str, name: str, seq: int, now: Moment
+    ) -> waits.Resolution:
+        """Take the signal of wait ``name`` (delivery ``seq``), or note its timeout when
+        due, and record how it resolved as a step: one fenced write, if ``attempt_id`` still
+        holds the claim. A retried call whose first try landed finds its step."""
+
+        def change(record: RunRecord | None) -> tuple[RunRecord | None, waits.Resolution]:
+            if record is None or not decisions.holds(record, attempt_id):
+                return None, waits.Resolution(held=False)
+            done = steps.steps_of(record).get(waits.step_name(name))
+            if done is not None:
+                return None, waits.Resolution(held=True, step=done)
+            outcome = waits.resolved(record, name, seq, attempt_id, resolve(now))
+            if outcome is None:
+                return None, waits.Resolution(held=True)
+            return outcome[0], waits.Resolution(held=True, step=outcome[1])
+
+        return self._read_modify_write(run_id, change)
+
+    def signal_run(
+        self, run_id: str, name: str, payload_json: str, now: Moment
+    ) -> waits.SignalDecision:
+        """Record the signal ``name`` for the run unless it has ended or has had a signal
+        of that name: one atomic change. Raises
+        :class:`~tasklease.worker.core.waits.SignalError`, writing nothing, when the run's
+        record cannot hold it."""
+
+        def change(record: RunRecord | None) -> tuple[RunRecord | None, waits.SignalDecision]:
+            at = resolve(now)
+            return waits.signalled(
+                record, name, payload_json, at, live=decisions.is_live(record, at)
+            )
+
+        return self._read_modify_write(run_id, change)
+
+    def cancel_run(self, run_id: str, by: str, now: Moment) -> cancellation.CancelDecision:
+        """Cancel the run for ``by``: at once if nothing runs it, else mark it for its
+        holder to end (:mod:`tasklease.worker.core.cancellation`). One atomic change."""
+
+        def change(
+            record: RunRecord | None,
+        ) -> tuple[RunRecord | None, cancellation.CancelDecision]:
+            at = resolve(now)
+            return cancellation.cancelled(record, by, at, live=decisions.is_live(record, at))
+
+        return self._read_modify_write(run_id, change)
+
+    def end_cancelled(
+        self, run_id: str, attempt_id: str, now: Moment, *, keep_for: timedelta | None = None
+    ) -> bool:
+        """End a run marked cancelled as ``cancelled``, if ``attempt_id`` still holds it."""
+        return self._finish(
+            run_id,
+            attempt_id,
+            cancellation.ended_cancelled,
+            now,
+            RunStatus.CANCELLED,
             keep_for=keep_for,
         )
 

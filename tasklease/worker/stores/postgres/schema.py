@@ -27,8 +27,8 @@ from tasklease.worker.core.records import LockRecord, RunRecord
 from tasklease.worker.stores.base.codec import Conversion, RecordCodec
 from tasklease.worker.stores.postgres import tally
 
-SCHEMA_VERSION = 4  # 2: runs.steps_json, runs.continuation_json (durable steps); 3: the tally;
-# 4: the joins of fan-ins.
+SCHEMA_VERSION = 5  # 2: runs.steps_json, runs.continuation_json (durable steps); 3: the tally;
+# 4: the joins of fan-ins; 5: runs.waits_json, runs.cancelled_by, runs.cancelled_at.
 DEFAULT_SCHEMA = "tasklease"
 
 # Each entry migrates from the version before it; entry n creates version n + 1.
@@ -113,6 +113,11 @@ _MIGRATIONS: list[list[LiteralString]] = [
             error text,
             PRIMARY KEY (join_id, child_key)
         )""",
+    ],
+    [
+        "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS waits_json text",
+        "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS cancelled_by text",
+        "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS cancelled_at timestamptz",
     ],
 ]
 

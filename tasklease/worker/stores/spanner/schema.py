@@ -29,6 +29,7 @@ RUN_COLUMNS = (
     "run_id", "kind", "handler", "status", "attempt_id", "fencing_token", "attempts",
     "lease_expires", "expire_at", "claimed_at", "finished_at", "identity", "result", "error",
     "payload", "caller", "replay_of", "replayed_as", "steps_json", "continuation_json",
+    "waits_json", "cancelled_by", "cancelled_at",
 )  # fmt: skip
 # Written beside the record's own columns: the identity fields runs are looked up by, and the
 # commit timestamp.
@@ -69,6 +70,9 @@ def ddl(table: str) -> list[str]:
             replayed_as STRING(MAX),
             steps_json STRING(MAX),
             continuation_json STRING(MAX),
+            waits_json STRING(MAX),
+            cancelled_by STRING(MAX),
+            cancelled_at TIMESTAMP,
             task_name STRING(MAX),
             job_name STRING(MAX),
             committed_at TIMESTAMP NOT NULL OPTIONS (allow_commit_timestamp = true)
@@ -169,6 +173,9 @@ def encode_run(record: RunRecord, commit_timestamp: object) -> list[Any]:
         record.replayed_as,
         record.steps_json,
         record.continuation_json,
+        record.waits_json,
+        record.cancelled_by,
+        record.cancelled_at,
         record.identity.get("task_name"),
         record.identity.get("job_name"),
         commit_timestamp,
@@ -179,7 +186,8 @@ def decode_run(row: list[Any]) -> RunRecord:
     """A row read with :data:`RUN_COLUMNS` as a record."""
     (run_id, kind, handler, status, attempt_id, fencing_token, attempts, lease_expires,
      expire_at, claimed_at, finished_at, identity, result, error, payload, caller,
-     replay_of, replayed_as, steps_json, continuation_json) = row  # fmt: skip
+     replay_of, replayed_as, steps_json, continuation_json, waits_json, cancelled_by,
+     cancelled_at) = row  # fmt: skip
     return RunRecord(
         run_id=run_id,
         kind=kind,
@@ -201,11 +209,20 @@ def decode_run(row: list[Any]) -> RunRecord:
         replayed_as=replayed_as,
         steps_json=steps_json,
         continuation_json=continuation_json,
+        waits_json=waits_json,
+        cancelled_by=cancelled_by,
+        cancelled_at=None if cancelled_at is None else utc(cancelled_at),
     )
 
 
 # Columns added to the runs table since it was first created: added when missing.
-ADDED_COLUMNS = {"steps_json": "STRING(MAX)", "continuation_json": "STRING(MAX)"}
+ADDED_COLUMNS = {
+    "steps_json": "STRING(MAX)",
+    "continuation_json": "STRING(MAX)",
+    "waits_json": "STRING(MAX)",
+    "cancelled_by": "STRING(MAX)",
+    "cancelled_at": "TIMESTAMP",
+}
 
 
 def added_columns_ddl(table: str, present: set[str]) -> list[str]:

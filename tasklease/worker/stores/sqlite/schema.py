@@ -53,7 +53,10 @@ CREATE TABLE IF NOT EXISTS runs (
     replay_of TEXT,
     replayed_as TEXT,
     steps_json TEXT,
-    continuation_json TEXT
+    continuation_json TEXT,
+    waits_json TEXT,
+    cancelled_by TEXT,
+    cancelled_at_us INTEGER
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS runs_by_expiry ON runs (expire_at_us);
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, claimed_at_us);
@@ -84,13 +87,17 @@ DROP INDEX IF EXISTS runs_by_job_name;
 """
 # Columns added without a schema version: added when missing, whatever the version says, so
 # this works alongside other migrations. An older tasklease ignores (and, rewriting a run,
-# clears) them: operators' replay links, and a run's durable steps (an older tasklease
-# rewriting a run drops its steps: its retry then runs them again, as that version would).
+# clears) them: operators' replay links, a run's durable steps (an older tasklease
+# rewriting a run drops its steps: its retry then runs them again, as that version would),
+# its waits and signals, and its cancellation.
 _ADDED_COLUMNS = {
     "replay_of": "TEXT",
     "replayed_as": "TEXT",
     "steps_json": "TEXT",
     "continuation_json": "TEXT",
+    "waits_json": "TEXT",
+    "cancelled_by": "TEXT",
+    "cancelled_at_us": "INTEGER",
 }
 # Times as integer microseconds in ``<field>_us`` columns, the identity as JSON text, the
 # result under "result" (version 1 stored a missing result as the JSON text "null").
