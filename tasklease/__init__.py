@@ -58,6 +58,8 @@ if TYPE_CHECKING:
         TaskContext,
         create_app,
     )
+    from tasklease.worker.handlers.waits import WaitTimedOut
+    from tasklease.worker.operate.signals import signal
     from tasklease.worker.stores import LeaseStore, MemoryStore, SqliteStore, store_from_url
 
 # Each public name and the module that defines it (imported when the name is first read).
@@ -78,6 +80,8 @@ _EXPORTS: dict[str, str] = {
     "NoAuth": "tasklease.worker.auth.authenticators",
     "OidcAuth": "tasklease.worker.auth.authenticators",
     "create_app": "tasklease.worker.serving.app",
+    "WaitTimedOut": "tasklease.worker.handlers.waits",
+    "signal": "tasklease.worker.operate.signals",
     "LeaseStore": "tasklease.worker.stores",
     "MemoryStore": "tasklease.worker.stores",
     "SqliteStore": "tasklease.worker.stores",
@@ -124,8 +128,10 @@ __all__ = [
     "TaskContext",
     "TaskleaseError",
     "TransientEnqueueError",
+    "WaitTimedOut",
     "__version__",
     "create_app",
+    "signal",
     "store_from_url",
     "task_id",
 ]

@@ -34,6 +34,7 @@ RUN_ID_HEADER = "X-Tasklease-Run-Id"
 # Routes.
 TASK_ROUTE_PREFIX = "/tasks/"
 SCHEDULER_ROUTE_PREFIX = "/jobs/"
+SIGNAL_ROUTE_PREFIX = "/signals/"  # POST /signals/<run id>/<name>: tasklease.signal over HTTP.
 
 # Environment variables.
 ENV_STORE = "TASKLEASE_STORE"

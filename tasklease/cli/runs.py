@@ -23,10 +23,11 @@ from tasklease.cli.store_choice import STORE_HELP, open_existing_store
 from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.producer import EnqueueError, Producer
 from tasklease.protocol import rfc3339_or_none
-from tasklease.worker.core import fan_in, steps
+from tasklease.worker.core import fan_in, steps, waits
 from tasklease.worker.core.decisions import ReleaseOutcome
 from tasklease.worker.core.queries import RunFilter, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
+from tasklease.worker.core.waits import SignalError, Signalled
 from tasklease.worker.observe.logs import escape_controls
 from tasklease.worker.operate.operations import (
     OperationRefused,
@@ -168,14 +169,37 @@ def register(commands: Subcommands) -> None:
         help="send this JSON file as the payload instead of the failed one, a corrected "
         "input (default: the failed run's own payload)",
     )
+    _producer_options(replay)
+
+    signal = add_command(
+        actions,
+        "signal",
+        "send a signal to a run waiting in ctx.wait_for (or about to), resuming it once",
+        parents=[common],
+    )
+    signal.add_argument(
+        "run_id", metavar="RUN_ID", help="the run to signal (its id or first 8+ characters)"
+    )
+    signal.add_argument("name", metavar="NAME", help="the signal's name, as wait_for names it")
+    signal.add_argument(
+        "--payload",
+        type=Path,
+        metavar="FILE",
+        help="a JSON file: what wait_for returns (default: null; - reads standard input)",
+    )
+    _producer_options(signal)
+    refused.register(actions)
+
+
+def _producer_options(parser: argparse.ArgumentParser) -> None:
+    """The flags of the producer that enqueues a command's task (a replay, a resume)."""
     for flag in PRODUCER_FLAGS:
         option = "--" + flag.replace("_", "-")
-        replay.add_argument(option, help=f"default: $TASKLEASE_{flag.upper()}")
-    replay.add_argument(
+        parser.add_argument(option, help=f"default: $TASKLEASE_{flag.upper()}")
+    parser.add_argument(
         "--tasks-endpoint",
         help="a local emulator (default: $TASKLEASE_TASKS_ENDPOINT, else Cloud Tasks)",
     )
-    refused.register(actions)
 
 
 def run(
@@ -207,7 +231,10 @@ def run(
     except (StoreUnavailable, ConfigurationError) as exc:
         return _error(args, err, out, Exit.FAILED, str(exc))
     except EnqueueError as exc:
-        return _error(args, err, out, Exit.FAILED, f"could not enqueue the replay: {exc}")
+        task = "resume" if args.runs_command == "signal" else "replay"
+        return _error(args, err, out, Exit.FAILED, f"could not enqueue the {task}: {exc}")
+    except SignalError as exc:
+        return _error(args, err, out, Exit.USAGE, str(exc))
     except ValueError as exc:  # A cursor this store did not hand out, a bad jobs file.
         return _error(args, err, out, Exit.USAGE, str(exc))
     finally:
@@ -251,7 +278,8 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
     bodies = redacted_bodies(record.payload, record.result_json) if args.payload else {}
     joins = operations.fan_ins(record.run_id)
     if args.json:
-        _print_json(out, {**summary, **steps.summary(record), "fan_ins": joins, **bodies})
+        shown = {**summary, **steps.summary(record), "waits": waits.summary(record)}
+        _print_json(out, {**shown, "fan_ins": joins, **bodies})
         return Exit.OK
     for name, value in summary.items():
         if name == "identity":
@@ -259,7 +287,7 @@ def _show(operations: Operations, args: argparse.Namespace, out: TextIO, err: Te
                 print(_safe(f"{'identity.' + key:<18} {item}"), file=out)
         elif value is not None:
             print(_safe(f"{name:<18} {_describe(name, value, record, now)}"), file=out)
-    for line in [*steps.summary_lines(record), *_fan_in_lines(joins)]:
+    for line in [*steps.summary_lines(record), *waits.summary_lines(record), *_fan_in_lines(joins)]:
         print(_safe(line), file=out)
     for name in ("payload", "result"):
         if name in bodies:
@@ -380,12 +408,55 @@ def _replay(operations: Operations, args: argparse.Namespace, out: TextIO, err: 
     return Exit.OK
 
 
+_SIGNALLED = {
+    Signalled.RESUMES: "signal recorded; the run resumes",
+    Signalled.KEPT: "signal recorded; the run has not reached its wait yet and gets it there",
+    Signalled.DUPLICATE: "a signal of this name was sent before; the run resumes once, "
+    "with the first one's payload",
+    Signalled.TIMED_OUT: "refused: the wait of this name timed out; nothing resumes",
+    Signalled.ENDED: "refused: the run has ended; nothing resumes",
+}
+
+
+def _signal(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    payload = None
+    if args.payload is not None:
+        try:
+            text = (
+                sys.stdin.read()
+                if str(args.payload) == "-"
+                else args.payload.read_text(encoding="utf-8")
+            )
+            payload = json.loads(text)
+        except (OSError, ValueError) as exc:
+            return _error(args, err, out, Exit.USAGE, f"--payload {args.payload}: {exc}")
+    decision = operations.signal(args.run_id, args.name, payload)
+    if decision.outcome is Signalled.MISSING:
+        return _error(args, err, out, Exit.NOT_FOUND, f"no run {args.run_id}")
+    code = Exit.OK if decision.outcome.accepted else Exit.REFUSED
+    if args.json:
+        _print_json(
+            out,
+            {
+                "run_id": args.run_id,
+                "signal": args.name,
+                "outcome": decision.outcome.value,
+                "accepted": decision.outcome.accepted,
+                "resume_enqueued": decision.resume is not None,
+            },
+        )
+    else:
+        print(_safe(f"run {args.run_id}: {_SIGNALLED[decision.outcome]}"), file=out)
+    return code
+
+
 _COMMANDS: dict[str, Callable[[Operations, argparse.Namespace, TextIO, TextIO], int]] = {
     "list": _list,
     "show": _show,
     "stuck": _stuck,
     "release": _release,
     "replay": _replay,
+    "signal": _signal,
 }
 
 

@@ -228,6 +228,15 @@ class StubQueue:
                     summary.given_up.append(task.request.task_id)
         return summary
 
+    def redeliver(self) -> None:
+        """Make every task due again on the next :meth:`drain`, answered or given up: the
+        delivery a queue makes later again (a duplicate, or a retry once a clock moved)."""
+        for task in self.transport.tasks:
+            task.done = False
+            state = self._state.get(task.request.name)
+            if state is not None:
+                state.given_up = False
+
     def close(self) -> None:
         """Give each bound router back the producer it had, and close this one."""
         while self._bound:

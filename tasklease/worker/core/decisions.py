@@ -248,22 +248,22 @@ def continuation_due(continuation_json: str, now: datetime) -> datetime:
 
 def waiting(
     record: RunRecord,
-    waits_json: str | None,
+    wait: waits.Wait | None,
     payload: str | None,
     now: datetime,
     keep_for: timedelta | None = None,
 ) -> RunRecord:
-    """The record after a delivery ended in ``ctx.wait_for``: waiting, its steps kept (the
-    resumed delivery replays them), with ``waits_json`` (the wait) and the task's
-    ``payload`` (the resume task carries none). ``attempts`` starts again, as after a
-    continuation: each resumed delivery is allowed ``max_attempts``. The record is kept
-    ``keep_for`` past the wait's deadline, so its timeout finds it."""
+    """The record after a delivery ended in ``ctx.wait_for``: waiting on ``wait`` (None:
+    the one recorded), its steps kept (the resumed delivery replays them), its signals kept,
+    with the task's ``payload`` (the resume task carries none). ``attempts`` starts again,
+    as after a continuation: each resumed delivery is allowed ``max_attempts``. The record
+    is kept ``keep_for`` past the wait's deadline, so its timeout finds it."""
     written = record.replace(
         status=RunStatus.WAITING,
         lease_expires=now,
         error=None,
         attempts=0,
-        waits_json=waits_json,
+        waits_json=record.waits_json if wait is None else waits.suspended(record, wait),
         payload=payload,
     )
     wait = waits.waits_of(written).wait

@@ -23,6 +23,7 @@ from tasklease.joins import Member
 from tasklease.protocol import rfc3339
 from tasklease.worker.core import constants as c
 from tasklease.worker.core.steps import parse_continuation_header
+from tasklease.worker.core.waits import Resume, parse_resume_header
 
 _T = TypeVar("_T")
 
@@ -74,6 +75,9 @@ class DeliveryIdentity:
     # task name are not the run's identity. 0: not a continuation.
     continues: str | None = None
     continuation_seq: int = 0
+    # A task resuming a waiting run (its signal came, or its timeout is due): the run and its
+    # delivery are the header's, as a continuation's are.
+    resumes: Resume | None = None
     # A child of a fan-out with then= (counted in its join when it finishes), and a join's
     # then task (the join whose results it gets).
     fan_in: Member | None = None
@@ -172,6 +176,14 @@ def parse_identity(
         query, protocol.LOCATION_QUERY, _LOCATION
     )
     continued = _optional(header, protocol.CONTINUATION_HEADER, parse_continuation_header)
+    resumed = _optional(header, protocol.RESUME_HEADER, parse_resume_header)
+    if continued is not None and resumed is not None:
+        raise InvalidDelivery(
+            f"{protocol.CONTINUATION_HEADER} and {protocol.RESUME_HEADER} are both sent; "
+            "a task carries one of them"
+        )
+    if resumed is not None:
+        continued = (resumed.run_id, resumed.seq)
     if kind is Kind.TASK or continued is not None:
         # A scheduled run's continuation is a Cloud Tasks task on the job's route: its kind
         # stays the route's, the run it resumes is the header's.
@@ -189,6 +201,7 @@ def parse_identity(
             retry_reason=_optional(header, c.TASKS_RETRY_REASON, _matching(_RETRY_REASON)),
             continues=continued[0] if continued else None,
             continuation_seq=continued[1] if continued else 0,
+            resumes=resumed,
             fan_in=_optional(header, protocol.FAN_IN_HEADER, joins.parse_header),
             fan_in_of=_optional(header, protocol.FAN_IN_OF_HEADER, _matching(_JOIN_ID)),
         )

@@ -67,6 +67,16 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Suspension:
+    """The wait an attempt suspends on, as its handler asked for it."""
+
+    name: str
+    seq: int
+    since: datetime
+    deadline: datetime | None
+
+
+@dataclass(frozen=True)
 class Signal:
     """A signal sent to a run and not yet taken by its wait."""
 

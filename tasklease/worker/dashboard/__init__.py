@@ -68,6 +68,7 @@ def dashboard_blueprint(
     blueprint.add_url_rule("/runs/<run_id>/<action>", "confirm", views.confirm, methods=["GET"])
     blueprint.add_url_rule("/runs/<run_id>/release", "release", views.release, methods=["POST"])
     blueprint.add_url_rule("/runs/<run_id>/replay", "replay", views.replay, methods=["POST"])
+    blueprint.add_url_rule("/runs/<run_id>/signal", "signal", views.signal, methods=["POST"])
     outbox_view = OutboxView(locate(outbox, store), csrf=csrf)
     blueprint.add_url_rule("/outbox", "outbox", outbox_view.page, methods=["GET"])
     blueprint.add_url_rule(

@@ -11,10 +11,12 @@ import flask
 
 from tasklease.errors import StoreUnavailable
 from tasklease.jobs import Job
-from tasklease.worker.core import steps
+from tasklease.producer.errors import EnqueueError
+from tasklease.worker.core import steps, waits
 from tasklease.worker.core.decisions import OperatorRelease, ReleaseOutcome
 from tasklease.worker.core.queries import RunFilter, is_stuck, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
+from tasklease.worker.core.waits import SignalError, Signalled
 from tasklease.worker.dashboard.csrf import Csrf
 from tasklease.worker.dashboard.timelines import run_timeline
 from tasklease.worker.operate.operations import OperationRefused, Operations, run_summary
@@ -153,6 +155,42 @@ class Views:
         )
         return self.detail(run_id, result.summary)
 
+    def signal(self, run_id: str) -> flask.Response:
+        """Send the signal the run page's form names, with its JSON payload."""
+        form = flask.request.form
+        name, text = form.get("name", ""), form.get("payload", "").strip()
+        try:
+            payload = json.loads(text) if text else None
+        except ValueError as exc:
+            return self.detail(run_id, f"Refused: the payload is not JSON: {exc}", 400)
+        try:
+            decision = self.operations.signal(run_id, name, payload)
+        except SignalError as exc:
+            return self.detail(run_id, f"Refused: {exc}", 400)
+        except OperationRefused as exc:  # No producer configured to enqueue the resume.
+            return self.detail(run_id, f"Refused: {exc}", 409)
+        except EnqueueError as exc:
+            return self.detail(
+                run_id, f"The signal is recorded; its resume could not be enqueued: {exc}", 503
+            )
+        _log.warning(
+            "operator %s sent signal %r to run %s: %s",
+            flask.g.get("operator") or "(local)",
+            name[:100],
+            run_id,
+            decision.outcome.value,
+        )
+        notices = {
+            Signalled.RESUMES: "Signal sent: the run resumes.",
+            Signalled.KEPT: "Signal kept: the run gets it at its wait.",
+            Signalled.DUPLICATE: "A signal of this name was sent before: the run resumes once.",
+            Signalled.TIMED_OUT: "Refused: the wait of this name timed out.",
+            Signalled.ENDED: "Refused: the run has ended.",
+            Signalled.MISSING: "No such run.",
+        }
+        status = 200 if decision.outcome.accepted else 409
+        return self.detail(run_id, notices[decision.outcome], status)
+
     def _canonical(self, run_id: str, endpoint: str, **values: Any) -> flask.Response | None:
         """A redirect to the page under the whole id a run id prefix names, a 400 page
         listing the runs an ambiguous one names, else None: ``run_id`` is whole."""
@@ -186,6 +224,8 @@ class Views:
             replayable=record.status is RunStatus.FAILED and record.kind == "task",
             timeline=run_timeline(self.operations.store, record, now),
             steps=steps.summary(record),
+            waits=waits.summary(record),
+            csrf=self.csrf.page_token(),
             fan_ins=self.operations.fan_ins(record.run_id),
         )
 

@@ -58,6 +58,8 @@ def refusal(
         return Reply.rejected(Rejection.MALFORMED, "the continuation names no run of this handler")
     if verdict in FINISHED:
         return None
+    if identity.resumes is not None:  # A resume of delivery 0 names a run never continued.
+        return None if verdict is Verdict.WAITING else gate(seen, identity)
     if rules.continuation_of(seen).seq == 0 and not _may_be_in_flight(seen, identity):
         return Reply.rejected(Rejection.MALFORMED, "the continuation names a run never continued")
     return gate(seen, identity)

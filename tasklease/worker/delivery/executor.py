@@ -32,6 +32,7 @@ from tasklease.worker.delivery.log_levels import execution_level, known_handlers
 from tasklease.worker.delivery.manual_runs import ManualRuns
 from tasklease.worker.delivery.reply import Reply, settled
 from tasklease.worker.delivery.transactional_run import run_in_transaction
+from tasklease.worker.delivery.waits import Suspensions, waiting_reply
 from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.context import TaskContext, view_of
 from tasklease.worker.handlers.router import HandlerSpec, Router
@@ -109,6 +110,7 @@ class Executor:
         self.manual_runs = ManualRuns(store, clock)
         self.locks = ExecutionLocks(store, clock)
         self.finisher = Finisher(store, clock, self.locks, router)
+        self.suspensions = Suspensions(store, router, clock, self.finisher)
         self.tally: DeliveryCounter | None = None  # Set by create_app on a tally store.
 
     def execute(self, delivery: Delivery) -> Reply:
@@ -213,6 +215,8 @@ class Executor:
                 if refused is not None:
                     return refused
             verdict = decisions.decide(seen, now, caller)
+            if seen is not None and verdict is Verdict.WAITING:
+                return waiting_reply(seen, identity, now)
             if seen is not None and verdict in _SETTLED:
                 return self._settled(verdict, seen, log, identity, spec)
         request = ClaimRequest(
@@ -239,6 +243,8 @@ class Executor:
             moved := continuation.behind(record, identity)
         ):
             return moved  # A later delivery of the chain holds the run: this one is done.
+        if claim.verdict is Verdict.WAITING:
+            return waiting_reply(record, identity, self.clock())
         if claim.verdict is not Verdict.CLAIMED:
             return self._settled(claim.verdict, record, log, identity, spec)
         log.update(
@@ -248,6 +254,9 @@ class Executor:
         )
         if claim.took_over_from:
             log["took_over_from"] = claim.took_over_from
+        if identity.resumes is not None:
+            # A resume task carries no payload: the waiting run kept its own.
+            body = (record.payload or "").encode()
         live = Attempt(
             identity.kind.value,
             spec.name,
@@ -371,7 +380,11 @@ class Executor:
             ):
                 result = yield from handler_run(spec, payload, ctx)
         except BaseException as exc:  # SystemExit too: sys.exit(), argparse's error().
+            if runner.suspension is not None:  # ctx.wait_for: the run waits.
+                return (yield from self.suspensions.suspend(spec, runner, live, ctx.queue, body))
             return finisher.end(live, ending_of(exc, in_transaction=False), exc, body)
+        if runner.suspension is not None:  # The handler caught WaitSuspended: it waits still.
+            return (yield from self.suspensions.suspend(spec, runner, live, ctx.queue, body))
         if runner.continuation is not None:
             return (yield from self._continue(spec, ctx, runner, live, payload))
         try:

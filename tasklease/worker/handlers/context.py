@@ -12,10 +12,11 @@ from tasklease.worker.core.records import RunRecord
 from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.fan_outs import FanOuts, ProducerSource
 from tasklease.worker.handlers.steps import DurableSteps, StepRunner
+from tasklease.worker.handlers.waits import DurableWaits
 
 
 @dataclass(frozen=True, eq=False, init=False)
-class TaskContext(DurableSteps, FanOuts):
+class TaskContext(DurableSteps, DurableWaits, FanOuts):
     """One execution of a task or scheduled run, as the handler sees it.
 
     ``fencing_token`` grows with every new claim of the same run: pass it to downstream

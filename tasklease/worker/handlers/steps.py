@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from tasklease.errors import LeaseLost
 from tasklease.worker.core import steps as rules
+from tasklease.worker.core import waits as wait_rules
 from tasklease.worker.core.steps import Continuation, StepRecord
 from tasklease.worker.handlers.transactional_steps import run_transactional_step
 from tasklease.worker.runtime.running import step_call
@@ -52,6 +53,8 @@ class StepRunner:
     ran: int = 0
     transaction_tries: int = 0  # How often the database ran this attempt's transactional steps.
     continuation: Continuation | None = None  # Set by continue_later.
+    waits: wait_rules.Waits = wait_rules.NO_WAITS  # As the claim found them.
+    suspension: wait_rules.Suspension | None = None  # Set by wait_for, when the run must wait.
 
     @classmethod
     def of(cls, record: RunRecord, attempt: Attempt, store: LeaseStore, clock: Clock) -> StepRunner:
@@ -63,6 +66,7 @@ class StepRunner:
             clock,
             rules.steps_of(record),
             rules.continuation_of(record),
+            waits=wait_rules.waits_of(record),
         )
 
     def key(self, name: str) -> str:
@@ -159,6 +163,8 @@ class StepRunner:
 
     def continue_later(self, state: Any, delay: timedelta | float = 0.0) -> None:
         self._refuse_in_transaction("ctx.continue_later")
+        if self.suspension is not None:
+            raise rules.StepError("continue_later: this delivery is suspended on a wait")
         if self.continuation is not None:
             raise rules.StepError("continue_later is called once per delivery")
         seconds = rules.delay_seconds(delay)

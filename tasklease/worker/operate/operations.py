@@ -24,6 +24,7 @@ from tasklease.worker.core.identity import DeliveryIdentity, Kind
 from tasklease.worker.core.queries import RunFilter, RunPage, is_stuck
 from tasklease.worker.core.records import LockRecord, RunRecord, RunStatus
 from tasklease.worker.operate.run_ids import resolve_run_id
+from tasklease.worker.operate.signals import SignalDecision, send_signal
 from tasklease.worker.operate.stuck_schedules import DEFAULT_GRACE, OverdueJob, overdue_jobs
 from tasklease.worker.runtime.clock import utc_now
 from tasklease.worker.stores.base.fan_ins import FanInStore
@@ -153,7 +154,7 @@ class Operations:
                 self._producer = self._producer()
             except ValueError as exc:
                 raise ProducerNotConfigured(
-                    f"cannot replay: the producer is not configured: {exc}"
+                    f"cannot enqueue: the producer is not configured: {exc}"
                 ) from exc
         return self._producer
 
@@ -246,6 +247,13 @@ class Operations:
                 else "",
             )
         return decision
+
+    def signal(self, run_id: str, name: str, payload: Any = None) -> SignalDecision:
+        """Send the signal ``name`` to the run (:func:`~tasklease.worker.operate.signals.
+        send_signal`), its resume task through :meth:`producer` when it waits for it."""
+        return send_signal(
+            run_id, name, payload, store=self.store, producer=self.producer(), clock=self.clock
+        )
 
     def replay(self, run_id: str, corrected_payload: str | None = None) -> ReplayResult:
         """Re-enqueue a failed run's payload as a new task keyed by the run it re-runs.

@@ -21,6 +21,7 @@ from tasklease.worker.observe.logs import configure_logging, request_fields
 from tasklease.worker.observe.tally_flusher import DeliveryCounter
 from tasklease.worker.serving import fallback
 from tasklease.worker.serving.options import WorkerOptions, WorkerSettings
+from tasklease.worker.serving.signal_route import register_signal_route
 from tasklease.worker.serving.wsgi_routes import DeliveryRoutes
 from tasklease.worker.stores import LeaseStore, check_store_is_shared, store_from_url
 from tasklease.worker.stores.base.locks import LockStore
@@ -105,6 +106,7 @@ def create_app(
     app.wsgi_app = routes  # type: ignore[method-assign]
     app.extensions[ROUTES_EXTENSION] = routes
     app.add_url_rule("/healthz", "tasklease_health", lambda: {"status": "ok"}, methods=["GET"])
+    register_signal_route(app, executor)
     if dashboard:
         from tasklease.worker.dashboard import mount  # noqa: PLC0415 - only when asked for.
 

@@ -22,7 +22,13 @@ from tasklease.worker.observe.logs import instance_id, log_execution
 def is_tasklease_path(path: str) -> bool:
     """Whether ``path`` is one of the routes tasklease adds to an app."""
     return (
-        path.startswith((protocol.TASK_ROUTE_PREFIX, protocol.SCHEDULER_ROUTE_PREFIX))
+        path.startswith(
+            (
+                protocol.TASK_ROUTE_PREFIX,
+                protocol.SCHEDULER_ROUTE_PREFIX,
+                protocol.SIGNAL_ROUTE_PREFIX,
+            )
+        )
         or path == "/healthz"
     )
 

@@ -249,20 +249,21 @@ class LeaseStore(ABC):
         self,
         run_id: str,
         attempt_id: str,
-        waits_json: str | None,
+        wait: waits.Wait | None,
         payload: str | None,
         now: Moment,
         *,
         keep_for: timedelta | None = None,
     ) -> RunRecord | None:
-        """End this attempt's delivery waiting (``ctx.wait_for``), its steps kept, if
-        ``attempt_id`` still holds the claim; return the record written (None: the claim is
-        gone). A signal that came while the handler ran is in it: then its resume is due."""
+        """End this attempt's delivery waiting on ``wait`` (``ctx.wait_for``), its steps
+        kept, if ``attempt_id`` still holds the claim; return the record written (None: the
+        claim is gone). A signal that came while the handler ran is in it, as the atomic
+        change found it: then its resume is due."""
         return self._if_held(
             run_id,
             attempt_id,
             lambda r, at: decisions.kept(
-                decisions.waiting(r, waits_json, payload, at, keep_for), at, keep_for
+                decisions.waiting(r, wait, payload, at, keep_for), at, keep_for
             ),
             now,
             RunStatus.WAITING,
