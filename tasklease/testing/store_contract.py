@@ -14,7 +14,8 @@ fixture (a fresh, empty store)::
             store.close()
 
 - :class:`StoreContract`: the run primitives of :class:`~tasklease.worker.stores.LeaseStore`,
-  durable steps included (:class:`~tasklease.testing.steps_contract.StepsContract`).
+  durable steps (:class:`~tasklease.testing.steps_contract.StepsContract`) and waits
+  (:class:`~tasklease.testing.waits_contract.WaitsContract`) included.
 - :class:`LockContract`: :class:`~tasklease.worker.stores.LockStore` (locks).
 - :class:`OperationsContract`: :class:`~tasklease.worker.stores.OperatorQueries`.
 - :class:`TallyContract`: :class:`~tasklease.worker.stores.base.tally.DeliveryTally`
@@ -39,12 +40,13 @@ from tasklease.testing.lock_contract import LockContract
 from tasklease.testing.operations_contract import OperationsContract
 from tasklease.testing.steps_contract import StepsContract
 from tasklease.testing.tally_contract import TallyContract
+from tasklease.testing.waits_contract import WaitsContract
 from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores.base.store import LeaseStore
 
 
-class StoreContract(StepsContract):
-    """Semantics every :class:`LeaseStore` must have (durable steps included)."""
+class StoreContract(StepsContract, WaitsContract):
+    """Semantics every :class:`LeaseStore` must have (durable steps and waits included)."""
 
     def test_first_claim_takes_the_run_with_fencing_token_one(self, store: LeaseStore) -> None:
         claim = store.claim(claim_request(), T0)

@@ -317,8 +317,9 @@ def signalled(
             f"over the per-run cap of {steps.MAX_RUN_STEP_BYTES}: send a smaller payload"
         )
     due = signal_due(written)
-    outcome = Signalled.RESUMES if due is not None else Signalled.KEPT
-    return written, SignalDecision(outcome, written, due)
+    if due is None or due.name != name:  # Not the wait the run is suspended on.
+        return written, SignalDecision(Signalled.KEPT, written)
+    return written, SignalDecision(Signalled.RESUMES, written, due)
 
 
 # --- The resume task ------------------------------------------------------------------
