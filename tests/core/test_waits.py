@@ -161,3 +161,14 @@ def test_the_operators_summary_names_the_wait_and_never_a_payload() -> None:
     assert shown["wait"]["name"] == "approval" and shown["wait"]["signalled"] is True
     assert any("waits for" in line for line in waits.summary_lines(signalled))
     assert waits.summary(record()) is None
+
+
+def test_a_timeout_the_claim_found_due_is_due_for_the_handler_within_the_clock_skew() -> None:
+    held = waiting_on()
+    deadline = T0 + timedelta(hours=1)
+    assert decisions.decide(held, deadline) is Verdict.CLAIMED  # The store's clock, say.
+    # The handler's clock reads up to MAX_CLOCK_SKEW behind: the wait still times out, rather
+    # than suspend again and answer the timeout task 200 (which would never resume the run).
+    behind = deadline - timedelta(milliseconds=900)
+    assert waits.resolved(held, "approval", 0, "attempt-2", behind) is not None
+    assert waits.resolved(held, "approval", 0, "attempt-2", deadline - timedelta(seconds=2)) is None

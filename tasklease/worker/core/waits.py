@@ -34,6 +34,7 @@ from urllib.parse import quote, unquote
 
 from tasklease import protocol
 from tasklease.protocol import rfc3339
+from tasklease.worker.core import constants as c
 from tasklease.worker.core import steps
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.core.steps import StepError, StepRecord
@@ -195,6 +196,14 @@ def resumable(record: RunRecord, now: datetime) -> bool:
     return wait.name in state.signals or (wait.deadline is not None and now >= wait.deadline)
 
 
+def timed_out(wait: Wait, now: datetime) -> bool:
+    """Whether ``wait``'s timeout counts as come at ``now`` for the delivery a claim let in:
+    ``MAX_CLOCK_SKEW`` early. The claim decided on one clock (the store's, or the claiming
+    instance's), the handler decides on its own: within the skew they agree, so a delivery
+    the claim let in for the timeout never finds it not yet due and waits again."""
+    return wait.deadline is not None and now + c.MAX_CLOCK_SKEW >= wait.deadline
+
+
 def signal_due(record: RunRecord) -> Wait | None:
     """The wait of a waiting ``record`` whose signal has come (its resume task is due)."""
     state = waits_of(record)
@@ -236,9 +245,9 @@ def resolved(
         result_json, how = f'{{"signal":{signal.payload_json}}}', SIGNAL
     elif (
         wait is not None
-        and (wait.name, wait.seq) == (name, seq)
         and wait.deadline is not None
-        and now >= wait.deadline
+        and (wait.name, wait.seq) == (name, seq)
+        and timed_out(wait, now)
     ):
         result_json = json.dumps({"timed_out": rfc3339(wait.deadline, "microseconds")})
         how = TIMEOUT

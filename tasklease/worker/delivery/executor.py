@@ -285,7 +285,7 @@ class Executor:
         if waiting is not None:  # Another delivery of the chain runs the run, or will.
             self.finisher.give_back(live, waiting.message, count=False)
             return waiting
-        reply = yield from self._run(spec, ctx, runner, live, body, log=log)
+        reply = yield from self._run(spec, ctx, runner, live, body, identity=identity, log=log)
         log.update(runner.log_fields())
         return reply
 
@@ -330,6 +330,7 @@ class Executor:
         live: Attempt,
         body: bytes,
         *,
+        identity: DeliveryIdentity,
         log: dict[str, Any],
     ) -> Steps[Reply]:
         finisher = self.finisher
@@ -381,10 +382,10 @@ class Executor:
                 result = yield from handler_run(spec, payload, ctx)
         except BaseException as exc:  # SystemExit too: sys.exit(), argparse's error().
             if runner.suspension is not None:  # ctx.wait_for: the run waits.
-                return (yield from self.suspensions.suspend(spec, runner, live, ctx.queue, body))
+                return (yield from self.suspensions.suspend(spec, runner, live, identity, body))
             return finisher.end(live, ending_of(exc, in_transaction=False), exc, body)
         if runner.suspension is not None:  # The handler caught WaitSuspended: it waits still.
-            return (yield from self.suspensions.suspend(spec, runner, live, ctx.queue, body))
+            return (yield from self.suspensions.suspend(spec, runner, live, identity, body))
         if runner.continuation is not None:
             return (yield from self._continue(spec, ctx, runner, live, payload))
         try:

@@ -95,6 +95,14 @@ def waiting_reply(record: RunRecord, identity: DeliveryIdentity, now: datetime) 
     )
 
 
+def _own_timeout(identity: DeliveryIdentity, wait: Wait) -> bool:
+    """Whether ``identity`` is ``wait``'s own timeout task."""
+    resume = identity.resumes
+    return (
+        resume is not None and resume.timeout and (resume.name, resume.seq) == (wait.name, wait.seq)
+    )
+
+
 class Suspensions:
     """Ends deliveries whose handler waits: the timeout task, the record, the answer."""
 
@@ -129,12 +137,14 @@ class Suspensions:
         spec: HandlerSpec,
         runner: StepRunner,
         live: Attempt,
-        queue: str | None,
+        identity: DeliveryIdentity,
         body: bytes,
     ) -> Steps[Reply]:
         """Record the run waiting, its timeout task created first; answer 200 once the
-        record is written (a failure to create the task, or to write, is retried)."""
-        wait = self.wait_of(spec, runner, queue, live)
+        record is written (a failure to create the task, or to write, is retried). The
+        wait's own timeout task that finds it not yet due is answered 409, as before a
+        claim: the queue tries it again."""
+        wait = self.wait_of(spec, runner, identity.queue, live)
         payload = body.decode("utf-8", errors="backslashreplace") if body else None
         room = self.store.max_record_bytes
         if payload is not None and room is not None:
@@ -181,7 +191,13 @@ class Suspensions:
                 {"status": "waiting"},
             ),
         )
-        if not written or (due := rules.signal_due(written[0])) is None:
+        if written and (due := rules.signal_due(written[0])) is None:
+            return (
+                waiting_reply(written[0], identity, self.clock())
+                if _own_timeout(identity, wait)
+                else reply
+            )
+        if not written or due is None:
             return reply
         # The signal came while the handler ran: its sender saw the run running and left
         # the resume to this delivery.

@@ -113,8 +113,7 @@ class _Waits:
         due = (
             wait is not None
             and (wait.name, wait.seq) == (name, self.runner.resumed.seq)
-            and wait.deadline is not None
-            and now >= wait.deadline
+            and rules.timed_out(wait, now)
         )
         return name in state.signals or due
 
