@@ -354,7 +354,10 @@ def _release(operations: Operations, args: argparse.Namespace, out: TextIO, err:
         ReleaseOutcome.ALREADY_RELEASED: "already released",
         ReleaseOutcome.LEASE_LIVE: f"refused: its lease is live until {until}: {holding} may "
         f"still be running (--force --attempt {attempt} to release it anyway)",
-        ReleaseOutcome.FINISHED: "refused: the run is finished ("
+        ReleaseOutcome.FINISHED: "refused: the run waits for a signal and nothing holds it; "
+        "send the signal (`runs signal`)"
+        if decision.record is not None and decision.record.status is RunStatus.WAITING
+        else "refused: the run is finished ("
         + (decision.record.status.value if decision.record else "?")
         + "); replay a failed run instead",
         ReleaseOutcome.MISSING: "no such run",

@@ -106,3 +106,11 @@ def test_bad_input_is_refused_naming_the_fix(
     code, _, err = run(capsys, *argv, "--payload", str(huge))
     assert code == Exit.USAGE and "store it elsewhere" in err
     assert queue.tasks == []
+
+
+def test_releasing_a_waiting_run_points_to_its_signal(
+    waiting: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "runs", "release", RUN, "--store", waiting)
+    assert code == Exit.REFUSED
+    assert "waits for a signal" in out + err and "runs signal" in out + err
