@@ -144,6 +144,30 @@ def fan_then(payload: dict[str, Any], ctx: TaskContext) -> int:
     return len(payload["results"])
 
 
+def _note_wait(key: str, phase: str, ctx: TaskContext, value: Any = None) -> str:
+    """Append what a waiting run did (``asked`` before its wait, ``acted`` after it) to
+    ``waits.jsonl``: one write of one line, so appends do not interleave."""
+    import json  # noqa: PLC0415 - this scenario only.
+
+    line = json.dumps(
+        {"key": key, "phase": phase, "run": ctx.run_id, "attempt": ctx.attempt_id, "value": value}
+    )
+    path = Path(os.environ[ENV_DOWNSTREAM]).with_name("waits.jsonl")
+    with path.open("a") as out:
+        out.write(line + "\n")
+    return phase
+
+
+@router.task("wait_work", lease=timedelta(seconds=5))
+def wait_work(payload: dict[str, Any], ctx: TaskContext) -> Any:
+    """Asks (a step), waits for the signal ``go``, then acts on its value (a step)."""
+    key = str(payload["key"])
+    ctx.step("asked", lambda: _note_wait(key, "asked", ctx))
+    value = ctx.wait_for("go", timeout=float(payload.get("timeout", 3600)))
+    ctx.step("acted", lambda: _note_wait(key, "acted", ctx, value))
+    return value
+
+
 ledger.register(router)  # The crash-after-effect scenario's handlers (test_transactional.py).
 
 

@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import requests
 
 from tasklease.emulator import CloudTasksEmulator, DeliveryRecord, Faults
 from tasklease.producer import Producer
@@ -190,3 +192,96 @@ def test_a_fan_in_under_duplicates_and_lost_answers_joins_once_with_every_result
     assert payload["summary"] == {"total": children, "completed": children, "failed": 0}
     assert [r["key"] for r in payload["results"]] == keys
     assert all(r["status"] == "completed" for r in payload["results"])
+
+
+def test_waits_under_duplicates_and_lost_answers_resume_once_with_the_first_signal(
+    tmp_path: Path, backend_sql: Backend, report: Callable[[str, Tally], None]
+) -> None:
+    """30 runs wait; each is signalled twice over the worker's HTTP route while 30% of the
+    deliveries are duplicated and 30% of the answers lost: each asks once and acts once, on
+    its first signal's payload."""
+    from tasklease.plumbing.serve import free_port  # noqa: PLC0415
+
+    backend = backend_sql
+    runs, port = 30, free_port()
+    faults = Faults(lost_response=0.3, duplicate=0.3, seed=13)
+    with CloudTasksEmulator(data_dir=tmp_path / "emulator", faults=faults) as emulator:
+        emulator.create_queue(
+            QUEUE,
+            retryConfig={"minBackoff": "0.1s", "maxBackoff": "1s", "maxAttempts": -1},
+            rateLimits={"maxConcurrentDispatches": 16},
+        )
+        env = {
+            **backend.env,
+            "TASKLEASE_PROJECT": "p",
+            "TASKLEASE_LOCATION": "us-central1",
+            "TASKLEASE_QUEUE": "faults",
+            "TASKLEASE_WORKER_URL": f"http://127.0.0.1:{port}",
+            "TASKLEASE_TASKS_ENDPOINT": emulator.url,
+        }
+        with FaultServer(tmp_path, store=backend.url, workers=2, threads=8, env=env, port=port):
+            producer = Producer("p", "us-central1", "faults", f"http://127.0.0.1:{port}",
+                                tasks_endpoint=emulator.url)  # fmt: skip
+            for n in range(runs):
+                producer.enqueue("wait_work", {"key": f"w-{n:02d}"}, key=f"w-{n:02d}")
+            # Every run waits (its task answered 200); its timeout task stays queued, an hour out.
+            waiting = _runs_in(backend, RunStatus.WAITING, runs, timeout=120)
+            keys = {}
+            for line in (tmp_path / "waits.jsonl").read_text().splitlines():
+                note = json.loads(line)
+                keys[note["run"]] = note["key"]
+            for run_id in sorted(waiting):
+                url = f"http://127.0.0.1:{port}/signals/{run_id}/go"
+                first = requests.post(url, json={"key": keys[run_id]}, timeout=30)
+                assert first.status_code == 200 and first.json()["accepted"], first.text
+                # Sent again: a duplicate while the run waits still, refused once it ended.
+                again = requests.post(url, json={"key": "a second, ignored"}, timeout=30)
+                assert again.json()["outcome"] in ("duplicate", "ended"), again.text
+            _runs_in(backend, RunStatus.COMPLETED, runs, timeout=180)
+            time.sleep(2)  # Duplicates the emulator still holds in flight are answered too.
+            deliveries = emulator.deliveries()
+    notes = [json.loads(line) for line in (tmp_path / "waits.jsonl").read_text().splitlines()]
+    phases = Counter((note["key"], note["phase"]) for note in notes)
+    faulted = Counter(d.fault for d in deliveries)
+    acted_keys = {note["key"] for note in notes if note["phase"] == "acted"}
+    counts = Tally(
+        delivered=len(deliveries),
+        executed=phases_total(phases, "acted"),
+        duplicates_absorbed=faulted["duplicate"],
+        lost=runs - len(acted_keys),
+    )
+    counts.extra.update(
+        runs=runs,
+        asked=phases_total(phases, "asked"),
+        injected_duplicates=faulted["duplicate"],
+        lost_responses=faulted["lost_response"],
+    )
+    report(f"waits[{backend.name}]", counts)
+    assert faulted["duplicate"] > 5 and faulted["lost_response"] > 5  # The faults happened.
+    assert all(phases[(f"w-{n:02d}", "asked")] == 1 for n in range(runs)), phases
+    assert all(phases[(f"w-{n:02d}", "acted")] == 1 for n in range(runs)), phases
+    acted = {note["key"]: note["value"] for note in notes if note["phase"] == "acted"}
+    assert acted == {f"w-{n:02d}": {"key": f"w-{n:02d}"} for n in range(runs)}
+    records = [r for r in backend.records().values() if r.handler == "wait_work"]
+    assert {r.status for r in records} == {RunStatus.COMPLETED}
+
+
+def phases_total(phases: Counter[tuple[str, str]], phase: str) -> int:
+    """How many notes of ``phase`` the waiting runs wrote, over every run."""
+    return sum(n for (_, noted), n in phases.items() if noted == phase)
+
+
+def _runs_in(backend: Backend, status: RunStatus, count: int, *, timeout: float) -> set[str]:
+    """The ids of the ``wait_work`` runs once ``count`` of them are in ``status``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {
+            r.run_id
+            for r in backend.records().values()
+            if r.handler == "wait_work" and r.status is status
+        }
+        if len(found) >= count:
+            return found
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(found)} of {count} runs {status.value} after {timeout} s")
+        time.sleep(0.5)
