@@ -109,7 +109,8 @@ def test_show_prints_a_run_and_answers_3_for_an_unknown_one(
     assert "payload_bytes" in out and "identity.task_name" in out
     code, shown = as_json(capsys, "runs", "show", "t-failed", "--store", url)  # By task name.
     assert code == Exit.OK and shown["run_id"] == "failed"
-    assert set(shown) == SUMMARY_KEYS | {"steps", "continuation", "fan_ins"}  # And its joins.
+    # And its joins and waits.
+    assert set(shown) == SUMMARY_KEYS | {"steps", "continuation", "waits", "fan_ins"}
     code, shown = as_json(
         capsys, "runs", "show", "--job", "nightly", "--schedule-time", "2026-10-16T12:04:00Z",
         "--store", url,
