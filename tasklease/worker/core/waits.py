@@ -204,6 +204,18 @@ def timed_out(wait: Wait, now: datetime) -> bool:
     return wait.deadline is not None and now + c.MAX_CLOCK_SKEW >= wait.deadline
 
 
+def suspension_landed(record: RunRecord | None, wait: Wait) -> bool:
+    """Whether ``record`` shows ``wait`` recorded: the run waits on it, or has resolved it
+    since. A suspension refused on its retry that finds this, while its attempt's lease
+    holds, had landed unheard (no other attempt could have claimed the run before it)."""
+    if record is None:
+        return False
+    state = waits_of(record)
+    kept = state.wait
+    waits_on = kept is not None and (kept.name, kept.seq) == (wait.name, wait.seq)
+    return waits_on or wait.name in state.delivered
+
+
 def signal_due(record: RunRecord) -> Wait | None:
     """The wait of a waiting ``record`` whose signal has come (its resume task is due)."""
     state = waits_of(record)

@@ -20,6 +20,7 @@ from tasklease.worker.core import decisions
 from tasklease.worker.core import waits as rules
 from tasklease.worker.core.identity import Kind
 from tasklease.worker.core.outcome import Outcome
+from tasklease.worker.core.records import RunStatus
 from tasklease.worker.core.waits import Wait
 from tasklease.worker.delivery.flow import Blocking, Steps
 from tasklease.worker.delivery.reply import Reply
@@ -176,7 +177,15 @@ class Suspensions:
                 live.run_id, live.attempt_id, wait, payload, self.clock, keep_for=spec.retention
             )
             if record is None:
-                return False
+                # Only while the lease holds: then no other attempt can have claimed the run
+                # before this suspension landed (a retry of a write whose answer was lost).
+                if live.lease_lost:
+                    return False
+                found = self.store.get(live.run_id)
+                if not rules.suspension_landed(found, wait):
+                    return False
+                assert found is not None
+                record = found
             written[:] = [record]
             return True
 
@@ -191,14 +200,15 @@ class Suspensions:
                 {"status": "waiting"},
             ),
         )
-        if written and (due := rules.signal_due(written[0])) is None:
+        if not written or written[0].status is not RunStatus.WAITING:
+            return reply  # Not recorded (the answer says why), or resumed since.
+        due = rules.signal_due(written[0])
+        if due is None:
             return (
                 waiting_reply(written[0], identity, self.clock())
                 if _own_timeout(identity, wait)
                 else reply
             )
-        if not written or due is None:
-            return reply
         # The signal came while the handler ran: its sender saw the run running and left
         # the resume to this delivery.
         try:
