@@ -8,12 +8,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from tasklease.errors import StoreUnavailable
+from tasklease.protocol import RESUME_HEADER
 from tasklease.testing.contract_support import claim_request
 from tasklease.testing.stubs import StubQueue, StubScheduler
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core import locking
 from tasklease.worker.core.records import LockRequest, RunRecord, RunStatus
-from tasklease.worker.core.waits import SignalError, Wait
+from tasklease.worker.core.waits import SignalError, Wait, waits_of
 from tasklease.worker.operate.signals import send_signal, signal
 from tasklease.worker.stores import MemoryStore
 from tasklease.worker.stores.base.locks import lock_store
@@ -258,3 +259,55 @@ def test_the_signal_route_does_not_say_a_signal_it_never_recorded_is_recorded() 
     recorded = '"signals"' in record.waits_json
     assert recorded or "is recorded" not in answer.json["message"], answer.json["message"]
     close()
+
+
+class SuspendFails(MemoryStore):
+    """A store whose suspension writes fail while ``down``: the worker dies, in effect,
+    after creating the timeout task and before recording the wait."""
+
+    down = True
+
+    def suspend(
+        self,
+        run_id: str,
+        attempt_id: str,
+        wait: Wait | None,
+        payload: str | None,
+        now: Any,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> RunRecord | None:
+        if self.down:
+            raise StoreUnavailable("the store is down")
+        return super().suspend(run_id, attempt_id, wait, payload, now, keep_for=keep_for)
+
+
+def test_the_timeout_task_is_due_when_the_recorded_wait_times_out() -> None:
+    """The guide: "the worker dies after creating the timeout task, before recording the
+    wait: the queue retries it, and the steps replay up to the wait again". The retry
+    computes a new deadline (its own now + timeout) and records it, but the timeout task of
+    that name exists already, due at the first attempt's deadline, and Cloud Tasks creates it
+    once: it comes early, is answered 409 until the queue's retries run out (a queue with
+    max_attempts set), and the wait never times out."""
+    clock = Clock(datetime(2026, 12, 4, 12, 0, tzinfo=UTC))
+    store, router = SuspendFails(), Router()
+
+    @router.task("approve")
+    def approve(payload: Any, ctx: TaskContext) -> Any:
+        return ctx.wait_for("approval", timeout=timedelta(hours=1))
+
+    queue = StubQueue(max_attempts=1).bind(router)
+    client = create_app(router, store=store, auth="none", clock=clock).test_client()
+    queue.producer.enqueue("approve", None, key="a")
+    queue.drain(client)  # The timeout task is created; the wait is not recorded.
+    store.down = False
+    clock.now += timedelta(minutes=10)  # The queue's retry, once the lease has run out.
+    queue.redeliver()
+    queue.drain(client)
+    (record,) = store.list_runs()
+    assert record.status is RunStatus.WAITING
+    recorded = waits_of(record).wait
+    assert recorded is not None and recorded.deadline is not None
+    (timeout_task,) = [t for t in queue.tasks if t.request.headers.get(RESUME_HEADER)]
+    assert timeout_task.schedule_time == recorded.deadline
+    queue.close()
