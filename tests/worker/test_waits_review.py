@@ -311,3 +311,29 @@ def test_the_timeout_task_is_due_when_the_recorded_wait_times_out() -> None:
     (timeout_task,) = [t for t in queue.tasks if t.request.headers.get(RESUME_HEADER)]
     assert timeout_task.schedule_time == recorded.deadline
     queue.close()
+
+
+def test_a_wait_name_the_resume_header_cannot_carry_is_refused_at_the_wait() -> None:
+    """A wait name is checked as a step name (200 characters, no NUL), but the resume task
+    carries it percent-encoded in a header the worker reads up to 1024 characters: a name
+    of 190 non-ASCII characters suspends the run, its signal is accepted, and every
+    delivery of its resume task is refused (400) until the queue gives up. The run never
+    resumes."""
+    store, router = MemoryStore(), Router()
+    name = "é" * 190  # "wait:" and the name: within the 200 of a step name.
+
+    @router.task("approve")
+    def approve(payload: Any, ctx: TaskContext) -> Any:
+        return ctx.wait_for(name)
+
+    queue = StubQueue().bind(router)
+    client = create_app(router, store=store, auth="none").test_client()
+    queue.producer.enqueue("approve", None, key="a")
+    queue.drain(client)
+    (run,) = store.list_runs()
+    if run.status is RunStatus.WAITING:  # Else refused at the wait: what should happen.
+        assert signal(run.run_id, name, "yes", store=store, producer=queue.producer)
+        queue.drain(client)
+        record = store.get(run.run_id)
+        assert record is not None and record.status is RunStatus.COMPLETED
+    queue.close()
