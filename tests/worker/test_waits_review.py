@@ -67,6 +67,10 @@ def test_an_exclusive_jobs_resumed_run_waits_for_the_job_rather_than_being_skipp
     assert [d.outcome for d in summary.deliveries] != ["skipped_overlap"]
     record = store.get(run.run_id)
     assert record is not None and record.status is not RunStatus.SKIPPED
+    assert lock_store(store).release_lock(locks[0], "next-slot", datetime.now(UTC))
+    queue.redeliver()  # The resume's retry, once the job is free.
+    queue.drain(client)
+    assert after == ["approved"]
     queue.close()
 
 
