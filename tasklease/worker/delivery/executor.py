@@ -349,7 +349,9 @@ class Executor:
             return finisher.fail(live, lock, body)
         if lock is not None:
             try:
-                overlap = self.locks.take(spec, live, lock, continued=ctx.continuation > 0)
+                # A resumed run is never skipped either: it released the lock while it waited.
+                continued = ctx.continuation > 0 or identity.resumes is not None
+                overlap = self.locks.take(spec, live, lock, continued=continued)
             except StoreUnavailable as exc:
                 finisher.give_back(live, f"could not take the lock {lock.name}: {exc}", count=False)
                 return store_unavailable(f"lease store unavailable: {exc}", live.run_id)

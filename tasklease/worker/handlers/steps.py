@@ -76,6 +76,12 @@ class StepRunner:
     def begin(self, name: str) -> StepRecord | None:
         """Start step ``name``: its recorded result if any (a replay), else None (run it)."""
         self._refuse_in_transaction("ctx.step")
+        if self.suspension is not None:  # The handler caught WaitSuspended.
+            raise rules.StepError(
+                f"step {name!r}: this delivery is suspended on the wait "
+                f"{self.suspension.name!r}; a step after it runs once the run resumes "
+                "(let WaitSuspended, a BaseException, propagate: do not catch it)"
+            )
         rules.check_name(name, self.used)
         self.used.add(name)
         done = self.recorded.get(name)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import flask
 
 from tasklease import protocol
-from tasklease.errors import StoreUnavailable
+from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.worker.auth.authenticators import AuthRequest
 from tasklease.worker.core import waits
 from tasklease.worker.core.identity import Kind
@@ -95,13 +95,19 @@ def register_signal_route(app: flask.Flask, executor: Executor, *, mount: str = 
             payload = json.loads(raw) if raw.strip() else None
         except ValueError as exc:
             return _answer(400, run_id, name, f"the body is not JSON: {exc}")
+        except RecursionError:
+            return _answer(400, run_id, name, "the body is not JSON: nested too deeply")
+        try:
+            producer = executor.router.producer()
+        except ConfigurationError as exc:  # Before anything is recorded.
+            return _answer(503, run_id, name, f"the signal is not recorded: {exc}")
         try:
             decision = send_signal(
                 run_id,
                 name,
                 payload,
                 store=executor.store,
-                producer=executor.router.producer(),
+                producer=producer,
                 clock=executor.clock,
             )
         except waits.SignalError as exc:
