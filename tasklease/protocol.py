@@ -24,7 +24,8 @@ CONTINUATION_HEADER = "X-Tasklease-Continuation"
 FAN_IN_HEADER = "X-Tasklease-Fan-In"
 # On a join's then task: the join whose children's results it receives.
 FAN_IN_OF_HEADER = "X-Tasklease-Fan-In-Of"
-# On a task resuming a waiting run (ctx.wait_for): "<run id>:<delivery>:<signal|timeout>:<name>".
+# On a task resuming a waiting run (ctx.wait_for): "<run id>:<delivery>:<how>:<name>", how
+# "signal" or "timeout@<its deadline in microseconds since the epoch>".
 RESUME_HEADER = "X-Tasklease-Resume"
 
 # Response headers of the worker.

@@ -144,11 +144,16 @@ def test_pending_signals_are_capped_with_the_runs_steps() -> None:
 
 
 def test_resume_headers_round_trip_and_refuse_what_is_not_one() -> None:
-    wait = Wait("a name/with: colons", 3, T0)
+    wait = Wait("a name/with: colons", 3, T0, T0 + timedelta(hours=1))
     header = waits.resume_header(RUN, wait, timeout=True)
-    assert waits.parse_resume_header(header) == waits.Resume(RUN, 3, wait.name, True)
+    due = int((T0 + timedelta(hours=1)).timestamp()) * 1_000_000
+    resume = waits.parse_resume_header(header)
+    assert resume == waits.Resume(RUN, 3, wait.name, True, due) and resume.for_deadline(wait)
+    signal = waits.parse_resume_header(waits.resume_header(RUN, wait, timeout=False))
+    assert signal == waits.Resume(RUN, 3, wait.name, False)
     for bad in ("", f"{RUN}:3:signal", f"{RUN[:-1]}:3:signal:x", f"{RUN}:-1:signal:x",
-                f"{RUN}:3:later:x", f"{RUN}:3:signal:"):  # fmt: skip
+                f"{RUN}:3:later:x", f"{RUN}:3:signal:", f"{RUN}:3:timeout:x",
+                f"{RUN}:3:timeout@soon:x", f"{RUN}:3:signal@1:x"):  # fmt: skip
         assert waits.parse_resume_header(bad) is None
     assert waits.resume_key(RUN, wait, timeout=True) != waits.resume_key(RUN, wait, timeout=False)
 

@@ -312,8 +312,8 @@ def test_the_timeout_task_is_due_when_the_recorded_wait_times_out() -> None:
     assert record.status is RunStatus.WAITING
     recorded = waits_of(record).wait
     assert recorded is not None and recorded.deadline is not None
-    (timeout_task,) = [t for t in queue.tasks if t.request.headers.get(RESUME_HEADER)]
-    assert timeout_task.schedule_time == recorded.deadline
+    timeouts = [t for t in queue.tasks if t.request.headers.get(RESUME_HEADER)]
+    assert recorded.deadline in [task.schedule_time for task in timeouts]
     queue.close()
 
 

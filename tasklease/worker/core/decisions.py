@@ -130,13 +130,14 @@ def takes_manual_delivery(record: RunRecord | None, now: datetime, caller: str |
     both runs complete: a slot's delivery taken by a waiting manual run leaves the manual run's
     own retry, still due, to find it finished and run the slot. A manual run that continued
     (``continue_later``) waits for its continuation task, never for a Scheduler delivery:
-    taken for it, the slot's delivery would be behind its chain, answered as a duplicate.
+    taken for it, the slot's delivery would be behind its chain, answered as a duplicate. So
+    does one that has waited (``ctx.wait_for``): its own retries are resume tasks.
     """
     return (
         is_live(record, now)
         and record is not None
         and not record.continuation_json
-        and record.status is not RunStatus.WAITING
+        and not waits.has_suspended(record)
         and decide(record, now, caller) is Verdict.CLAIMED
     )
 

@@ -27,7 +27,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 from urllib.parse import quote, unquote
@@ -87,11 +87,13 @@ class Signal:
 
 @dataclass(frozen=True)
 class Waits:
-    """The parsed ``waits_json`` of a run."""
+    """The parsed ``waits_json`` of a run; ``suspended``: whether it has ever waited (its
+    deliveries since may be resume tasks, never the Scheduler's)."""
 
     wait: Wait | None = None
     signals: Mapping[str, Signal] = field(default_factory=dict)
     delivered: Mapping[str, str] = field(default_factory=dict)
+    suspended: bool = False
 
 
 NO_WAITS = Waits()
@@ -126,14 +128,15 @@ def waits_of(record: RunRecord | None) -> Waits:
             for name, entry in data.get("signals", {}).items()
         },
         delivered=dict(data.get("delivered", {})),
+        suspended=bool(data.get("suspended", False)),
     )
 
 
 def encode(waits: Waits) -> str | None:
     """The stored text of ``waits``; None when it holds nothing."""
-    if waits.wait is None and not waits.signals and not waits.delivered:
+    if waits.wait is None and not waits.signals and not waits.delivered and not waits.suspended:
         return None
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = {"suspended": True} if waits.suspended else {}
     if (wait := waits.wait) is not None:
         data["wait"] = {
             "name": wait.name,
@@ -160,12 +163,28 @@ def step_name(name: str) -> str:
     return f"{STEP_PREFIX}{name}"
 
 
+# A resume header is "<64-hex run id>:<delivery, up to 9 digits>:<signal|timeout@<up to 18
+# digits>>:<name>", the name percent-encoded; the worker reads a header of up to
+# MAX_HEADER_VALUE_LENGTH characters.
+MAX_ENCODED_NAME_LENGTH = protocol.MAX_HEADER_VALUE_LENGTH - 64 - 9 - 18 - len(":timeout@::")
+
+
 def check_name(name: str) -> None:
-    """Raise :class:`SignalError` unless ``name`` may name a wait (as a step name may)."""
+    """Raise :class:`SignalError` unless ``name`` may name a wait: a step name (it names the
+    wait's step, ``wait:<name>``) whose resume task's header can carry it."""
     try:
         steps.check_key_name(name)
+        steps.check_key_name(step_name(name))
     except StepError as exc:
-        raise SignalError(str(exc).replace("a step name", "a wait or signal name")) from None
+        raise SignalError(
+            str(exc).replace("a step name", "a wait or signal name (with 'wait:' before it)")
+        ) from None
+    encoded = len(quote(name, safe=""))
+    if encoded > MAX_ENCODED_NAME_LENGTH:
+        raise SignalError(
+            f"a wait or signal name takes {encoded} characters percent-encoded in its resume "
+            f"task's header, over {MAX_ENCODED_NAME_LENGTH}: use a shorter (or ASCII) name"
+        )
 
 
 def encode_payload(payload: Any) -> str:
@@ -241,7 +260,13 @@ def suspended(record: RunRecord, wait: Wait) -> str | None:
             wait.audience,
             wait.member,
         )
-    return encode(Waits(wait, state.signals, state.delivered))
+    return encode(Waits(wait, state.signals, state.delivered, suspended=True))
+
+
+def has_suspended(record: RunRecord | None) -> bool:
+    """Whether the run has ever waited: a manual Scheduler run that has is resumed by its
+    own tasks, and must not take its slot's delivery (``decisions.takes_manual_delivery``)."""
+    return waits_of(record).suspended
 
 
 def resolved(
@@ -269,6 +294,7 @@ def resolved(
         None if wait is not None and wait.name == name else wait,
         {other: kept for other, kept in state.signals.items() if other != name},
         {**state.delivered, name: how},
+        state.suspended,
     )
     step = StepRecord(step_name(name), result_json, attempt_id, now, len(result_json.encode()))
     return steps.with_step(record.replace(waits_json=encode(left)), step), step
@@ -312,10 +338,17 @@ class SignalDecision:
 
 
 def signalled(
-    record: RunRecord | None, name: str, payload_json: str, now: datetime, *, live: bool
+    record: RunRecord | None,
+    name: str,
+    payload_json: str,
+    now: datetime,
+    *,
+    live: bool,
+    room: int | None = None,
 ) -> tuple[RunRecord | None, SignalDecision]:
     """The record to write (None: nothing) for the signal ``name`` sent at ``now``, and the
-    decision. ``live``: whether ``record`` is within its retention."""
+    decision. ``live``: whether ``record`` is within its retention; ``room``: the most the
+    store's record may take (:class:`SignalError` past it)."""
     if record is None or not live:
         return None, SignalDecision(Signalled.MISSING, record)
     if record.status in ENDED or record.cancelled_at is not None:
@@ -326,7 +359,9 @@ def signalled(
     if name in state.delivered or name in state.signals:
         return None, SignalDecision(Signalled.DUPLICATE, record, signal_due(record))
     signals = {**state.signals, name: Signal(payload_json, now)}
-    written = record.replace(waits_json=encode(Waits(state.wait, signals, state.delivered)))
+    written = record.replace(
+        waits_json=encode(Waits(state.wait, signals, state.delivered, state.suspended))
+    )
     total = sum(
         len(text.encode())
         for text in (written.steps_json, written.continuation_json, written.waits_json)
@@ -336,6 +371,13 @@ def signalled(
         raise SignalError(
             f"run {record.run_id}: its pending signals and steps would take {total} bytes, "
             f"over the per-run cap of {steps.MAX_RUN_STEP_BYTES}: send a smaller payload"
+        )
+    whole = total + len((written.payload or "").encode()) + c.MAX_ERROR_CHARS * 4
+    if room is not None and whole > room:
+        raise SignalError(
+            f"run {record.run_id}: with this signal its record would take about {whole} "
+            f"bytes, over the {room} the store's record holds (it keeps the run's payload "
+            "too): send a smaller payload, or a key to the data"
         )
     due = signal_due(written)
     if due is None or due.name != name:  # Not the wait the run is suspended on.
@@ -349,24 +391,43 @@ def signalled(
 @dataclass(frozen=True)
 class Resume:
     """What a resume task's :data:`~tasklease.protocol.RESUME_HEADER` names: the run, the
-    delivery and wait it resumes, and whether it is the wait's timeout."""
+    delivery and wait it resumes, and whether it is the wait's timeout (and for which
+    deadline, in microseconds since the epoch)."""
 
     run_id: str
     seq: int
     name: str
     timeout: bool
+    deadline_us: int | None = None
+
+    def for_deadline(self, wait: Wait) -> bool:
+        """Whether this timeout task is the one due at ``wait``'s deadline."""
+        return self.deadline_us is not None and self.deadline_us == _micros(wait.deadline)
+
+
+def _micros(moment: datetime | None) -> int | None:
+    if moment is None:
+        return None
+    return (moment - datetime(1970, 1, 1, tzinfo=moment.tzinfo)) // timedelta(microseconds=1)
 
 
 def resume_key(run_id: str, wait: Wait, *, timeout: bool) -> str:
-    """The producer key of the task that resumes ``wait`` (by signal, or at its timeout): one
-    name per wait, so a signal sent twice, or a suspension retried, creates it once."""
+    """The producer key of the task that resumes ``wait``: one per wait for its signal, so a
+    signal sent twice creates it once; one per wait and deadline for its timeout, so a
+    suspension retried creates it once, and a timeout task due before the deadline the
+    record keeps (a retried suspension records its own) asks for the one due then."""
     digest = hashlib.sha256(wait.name.encode()).hexdigest()[:16]
-    return f"{run_id}-wait-{wait.seq}-{digest}-{TIMEOUT if timeout else SIGNAL}"
+    base = f"{run_id}-wait-{wait.seq}-{digest}"
+    due = _micros(wait.deadline)
+    return f"{base}-{SIGNAL}" if not timeout or due is None else f"{base}-{TIMEOUT}-{due}"
 
 
 def resume_header(run_id: str, wait: Wait, *, timeout: bool) -> str:
-    """The value of :data:`~tasklease.protocol.RESUME_HEADER` on ``wait``'s resume task."""
-    return f"{run_id}:{wait.seq}:{TIMEOUT if timeout else SIGNAL}:{quote(wait.name, safe='')}"
+    """The value of :data:`~tasklease.protocol.RESUME_HEADER` on ``wait``'s resume task: a
+    timeout task's names the deadline it is due at (``timeout@<microseconds>``)."""
+    due = _micros(wait.deadline)
+    how = f"{TIMEOUT}@{due}" if timeout and due is not None else SIGNAL
+    return f"{run_id}:{wait.seq}:{how}:{quote(wait.name, safe='')}"
 
 
 def parse_resume_header(value: str) -> Resume | None:
@@ -377,14 +438,21 @@ def parse_resume_header(value: str) -> Resume | None:
     run_id, seq, how, quoted = parts
     if not (len(run_id) == 64 and all(ch in "0123456789abcdef" for ch in run_id)):
         return None
-    if not (seq.isascii() and seq.isdigit() and 0 < len(seq) <= 9) or how not in (SIGNAL, TIMEOUT):
+    if not (seq.isascii() and seq.isdigit() and 0 < len(seq) <= 9):
+        return None
+    kind, _, due = how.partition("@")
+    if kind == SIGNAL and not due:
+        deadline_us = None
+    elif kind == TIMEOUT and due.isascii() and due.isdigit() and len(due) <= 18:
+        deadline_us = int(due)
+    else:
         return None
     name = unquote(quoted)
     try:
         steps.check_key_name(name)
     except StepError:
         return None
-    return Resume(run_id, int(seq), name, how == TIMEOUT)
+    return Resume(run_id, int(seq), name, kind == TIMEOUT, deadline_us)
 
 
 # --- Operators ------------------------------------------------------------------------

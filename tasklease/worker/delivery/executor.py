@@ -32,7 +32,7 @@ from tasklease.worker.delivery.log_levels import execution_level, known_handlers
 from tasklease.worker.delivery.manual_runs import ManualRuns
 from tasklease.worker.delivery.reply import Reply, settled
 from tasklease.worker.delivery.transactional_run import run_in_transaction
-from tasklease.worker.delivery.waits import Suspensions, waiting_reply
+from tasklease.worker.delivery.waits import Suspensions
 from tasklease.worker.handlers.attempt import Attempt
 from tasklease.worker.handlers.context import TaskContext, view_of
 from tasklease.worker.handlers.router import HandlerSpec, Router
@@ -216,7 +216,7 @@ class Executor:
                     return refused
             verdict = decisions.decide(seen, now, caller)
             if seen is not None and verdict is Verdict.WAITING:
-                return waiting_reply(seen, identity, now)
+                return (yield from self.suspensions.not_yet(seen, identity))
             if seen is not None and verdict in _SETTLED:
                 return self._settled(verdict, seen, log, identity, spec)
         request = ClaimRequest(
@@ -244,7 +244,7 @@ class Executor:
         ):
             return moved  # A later delivery of the chain holds the run: this one is done.
         if claim.verdict is Verdict.WAITING:
-            return waiting_reply(record, identity, self.clock())
+            return (yield from self.suspensions.not_yet(record, identity))
         if claim.verdict is not Verdict.CLAIMED:
             return self._settled(claim.verdict, record, log, identity, spec)
         log.update(

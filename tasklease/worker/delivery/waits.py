@@ -64,29 +64,11 @@ def enqueue_resume(
     producer.enqueue(handler, None, key=rules.resume_key(run_id, wait, timeout=timeout), **options)
 
 
-def waiting_reply(record: RunRecord, identity: DeliveryIdentity, now: datetime) -> Reply:
-    """The answer to a delivery of a run that waits and may not resume yet. The wait's own
-    timeout task, come before its deadline (a clock ahead, or a test queue delivering every
-    task at once), is answered 409 so the queue tries it again; any other delivery 200."""
+def waiting_reply(record: RunRecord, now: datetime) -> Reply:
+    """The answer to a delivery of a run that waits and may not resume yet: 200, nothing
+    ran (the queue stops; the run's signal, or its timeout task, resumes it)."""
     wait = rules.waits_of(record).wait
     name = "a signal" if wait is None else repr(wait.name)
-    resume = identity.resumes
-    if (
-        resume is not None
-        and resume.timeout
-        and wait is not None
-        and (resume.name, resume.seq) == (wait.name, wait.seq)
-        and wait.deadline is not None
-    ):
-        seconds = max(
-            1, min(_EARLY_RETRY_AFTER_MAX, math.ceil((wait.deadline - now).total_seconds()))
-        )
-        return Reply.of(
-            Outcome.IN_PROGRESS,
-            f"the wait for {name} times out at {wait.deadline.isoformat()}, not yet; retry then",
-            record.run_id,
-            retry_after=seconds,
-        )
     until = "" if wait is None or wait.deadline is None else f" until {wait.deadline.isoformat()}"
     return Reply.of(
         Outcome.WAITING,
@@ -96,8 +78,21 @@ def waiting_reply(record: RunRecord, identity: DeliveryIdentity, now: datetime) 
     )
 
 
+def _early(wait: Wait, now: datetime) -> Reply:
+    """The answer to the timeout task due at ``wait``'s deadline, come before it by more than
+    the clock skew (the queue's clock ahead of this instance's): 409, tried again."""
+    assert wait.deadline is not None
+    seconds = max(1, min(_EARLY_RETRY_AFTER_MAX, math.ceil((wait.deadline - now).total_seconds())))
+    return Reply.of(
+        Outcome.IN_PROGRESS,
+        f"the wait for {wait.name!r} times out at {wait.deadline.isoformat()}, not yet; retry then",
+        None,
+        retry_after=seconds,
+    )
+
+
 def _own_timeout(identity: DeliveryIdentity, wait: Wait) -> bool:
-    """Whether ``identity`` is ``wait``'s own timeout task."""
+    """Whether ``identity`` is a timeout task of ``wait``."""
     resume = identity.resumes
     return (
         resume is not None and resume.timeout and (resume.name, resume.seq) == (wait.name, wait.seq)
@@ -114,6 +109,50 @@ class Suspensions:
         self.router = router
         self.clock = clock
         self.finisher = finisher
+
+    def not_yet(self, record: RunRecord, identity: DeliveryIdentity) -> Steps[Reply]:
+        """The answer to a delivery of a waiting run that may not resume yet. A timeout task
+        of its wait come early is one of two: the task due at the deadline the record keeps
+        (the queue's clock ahead: 409, tried again), or one created for an earlier deadline
+        (a suspension retried records its own): it asks for the task due at the recorded
+        deadline, created once by name, and is answered 200. So a test queue that delivers
+        every task at once settles, and a timeout is never lost to an early task."""
+        now = self.clock()
+        wait = rules.waits_of(record).wait
+        resume = identity.resumes
+        if (
+            wait is None
+            or wait.deadline is None
+            or resume is None
+            or not _own_timeout(identity, wait)
+        ):
+            return waiting_reply(record, now)
+        if resume.for_deadline(wait):
+            early = _early(wait, now)
+            return Reply.of(
+                early.outcome, early.message, record.run_id, retry_after=early.retry_after
+            )
+        try:
+            yield Blocking(
+                lambda: enqueue_resume(
+                    self.router.producer(), record.run_id, record.handler, wait, timeout=True
+                )
+            )
+        except Exception as exc:
+            note_error(exc)
+            return Reply.of(
+                Outcome.UNAVAILABLE,
+                "this timeout task came before the deadline the wait keeps, and the task due "
+                f"then could not be enqueued: {type(exc).__name__}: {exc}",
+                record.run_id,
+            )
+        return Reply.of(
+            Outcome.WAITING,
+            f"the wait for {wait.name!r} times out at {wait.deadline.isoformat()}: this timeout "
+            "task came for an earlier deadline; the one due then is enqueued",
+            record.run_id,
+            {"status": record.status.value},
+        )
 
     def wait_of(
         self, spec: HandlerSpec, runner: StepRunner, queue: str | None, live: Attempt
@@ -147,18 +186,9 @@ class Suspensions:
         claim: the queue tries it again."""
         wait = self.wait_of(spec, runner, identity.queue, live)
         payload = body.decode("utf-8", errors="backslashreplace") if body else None
-        room = self.store.max_record_bytes
-        if payload is not None and room is not None:
-            size = len(payload.encode())
-            steps_size = sum(len(step.result_json) for step in runner.recorded.values())
-            if size + steps_size + decisions.RECORD_MARGIN > room:
-                return self.finisher.fail(
-                    live,
-                    f"wait_for({wait.name!r}): a waiting run keeps its payload in its record, "
-                    f"and {size} bytes do not fit beside its steps in the {room} bytes this "
-                    "store's record holds: pass a reference to the data instead",
-                    body,
-                )
+        too_large = self._too_large(wait, payload, runner)
+        if too_large is not None:
+            return self.finisher.fail(live, too_large, body)
         if wait.deadline is not None:
             try:
                 yield Blocking(
@@ -202,19 +232,38 @@ class Suspensions:
         )
         if not written or written[0].status is not RunStatus.WAITING:
             return reply  # Not recorded (the answer says why), or resumed since.
-        due = rules.signal_due(written[0])
+        return (yield from self._suspended(written[0], wait, identity, reply))
+
+    def _too_large(self, wait: Wait, payload: str | None, runner: StepRunner) -> str | None:
+        """Why the waiting run's record cannot keep its payload, or None."""
+        room = self.store.max_record_bytes
+        if payload is None or room is None:
+            return None
+        size = len(payload.encode())
+        steps_size = sum(len(step.result_json.encode()) for step in runner.recorded.values())
+        if size + steps_size + decisions.RECORD_MARGIN <= room:
+            return None
+        return (
+            f"wait_for({wait.name!r}): a waiting run keeps its payload in its record, and "
+            f"{size} bytes do not fit beside its steps in the {room} bytes this store's "
+            "record holds: pass a reference to the data instead"
+        )
+
+    def _suspended(
+        self, record: RunRecord, wait: Wait, identity: DeliveryIdentity, reply: Reply
+    ) -> Steps[Reply]:
+        """After the waiting ``record`` was written: its resume enqueued if its signal came
+        while the handler ran (its sender saw the run running and left the resume to this
+        delivery); the answer to its own timeout task that suspended it again."""
+        due = rules.signal_due(record)
         if due is None:
-            return (
-                waiting_reply(written[0], identity, self.clock())
-                if _own_timeout(identity, wait)
-                else reply
-            )
-        # The signal came while the handler ran: its sender saw the run running and left
-        # the resume to this delivery.
+            if _own_timeout(identity, wait):
+                return (yield from self.not_yet(record, identity))
+            return reply
         try:
             yield Blocking(
                 lambda: enqueue_resume(
-                    self.router.producer(), live.run_id, spec.name, due, timeout=False
+                    self.router.producer(), record.run_id, record.handler, due, timeout=False
                 )
             )
         except Exception as exc:
@@ -224,6 +273,6 @@ class Suspensions:
                 Outcome.UNAVAILABLE,
                 f"the run waits with its signal come, and its resume could not be enqueued: "
                 f"{type(exc).__name__}: {exc}",
-                live.run_id,
+                record.run_id,
             )
         return reply

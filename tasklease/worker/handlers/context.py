@@ -183,9 +183,15 @@ def view_of(
     A scheduled run's continuation (a Cloud Tasks task) sees the job and schedule time of
     the run it resumes, from its record."""
     job_name, schedule_time = identity.job_name, identity.schedule_time
-    if identity.continues is not None and identity.kind is Kind.SCHEDULER:
-        job_name = record.identity.get("job_name")
-        schedule_time = parse_rfc3339(record.identity.get("schedule_time", ""))
+    project, location = identity.project, identity.location
+    if identity.continues is not None:
+        # The run's own, as its first delivery named them: the producer puts a project and
+        # location on every task it creates, Cloud Scheduler sends none, and the locks of
+        # an exclusive job or a concurrency key are named from them.
+        project, location = record.identity.get("project"), record.identity.get("location")
+        if identity.kind is Kind.SCHEDULER:
+            job_name = record.identity.get("job_name")
+            schedule_time = parse_rfc3339(record.identity.get("schedule_time", ""))
     return TaskContext(
         kind=live.kind,
         handler=live.handler,
@@ -204,8 +210,8 @@ def view_of(
         retry_reason=identity.retry_reason,
         job_name=job_name,
         schedule_time=schedule_time,
-        project=identity.project,
-        location=identity.location,
+        project=project,
+        location=location,
         live=live,
         steps=steps,
         producers=producers,

@@ -299,8 +299,9 @@ class LeaseStore(ABC):
 
         def change(record: RunRecord | None) -> tuple[RunRecord | None, waits.SignalDecision]:
             at = resolve(now)
+            live = decisions.is_live(record, at)
             return waits.signalled(
-                record, name, payload_json, at, live=decisions.is_live(record, at)
+                record, name, payload_json, at, live=live, room=self.max_record_bytes
             )
 
         return self._read_modify_write(run_id, change)
