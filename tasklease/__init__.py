@@ -27,7 +27,7 @@ from tasklease.lazy import lazy_exports
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from tasklease.errors import TaskleaseError
+    from tasklease.errors import Cancelled, TaskleaseError
     from tasklease.producer import (
         AsyncProducer,
         EnqueueError,
@@ -58,10 +58,13 @@ if TYPE_CHECKING:
         TaskContext,
         create_app,
     )
+    from tasklease.worker.operate.cancels import cancel
     from tasklease.worker.stores import LeaseStore, MemoryStore, SqliteStore, store_from_url
 
 # Each public name and the module that defines it (imported when the name is first read).
 _EXPORTS: dict[str, str] = {
+    "Cancelled": "tasklease.errors",
+    "cancel": "tasklease.worker.operate.cancels",
     "ConfigurationError": "tasklease.errors",
     "InvalidDelivery": "tasklease.errors",
     "LeaseLost": "tasklease.errors",
@@ -97,6 +100,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "AsyncProducer",
+    "Cancelled",
     "ConfigurationError",
     "EnqueueError",
     "EnqueueResult",
@@ -125,6 +129,7 @@ __all__ = [
     "TaskleaseError",
     "TransientEnqueueError",
     "__version__",
+    "cancel",
     "create_app",
     "store_from_url",
     "task_id",

@@ -35,6 +35,7 @@ class Outcome(StrEnum):
     UNAUTHENTICATED = "unauthenticated"  # No valid ID token.
     FORBIDDEN = "forbidden"  # A valid token from a caller that is not allowed.
     SKIPPED_OVERLAP = "skipped_overlap"  # An exclusive job's other run held it; recorded.
+    CANCELLED = "cancelled"  # The run was cancelled (tasklease.cancel): never runs again.
     KEY_BUSY = "key_busy"  # Another task of the same concurrency key runs; retry later.
     UNAVAILABLE = "unavailable"  # The store (or key server) is down; nothing ran.
     ERROR = "error"  # The worker itself failed unexpectedly (a bug); see the log line.
@@ -55,6 +56,7 @@ STATUS: Mapping[Outcome, int] = MappingProxyType(
         Outcome.DUPLICATE: 200,
         Outcome.FAILED: 200,
         Outcome.SKIPPED_OVERLAP: 200,
+        Outcome.CANCELLED: 200,
         Outcome.REJECTED: Rejection.MALFORMED.value,  # Or another Rejection's.
         Outcome.UNAUTHENTICATED: 401,
         Outcome.FORBIDDEN: 403,
