@@ -48,7 +48,13 @@ def test_every_outcome_has_a_status() -> None:
 
 
 def test_only_the_outcomes_that_end_the_task_answer_2xx() -> None:
-    ending = {Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.FAILED, Outcome.SKIPPED_OVERLAP}
+    ending = {
+        Outcome.PROCESSED,
+        Outcome.DUPLICATE,
+        Outcome.FAILED,
+        Outcome.SKIPPED_OVERLAP,
+        Outcome.CANCELLED,
+    }
     assert {outcome for outcome, status in STATUS.items() if status < 300} == ending
 
 
