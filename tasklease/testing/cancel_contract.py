@@ -122,9 +122,7 @@ class CancelContract:
         past = store.cancel_run("run-1", BY, T0 + timedelta(days=8))  # Past its retention.
         assert past.outcome is CancelOutcome.MISSING
 
-    def test_a_run_ended_cancelled_for_its_parent_names_the_parent(
-        self, store: LeaseStore
-    ) -> None:
+    def test_a_run_ended_cancelled_for_its_parent_names_the_parent(self, store: LeaseStore) -> None:
         store.claim(claim_request(), T0)
         by = "the cancellation of its parent run p-1"
         assert store.end_cancelled("run-1", "attempt-1", T0 + SECOND, by=by)
