@@ -406,3 +406,18 @@ def test_a_cancel_with_bad_arguments_is_refused_naming_the_fix(
 def test_the_top_package_exports_cancel_and_its_error() -> None:
     assert tasklease.cancel is tasklease.worker.operate.cancels.cancel
     assert issubclass(tasklease.Cancelled, tasklease.TaskleaseError)
+
+
+def test_the_how_to_pages_example_runs_and_prints_what_it_says(tmp_path: Path) -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    page = (Path(__file__).parents[2] / "docs" / "how-to" / "cancellation.md").read_text()
+    example = page.split("```python\n", 1)[1].split("\n```", 1)[0]
+    expected = example.rsplit("# ", 1)[1].strip()
+    script = tmp_path / "cancel.py"
+    script.write_text(example)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == expected

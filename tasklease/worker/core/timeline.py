@@ -25,6 +25,7 @@ class BarEnd(StrEnum):
     COMPLETED = "completed"  # At finished_at: the handler returned.
     FAILED = "failed"  # At finished_at: a dead letter.
     SKIPPED = "skipped"  # At finished_at: another run held the lock; nothing ran.
+    CANCELLED = "cancelled"  # At finished_at: cancelled (tasklease.cancel); never runs again.
     RELEASED = "released"  # At the release (lease_expires): given back for a retry.
     LAPSED = "lapsed"  # At lease_expires, passed: the holder crashed or hangs.
     RUNNING = "running"  # Now; the lease runs on to lease_expires.
