@@ -394,7 +394,10 @@ def _replay(operations: Operations, args: argparse.Namespace, out: TextIO, err: 
 
 
 def _cancel(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    result = cancel_run(operations.store, args.run_id, args.by, clock=operations.clock)
+    try:
+        result = cancel_run(operations.store, args.run_id, args.by, clock=operations.clock)
+    except ConfigurationError as exc:  # An empty or overlong --by.
+        return _error(args, err, out, Exit.USAGE, str(exc).replace("cancel(by=...)", "--by"))
     if result.outcome is CancelOutcome.MISSING:
         return _error(args, err, out, Exit.NOT_FOUND, f"no run {args.run_id}")
     code = Exit.REFUSED if result.outcome is CancelOutcome.ENDED else Exit.OK
