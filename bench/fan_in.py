@@ -139,8 +139,8 @@ def operations_per_child(kind: str, children: int, workdir: Path) -> dict[str, A
 
 
 COUNTED = (
-    "claim", "get", "complete", "fail", "release", "renew", "complete_member", "fail_member",
-    "count_member", "get_fan_in", "fan_in_entries", "mark_then_enqueued",
+    "claim", "get", "complete", "fail", "release", "renew", "renew_run", "complete_member",
+    "fail_member", "count_member", "get_fan_in", "fan_in_entries", "mark_then_enqueued",
 )  # fmt: skip
 
 

@@ -27,7 +27,7 @@ from tasklease.lazy import lazy_exports
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from tasklease.errors import TaskleaseError
+    from tasklease.errors import Cancelled, TaskleaseError
     from tasklease.producer import (
         AsyncProducer,
         EnqueueError,
@@ -59,11 +59,14 @@ if TYPE_CHECKING:
         create_app,
     )
     from tasklease.worker.handlers.waits import WaitTimedOut
+    from tasklease.worker.operate.cancels import cancel
     from tasklease.worker.operate.signals import signal
     from tasklease.worker.stores import LeaseStore, MemoryStore, SqliteStore, store_from_url
 
 # Each public name and the module that defines it (imported when the name is first read).
 _EXPORTS: dict[str, str] = {
+    "Cancelled": "tasklease.errors",
+    "cancel": "tasklease.worker.operate.cancels",
     "ConfigurationError": "tasklease.errors",
     "InvalidDelivery": "tasklease.errors",
     "LeaseLost": "tasklease.errors",
@@ -101,6 +104,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "AsyncProducer",
+    "Cancelled",
     "ConfigurationError",
     "EnqueueError",
     "EnqueueResult",
@@ -130,6 +134,7 @@ __all__ = [
     "TransientEnqueueError",
     "WaitTimedOut",
     "__version__",
+    "cancel",
     "create_app",
     "signal",
     "store_from_url",

@@ -7,6 +7,8 @@ Everything tasklease raises for a failure is a :class:`TaskleaseError`::
     ├── InvalidDelivery            a request carries no valid Cloud Tasks / Scheduler identity
     ├── StoreUnavailable           the lease store failed; nothing was claimed or changed
     ├── FanInGone                  a join's results were asked for after it expired
+    ├── Cancelled                  the run was cancelled (tasklease.cancel): raised at the
+    │                              handler's next ctx.step, so it stops
     ├── OperationRefused           an operator action does not apply to the run or lock
     ├── WriterLockTimeout          another process held the SQLite writer lock too long
     ├── NotInTransaction           an outbox entry's transaction would not hold it (also a
@@ -29,6 +31,7 @@ attempt took the run over.
 from __future__ import annotations
 
 __all__ = [
+    "Cancelled",
     "ConfigurationError",
     "FanInGone",
     "InvalidDelivery",
@@ -58,6 +61,13 @@ class StoreUnavailable(TaskleaseError):
 
 class FanInGone(TaskleaseError, LookupError):
     """A join's results were asked for (``ctx.fan_in_results``) after the store let it go."""
+
+
+class Cancelled(TaskleaseError):
+    """The run was cancelled (``tasklease.cancel``) while this attempt ran it: raised by the
+    handler's next ``ctx.step`` / ``ctx.astep`` once the attempt has seen the cancellation
+    (``ctx.cancelled``). Whatever the handler does then (lets it propagate, catches it,
+    returns), the run ends ``cancelled``, never retried."""
 
 
 class PermanentFailure(Exception):

@@ -24,6 +24,9 @@ CONTINUATION_HEADER = "X-Tasklease-Continuation"
 FAN_IN_HEADER = "X-Tasklease-Fan-In"
 # On a join's then task: the join whose children's results it receives.
 FAN_IN_OF_HEADER = "X-Tasklease-Fan-In-Of"
+# On a child of a fan-out without then= (ctx.fan_out, producer.fan_out), and on a fan-out
+# child's continuation: its parent's run id. A cancelled parent's pending children never run.
+PARENT_HEADER = "X-Tasklease-Parent"
 # On a task resuming a waiting run (ctx.wait_for): "<run id>:<delivery>:<how>:<name>", how
 # "signal" or "timeout@<its deadline in microseconds since the epoch>".
 RESUME_HEADER = "X-Tasklease-Resume"

@@ -1,8 +1,9 @@
-"""``tasklease runs``: list, show, stuck, release and replay runs in the configured store.
+"""``tasklease runs``: list, show, stuck, release, replay and cancel runs in the configured
+store.
 
 Tables for people, ``--json`` for programs. Exit codes (:class:`Exit`): 0 done, 1 the store
 or the producer failed, 2 bad usage, 3 no such run, 4 refused (a live lease, a run that is
-not failed...), 5 ``stuck`` found something.
+not failed, a run that ended before its cancel...), 5 ``stuck`` found something.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from tasklease.errors import ConfigurationError, StoreUnavailable
 from tasklease.producer import EnqueueError, Producer
 from tasklease.protocol import rfc3339_or_none
 from tasklease.worker.core import fan_in, steps, waits
+from tasklease.worker.core.cancellation import CancelOutcome
 from tasklease.worker.core.decisions import ReleaseOutcome
 from tasklease.worker.core.queries import RunFilter, parse_duration
 from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.core.waits import SignalError, Signalled
 from tasklease.worker.observe.logs import escape_controls
+from tasklease.worker.operate.cancels import cancel_run
 from tasklease.worker.operate.operations import (
     OperationRefused,
     Operations,
@@ -188,6 +191,16 @@ def register(commands: Subcommands) -> None:
         help="a JSON file: what wait_for returns (default: null; - reads standard input)",
     )
     _producer_options(signal)
+    cancel = add_command(
+        actions,
+        "cancel",
+        "cancel a run: it never runs again, nor do its fan-out children that have not run",
+        parents=[common],
+    )
+    cancel.add_argument(
+        "run_id", metavar="RUN_ID", help="the run to cancel (its id or first 8+ characters)"
+    )
+    cancel.add_argument("--by", help="who cancels, kept on the run's record (default: the OS user)")
     refused.register(actions)
 
 
@@ -453,6 +466,25 @@ def _signal(operations: Operations, args: argparse.Namespace, out: TextIO, err: 
     return code
 
 
+def _cancel(operations: Operations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        result = cancel_run(operations.store, args.run_id, args.by, clock=operations.clock)
+    except ConfigurationError as exc:  # An empty or overlong --by.
+        return _error(args, err, out, Exit.USAGE, str(exc).replace("cancel(by=...)", "--by"))
+    if result.outcome is CancelOutcome.MISSING:
+        return _error(args, err, out, Exit.NOT_FOUND, f"no run {args.run_id}")
+    code = Exit.REFUSED if result.outcome is CancelOutcome.ENDED else Exit.OK
+    if args.json:
+        record = result.record
+        summary = None if record is None else run_summary(record, operations.clock())
+        _print_json(
+            out, {"outcome": result.outcome.value, "cancelled": result.accepted, "run": summary}
+        )
+    else:
+        print(_safe(f"run {args.run_id}: {result.summary}"), file=out if code == Exit.OK else err)
+    return code
+
+
 _COMMANDS: dict[str, Callable[[Operations, argparse.Namespace, TextIO, TextIO], int]] = {
     "list": _list,
     "show": _show,
@@ -460,6 +492,7 @@ _COMMANDS: dict[str, Callable[[Operations, argparse.Namespace, TextIO, TextIO], 
     "release": _release,
     "replay": _replay,
     "signal": _signal,
+    "cancel": _cancel,
 }
 
 

@@ -22,6 +22,7 @@ from tasklease.producer.building import (
     env_settings,
     fan_out_done,
     fan_out_items,
+    parented,
 )
 from tasklease.producer.errors import EnqueueError
 from tasklease.producer.results import EnqueueResult
@@ -109,7 +110,9 @@ class AsyncProducer(TaskBuilder[AsyncTaskTransport, Callable[[float], Awaitable[
         (``then=`` too), awaited (raises the same :class:`FanOutIncomplete`)."""
         items = list(items)
         if then is None:
-            results = await self.enqueue_many(task_name, fan_out_items(ctx, items), **options)
+            results = await self.enqueue_many(
+                task_name, fan_out_items(ctx, items), **parented(ctx, options)
+            )
             return fan_out_done(task_name, items, results)
         requests, closing = self._build_fan_in(ctx, task_name, items, then, Options(**options))
         if closing is not None:

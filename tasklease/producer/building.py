@@ -28,6 +28,7 @@ from tasklease.protocol import (
     LOCATION_HEADER,
     MAX_HEADER_VALUE_LENGTH,
     MAX_TASK_BYTES,
+    PARENT_HEADER,
     PROJECT_HEADER,
     SCHEDULER_ROUTE_PREFIX,
     TASK_ROUTE_PREFIX,
@@ -288,6 +289,13 @@ def env_settings(environ: Mapping[str, str] | None, overrides: Mapping[str, Any]
 def fan_out_items(ctx: RunContext, items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """A fan-out's items, each key combined with the run's id."""
     return [(f"{ctx.run_id}/{item_key}", payload) for item_key, payload in items]
+
+
+def parented(ctx: RunContext, options: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain fan-out's options, its children's headers naming the parent run
+    (:data:`~tasklease.protocol.PARENT_HEADER`): a cancelled parent's pending children then
+    never run."""
+    return {**options, "headers": {**(options.get("headers") or {}), PARENT_HEADER: ctx.run_id}}
 
 
 def fan_in_plan(

@@ -22,6 +22,7 @@ from tasklease.producer.building import (
     env_settings,
     fan_out_done,
     fan_out_items,
+    parented,
 )
 from tasklease.producer.cloud_tasks import CloudTasksTransport
 from tasklease.producer.errors import EnqueueError
@@ -171,7 +172,9 @@ class Producer(TaskBuilder[TaskTransport, Callable[[float], None]]):
         """
         items = list(items)
         if then is None:
-            results = self.enqueue_many(task_name, fan_out_items(ctx, items), **options)
+            results = self.enqueue_many(
+                task_name, fan_out_items(ctx, items), **parented(ctx, options)
+            )
             return fan_out_done(task_name, items, results)
         with tracing.enqueue_span(task_name, self.queue_path(options.get("queue"))) as span:
             requests, closing = self._build_fan_in(ctx, task_name, items, then, Options(**options))

@@ -126,6 +126,31 @@ class FanInContract:
             ("k001", RunStatus.FAILED, None, "boom"),
         ]
 
+    def test_a_cancelled_child_counts_as_failed_by_its_end_or_by_a_recount(
+        self, store: FanInStore
+    ) -> None:
+        held, waiting = family(2)
+        _child(store, held)
+        progress = store.end_cancelled_member(
+            held, "child-k000", "a1-k000", T0, keep_for=KEEP, by="the parent's cancellation"
+        )
+        assert progress is not None and not progress.closed
+        # A child nothing runs is cancelled by the operator's write, without its join; the
+        # next delivery's recount counts it.
+        _child(store, waiting)
+        assert store.release("child-k001", "a1-k001", "boom", T0)
+        assert store.cancel_run("child-k001", "operator", T0).record is not None
+        assert store.count_member(waiting, "child-k001", T0, keep_for=KEEP).closed
+        assert store.count_member(waiting, "child-k001", T0, keep_for=KEEP).closed  # Once.
+        join = store.get_fan_in(held.join_id)
+        assert join is not None
+        assert (join.completed, join.failed, join.done) == (0, 2, 2)
+        entries = store.fan_in_entries(held.join_id)
+        assert [(e.key, e.status, e.result_json, e.error) for e in entries] == [
+            ("k000", RunStatus.CANCELLED, None, "cancelled by the parent's cancellation"),
+            ("k001", RunStatus.CANCELLED, None, "cancelled by operator"),
+        ]
+
     def test_a_child_not_yet_final_is_not_counted(self, store: FanInStore) -> None:
         (member,) = family(1)
         _child(store, member)

@@ -14,8 +14,9 @@ fixture (a fresh, empty store)::
             store.close()
 
 - :class:`StoreContract`: the run primitives of :class:`~tasklease.worker.stores.LeaseStore`,
-  durable steps (:class:`~tasklease.testing.steps_contract.StepsContract`) and waits
-  (:class:`~tasklease.testing.waits_contract.WaitsContract`) included.
+  durable steps (:class:`~tasklease.testing.steps_contract.StepsContract`), waits
+  (:class:`~tasklease.testing.waits_contract.WaitsContract`) and cancellation
+  (:class:`~tasklease.testing.cancel_contract.CancelContract`) included.
 - :class:`LockContract`: :class:`~tasklease.worker.stores.LockStore` (locks).
 - :class:`OperationsContract`: :class:`~tasklease.worker.stores.OperatorQueries`.
 - :class:`TallyContract`: :class:`~tasklease.worker.stores.base.tally.DeliveryTally`
@@ -35,6 +36,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tasklease import protocol
+from tasklease.testing.cancel_contract import CancelContract
 from tasklease.testing.contract_support import EXPIRED, LEASE, T0, claim_request
 from tasklease.testing.lock_contract import LockContract
 from tasklease.testing.operations_contract import OperationsContract
@@ -45,8 +47,9 @@ from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.stores.base.store import LeaseStore
 
 
-class StoreContract(StepsContract, WaitsContract):
-    """Semantics every :class:`LeaseStore` must have (durable steps and waits included)."""
+class StoreContract(StepsContract, WaitsContract, CancelContract):
+    """Semantics every :class:`LeaseStore` must have (durable steps, waits and cancellation
+    included)."""
 
     def test_first_claim_takes_the_run_with_fencing_token_one(self, store: LeaseStore) -> None:
         claim = store.claim(claim_request(), T0)

@@ -20,6 +20,7 @@ SUMMARY_KEYS = {
     "run_id", "kind", "handler", "status", "stuck", "attempts", "fencing_token", "attempt_id",
     "caller", "claimed_at", "lease_expires", "finished_at", "duration_seconds", "expire_at",
     "identity", "error", "result_bytes", "payload_bytes", "replay_of", "replayed_as",
+    "cancelled_by", "cancelled_at",
 }  # fmt: skip
 
 

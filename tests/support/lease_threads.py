@@ -21,9 +21,9 @@ class CountingStore(MemoryStore):
         super().__init__()
         self.renewals = 0
 
-    def renew(self, *args: Any, **kwargs: Any) -> Any:
+    def renew_run(self, *args: Any, **kwargs: Any) -> Any:
         self.renewals += 1
-        return super().renew(*args, **kwargs)
+        return super().renew_run(*args, **kwargs)
 
 
 def refuse_one_thread_start(

@@ -88,7 +88,7 @@ def test_violations_are_printed_with_their_replay_then_the_summary_and_exit_1(
 def test_a_run_with_its_own_rates_replays_from_the_command_its_violations_name(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    flags = ["--seed", "1", "--lifecycles", "60", "--rates", "stall=0.05,slow_request=0.1"]
+    flags = ["--seed", "2", "--lifecycles", "60", "--rates", "stall=0.05,slow_request=0.1"]
     with mock.patch.object(decisions, "lease_held", lambda record, now: False):
         code, lines, _ = simulate(capsys, *flags)
         replay = lines[0].rsplit("replay: ", 1)[1]

@@ -50,9 +50,9 @@ class ThreadRecordingStore(SwitchableStore):
         self.threads.append(threading.current_thread().name)
         super()._check()
 
-    def renew(self, *args: Any, **kwargs: Any) -> Any:
+    def renew_run(self, *args: Any, **kwargs: Any) -> Any:
         self.renewals += 1
-        return super().renew(*args, **kwargs)
+        return super().renew_run(*args, **kwargs)
 
 
 def post(app: flask.Flask, path: str = "/tasks/h", **fields: Unpack[TaskHeaderFields]) -> Any:

@@ -106,14 +106,14 @@ def test_a_renewal_racing_the_finish_is_not_reported_as_a_lost_lease(
     ctx = context_for(store)
     keeper = LeaseKeeper(store, now)
     started = threading.Event()
-    original = store.renew
+    original = store.renew_run
 
     def slow_renew(*args: Any, **kwargs: Any) -> Any:
         started.set()
         time.sleep(0.3)  # Meanwhile the execution finishes and completes the run.
         return original(*args, **kwargs)
 
-    store.renew = slow_renew  # type: ignore[method-assign]
+    store.renew_run = slow_renew  # type: ignore[method-assign]
     with keeper.kept(ctx, LEASE):
         assert started.wait(5)
     store.complete("run-1", "attempt-1", None, now())
@@ -192,10 +192,12 @@ class _StuckRenewals(SwitchableStore):
         super().__init__(MemoryStore())
         self.unblocked = threading.Event()
 
-    def renew(self, run_id: str, attempt_id: str, lease: timedelta, now: Any, **kwargs: Any) -> Any:
+    def renew_run(
+        self, run_id: str, attempt_id: str, lease: timedelta, now: Any, **kwargs: Any
+    ) -> Any:
         if run_id == "stuck":
             self.unblocked.wait(10)
-        return self.inner.renew(run_id, attempt_id, lease, now, **kwargs)
+        return self.inner.renew_run(run_id, attempt_id, lease, now, **kwargs)
 
 
 def test_a_renewal_stuck_on_one_run_does_not_delay_another_runs_renewal() -> None:

@@ -54,6 +54,7 @@ def test_only_the_outcomes_that_end_the_task_answer_2xx() -> None:
         Outcome.FAILED,
         Outcome.SKIPPED_OVERLAP,
         Outcome.WAITING,
+        Outcome.CANCELLED,
     }
     assert {outcome for outcome, status in STATUS.items() if status < 300} == ending
 

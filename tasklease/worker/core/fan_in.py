@@ -45,8 +45,10 @@ __all__ = [
     "summed",
 ]
 
-# The children's final statuses: each counts once, with its result or its error.
-COUNTED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED})
+# The children's final statuses: each counts once, with its result or its error. A
+# cancelled child counts as failed (its entry says cancelled), so its join still closes.
+COUNTED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+_FAILED = frozenset({RunStatus.FAILED, RunStatus.CANCELLED})
 
 # A join is kept at least this long past its latest count, whatever its children's retention:
 # longer than a child can be scheduled ahead (Cloud Tasks: 30 days), so a join still open when
@@ -58,7 +60,8 @@ MAX_INLINE_RESULTS = 1000  # Up to this many children, the then task's payload l
 
 @dataclass(frozen=True)
 class ChildEntry:
-    """One finished child, as the join keeps it: ``status`` is ``completed`` or ``failed``."""
+    """One finished child, as the join keeps it: ``status`` is ``completed``, ``failed`` or
+    ``cancelled`` (counted as failed)."""
 
     join_id: str
     key: str
@@ -138,7 +141,7 @@ def entry_of(record: RunRecord | None, member: Member) -> ChildEntry | None:
     if record is None or record.status not in COUNTED or record.finished_at is None:
         return None
     result_json = record.result_json if record.status is RunStatus.COMPLETED else None
-    error = record.error if record.status is RunStatus.FAILED else None
+    error = record.error if record.status in _FAILED else None
     dropped = _dropped(result_json)
     if dropped is not None:  # Completed, but its result was too large to keep: say so.
         result_json, error = None, f"result dropped: {dropped}"
@@ -188,7 +191,7 @@ def counted(
     kept ``keep_for`` past now."""
     return join.replace(
         completed=join.completed + (entry.status is RunStatus.COMPLETED),
-        failed=join.failed + (entry.status is RunStatus.FAILED),
+        failed=join.failed + (entry.status in _FAILED),
         expire_at=max(join.expire_at, kept_until(now, keep_for)),
     )
 
@@ -198,7 +201,7 @@ def shard_counted(shard: ShardRecord, entry: ChildEntry) -> ShardRecord:
     return dataclasses.replace(
         shard,
         completed=shard.completed + (entry.status is RunStatus.COMPLETED),
-        failed=shard.failed + (entry.status is RunStatus.FAILED),
+        failed=shard.failed + (entry.status in _FAILED),
     )
 
 

@@ -35,6 +35,7 @@ _PROJECT = re.compile(r"[a-z0-9:.-]{1,100}", re.ASCII)
 _LOCATION = re.compile(r"[a-z0-9-]{1,63}", re.ASCII)
 _RETRY_REASON = re.compile(r"[\x20-\x7e]{0,256}", re.ASCII)
 _JOIN_ID = re.compile(r"[0-9a-f]{32}", re.ASCII)
+_RUN_ID = re.compile(r"[\x21-\x7e]{1,1024}", re.ASCII)  # A parent's: printable, no spaces.
 _MAX_COUNT = 10**9
 # ETA / schedule times outside this range are not something either service sends.
 _EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
@@ -82,6 +83,8 @@ class DeliveryIdentity:
     # then task (the join whose results it gets).
     fan_in: Member | None = None
     fan_in_of: str | None = None
+    # A child of a plain fan-out: its parent's run id (a join's child names it in fan_in).
+    parent_run_id: str | None = None
     # Per-attempt fields, informational only.
     retry_count: int | None = None
     execution_count: int | None = None
@@ -120,6 +123,14 @@ class DeliveryIdentity:
     def as_slot(self) -> DeliveryIdentity:
         """This delivery read as the slot's own run, settled."""
         return dataclasses.replace(self, manual=False, maybe_manual=False)
+
+    @property
+    def parent(self) -> str | None:
+        """The run that fanned this delivery's run out, if any: a cancelled parent's children
+        never run."""
+        if self.parent_run_id is not None:
+            return self.parent_run_id
+        return self.fan_in.parent_run_id if self.fan_in is not None else None
 
     @property
     def is_retry(self) -> bool:
@@ -204,6 +215,7 @@ def parse_identity(
             resumes=resumed,
             fan_in=_optional(header, protocol.FAN_IN_HEADER, joins.parse_header),
             fan_in_of=_optional(header, protocol.FAN_IN_OF_HEADER, _matching(_JOIN_ID)),
+            parent_run_id=_optional(header, protocol.PARENT_HEADER, _matching(_RUN_ID)),
         )
     schedule_time = _required(header, c.SCHEDULER_SCHEDULE_TIME, parse_rfc3339)
     ahead = schedule_time - received_at if received_at is not None else timedelta(0)

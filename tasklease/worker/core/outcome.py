@@ -36,6 +36,7 @@ class Outcome(StrEnum):
     FORBIDDEN = "forbidden"  # A valid token from a caller that is not allowed.
     SKIPPED_OVERLAP = "skipped_overlap"  # An exclusive job's other run held it; recorded.
     WAITING = "waiting"  # The run waits for a signal (ctx.wait_for); nothing runs until it comes.
+    CANCELLED = "cancelled"  # The run was cancelled (tasklease.cancel): never runs again.
     KEY_BUSY = "key_busy"  # Another task of the same concurrency key runs; retry later.
     UNAVAILABLE = "unavailable"  # The store (or key server) is down; nothing ran.
     ERROR = "error"  # The worker itself failed unexpectedly (a bug); see the log line.
@@ -57,6 +58,7 @@ STATUS: Mapping[Outcome, int] = MappingProxyType(
         Outcome.FAILED: 200,
         Outcome.SKIPPED_OVERLAP: 200,
         Outcome.WAITING: 200,
+        Outcome.CANCELLED: 200,
         Outcome.REJECTED: Rejection.MALFORMED.value,  # Or another Rejection's.
         Outcome.UNAUTHENTICATED: 401,
         Outcome.FORBIDDEN: 403,

@@ -25,7 +25,9 @@ class BarEnd(StrEnum):
     COMPLETED = "completed"  # At finished_at: the handler returned.
     FAILED = "failed"  # At finished_at: a dead letter.
     SKIPPED = "skipped"  # At finished_at: another run held the lock; nothing ran.
+    CANCELLED = "cancelled"  # At finished_at: cancelled (tasklease.cancel); never runs again.
     RELEASED = "released"  # At the release (lease_expires): given back for a retry.
+    WAITING = "waiting"  # At the suspension (lease_expires): waits for a signal, holding nothing.
     LAPSED = "lapsed"  # At lease_expires, passed: the holder crashed or hangs.
     RUNNING = "running"  # Now; the lease runs on to lease_expires.
     PENDING = "pending"  # A replay written before its first delivery: no attempt yet.
@@ -76,7 +78,9 @@ def bar(record: RunRecord, now: datetime, role: str = "this run") -> Bar:
     start = record.claimed_at
     lease_until = None
     by_operator = False
-    if record.attempts == 0:
+    if record.status is RunStatus.WAITING:  # Its attempts count again from the resume.
+        end, ends = record.lease_expires, BarEnd.WAITING
+    elif record.attempts == 0:
         end, ends = start, BarEnd.PENDING
     elif record.status is RunStatus.IN_PROGRESS:
         if is_stuck(record, now):

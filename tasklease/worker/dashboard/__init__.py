@@ -1,4 +1,5 @@
-"""The operators' web page: runs with filters, a run's detail, stuck runs, release and replay.
+"""The operators' web page: runs with filters, a run's detail, stuck runs, release, replay and
+cancel.
 
 Server-rendered (Flask + Jinja, no JavaScript), over the same
 :class:`~tasklease.worker.operate.operations.Operations` as ``tasklease runs``. Standalone:
@@ -69,6 +70,7 @@ def dashboard_blueprint(
     blueprint.add_url_rule("/runs/<run_id>/release", "release", views.release, methods=["POST"])
     blueprint.add_url_rule("/runs/<run_id>/replay", "replay", views.replay, methods=["POST"])
     blueprint.add_url_rule("/runs/<run_id>/signal", "signal", views.signal, methods=["POST"])
+    blueprint.add_url_rule("/runs/<run_id>/cancel", "cancel", views.cancel, methods=["POST"])
     outbox_view = OutboxView(locate(outbox, store), csrf=csrf)
     blueprint.add_url_rule("/outbox", "outbox", outbox_view.page, methods=["GET"])
     blueprint.add_url_rule(

@@ -26,6 +26,7 @@ COLOURS = {
     "lapsed": "#862e9c",
     "running": "#1c7ed6",
     "pending": "#adb5bd",
+    "cancelled": "#495057",
 }
 LABELS = {
     "completed": "completed (processed)",

@@ -1,5 +1,5 @@
-"""The dashboard's pages: runs with filters, a run's detail, stuck runs, and the release and
-replay forms, each answered with a server-rendered template."""
+"""The dashboard's pages: runs with filters, a run's detail, stuck runs, and the release,
+replay and cancel forms, each answered with a server-rendered template."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.core.waits import SignalError, Signalled
 from tasklease.worker.dashboard.csrf import Csrf
 from tasklease.worker.dashboard.timelines import run_timeline
+from tasklease.worker.operate.cancels import cancel_run
 from tasklease.worker.operate.operations import OperationRefused, Operations, run_summary
 from tasklease.worker.operate.redaction import redacted_bodies
 from tasklease.worker.operate.run_ids import AmbiguousRunId
@@ -26,6 +27,8 @@ from tasklease.worker.operate.run_ids import AmbiguousRunId
 _log = logging.getLogger("tasklease.dashboard")
 
 PAGE_SIZE = 50
+# Runs the page offers to cancel: not ended, not cancelled.
+CANCELLABLE = frozenset({RunStatus.IN_PROGRESS, RunStatus.RELEASED, RunStatus.WAITING})
 # The list's query parameters: only these are carried into its links, never a name url_for
 # reads itself (_anchor, _method, _scheme, _external, endpoint).
 FILTER_PARAMS = ("status", "handler", "kind", "trigger", "older_than", "newer_than", "stuck")
@@ -92,7 +95,7 @@ class Views:
         return self._canonical(run_id, "run") or self.detail(run_id)
 
     def confirm(self, run_id: str, action: str) -> flask.Response:
-        if action not in ("release", "replay"):
+        if action not in ("release", "replay", "cancel"):
             flask.abort(404)
         moved = self._canonical(run_id, "confirm", action=action)
         if moved is not None:
@@ -191,6 +194,15 @@ class Views:
         status = 200 if decision.outcome.accepted else 409
         return self.detail(run_id, notices[decision.outcome], status)
 
+    def cancel(self, run_id: str) -> flask.Response:
+        """Cancel the run (:mod:`tasklease.worker.operate.cancels`), for the operator."""
+        by = flask.g.get("operator") or "a local dashboard operator"
+        result = cancel_run(self.operations.store, run_id, by, clock=self.operations.clock)
+        _log.warning("operator %s cancelled run %s: %s", by, run_id, result.outcome.value)
+        return self.detail(
+            run_id, result.summary.capitalize() + ".", 200 if result.accepted else 409
+        )
+
     def _canonical(self, run_id: str, endpoint: str, **values: Any) -> flask.Response | None:
         """A redirect to the page under the whole id a run id prefix names, a 400 page
         listing the runs an ambiguous one names, else None: ``run_id`` is whole."""
@@ -222,6 +234,7 @@ class Views:
             },
             releasable=record.status is RunStatus.IN_PROGRESS,
             replayable=record.status is RunStatus.FAILED and record.kind == "task",
+            cancellable=record.status in CANCELLABLE and record.cancelled_at is None,
             timeline=run_timeline(self.operations.store, record, now),
             steps=steps.summary(record),
             waits=waits.summary(record),

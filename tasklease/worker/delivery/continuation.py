@@ -25,7 +25,7 @@ from tasklease.worker.core.records import RunStatus, Verdict
 from tasklease.worker.delivery.reply import Reply
 
 # Verdicts of a run that needs no more deliveries: its continuations get the settled answer.
-FINISHED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.SKIPPED})
+FINISHED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.SKIPPED, Verdict.CANCELLED})
 
 if TYPE_CHECKING:
     from tasklease.joins import Member
@@ -116,6 +116,7 @@ def enqueue_next(
     queue: str | None,
     *,
     member: Member | None = None,
+    parent: str | None = None,
 ) -> str:
     """Enqueue the continuation ``continue_later`` asked for (once: a name derived from the
     run and its number); return its continuation json to record.
@@ -124,7 +125,8 @@ def enqueue_next(
     scheduled run's is a task on the job's route, in the handler's declared queue (else the
     producer's default), with no payload. Its token is for the handler's own ``audience`` when
     it sets one. A fan-in child's continuation carries its ``member`` header: the delivery that
-    completes the chain counts the child in its join."""
+    completes the chain counts the child in its join; a plain fan-out child's carries its
+    ``parent`` run id, so the parent's cancellation stops the chain too."""
     continuation = runner.continuation
     assert continuation is not None
     scheduled = spec.kind is Kind.SCHEDULER
@@ -137,6 +139,7 @@ def enqueue_next(
                 runner.run_id, continuation.seq
             ),
             **({protocol.FAN_IN_HEADER: member.header()} if member is not None else {}),
+            **({protocol.PARENT_HEADER: parent} if parent is not None else {}),
         },
     }
     if spec.audience:  # A handler with an audience of its own accepts tokens for it only.

@@ -110,6 +110,33 @@ class Finisher:
             reply,
         )
 
+    def cancel(self, live: Attempt, message: str, *, by: str | None = None) -> Reply:
+        """End the run ``cancelled`` (never retried), as :meth:`finish` does: a run this
+        attempt found marked, or (``by``) one whose parent was cancelled. A fan-in child
+        counts in its join, as failed, in the same write."""
+        reply = Reply.of(
+            Outcome.CANCELLED, message, live.run_id, {"status": RunStatus.CANCELLED.value}
+        )
+        keep_for = self.retention(live)
+        store = self.store
+        if isinstance(store, FanInStore) and live.fan_in is not None:
+            member = live.fan_in
+            return self._finish_member(
+                live,
+                member,
+                lambda: store.end_cancelled_member(
+                    member, live.run_id, live.attempt_id, self.clock, keep_for=keep_for, by=by
+                ),
+                reply,
+            )
+        return self.finish(
+            live,
+            lambda: store.end_cancelled(
+                live.run_id, live.attempt_id, self.clock, keep_for=keep_for, by=by
+            ),
+            reply,
+        )
+
     def release(self, live: Attempt, error: str, message: str) -> Reply:
         """Release the run for a retry, counting the attempt, keeping ``error``; answer
         ``released`` with ``message`` once recorded, as :meth:`finish` does."""

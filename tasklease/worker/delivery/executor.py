@@ -13,12 +13,13 @@ from typing import Any
 from tasklease import protocol
 from tasklease.errors import InvalidDelivery, StoreUnavailable
 from tasklease.worker.auth.authenticators import Authenticator, AuthRequest
-from tasklease.worker.core import decisions
+from tasklease.worker.core import cancellation, decisions
 from tasklease.worker.core.endings import ending_of
 from tasklease.worker.core.identity import DeliveryIdentity, HeaderLookup, Kind, parse_identity
 from tasklease.worker.core.outcome import Outcome, Rejection
 from tasklease.worker.core.records import ClaimRequest, RunRecord, Verdict
 from tasklease.worker.delivery import continuation
+from tasklease.worker.delivery.cancels import Cancels
 from tasklease.worker.delivery.endings import Finisher, store_unavailable
 from tasklease.worker.delivery.flow import Blocking, Steps, handler_run, run_in_thread
 from tasklease.worker.delivery.lease import (
@@ -49,10 +50,12 @@ __all__ = ["Delivery", "Executor", "Reply", "decode_payload"]
 
 
 # Verdicts a read alone may act on: a finished run stays finished until its record expires.
-_SETTLED = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.FORBIDDEN, Verdict.SKIPPED})
+_SETTLED = frozenset(
+    {Verdict.COMPLETED, Verdict.FAILED, Verdict.FORBIDDEN, Verdict.SKIPPED, Verdict.CANCELLED}
+)
 
-# A fan-in child whose run ended so: counted in its join.
-_FINISHED_CHILD = frozenset({Verdict.COMPLETED, Verdict.FAILED})
+# A fan-in child whose run ended so: counted in its join (a cancelled one as failed).
+_FINISHED_CHILD = frozenset({Verdict.COMPLETED, Verdict.FAILED, Verdict.CANCELLED})
 
 _AUTH_OUTCOMES = {401: Outcome.UNAUTHENTICATED, 403: Outcome.FORBIDDEN, 503: Outcome.UNAVAILABLE}
 
@@ -111,6 +114,7 @@ class Executor:
         self.locks = ExecutionLocks(store, clock)
         self.finisher = Finisher(store, clock, self.locks, router)
         self.suspensions = Suspensions(store, router, clock, self.finisher)
+        self.cancels = Cancels(store, clock)
         self.tally: DeliveryCounter | None = None  # Set by create_app on a tally store.
 
     def execute(self, delivery: Delivery) -> Reply:
@@ -219,6 +223,10 @@ class Executor:
                 return (yield from self.suspensions.not_yet(seen, identity))
             if seen is not None and verdict in _SETTLED:
                 return self._settled(verdict, seen, log, identity, spec)
+        try:
+            cancelled_parent = self.cancels.cancelled_parent(identity)
+        except StoreUnavailable as exc:
+            return store_unavailable(f"lease store unavailable: {exc}", run_id)
         request = ClaimRequest(
             run_id=run_id,
             kind=identity.kind.value,
@@ -264,6 +272,7 @@ class Executor:
             record.attempt_id,
             record.lease_expires,
             fan_in=identity.fan_in,
+            parent_run_id=identity.parent_run_id,
             number=record.attempts,
             timing=self.timing,
         )
@@ -285,6 +294,12 @@ class Executor:
         if waiting is not None:  # Another delivery of the chain runs the run, or will.
             self.finisher.give_back(live, waiting.message, count=False)
             return waiting
+        if cancelled_parent is not None:  # Its parent's cancellation ends it unrun.
+            return self.finisher.cancel(
+                live,
+                f"its parent run {cancelled_parent} was cancelled; nothing ran",
+                by=cancellation.parent_note(cancelled_parent),
+            )
         reply = yield from self._run(spec, ctx, runner, live, body, identity=identity, log=log)
         log.update(runner.log_fields())
         return reply
@@ -298,7 +313,10 @@ class Executor:
         spec: HandlerSpec,
     ) -> Reply:
         """The answer to a delivery that may not run the handler, given the stored record; a
-        finished fan-in child's settles its join first (counted, closed), if still due."""
+        finished fan-in child's settles its join first (counted, closed), if still due. A run
+        marked cancelled whose holder is gone is ended ``cancelled`` first."""
+        if verdict is Verdict.CANCELLED and (unsettled := self.cancels.settle(record)):
+            return unsettled
         reply = self._settled_reply(verdict, record, log)
         if identity.fan_in is not None and verdict in _FINISHED_CHILD:
             return self.finisher.fan_ins.recount(
@@ -306,7 +324,8 @@ class Executor:
                 record.run_id,
                 reply,
                 spec.retention,
-                counted_with_record=not spec.transactional,
+                # A cancellation by an operator writes no count: the child counts now.
+                counted_with_record=not spec.transactional and verdict is not Verdict.CANCELLED,
             )
         return reply
 
@@ -383,9 +402,13 @@ class Executor:
             ):
                 result = yield from handler_run(spec, payload, ctx)
         except BaseException as exc:  # SystemExit too: sys.exit(), argparse's error().
+            if live.cancelled:  # However it ended once it saw the cancellation.
+                return self._cancelled(live, exc)
             if runner.suspension is not None:  # ctx.wait_for: the run waits.
                 return (yield from self.suspensions.suspend(spec, runner, live, identity, body))
             return finisher.end(live, ending_of(exc, in_transaction=False), exc, body)
+        if live.cancelled:
+            return self._cancelled(live, None)
         if runner.suspension is not None:  # The handler caught WaitSuspended: it waits still.
             return (yield from self.suspensions.suspend(spec, runner, live, identity, body))
         if runner.continuation is not None:
@@ -399,6 +422,15 @@ class Executor:
             return finisher.fail(live, str(exc), body)
         return finisher.complete(live, result_json)
 
+    def _cancelled(self, live: Attempt, exc: BaseException | None) -> Reply:
+        """End a run the attempt saw cancelled: ``cancelled``, never retried; a
+        ``KeyboardInterrupt`` goes on once written."""
+        how = "returned" if exc is None else f"raised {type(exc).__name__}"
+        reply = self.finisher.cancel(live, f"cancelled while it ran (the handler {how})")
+        if exc is not None and ending_of(exc, in_transaction=False).reraise:
+            raise exc
+        return reply
+
     def _continue(
         self, spec: HandlerSpec, ctx: TaskContext, runner: StepRunner, live: Attempt, payload: Any
     ) -> Steps[Reply]:
@@ -408,7 +440,13 @@ class Executor:
         try:
             state_json = yield Blocking(
                 lambda: continuation.enqueue_next(
-                    self.router, spec, runner, payload, ctx.queue, member=live.fan_in
+                    self.router,
+                    spec,
+                    runner,
+                    payload,
+                    ctx.queue,
+                    member=live.fan_in,
+                    parent=live.parent_run_id,
                 )
             )
         except Exception as exc:

@@ -1,5 +1,5 @@
 """Fan-in on the delivery side: a child's finish counted in its join, and the ``then`` task
-enqueued when the join closes.
+enqueued when the join closes (unless the join's parent run was cancelled).
 
 Whoever sees a join closed with no ``then`` task noted enqueues it (under a name derived
 from the join: one task however many try) and then notes it. A child whose finish landed
@@ -18,6 +18,7 @@ from typing import Any
 
 from tasklease import joins, protocol
 from tasklease.joins import Member
+from tasklease.worker.core import cancellation
 from tasklease.worker.core import fan_in as rules
 from tasklease.worker.core.fan_in import ChildEntry, FanInRecord, Progress
 from tasklease.worker.core.identity import Kind
@@ -117,6 +118,15 @@ class FanIns:
         try:
             join = store.get_fan_in(member.join_id)
             if join is None or join.then_enqueued_at is not None:
+                return reply
+            if cancellation.is_cancelled(store.get(join.parent_run_id)):
+                _log.info(
+                    "fan-in %s closed; its parent run %s was cancelled: %s not enqueued",
+                    member.join_id,
+                    join.parent_run_id,
+                    member.then,
+                    extra={"json_fields": {"join_id": member.join_id, "then": member.then}},
+                )
                 return reply
             entries = store.fan_in_entries(member.join_id, limit=rules.MAX_INLINE_RESULTS)
             self._create_then(join, then_payload(join, entries))

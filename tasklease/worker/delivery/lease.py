@@ -236,7 +236,10 @@ def renew_once(
         return None
     asked_at, asked = clock(), live.timing.monotonic()
     try:
-        lease_expires = store.renew(live.run_id, live.attempt_id, lease, clock, keep_for=keep_for)
+        renewed = store.renew_run(live.run_id, live.attempt_id, lease, clock, keep_for=keep_for)
+        lease_expires = None if renewed is None else renewed.lease_expires
+        if renewed is not None:
+            live.note_record(renewed)  # A cancellation: the handler's next step stops it.
         # The lock (exclusive job, concurrency key) shares the run's lease: losing either
         # is losing the lease. Renewed second, it never expires before the run's.
         lock = live.lock

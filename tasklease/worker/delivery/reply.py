@@ -20,7 +20,7 @@ from tasklease.worker.core.outcome import (
     default_retry_after,
     lease_retry_after,
 )
-from tasklease.worker.core.records import RunRecord, Verdict
+from tasklease.worker.core.records import RunRecord, RunStatus, Verdict
 
 # One encoder for every answer: json.dumps with options builds a new one per call.
 _ENVELOPE_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
@@ -105,7 +105,7 @@ class Reply:
 
 def settled(verdict: Verdict, record: RunRecord, clock: Callable[[], datetime]) -> Reply:
     """The answer to a delivery the stored ``record`` does not let run (``verdict`` is not
-    CLAIMED): finished, skipped, held by another attempt, or another caller's."""
+    CLAIMED): finished, skipped, cancelled, held by another attempt, or another caller's."""
     run_id = record.run_id
     if verdict is Verdict.FORBIDDEN:
         # Say nothing of the run: not its status, result, attempts or owner.
@@ -132,6 +132,13 @@ def settled(verdict: Verdict, record: RunRecord, clock: Callable[[], datetime]) 
             f"skipped before: run {held_by} held the job",
             run_id,
             {"status": record.status.value, "held_by": held_by},
+        )
+    if verdict is Verdict.CANCELLED:
+        return Reply.of(
+            Outcome.CANCELLED,
+            f"cancelled by {record.cancelled_by}; nothing ran",
+            run_id,
+            {"status": RunStatus.CANCELLED.value, "cancelled_by": record.cancelled_by},
         )
     return Reply.of(
         Outcome.IN_PROGRESS,

@@ -5,6 +5,11 @@ holding the claim (:class:`~tasklease.worker.stores.base.transactional.Transacti
 The handler's writes through ``ctx.transaction`` and the record commit together or not at
 all, so a crash anywhere leaves either both (a retry answers from the record) or neither (a
 retry runs the handler again, on a database without its effects).
+
+A cancellation reaches a transactional handler through its lease renewals only (it has no
+steps): once the attempt has seen it (``ctx.cancelled``), the transaction is rolled back
+however the handler ends, and the run ends ``cancelled``. A mark that lands after the
+attempt's last renewal does not stop its commit: the run completes.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ def run_in_transaction(
         # may have stalled, or its call been held up, past its lease on the way here. Its
         # commit would be fenced, but the handler's effects outside the transaction not.
         live.check_lease()
+        live.check_cancelled()  # A try again after the attempt saw the run cancelled.
         call = current_call()
         if call is not None:  # A try again: its enqueues name the tasks of the first.
             call.restart()
@@ -69,6 +75,8 @@ def run_in_transaction(
             result = run_in_thread(handler_run(spec, payload, ctx))
         finally:
             live.transaction = None
+        # Seen cancelled meanwhile (a renewal): raised inside, so nothing it wrote commits.
+        live.check_cancelled()
         try:
             return decisions.serialize_result(result)
         except ValueError as exc:  # Raised inside the transaction, so it rolls back.
@@ -84,6 +92,12 @@ def run_in_transaction(
                 live.run_id, live.attempt_id, work, clock, keep_for=spec.retention
             )
     except BaseException as exc:  # SystemExit too: sys.exit(), argparse's error().
+        if live.cancelled:  # Rolled back: the run ends cancelled, never retried.
+            how = f"raised {type(exc).__name__}, rolled back"
+            reply = finisher.cancel(live, f"cancelled while it ran (the handler {how})")
+            if ending_of(exc, in_transaction=True).reraise:
+                raise
+            return reply
         return finisher.end(live, ending_of(exc, in_transaction=True), exc, body)
     log["transaction_tries"] = outcome.tries
     return _answer(outcome, live)

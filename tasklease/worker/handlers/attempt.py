@@ -14,11 +14,14 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tasklease.errors import LeaseLost
+from tasklease.errors import Cancelled, LeaseLost
 from tasklease.joins import Member
 from tasklease.worker.runtime.clock import REAL_TIMING, Timing
+
+if TYPE_CHECKING:
+    from tasklease.worker.core.records import RunRecord
 
 # The transactional step the calling code runs inside, as (its attempt, its transaction). A
 # context variable, not the attempt's state: a handler's other steps, on other threads or
@@ -46,12 +49,17 @@ class Attempt:
     transaction: Any = None
     # The join this attempt's run is a child of (a fan-out with then=): counted when it ends.
     fan_in: Member | None = None
+    # The run a plain fan-out's child was fanned out by (PARENT_HEADER): its continuations
+    # carry it, so a cancelled parent stops them too.
+    parent_run_id: str | None = None
     number: int = 1  # Which claim of the run this is (the record's attempts).
     # The local clock the lease is measured by, and the pause before a store write's retry.
     timing: Timing = field(default=REAL_TIMING, repr=False)
     # Set once, by the keeper's thread or a lease check, and never cleared; nothing waits on
     # it, so a plain attribute does (one store, atomic).
     _lost: bool = field(default=False, repr=False)
+    # Set once, when a step's write or a renewal returns the run's record marked cancelled.
+    _cancelled: bool = field(default=False, repr=False)
     # time.monotonic() at which the lease this attempt last confirmed runs out, counted from
     # before the store call that confirmed it, so never later than the lease the store holds.
     _deadline: float = field(default=math.inf, repr=False)
@@ -109,6 +117,22 @@ class Attempt:
     def mark_lease_lost(self) -> None:
         """Called by the lease keeper when a renewal finds the claim gone."""
         self._lost = True
+
+    @property
+    def cancelled(self) -> bool:
+        """True once a step's write or a lease renewal found the run cancelled."""
+        return self._cancelled
+
+    def note_record(self, record: RunRecord) -> None:
+        """Learn what ``record`` (written by this attempt: a step, a renewal) says of the
+        run beyond the lease: a cancellation's mark."""
+        if record.cancelled_at is not None:
+            self._cancelled = True
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`Cancelled` if the run was found cancelled."""
+        if self._cancelled:
+            raise Cancelled(f"run {self.run_id} was cancelled: it ends at this step")
 
     def check_lease(self) -> None:
         """Raise :class:`LeaseLost` if the lease is lost."""

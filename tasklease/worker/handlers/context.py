@@ -169,6 +169,14 @@ class TaskContext(DurableSteps, DurableWaits, FanOuts):
         """Raise :class:`LeaseLost` if the lease is lost; call it between steps."""
         self._live.check_lease()
 
+    @property
+    def cancelled(self) -> bool:
+        """True once this attempt has seen its run cancelled (``tasklease.cancel``), at a
+        step's write or a lease renewal: the next :meth:`step` raises
+        :class:`~tasklease.errors.Cancelled`, and the run ends ``cancelled`` however the
+        handler ends, never retried. Long work between steps may poll it to stop early."""
+        return self._live.cancelled
+
 
 def view_of(
     live: Attempt,

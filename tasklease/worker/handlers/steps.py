@@ -76,6 +76,8 @@ class StepRunner:
     def begin(self, name: str) -> StepRecord | None:
         """Start step ``name``: its recorded result if any (a replay), else None (run it)."""
         self._refuse_in_transaction("ctx.step")
+        if self.attempt is not None:
+            self.attempt.check_cancelled()  # A cancelled run starts no step, replayed or not.
         if self.suspension is not None:  # The handler caught WaitSuspended.
             raise rules.StepError(
                 f"step {name!r}: this delivery is suspended on the wait "
@@ -110,6 +112,7 @@ class StepRunner:
                     f"run {self.run_id}: step {name!r} of attempt {attempt.attempt_id} was "
                     "refused: another attempt holds the run now"
                 )
+            attempt.note_record(written)  # A cancellation: the next step raises Cancelled.
         self.recorded[name] = step
         self.ran += 1
         return step.result

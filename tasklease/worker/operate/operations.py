@@ -384,6 +384,8 @@ def run_summary(record: RunRecord, now: datetime) -> dict[str, Any]:
         "payload_bytes": None if record.payload is None else len(record.payload.encode()),
         "replay_of": record.replay_of,
         "replayed_as": record.replayed_as,
+        "cancelled_by": record.cancelled_by,
+        "cancelled_at": rfc3339_or_none(record.cancelled_at),
     }
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from tasklease.errors import StoreUnavailable
-from tasklease.worker.core.records import LockRecord, LockRequest
+from tasklease.worker.core.records import LockRecord, LockRequest, RunRecord
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import Router
 from tasklease.worker.serving.app import create_app
@@ -134,7 +134,7 @@ class ReleaseFailsAfterATakeover(MemoryStore):
         super().__init__()
         self.fail_next_release = True
 
-    def renew(
+    def renew_run(
         self,
         run_id: str,
         attempt_id: str,
@@ -142,7 +142,7 @@ class ReleaseFailsAfterATakeover(MemoryStore):
         now: Moment,
         *,
         keep_for: timedelta | None = None,
-    ) -> datetime | None:
+    ) -> RunRecord | None:
         raise StoreUnavailable("the store does not answer renewals")
 
     def release_lock(self, name: str, attempt_id: str, now: Moment) -> bool:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from google.cloud.spanner_v1 import param_types
 
 from tasklease.worker import Router, TaskContext, create_app
-from tasklease.worker.core.records import RunStatus
+from tasklease.worker.core.records import RunRecord, RunStatus
 from tasklease.worker.stores import SpannerStore
 from tests.support.helpers import task_headers
 from tests.support.spanner_effects import effects
@@ -31,14 +31,14 @@ def test_a_spanner_transactional_handler_outlasting_a_renewal_commits_once(
     store = spanner_effects_store
     router = Router()
     calls: list[int] = []
-    renewals: list[datetime | None] = []
-    renew = store.renew
+    renewals: list[RunRecord | None] = []
+    renew = store.renew_run
 
-    def counted_renew(*args: Any, **kwargs: Any) -> datetime | None:
+    def counted_renew(*args: Any, **kwargs: Any) -> RunRecord | None:
         renewals.append(renew(*args, **kwargs))
         return renewals[-1]
 
-    monkeypatch.setattr(store, "renew", counted_renew)
+    monkeypatch.setattr(store, "renew_run", counted_renew)
 
     @router.task("settle", transactional=True, lease=LEASE)
     def settle(payload: Any, ctx: TaskContext) -> None:

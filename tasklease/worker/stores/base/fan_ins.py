@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Protocol, TypeVar
 
 from tasklease.joins import Member
-from tasklease.worker.core import decisions
+from tasklease.worker.core import cancellation, decisions
 from tasklease.worker.core import fan_in as rules
 from tasklease.worker.core.fan_in import ChildEntry, FanInRecord, Progress
 from tasklease.worker.core.records import RunRecord, RunStatus
@@ -150,6 +150,28 @@ class FanInStore(LeaseStore):
             ),
             now=now,
             status=RunStatus.FAILED,
+            keep_for=keep_for,
+        )
+
+    def end_cancelled_member(
+        self,
+        member: Member,
+        run_id: str,
+        attempt_id: str,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+        by: str | None = None,
+    ) -> Progress | None:
+        """:meth:`LeaseStore.end_cancelled`, with the child counted in its join (a cancelled
+        child counts as failed: the join still closes) in the same operation."""
+        return self._finish_member(
+            member,
+            run_id=run_id,
+            attempt_id=attempt_id,
+            update=lambda r, at: cancellation.ended_cancelled(r, at, by),
+            now=now,
+            status=RunStatus.CANCELLED,
             keep_for=keep_for,
         )
 

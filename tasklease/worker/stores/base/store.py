@@ -131,16 +131,31 @@ class LeaseStore(ABC):
         """Extend the lease to ``now + lease`` if ``attempt_id`` still holds the claim, and
         keep the record at least ``keep_for`` (the handler's retention) past that.
 
-        Returns the new expiry, or None if the claim is gone.
+        Returns the new expiry, or None if the claim is gone (:meth:`renew_run` returns
+        the record).
         """
-        record = self._if_held(
+        record = self.renew_run(run_id, attempt_id, lease, now, keep_for=keep_for)
+        return None if record is None else record.lease_expires
+
+    def renew_run(
+        self,
+        run_id: str,
+        attempt_id: str,
+        lease: timedelta,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+    ) -> RunRecord | None:
+        """:meth:`renew`, returning the record written (None: the claim is gone), so the
+        holder learns what others wrote meanwhile (a cancellation's mark) with no read.
+        The lease keeper renews through this; a store overrides this one, not :meth:`renew`."""
+        return self._if_held(
             run_id,
             attempt_id,
             lambda r, at: decisions.renewed(r, at + lease, keep_for),
             now,
             None,
         )
-        return None if record is None else record.lease_expires
 
     def complete(
         self,
@@ -319,13 +334,21 @@ class LeaseStore(ABC):
         return self._read_modify_write(run_id, change)
 
     def end_cancelled(
-        self, run_id: str, attempt_id: str, now: Moment, *, keep_for: timedelta | None = None
+        self,
+        run_id: str,
+        attempt_id: str,
+        now: Moment,
+        *,
+        keep_for: timedelta | None = None,
+        by: str | None = None,
     ) -> bool:
-        """End a run marked cancelled as ``cancelled``, if ``attempt_id`` still holds it."""
+        """End a run marked cancelled as ``cancelled``, if ``attempt_id`` still holds it.
+        ``by`` names who cancelled it when its record carries no mark (a fan-out child
+        whose parent was cancelled)."""
         return self._finish(
             run_id,
             attempt_id,
-            cancellation.ended_cancelled,
+            lambda r, at: cancellation.ended_cancelled(r, at, by),
             now,
             RunStatus.CANCELLED,
             keep_for=keep_for,

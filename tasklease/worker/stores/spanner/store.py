@@ -280,7 +280,7 @@ class SpannerStore(TransactionalStore, LockStore, FanInStore, OperatorQueries, D
         with guard("change a run"):
             return run_transaction(database, work, self._timeout, f"change run {run_id}")
 
-    def renew(
+    def renew_run(
         self,
         run_id: str,
         attempt_id: str,
@@ -288,8 +288,8 @@ class SpannerStore(TransactionalStore, LockStore, FanInStore, OperatorQueries, D
         now: Moment,
         *,
         keep_for: timedelta | None = None,
-    ) -> datetime | None:
-        """Extend the lease (see :meth:`LeaseStore.renew`). On Google's emulator, while the
+    ) -> RunRecord | None:
+        """Extend the lease (see :meth:`LeaseStore.renew_run`). On Google's emulator, while the
         attempt's own handler or step transaction is open, only confirm the lease stored: the
         emulator's one read-write transaction at a time would abort the handler's
         (:class:`.transactions.OpenTransactions`). Its lease is then not extended, so
@@ -298,8 +298,8 @@ class SpannerStore(TransactionalStore, LockStore, FanInStore, OperatorQueries, D
             record = self.get(run_id)
             if record is None or not decisions.holds(record, attempt_id):
                 return None
-            return record.lease_expires
-        return super().renew(run_id, attempt_id, lease, now, keep_for=keep_for)
+            return record
+        return super().renew_run(run_id, attempt_id, lease, now, keep_for=keep_for)
 
     def renew_lock(
         self, name: str, attempt_id: str, lease: timedelta, now: Moment
