@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tasklease import protocol
+from tasklease.errors import StoreUnavailable
 from tasklease.testing.stubs import StubQueue, StubScheduler
 from tasklease.worker import Router, TaskContext, create_app
 from tasklease.worker.core import waits
@@ -20,6 +21,7 @@ from tasklease.worker.handlers.waits import WaitTimedOut
 from tasklease.worker.operate.signals import send_signal, signal
 from tasklease.worker.stores import MemoryStore, SqliteStore, store_from_url
 from tasklease.worker.stores.base.store import LeaseStore
+from tests.support.helpers import task_headers
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -398,3 +400,55 @@ def test_the_how_to_pages_example_runs_and_prints_what_it_says(tmp_path: Path) -
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == expected
+
+
+class LandsUnheard(MemoryStore):
+    """A store whose first suspension lands and whose answer is lost; ``meanwhile`` runs
+    between the two (another delivery, before the suspending one retries its write)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.meanwhile: Callable[[], None] = lambda: None
+        self.suspensions = 0
+
+    def suspend(self, *args: Any, **kwargs: Any) -> Any:
+        record = super().suspend(*args, **kwargs)
+        self.suspensions += 1
+        if self.suspensions == 1:
+            self.meanwhile()
+            raise StoreUnavailable("the answer of suspend was lost")
+        return record
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="REAL BUG found by the simulation's waits workload (seed 4, 47 lifecycles): a "
+    "suspension whose write landed unheard, the run then resumed by its signal, is answered "
+    "409 lost_claim while its lease holds",
+)
+def test_a_suspension_that_landed_unheard_is_answered_waiting_after_the_run_resumed() -> None:
+    store, router, ran = LandsUnheard(), Router(), Counter[str]()
+
+    @router.task("approve")
+    def approve(payload: Any, ctx: TaskContext) -> Any:
+        ran["handler"] += 1
+        return ctx.wait_for("go")
+
+    queue = StubQueue().bind(router)
+    client = create_app(router, store=store, auth="none").test_client()
+
+    def resume_meanwhile() -> None:  # The signal comes, and its resume runs the run.
+        assert signal(only_run(store), "go", "yes", store=store, producer=queue.producer)
+        queue.drain(client)
+
+    store.meanwhile = resume_meanwhile
+    first = client.post(
+        f"{protocol.TASK_ROUTE_PREFIX}approve", data=b"null", headers=task_headers(task="t-1")
+    )
+    record = store.get(only_run(store))
+    assert record is not None and record.status is RunStatus.COMPLETED and record.result == "yes"
+    assert ran["handler"] == 2
+    # Its suspension was recorded: the run waited, and was resumed by the signal meanwhile.
+    assert first.status_code == 200, first.get_json()
+    assert first.get_json()["outcome"] == "waiting"
+    queue.close()
