@@ -420,12 +420,6 @@ class LandsUnheard(MemoryStore):
         return record
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="REAL BUG found by the simulation's waits workload (seed 4, 47 lifecycles): a "
-    "suspension whose write landed unheard, the run then resumed by its signal, is answered "
-    "409 lost_claim while its lease holds",
-)
 def test_a_suspension_that_landed_unheard_is_answered_waiting_after_the_run_resumed() -> None:
     store, router, ran = LandsUnheard(), Router(), Counter[str]()
 

@@ -223,6 +223,18 @@ def suspended(record: RunRecord, wait: Wait) -> str | None:
     return encode(Waits(wait, state.signals, state.delivered))
 
 
+def shows_suspension(record: RunRecord | None, wait: Wait) -> bool:
+    """Whether ``record`` shows ``wait`` recorded: still the run's wait (waiting, or claimed
+    by a delivery that resumes it), or resolved since."""
+    if record is None:
+        return False
+    state = waits_of(record)
+    kept = state.wait
+    return (kept is not None and (kept.name, kept.seq) == (wait.name, wait.seq)) or (
+        wait.name in state.delivered
+    )
+
+
 def resolved(
     record: RunRecord, name: str, seq: int, attempt_id: str, now: datetime
 ) -> tuple[RunRecord, StepRecord] | None:

@@ -165,10 +165,13 @@ class Suspensions:
             record = self.store.suspend(
                 live.run_id, live.attempt_id, wait, payload, self.clock, keep_for=spec.retention
             )
-            if record is None:
-                return False
-            written[:] = [record]
-            return True
+            if record is not None:
+                written[:] = [record]
+                return True
+            # A retry whose first try landed unheard, the run since claimed by the delivery
+            # that resumes it. Only while the lease holds: then no other attempt can have
+            # recorded this wait in its place. That delivery resumes the run: nothing is due.
+            return not live.lease_lost and rules.shows_suspension(self.store.get(live.run_id), wait)
 
         reply = self.finisher.finish(
             live,
