@@ -89,6 +89,7 @@ class SimulatedSignals:
                     store=self.store,
                     producer=self.producer,
                     clock=self._clock,
+                    sleep=engine.sleep,
                 )
             except TaskleaseError as exc:  # Anything else escapes: the checker's `crashed`.
                 error = f"{type(exc).__name__}: {exc}"
