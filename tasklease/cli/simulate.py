@@ -60,7 +60,7 @@ def register(commands: Subcommands) -> None:
         help=(
             "workload kinds, comma-separated, of keyed_task, concurrency_key, scheduled_job, "
             "manual_run, exclusive_job, transactional, outbox, steps, continuation, fan_out, "
-            "fan_in (default: every kind the store runs)"
+            "fan_in, waits (default: every kind the store runs)"
         ),
     )
     parser.add_argument(

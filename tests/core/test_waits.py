@@ -122,6 +122,20 @@ def test_resolution_takes_the_signal_before_a_due_timeout_and_once() -> None:
     assert late.outcome is Signalled.DUPLICATE and late.resume is None
 
 
+def test_a_record_shows_a_suspension_while_it_waits_and_once_resolved_never_before() -> None:
+    wait = Wait("approval", 0, T0, T0 + timedelta(hours=1), queue="q")
+    waiting = waiting_on()
+    signalled, _ = waits.signalled(waiting, "approval", '"yes"', T0, live=True)
+    assert signalled is not None
+    outcome = waits.resolved(signalled, "approval", 0, "attempt-2", T0)
+    assert outcome is not None
+    assert waits.suspension_landed(waiting, wait)
+    assert waits.suspension_landed(outcome[0], wait)  # Resolved by the delivery that resumed it.
+    assert not waits.suspension_landed(record(), wait)  # Never suspended.
+    assert not waits.suspension_landed(None, wait)
+    assert not waits.suspension_landed(waiting, Wait("approval", 1, T0))  # Another delivery's.
+
+
 def test_resolution_by_timeout_only_once_due_and_a_later_signal_is_refused() -> None:
     held = waiting_on()
     assert waits.resolved(held, "approval", 0, "attempt-2", T0 + timedelta(minutes=59)) is None

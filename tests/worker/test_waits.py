@@ -446,3 +446,31 @@ def test_a_suspension_that_landed_unheard_is_answered_waiting_after_the_run_resu
     assert first.status_code == 200, first.get_json()
     assert first.get_json()["outcome"] == "waiting"
     queue.close()
+
+
+def test_a_signal_retries_a_store_out_of_reach_with_the_callers_sleep() -> None:
+    store, router, slept = SwitchedOff(), Router(), list[float]()
+    router.task("approve")(lambda payload, ctx: ctx.wait_for("go"))
+    queue = StubQueue().bind(router)
+    client = create_app(router, store=store, auth="none").test_client()
+    queue.producer.enqueue("approve", None, key="a")
+    queue.drain(client)
+    store.refusals = 2
+    decision = send_signal(
+        only_run(store), "go", 1, store=store, producer=queue.producer, sleep=slept.append
+    )
+    assert decision.outcome is waits.Signalled.RESUMES
+    assert slept == [0.05, 0.2]  # Its own pauses, not the process's: a clock of its own.
+    queue.close()
+
+
+class SwitchedOff(MemoryStore):
+    """A store whose next ``refusals`` signals find it out of reach."""
+
+    refusals = 0
+
+    def signal_run(self, *args: Any, **kwargs: Any) -> Any:
+        if self.refusals:
+            self.refusals -= 1
+            raise StoreUnavailable("out of reach")
+        return super().signal_run(*args, **kwargs)

@@ -6,9 +6,12 @@ The invariants, each a function of the :class:`~tasklease.testing.simulation.his
 
 - ``one_key_per_lifecycle``: every execution of one lifecycle presents the same idempotency
   key, and no two lifecycles share one (else a third party with idempotency keys does the
-  effect twice, or drops one); the deliveries of one continued run are one lifecycle.
+  effect twice, or drops one); the deliveries of one continued run are one lifecycle, and so
+  are a waiting run's task and the tasks that wake it (its signal's, its timeout's).
 - ``write_after_acknowledged``: no handler writes for a lifecycle whose 2xx the queue heard
-  (a completed run never runs again).
+  (a completed run never runs again). A waiting run's task is answered 2xx when it suspends:
+  no pre-wait write comes after any 2xx of the run, and no write at all after a 2xx to a
+  task that wakes it (which is answered so once the run has ended).
 - ``holders_interleave``: two attempts whose leases hold by their own clocks never write to
   one resource (a run, an exclusive job, a concurrency key) by turns.
 - ``fenced_while_holding``: a write made while its attempt's lease held is never refused by
@@ -19,7 +22,8 @@ The invariants, each a function of the :class:`~tasklease.testing.simulation.his
   no other attempt can have taken a run or a lock over before that lease ran out.
 - ``ledger_twice`` / ``acknowledged_without_effect``: a transactional lifecycle commits its
   ledger row at most once, and exactly once if acknowledged; a plain one acknowledged has a
-  final write.
+  final write. A waiting run counts once its end is acknowledged (a task that wakes it, or
+  its own task when it never suspended), by a final write of any of its tasks.
 - ``not_settled``: every lifecycle ends acknowledged, or given up by the queue or the
   scheduler after every retry.
 - ``lost_enqueue``: every task the producer answered as created (a user's enqueue, a child
@@ -45,20 +49,41 @@ The invariants, each a function of the :class:`~tasklease.testing.simulation.his
   summary that counts them so. A then run early (a child counted twice) misses a child.
 - ``lost_join``: once every child of a join is acknowledged, its ``then`` effect has happened
   by the end (a join whose then task was never created is lost).
+- ``resumed_twice``: every resumed execution of one waiting run saw the same resolution, and
+  once a signal call was answered True it is that signal's payload (a duplicate's payload, or
+  the timeout, would be the wait resolving a second time).
+- ``resumed_unsignalled``: no wait resolves with a payload no signal call carried, nor by a
+  timeout it never asked for, nor by its timeout before its deadline (its first suspension
+  plus the timeout, less the most an instance's clock may be ahead); and the durable step
+  before the wait never runs again once the run has suspended.
+- ``lost_resume``: a waiting run whose signal call was answered True, or whose timeout was due
+  well before the end, has made its final write by the end.
 - ``crashed``: nothing escaped the real code as an unexpected exception.
 
 The joins are told apart by their parent's run id (one fan-out with a join per parent run),
-from what the parent handler saw its fan-out return, never from tasklease's join records.
+from what the parent handler saw its fan-out return, never from tasklease's join records. The
+waiting runs by the id their handler noted at its start, and the tasks that wake them by the
+run their header names, as the queue saw it.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasklease.testing.simulation.history import FanInPlan, History, StepBody, ThenRun, Write
+from tasklease.testing.simulation.history import (
+    FanInPlan,
+    History,
+    Resumed,
+    SignalCall,
+    StepBody,
+    Suspended,
+    ThenRun,
+    Write,
+)
 from tasklease.testing.simulation.workload import STEP_EFFECT
 
 __all__ = ["INVARIANTS", "HistoryViolation", "check"]
@@ -79,8 +104,14 @@ INVARIANTS = (
     "join_twice",
     "join_inexact",
     "lost_join",
+    "resumed_twice",
+    "resumed_unsignalled",
+    "lost_resume",
     "crashed",
 )
+# How long past a wait's due time (its signal's answer, or its timeout) its run may take to
+# make its final write: the queue's longest backoff several times over, and the lease.
+RESUME_WITHIN = 900.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +142,7 @@ def check(history: History) -> list[HistoryViolation]:
     found += _enqueues(history)
     found += _steps(history)
     found += _joins(history)
+    found += _waits(history)
     found += [
         HistoryViolation("crashed", "-", history.ended_at, crash) for crash in history.crashes
     ]
@@ -132,6 +164,23 @@ def _keys(history: History) -> list[HistoryViolation]:
         origin = history.origins.get(name)
         return f"run:{origin.run}" if origin is not None and origin.run else name
 
+    by_run: dict[str, set[str]] = defaultdict(set)
+    for write in history.writes:
+        run = lifecycle(write.origin)
+        if run.startswith("run:"):
+            by_run[run].add(write.key)
+    for run, keys_of_run in sorted(by_run.items()):
+        if len(keys_of_run) > 1:
+            first = next(w for w in history.writes if lifecycle(w.origin) == run)
+            found.append(
+                HistoryViolation(
+                    "one_key_per_lifecycle",
+                    run,
+                    first.at,
+                    f"the tasks of one run presented {len(keys_of_run)} idempotency keys: "
+                    f"{', '.join(sorted(keys_of_run))}",
+                )
+            )
     for origin, writes in _by(history.writes, "origin").items():
         keys = sorted({w.key for w in writes})
         if len(keys) > 1:
@@ -159,9 +208,12 @@ def _keys(history: History) -> list[HistoryViolation]:
 
 def _after_acknowledged(history: History) -> list[HistoryViolation]:
     found = []
+    waiting = _WaitLifecycles(history)
     for write in history.writes:
         origin = history.origins.get(write.origin)
         acknowledged = origin.acknowledged_at if origin is not None else None
+        if origin is not None and origin.run in waiting.runs:
+            acknowledged = waiting.ended_at(origin.run, before_wait=not write.final)
         if write.valid and acknowledged is not None and write.at > acknowledged:
             found.append(
                 HistoryViolation(
@@ -250,7 +302,10 @@ def _ledger(history: History) -> list[HistoryViolation]:
     for row in history.ledger:
         rows[row.effect] += 1
     finals = {w.origin for w in history.writes if w.final and w.accepted}
+    waiting = _WaitLifecycles(history)
     for name, origin in history.origins.items():
+        if origin.run in waiting.runs:
+            continue  # Its run is checked as a whole, below.
         if origin.transactional:
             if rows[name] > 1:
                 found.append(
@@ -274,6 +329,17 @@ def _ledger(history: History) -> list[HistoryViolation]:
                     name,
                     origin.acknowledged_at,
                     "acknowledged, and no attempt made its final write",
+                )
+            )
+    for run in sorted(waiting.runs):
+        ended = waiting.ended_at(run, before_wait=False)
+        if ended is not None and not waiting.finished(run):
+            found.append(
+                HistoryViolation(
+                    "acknowledged_without_effect",
+                    f"run:{run}",
+                    ended,
+                    "the waiting run's end was acknowledged, and no attempt made its final write",
                 )
             )
     return found
@@ -490,3 +556,174 @@ def _joins(history: History) -> list[HistoryViolation]:
             )
         )
     return found
+
+
+class _WaitLifecycles:
+    """What the history holds of each waiting run, by the id its handler noted: its tasks
+    (its own, and those that wake it), its suspensions, resumed executions, signal calls, and
+    its final writes."""
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+        self.runs = frozenset(history.waiters.values())
+        self.tasks: dict[str, list[str]] = defaultdict(list)
+        for name, origin in history.origins.items():
+            if origin.run in self.runs:
+                self.tasks[origin.run].append(name)
+        self.suspensions: dict[str, list[Suspended]] = defaultdict(list)
+        for suspended in history.suspensions:
+            self.suspensions[suspended.run_id].append(suspended)
+        self.resumptions: dict[str, list[Resumed]] = defaultdict(list)
+        for resumed in history.resumptions:
+            self.resumptions[resumed.run_id].append(resumed)
+        self.signals: dict[str, list[SignalCall]] = defaultdict(list)
+        for call in history.signals:
+            self.signals[call.run_id].append(call)
+        self.finals: dict[str, list[Write]] = defaultdict(list)
+        for write in history.writes:
+            if write.final and write.accepted and write.resource.startswith("run:"):
+                self.finals[write.resource.removeprefix("run:")].append(write)
+
+    def ended_at(self, run: str, *, before_wait: bool) -> float | None:
+        """When the queue first heard a 2xx that shows ``run`` past its pre-wait part (any of
+        its tasks': its own is answered so once it waits), or (``before_wait`` False) ended:
+        a waking task's 2xx, or its own task's when the run never suspended."""
+        origins = [self.history.origins[name] for name in self.tasks[run]]
+        if before_wait or not self.suspensions[run]:
+            times = [o.acknowledged_at for o in origins]
+        else:
+            times = [o.acknowledged_at for o in origins if o.wakes is not None]
+        return min((at for at in times if at is not None), default=None)
+
+    def finished(self, run: str) -> bool:
+        """Whether an attempt of ``run`` made its accepted final write."""
+        return bool(self.finals[run])
+
+    def first_suspension(self, run: str) -> Suspended | None:
+        return min(self.suspensions[run], key=lambda s: s.at, default=None)
+
+
+def _waits(history: History) -> list[HistoryViolation]:
+    evidence = _WaitLifecycles(history)
+    found: list[HistoryViolation] = []
+    for run in sorted(evidence.runs):
+        found += _resumed_twice(evidence, run)
+    for run in sorted(evidence.runs):
+        found += _resumed_unsignalled(evidence, run)
+    for run in sorted(evidence.runs):
+        found += _lost_resume(evidence, run)
+    return found
+
+
+def _accepted_payloads(calls: list[SignalCall]) -> list[str] | None:
+    """The payloads (as JSON) the wait may resolve with once a call was answered True: those
+    of the calls up to that one (a call that raised may have recorded its own); None while
+    no call was answered True."""
+    candidates: list[str] = []
+    for call in calls:
+        candidates.append(json.dumps(call.payload, sort_keys=True))
+        if call.accepted:
+            return candidates
+    return None
+
+
+def _resumed_twice(evidence: _WaitLifecycles, run: str) -> list[HistoryViolation]:
+    resumptions = evidence.resumptions[run]
+    if not resumptions:
+        return []
+    found = []
+    first = resumptions[0]
+    other = next((r for r in resumptions if r.resolution != first.resolution), None)
+    if other is not None:
+        found.append(
+            HistoryViolation(
+                "resumed_twice",
+                other.origin,
+                other.at,
+                f"attempt {other.attempt_id[:12]} of run {run[:12]} resumed with "
+                f"{other.resolution}, attempt {first.attempt_id[:12]} with {first.resolution}",
+            )
+        )
+    accepted = _accepted_payloads(evidence.signals[run])
+    if accepted is not None:
+        wrong = next((r for r in resumptions if r.resolution not in accepted), None)
+        if wrong is not None:
+            found.append(
+                HistoryViolation(
+                    "resumed_twice",
+                    wrong.origin,
+                    wrong.at,
+                    f"attempt {wrong.attempt_id[:12]} of run {run[:12]} resumed with "
+                    f"{wrong.resolution}, after a signal with {' or '.join(accepted)} was "
+                    "answered True: the wait resolved again",
+                )
+            )
+    return found
+
+
+def _resumed_unsignalled(evidence: _WaitLifecycles, run: str) -> list[HistoryViolation]:
+    found = []
+    sent = {json.dumps(call.payload, sort_keys=True) for call in evidence.signals[run]}
+    suspended = evidence.first_suspension(run)
+    skew = evidence.history.max_clock_skew
+    for resumed in evidence.resumptions[run]:
+        wrong = ""
+        if not resumed.timed_out and resumed.resolution not in sent:
+            wrong = f"the payload {resumed.resolution}, which no signal call carried"
+        elif resumed.timed_out and (suspended is None or suspended.timeout is None):
+            wrong = "a timeout it never waited with"
+        elif resumed.timed_out and suspended is not None and suspended.timeout is not None:
+            due = suspended.at + suspended.timeout - skew
+            if resumed.at < due:
+                wrong = (
+                    f"its timeout, {due - resumed.at:.3f}s before it was due (suspended at "
+                    f"t={suspended.at:.3f}s for {suspended.timeout:g}s)"
+                )
+        if wrong:
+            found.append(
+                HistoryViolation(
+                    "resumed_unsignalled",
+                    resumed.origin,
+                    resumed.at,
+                    f"attempt {resumed.attempt_id[:12]} of run {run[:12]} resumed with {wrong}",
+                )
+            )
+    if suspended is None:
+        return found
+    for body in evidence.history.step_bodies:
+        if body.run_id == run and body.at > suspended.at:
+            found.append(
+                HistoryViolation(
+                    "resumed_unsignalled",
+                    body.origin,
+                    body.at,
+                    f"attempt {body.attempt_id[:12]} ran the step {body.step} of run "
+                    f"{run[:12]} again, after the run suspended at t={suspended.at:.3f}s",
+                )
+            )
+    return found
+
+
+def _lost_resume(evidence: _WaitLifecycles, run: str) -> list[HistoryViolation]:
+    if evidence.finished(run):
+        return []
+    end = evidence.history.ended_at
+    answered = [c.at for c in evidence.signals[run] if c.accepted]
+    suspended = evidence.first_suspension(run)
+    due: list[tuple[float, str]] = []
+    if answered:
+        due.append((answered[0], f"a signal call was answered True at t={answered[0]:.3f}s"))
+    if suspended is not None and suspended.timeout is not None:
+        at = suspended.at + suspended.timeout
+        due.append((at, f"its timeout was due at t={at:.3f}s"))
+    if not due or min(due)[0] + RESUME_WITHIN > end:
+        return []
+    at, why = min(due)
+    return [
+        HistoryViolation(
+            "lost_resume",
+            f"run:{run}",
+            at,
+            f"run {run[:12]} never made its final write: {why}",
+        )
+    ]

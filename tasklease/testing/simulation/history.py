@@ -3,10 +3,13 @@ handlers made to a fenced downstream, the rows their transactions committed to a
 the queue's and the scheduler's own logs, what the simulated users know of their own enqueues
 (the outbox transactions they committed or rolled back, the enqueues and fan-outs answered), and
 the step bodies handlers ran, the fan-outs with a join that returned and what each execution of
-a join's ``then`` handler was given. Nothing here is read from tasklease's run records."""
+a join's ``then`` handler was given, and of each run that waits for a signal: when it
+suspended, what each resumed execution saw, and the signals its user sent, with their answers.
+Nothing here is read from tasklease's run records."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +24,10 @@ __all__ = [
     "Origin",
     "OutboxTransaction",
     "Refusal",
+    "Resumed",
+    "SignalCall",
     "StepBody",
+    "Suspended",
     "ThenRun",
     "Write",
 ]
@@ -42,8 +48,10 @@ class Origin:
     given_up: bool = False  # Out of retries without a 2xx.
     resources: tuple[str, ...] = ()  # Locks its handler writes under, besides its own run.
     # The run a continued handler said it delivers (each continuation's task is an origin of
-    # its own): the origins of one run share its idempotency key.
+    # its own), or a waiting run's: the origins of one run share its idempotency key.
     run: str | None = None
+    # A task that wakes a waiting run (its header names the run): "signal" or "timeout".
+    wakes: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,50 @@ class ThenRun:
     next_after: str | None
 
 
+@dataclass(frozen=True)
+class Suspended:
+    """An execution of a waiting handler that suspended on its wait (``WaitSuspended``), and
+    the timeout it asked for (seconds; None: none)."""
+
+    at: float
+    origin: str
+    run_id: str
+    attempt_id: str
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """An execution of a waiting handler past its wait, and what resolved it: the signal's
+    payload, or the timeout (``timed_out``, payload None)."""
+
+    at: float
+    origin: str
+    run_id: str
+    attempt_id: str
+    timed_out: bool
+    payload: Any = None
+
+    @property
+    def resolution(self) -> str:
+        """The resolution as text: ``timeout``, or the payload's JSON."""
+        return "timeout" if self.timed_out else json.dumps(self.payload, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class SignalCall:
+    """One call a simulated user made to ``tasklease.signal``, in the order they were made:
+    its answer (True: the run gets the signal), or None when it raised (``error``), which
+    may or may not have recorded the signal."""
+
+    sent_at: float
+    at: float  # When the answer (or the error) came back.
+    run_id: str
+    payload: Any
+    accepted: bool | None
+    error: str = ""
+
+
 @dataclass
 class History:
     """Everything :func:`~tasklease.testing.simulation.checker.check` reads."""
@@ -157,5 +209,11 @@ class History:
     step_bodies: list[StepBody] = field(default_factory=list)  # In the order they ran.
     fan_ins: list[FanInPlan] = field(default_factory=list)
     then_runs: list[ThenRun] = field(default_factory=list)
+    waiters: dict[str, str] = field(default_factory=dict)  # A wait lifecycle -> its run id.
+    suspensions: list[Suspended] = field(default_factory=list)
+    resumptions: list[Resumed] = field(default_factory=list)
+    signals: list[SignalCall] = field(default_factory=list)
+    # How far ahead of virtual time an instance's clock may be (0 without clock skew).
+    max_clock_skew: float = 0.0
     crashes: list[str] = field(default_factory=list)  # Exceptions that escaped real code.
     ended_at: float = 0.0

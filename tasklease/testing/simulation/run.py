@@ -37,6 +37,7 @@ from tasklease.testing.simulation.ledgers import EffectLedger, ledger_for
 from tasklease.testing.simulation.outbox import SimulatedOutbox
 from tasklease.testing.simulation.outbox_worlds import outbox_kind, outbox_world
 from tasklease.testing.simulation.replay import replay_command
+from tasklease.testing.simulation.signalling import SimulatedSignals
 from tasklease.testing.simulation.workload import (
     FAN_IN_THEN,
     LEASE,
@@ -44,6 +45,7 @@ from tasklease.testing.simulation.workload import (
     MANUAL_LEAD,
     NEEDS_FAN_INS,
     NEEDS_TRANSACTIONS,
+    WAIT_NAME,
     Downstream,
     Workload,
     build_router,
@@ -188,8 +190,11 @@ class WorkloadScenario:
         self.workload = workload
         self.arrival_gap = workload.arrival_gap
         self.transactional = frozenset({"ledger"})  # The handlers whose effect is a row.
+        self.world: ScenarioWorld | None = None
+        self.signals: SimulatedSignals | None = None
 
     def build(self, world: ScenarioWorld) -> BuiltScenario:
+        self.world = world
         asked = self.asked
         kinds = asked.kinds if world.ledger is not None else asked.kinds - NEEDS_TRANSACTIONS
         if outbox_kind(world.store) is None:
@@ -218,6 +223,21 @@ class WorkloadScenario:
     def replay(self, store: str, seed: int, lifecycles: int, plan: FaultPlan) -> str:
         return replay_command(store, seed, lifecycles, plan, self.asked.kinds)
 
+    def _signals(self, starts: LifecycleStarts) -> SimulatedSignals:
+        """The users who signal waiting runs, over the store and the users' producer."""
+        if self.signals is None:
+            world = self.world
+            assert world is not None, "build() comes first"
+            self.signals = SimulatedSignals(
+                starts.engine,
+                starts.history,
+                world.trace,
+                world.store,
+                starts.producer,
+                wait_name=WAIT_NAME,
+            )
+        return self.signals
+
     def starter(
         self, starts: LifecycleStarts, kind: str, number: int, at: float
     ) -> Callable[[], None]:
@@ -243,6 +263,7 @@ class WorkloadScenario:
                 enqueue=enqueue,
                 outbox=starts.outbox,
                 user=starts.start_user,
+                signaller=self._signals(starts).user,
             )
 
         if kind == "keyed_task":
@@ -414,6 +435,8 @@ class _Simulation:
             self.ledger.prepare()
         self.scenario = scenario
         self.history = History(seed, store_name)
+        if plan.on("clock_skew"):
+            self.history.max_clock_skew = plan.max_clock_skew.total_seconds()
         self.store_faults = StoreFaults(
             engine,
             store,

@@ -7,16 +7,22 @@ presenting ``ctx.idempotency_key``. A transactional handler writes its effect to
 inside its transaction instead; so does each durable step of the ``steps`` handler, in the
 step's own transaction (``ctx.step(..., transactional=True)``): a step's ledger row commits
 exactly when its step record does.
+
+The ``waits`` handler makes one fenced write in a durable step, waits for its user's signal
+(``ctx.wait_for``, with a seeded timeout or none), and makes its final write once the wait
+resolves; its user (:mod:`~tasklease.testing.simulation.signalling`) signals the run zero,
+one or two times, before the handler reaches its wait, while it waits, or long after.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from tasklease import protocol
 from tasklease.errors import LeaseLost, PermanentFailure
 from tasklease.producer import Producer
 from tasklease.producer.transport import TaskRequest
@@ -28,7 +34,9 @@ from tasklease.testing.simulation.history import (
     FanInPlan,
     History,
     Origin,
+    Resumed,
     StepBody,
+    Suspended,
     ThenRun,
     Write,
 )
@@ -36,6 +44,7 @@ from tasklease.testing.simulation.ledgers import EffectLedger, LedgerRow
 from tasklease.testing.simulation.outbox import OUTBOX_HANDLER, SimulatedOutbox
 from tasklease.worker.handlers.context import TaskContext
 from tasklease.worker.handlers.router import Router
+from tasklease.worker.handlers.waits import WaitSuspended, WaitTimedOut
 
 __all__ = [
     "FAN_IN_CHILD",
@@ -44,6 +53,8 @@ __all__ = [
     "LEASE",
     "LIFECYCLE_KINDS",
     "STEP_EFFECT",
+    "WAITER",
+    "WAIT_NAME",
     "WORKLOAD_KINDS",
     "Downstream",
     "Workload",
@@ -64,6 +75,7 @@ WORKLOAD_KINDS = (
     "continuation",  # A task that continues itself (ctx.continue_later) a seeded number of times.
     "fan_out",  # A task that fans out child tasks (Producer.fan_out), then writes.
     "fan_in",  # A fan-out with then= (some children fail for good) and its then handler.
+    "waits",  # A task that waits for its user's signal (ctx.wait_for), or its timeout.
 )
 NEEDS_TRANSACTIONS = frozenset({"transactional", "outbox", "steps"})
 NEEDS_FAN_INS = frozenset({"fan_in"})  # Needs a store that keeps joins (FanInStore).
@@ -74,13 +86,26 @@ LEASE = timedelta(seconds=30)
 MANUAL_LEAD = (1200.0, 3600.0)
 CONCURRENCY_KEYS = 3
 # The kinds whose lifecycles :func:`lifecycle` starts.
-LIFECYCLE_KINDS = frozenset({"outbox", "steps", "continuation", "fan_out", "fan_in"})
+LIFECYCLE_KINDS = frozenset({"outbox", "steps", "continuation", "fan_out", "fan_in", "waits"})
 STEP_EFFECT = "step:"  # A ledger row's effect for a durable step: "step:<name>".
 OUTBOX_COMMITS = 0.7  # The share of outbox transactions the user commits.
 # The fan-in workload's handlers: the parent, its children, and the join's then handler.
 FAN_IN_PARENT, FAN_IN_CHILD, FAN_IN_THEN = "joiner", "member", "joined"
 FAN_IN_CHILDREN = (1, 6)
 FAN_IN_FAILS = 0.25  # The share of a join's children told to fail for good.
+# The waits workload's handler and its wait; a wait's timeout in whole seconds (or none), and
+# when its user signals (seconds after the run started; the second a duplicate, seconds after
+# the first's answer).
+WAITER, WAIT_NAME = "waiter", "w"
+WAIT_TIMEOUT = (60, 900)
+NO_TIMEOUT = 0.3  # The share of waits with no timeout.
+SIGNAL_WHEN = (  # (share, delay range) of the first signal; the rest never signal.
+    (0.3, (0.0, 3.0)),  # Most before the handler reaches its wait.
+    (0.3, (5.0, 120.0)),  # While it waits.
+    (0.25, (300.0, 1500.0)),  # Long after: some after the wait's timeout.
+)
+SECOND_SIGNAL = 0.4  # The share of users who signal again, with another payload.
+SECOND_AFTER = (0.0, 30.0)
 
 
 @dataclass(frozen=True)
@@ -232,6 +257,7 @@ def _lifecycle_handlers(
     _fan_in_handlers(
         router, downstream=downstream, ledger=ledger, engine=engine, work=work, origin_of=origin_of
     )
+    _waiting_handler(router, downstream=downstream, engine=engine, rng=rng, origin_of=origin_of)
 
     @router.task(OUTBOX_HANDLER, lease=LEASE)
     def outboxed(payload: dict[str, Any], ctx: TaskContext) -> None:
@@ -335,14 +361,68 @@ def _fan_in_handlers(
             work(ctx, origin, ctx.fencing_token, 1)
 
 
+def _waiting_handler(
+    router: Router,
+    *,
+    downstream: Downstream,
+    engine: Engine,
+    rng: random.Random,
+    origin_of: Callable[[], str],
+) -> None:
+    """The waits workload's handler. It notes its run's id for its user, makes its pre-wait
+    write in the durable step ``asked`` (which must never run again once the run waits), waits,
+    notes each suspension and each resumed execution with what resolved the wait, and makes
+    its final write. Both writes are fenced on the run."""
+    history = downstream.history
+
+    @router.task(WAITER, lease=LEASE)
+    def waiter(payload: dict[str, Any], ctx: TaskContext) -> None:
+        by = origin_of()
+        origin = history.origins.get(by)
+        if origin is not None:
+            origin.run = ctx.run_id
+        history.waiters.setdefault(payload["lifecycle"], ctx.run_id)
+        resource = f"run:{ctx.run_id}"
+
+        def ask() -> str:
+            ran = StepBody(engine.now, by, ctx.run_id, ctx.attempt_id, "asked")
+            history.step_bodies.append(ran)
+            downstream.write(ctx, resource=resource, token=ctx.fencing_token, step=0, final=False)
+            ran.returned = True
+            return "asked"
+
+        ctx.step("asked", ask)
+        timeout = payload["timeout"]
+        try:
+            answer = ctx.wait_for(WAIT_NAME, timeout=timeout)
+            resumed = Resumed(engine.now, by, ctx.run_id, ctx.attempt_id, False, answer)
+        except WaitSuspended:
+            history.suspensions.append(
+                Suspended(engine.now, by, ctx.run_id, ctx.attempt_id, timeout)
+            )
+            raise
+        except WaitTimedOut:
+            resumed = Resumed(engine.now, by, ctx.run_id, ctx.attempt_id, True)
+        history.resumptions.append(resumed)
+        ctx.check_lease()
+        engine.pause(rng.uniform(0.05, 3.0))  # The handler's own work.
+        downstream.write(ctx, resource=resource, token=ctx.fencing_token, step=1, final=True)
+
+
 def classify(request: TaskRequest, transactional: frozenset[str] = frozenset({"ledger"})) -> Origin:
     """The lifecycle a task the queue just accepted starts (a continuation's task: one of
-    its own, each delivery of the run a lifecycle); ``transactional``: the handlers whose
+    its own, each delivery of the run a lifecycle; a task that wakes a waiting run: one of
+    its own, of that run, which its header names); ``transactional``: the handlers whose
     effect is a ledger row."""
     handler = request.url.rsplit("/", 1)[-1]
-    return Origin(
+    origin = Origin(
         f"task:{request.task_id}", "task", handler, transactional=handler in transactional
     )
+    # "<run id>:<delivery>:<signal|timeout>:<wait name>", read here as the queue sees it.
+    wakes = request.headers.get(protocol.RESUME_HEADER, "").split(":", 3)
+    if len(wakes) == 4 and wakes[2] in ("signal", "timeout"):
+        origin.run, origin.wakes = wakes[0], wakes[2]
+    return origin
 
 
 def lifecycle(
@@ -354,10 +434,15 @@ def lifecycle(
     enqueue: Callable[[str, object, str], Callable[[], None]],
     outbox: SimulatedOutbox | None,
     user: Callable[[Callable[[], None]], None],
+    signaller: Callable[[str, Sequence[float]], Callable[[], None]] | None = None,
 ) -> Callable[[], None]:
     """The start of lifecycle ``number`` of one of :data:`LIFECYCLE_KINDS`, its shape drawn
     from ``rng``: ``enqueue(task, payload, key)`` is a user's enqueue, ``user(call)`` runs
-    ``call`` as a user."""
+    ``call`` as a user, ``signaller(lifecycle, delays)`` is what the user of a waiting run
+    does."""
+    if kind == "waits":
+        assert signaller is not None
+        return _waits_lifecycle(f"w{number}", rng, enqueue=enqueue, user=user, signaller=signaller)
     if kind == "outbox":
         assert outbox is not None
         commit = rng.random() < OUTBOX_COMMITS
@@ -372,6 +457,35 @@ def lifecycle(
         return enqueue(FAN_IN_PARENT, {"children": children, "fail": failing}, f"j{number}")
     assert kind == "fan_out", kind
     return enqueue("fan", {"children": rng.randint(1, 4)}, f"f{number}")
+
+
+def _waits_lifecycle(
+    key: str,
+    rng: random.Random,
+    *,
+    enqueue: Callable[[str, object, str], Callable[[], None]],
+    user: Callable[[Callable[[], None]], None],
+    signaller: Callable[[str, Sequence[float]], Callable[[], None]],
+) -> Callable[[], None]:
+    """A waiting run's task, and its user's signals after the delays drawn here."""
+    timeout = None if rng.random() < NO_TIMEOUT else float(rng.randint(*WAIT_TIMEOUT))
+    delays: list[float] = []
+    draw, share = rng.random(), 0.0
+    for part, between in SIGNAL_WHEN:
+        share += part
+        if draw < share:
+            delays.append(round(rng.uniform(*between), 3))
+            break
+    if delays and rng.random() < SECOND_SIGNAL:
+        delays.append(round(rng.uniform(*SECOND_AFTER), 3))
+    start = enqueue(WAITER, {"lifecycle": key, "timeout": timeout}, key)
+    signals = signaller(key, delays)
+
+    def both() -> None:
+        start()
+        user(signals)
+
+    return both
 
 
 def producer_for(transport: Any, engine: Engine) -> Producer:

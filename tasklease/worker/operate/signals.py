@@ -10,6 +10,7 @@ the wait's timeout task, resumes the run with it.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +36,17 @@ def send_signal(
     store: LeaseStore,
     producer: Producer,
     clock: Callable[[], datetime] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> SignalDecision:
-    """:func:`signal`, answering with what the signal found (for the CLI and the routes)."""
+    """:func:`signal`, answering with what the signal found (for the CLI and the routes);
+    ``clock`` and ``sleep`` (the pauses between retries of a store that could not be reached)
+    for a caller on a clock of its own."""
     rules.check_name(name)
     payload_json = rules.encode_payload(payload)
     now = clock or (lambda: datetime.now(UTC))
-    decision = retry_while_unavailable(lambda: store.signal_run(run_id, name, payload_json, now))
+    decision = retry_while_unavailable(
+        lambda: store.signal_run(run_id, name, payload_json, now), sleep
+    )
     if decision.resume is not None and decision.record is not None:
         enqueue_resume(producer, run_id, decision.record.handler, decision.resume, timeout=False)
     return decision
