@@ -418,10 +418,11 @@ def classify(request: TaskRequest, transactional: frozenset[str] = frozenset({"l
     origin = Origin(
         f"task:{request.task_id}", "task", handler, transactional=handler in transactional
     )
-    # "<run id>:<delivery>:<signal|timeout>:<wait name>", read here as the queue sees it.
+    # "<run id>:<delivery>:<signal|timeout@<deadline>>:<wait name>", read as the queue sees it.
     wakes = request.headers.get(protocol.RESUME_HEADER, "").split(":", 3)
-    if len(wakes) == 4 and wakes[2] in ("signal", "timeout"):
-        origin.run, origin.wakes = wakes[0], wakes[2]
+    how = wakes[2].partition("@")[0] if len(wakes) == 4 else ""
+    if how in ("signal", "timeout"):
+        origin.run, origin.wakes = wakes[0], how
     return origin
 
 
