@@ -66,13 +66,19 @@ def test_a_suspension_that_landed_unheard_is_not_answered_lost_claim() -> None:
 
 
 def overwriting(
-    record: RunRecord | None, name: str, payload_json: str, now: datetime, *, live: bool
+    record: RunRecord | None,
+    name: str,
+    payload_json: str,
+    now: datetime,
+    *,
+    live: bool,
+    room: int | None = None,
 ) -> tuple[RunRecord | None, SignalDecision]:
     """The bug: a signal sent again while the first is pending records its payload over
     the first's, and the run resumes with the duplicate's."""
     state = rules.waits_of(record)
     if record is None or not live or record.status in rules.ENDED or name not in state.signals:
-        return signalled(record, name, payload_json, now, live=live)
+        return signalled(record, name, payload_json, now, live=live, room=room)
     pending = {**state.signals, name: rules.Signal(payload_json, now)}
     written = record.replace(waits_json=rules.encode(Waits(state.wait, pending, state.delivered)))
     due = rules.signal_due(written)
