@@ -58,6 +58,14 @@ The invariants, each a function of the :class:`~tasklease.testing.simulation.his
   before the wait never runs again once the run has suspended.
 - ``lost_resume``: a waiting run whose signal call was answered True, or whose timeout was due
   well before the end, has made its final write by the end.
+- ``ran_after_cancel``: once a cancel call for a run was answered True at t, no step body of
+  the run starts after t in an attempt that claimed after t (its claim by its instance's
+  clock, less the most a clock may be ahead), and an attempt that may have claimed by t
+  starts at most one more (it learns of the mark at its next step write or renewal); no
+  fan-out child of the run that claimed after t starts (a child reads its parent's record
+  before its claim); and no attempt that claimed after t resumes the run from its wait.
+  A run the user cancelled (a call answered True, or one that raised), and a child of one,
+  may be acknowledged without its final write.
 - ``crashed``: nothing escaped the real code as an unexpected exception.
 
 The joins are told apart by their parent's run id (one fan-out with a join per parent run),
@@ -107,6 +115,7 @@ INVARIANTS = (
     "resumed_twice",
     "resumed_unsignalled",
     "lost_resume",
+    "ran_after_cancel",
     "crashed",
 )
 # How long past a wait's due time (its signal's answer, or its timeout) its run may take to
@@ -143,6 +152,7 @@ def check(history: History) -> list[HistoryViolation]:
     found += _steps(history)
     found += _joins(history)
     found += _waits(history)
+    found += _cancels(history)
     found += [
         HistoryViolation("crashed", "-", history.ended_at, crash) for crash in history.crashes
     ]
@@ -303,9 +313,13 @@ def _ledger(history: History) -> list[HistoryViolation]:
         rows[row.effect] += 1
     finals = {w.origin for w in history.writes if w.final and w.accepted}
     waiting = _WaitLifecycles(history)
+    cancellable = _WaitLifecycles(history, frozenset(history.cancellables.values()))
+    cancelled = _cancelled_runs(history)
     for name, origin in history.origins.items():
-        if origin.run in waiting.runs:
+        if origin.run in waiting.runs or origin.run in cancellable.runs:
             continue  # Its run is checked as a whole, below.
+        if origin.parent is not None and origin.parent in cancelled:
+            continue  # A child of a run its user cancelled may never run.
         if origin.transactional:
             if rows[name] > 1:
                 found.append(
@@ -340,6 +354,27 @@ def _ledger(history: History) -> list[HistoryViolation]:
                     f"run:{run}",
                     ended,
                     "the waiting run's end was acknowledged, and no attempt made its final write",
+                )
+            )
+    return found + _uncancelled_without_effect(cancellable, cancelled)
+
+
+def _uncancelled_without_effect(
+    cancellable: _WaitLifecycles, cancelled: frozenset[str]
+) -> list[HistoryViolation]:
+    """A cancel workload's run its user never cancelled, acknowledged without its final
+    write (its own task's 2xx, or once it waited, a waking task's)."""
+    found = []
+    for run in sorted(cancellable.runs - cancelled):
+        ended = cancellable.ended_at(run, before_wait=False)
+        if ended is not None and not cancellable.finished(run):
+            found.append(
+                HistoryViolation(
+                    "acknowledged_without_effect",
+                    f"run:{run}",
+                    ended,
+                    "the run its user never cancelled was acknowledged, and no attempt made "
+                    "its final write",
                 )
             )
     return found
@@ -563,9 +598,9 @@ class _WaitLifecycles:
     (its own, and those that wake it), its suspensions, resumed executions, signal calls, and
     its final writes."""
 
-    def __init__(self, history: History) -> None:
+    def __init__(self, history: History, runs: frozenset[str] | None = None) -> None:
         self.history = history
-        self.runs = frozenset(history.waiters.values())
+        self.runs = frozenset(history.waiters.values()) if runs is None else runs
         self.tasks: dict[str, list[str]] = defaultdict(list)
         for name, origin in history.origins.items():
             if origin.run in self.runs:
@@ -727,3 +762,61 @@ def _lost_resume(evidence: _WaitLifecycles, run: str) -> list[HistoryViolation]:
             f"run {run[:12]} never made its final write: {why}",
         )
     ]
+
+
+def _cancelled_runs(history: History) -> frozenset[str]:
+    """The runs a user may have cancelled: a call answered True, or one that raised."""
+    return frozenset(call.run_id for call in history.cancels if call.accepted is not False)
+
+
+def _cancels(history: History) -> list[HistoryViolation]:
+    found: list[HistoryViolation] = []
+    skew = history.max_clock_skew
+    claims = {s.attempt_id: s.claimed - skew for s in history.starts}  # The earliest claim.
+    answered: dict[str, float] = {}
+    for call in history.cancels:
+        if call.accepted:
+            answered.setdefault(call.run_id, call.at)
+    for run, at in sorted(answered.items()):
+        after: dict[str, list[StepBody]] = defaultdict(list)
+        for body in history.step_bodies:
+            if body.run_id == run and body.at > at:
+                after[body.attempt_id].append(body)
+        for attempt, bodies in after.items():
+            late = claims.get(attempt, at) > at
+            if late or len(bodies) > 1:
+                wrong = bodies[0] if late else bodies[1]
+                found.append(
+                    HistoryViolation(
+                        "ran_after_cancel",
+                        wrong.origin,
+                        wrong.at,
+                        f"attempt {attempt[:12]} "
+                        + ("(claimed after the cancel) " if late else "")
+                        + f"started step {wrong.step} of run {run[:12]}, {len(bodies)} step "
+                        f"bodies after a cancel call was answered True at t={at:.3f}s",
+                    )
+                )
+        for started in history.starts:
+            if started.parent_run_id == run and started.claimed - skew > at:
+                found.append(
+                    HistoryViolation(
+                        "ran_after_cancel",
+                        started.origin,
+                        started.at,
+                        f"child {started.run_id[:12]} of run {run[:12]} started, claimed after "
+                        f"a cancel call for its parent was answered True at t={at:.3f}s",
+                    )
+                )
+        for resumed in history.resumptions:
+            if resumed.run_id == run and claims.get(resumed.attempt_id, at) > at:
+                found.append(
+                    HistoryViolation(
+                        "ran_after_cancel",
+                        resumed.origin,
+                        resumed.at,
+                        f"attempt {resumed.attempt_id[:12]} resumed run {run[:12]} from its "
+                        f"wait, claimed after a cancel call was answered True at t={at:.3f}s",
+                    )
+                )
+    return found

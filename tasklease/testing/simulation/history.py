@@ -4,8 +4,9 @@ the queue's and the scheduler's own logs, what the simulated users know of their
 (the outbox transactions they committed or rolled back, the enqueues and fan-outs answered), and
 the step bodies handlers ran, the fan-outs with a join that returned and what each execution of
 a join's ``then`` handler was given, and of each run that waits for a signal: when it
-suspended, what each resumed execution saw, and the signals its user sent, with their answers.
-Nothing here is read from tasklease's run records."""
+suspended, what each resumed execution saw, and the signals its user sent, with their answers;
+of each run a user cancels: each execution's start (and its fan-out children's), and each
+cancel call with its answer. Nothing here is read from tasklease's run records."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tasklease.testing.simulation.ledgers import LedgerRow
 
 __all__ = [
     "Answer",
+    "CancelCall",
     "Enqueued",
     "FanInPlan",
     "History",
@@ -26,6 +28,7 @@ __all__ = [
     "Refusal",
     "Resumed",
     "SignalCall",
+    "Started",
     "StepBody",
     "Suspended",
     "ThenRun",
@@ -52,6 +55,8 @@ class Origin:
     run: str | None = None
     # A task that wakes a waiting run (its header names the run): "signal" or "timeout".
     wakes: str | None = None
+    # The run that fanned this task out, as its header names it (X-Tasklease-Parent).
+    parent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,33 @@ class SignalCall:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class Started:
+    """An execution of the cancel workload's handler (or of a child it fanned out) at its
+    start, and when its attempt claimed the run by its instance's clock (its lease's expiry
+    less the lease), in virtual seconds; ``parent_run_id`` for a child."""
+
+    at: float
+    origin: str
+    run_id: str
+    attempt_id: str
+    claimed: float
+    parent_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class CancelCall:
+    """One call a simulated user made to cancel a run, in the order they were made: its
+    answer (True: the run is, or will be, cancelled), or None when it raised (``error``),
+    which may or may not have cancelled it."""
+
+    sent_at: float
+    at: float  # When the answer (or the error) came back.
+    run_id: str
+    accepted: bool | None
+    error: str = ""
+
+
 @dataclass
 class History:
     """Everything :func:`~tasklease.testing.simulation.checker.check` reads."""
@@ -213,6 +245,9 @@ class History:
     suspensions: list[Suspended] = field(default_factory=list)
     resumptions: list[Resumed] = field(default_factory=list)
     signals: list[SignalCall] = field(default_factory=list)
+    cancellables: dict[str, str] = field(default_factory=dict)  # A cancel lifecycle -> its run.
+    starts: list[Started] = field(default_factory=list)
+    cancels: list[CancelCall] = field(default_factory=list)
     # How far ahead of virtual time an instance's clock may be (0 without clock skew).
     max_clock_skew: float = 0.0
     crashes: list[str] = field(default_factory=list)  # Exceptions that escaped real code.

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from tasklease.emulator.policy import RetrySettings
 from tasklease.producer import Producer
 from tasklease.producer.transport import TaskRequest
+from tasklease.testing.simulation.cancelling import SimulatedCancels
 from tasklease.testing.simulation.checker import HistoryViolation, check
 from tasklease.testing.simulation.cloud import (
     DeliverySender,
@@ -192,6 +193,7 @@ class WorkloadScenario:
         self.transactional = frozenset({"ledger"})  # The handlers whose effect is a row.
         self.world: ScenarioWorld | None = None
         self.signals: SimulatedSignals | None = None
+        self.cancels: SimulatedCancels | None = None
 
     def build(self, world: ScenarioWorld) -> BuiltScenario:
         self.world = world
@@ -238,6 +240,14 @@ class WorkloadScenario:
             )
         return self.signals
 
+    def _cancels(self, starts: LifecycleStarts) -> SimulatedCancels:
+        """The users who cancel runs, over the store."""
+        if self.cancels is None:
+            world = self.world
+            assert world is not None, "build() comes first"
+            self.cancels = SimulatedCancels(starts.engine, starts.history, world.trace, world.store)
+        return self.cancels
+
     def starter(
         self, starts: LifecycleStarts, kind: str, number: int, at: float
     ) -> Callable[[], None]:
@@ -264,6 +274,7 @@ class WorkloadScenario:
                 outbox=starts.outbox,
                 user=starts.start_user,
                 signaller=self._signals(starts).user,
+                canceller=self._cancels(starts).user,
             )
 
         if kind == "keyed_task":

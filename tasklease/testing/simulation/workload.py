@@ -12,6 +12,12 @@ The ``waits`` handler makes one fenced write in a durable step, waits for its us
 (``ctx.wait_for``, with a seeded timeout or none), and makes its final write once the wait
 resolves; its user (:mod:`~tasklease.testing.simulation.signalling`) signals the run zero,
 one or two times, before the handler reaches its wait, while it waits, or long after.
+
+The ``cancel`` handler notes its start, optionally fans out a couple of children (each notes
+its start, then writes), and runs a few durable steps, each body noting it started, then
+making a fenced write; it may wait (``ctx.wait_for``, never signalled, with a timeout) between
+two steps. Its user (:mod:`~tasklease.testing.simulation.cancelling`) cancels the run before
+its first step, while it runs, while it waits, long after it ended, or never.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from tasklease.errors import LeaseLost, PermanentFailure
 from tasklease.producer import Producer
 from tasklease.producer.transport import TaskRequest
 from tasklease.testing.simulation.cloud import QUEUE_PATH, WORKER_URL, ScheduledJob
-from tasklease.testing.simulation.engine import Engine
+from tasklease.testing.simulation.engine import EPOCH, Engine
 from tasklease.testing.simulation.faults import Trace
 from tasklease.testing.simulation.history import (
     Enqueued,
@@ -35,6 +41,7 @@ from tasklease.testing.simulation.history import (
     History,
     Origin,
     Resumed,
+    Started,
     StepBody,
     Suspended,
     ThenRun,
@@ -47,6 +54,8 @@ from tasklease.worker.handlers.router import Router
 from tasklease.worker.handlers.waits import WaitSuspended, WaitTimedOut
 
 __all__ = [
+    "CANCELLABLE",
+    "CANCELLABLE_CHILD",
     "FAN_IN_CHILD",
     "FAN_IN_PARENT",
     "FAN_IN_THEN",
@@ -76,6 +85,7 @@ WORKLOAD_KINDS = (
     "fan_out",  # A task that fans out child tasks (Producer.fan_out), then writes.
     "fan_in",  # A fan-out with then= (some children fail for good) and its then handler.
     "waits",  # A task that waits for its user's signal (ctx.wait_for), or its timeout.
+    "cancel",  # A task of steps (a fan-out, a wait) its user cancels at a seeded time.
 )
 NEEDS_TRANSACTIONS = frozenset({"transactional", "outbox", "steps"})
 NEEDS_FAN_INS = frozenset({"fan_in"})  # Needs a store that keeps joins (FanInStore).
@@ -86,7 +96,9 @@ LEASE = timedelta(seconds=30)
 MANUAL_LEAD = (1200.0, 3600.0)
 CONCURRENCY_KEYS = 3
 # The kinds whose lifecycles :func:`lifecycle` starts.
-LIFECYCLE_KINDS = frozenset({"outbox", "steps", "continuation", "fan_out", "fan_in", "waits"})
+LIFECYCLE_KINDS = frozenset(
+    {"outbox", "steps", "continuation", "fan_out", "fan_in", "waits", "cancel"}
+)
 STEP_EFFECT = "step:"  # A ledger row's effect for a durable step: "step:<name>".
 OUTBOX_COMMITS = 0.7  # The share of outbox transactions the user commits.
 # The fan-in workload's handlers: the parent, its children, and the join's then handler.
@@ -106,6 +118,17 @@ SIGNAL_WHEN = (  # (share, delay range) of the first signal; the rest never sign
 )
 SECOND_SIGNAL = 0.4  # The share of users who signal again, with another payload.
 SECOND_AFTER = (0.0, 30.0)
+# The cancel workload's handler, its children's and its wait (never signalled); how many
+# steps, children and what timeout; and when its user cancels (seconds after the run started).
+CANCELLABLE, CANCELLABLE_CHILD, CANCEL_WAIT = "cancellable", "cancellable_child", "c"
+CANCEL_STEPS, CANCEL_CHILDREN, CANCEL_TIMEOUT = (2, 4), (1, 2), (60, 600)
+CANCEL_FANS_OUT, CANCEL_WAITS = 0.5, 0.4  # The shares of runs that fan out, that wait.
+CANCEL_WHEN = (  # (share, delay range) of the cancellation; the rest are never cancelled.
+    (0.2, (0.0, 0.0)),  # Before its first step.
+    (0.3, (0.5, 8.0)),  # While it runs.
+    (0.2, (20.0, 300.0)),  # While it waits (or, for one that does not, after it ended).
+    (0.15, (1000.0, 2000.0)),  # Long after it ended.
+)
 
 
 @dataclass(frozen=True)
@@ -258,6 +281,9 @@ def _lifecycle_handlers(
         router, downstream=downstream, ledger=ledger, engine=engine, work=work, origin_of=origin_of
     )
     _waiting_handler(router, downstream=downstream, engine=engine, rng=rng, origin_of=origin_of)
+    _cancellable_handlers(
+        router, downstream=downstream, engine=engine, rng=rng, work=work, origin_of=origin_of
+    )
 
     @router.task(OUTBOX_HANDLER, lease=LEASE)
     def outboxed(payload: dict[str, Any], ctx: TaskContext) -> None:
@@ -409,6 +435,82 @@ def _waiting_handler(
         downstream.write(ctx, resource=resource, token=ctx.fencing_token, step=1, final=True)
 
 
+def _claimed(ctx: TaskContext) -> float:
+    """When the attempt claimed its run by its instance's clock, in virtual seconds: its
+    lease's expiry less the lease, as its handler sees it at its start."""
+    return (ctx.lease_expires - EPOCH - LEASE).total_seconds()
+
+
+def _cancellable_handlers(
+    router: Router,
+    *,
+    downstream: Downstream,
+    engine: Engine,
+    rng: random.Random,
+    work: Callable[[TaskContext, str, int, int], None],
+    origin_of: Callable[[], str],
+) -> None:
+    """The cancel workload's handlers. The run notes its start (its id for its user), fans
+    out its children first when told to, runs its steps (each body noting it started, then
+    writing fenced on the run; the last write is its final one), and waits for its timeout
+    before the step it is told to. A child notes its start, then writes."""
+    history = downstream.history
+
+    @router.task(CANCELLABLE, lease=LEASE)
+    def cancellable(payload: dict[str, Any], ctx: TaskContext) -> None:
+        by = origin_of()
+        origin = history.origins.get(by)
+        if origin is not None:
+            origin.run = ctx.run_id
+        history.cancellables.setdefault(payload["lifecycle"], ctx.run_id)
+        history.starts.append(Started(engine.now, by, ctx.run_id, ctx.attempt_id, _claimed(ctx)))
+        resource, steps = f"run:{ctx.run_id}", int(payload["steps"])
+        if payload["children"]:
+            children = [(str(n), {"parent": ctx.run_id}) for n in range(payload["children"])]
+            # One create at a time, in the order the seed decides.
+            results = router.producer().fan_out(ctx, CANCELLABLE_CHILD, children, concurrency=1)
+            history.enqueued += [Enqueued(engine.now, result.task_id, by) for result in results]
+
+        def body(number: int) -> int:
+            ran = StepBody(engine.now, by, ctx.run_id, ctx.attempt_id, f"c{number}")
+            history.step_bodies.append(ran)
+            final = number == steps - 1
+            downstream.write(
+                ctx, resource=resource, token=ctx.fencing_token, step=number, final=final
+            )
+            ran.returned = True
+            return number
+
+        for number in range(steps):
+            if number == payload["wait_at"]:
+                _wait_out(ctx, history, engine, by, payload["timeout"])
+            ctx.check_lease()
+            engine.pause(rng.uniform(0.05, 3.0))  # The handler's own work.
+            ctx.step(f"c{number}", body, number)
+
+    @router.task(CANCELLABLE_CHILD, lease=LEASE)
+    def cancellable_child(payload: dict[str, Any], ctx: TaskContext) -> None:
+        by = origin_of()
+        started = Started(
+            engine.now, by, ctx.run_id, ctx.attempt_id, _claimed(ctx), payload["parent"]
+        )
+        history.starts.append(started)
+        work(ctx, by, ctx.fencing_token, 1)
+
+
+def _wait_out(ctx: TaskContext, history: History, engine: Engine, by: str, timeout: float) -> None:
+    """Wait for a signal that never comes, noting the suspension and the timeout's resume."""
+    try:
+        ctx.wait_for(CANCEL_WAIT, timeout=timeout)
+    except WaitSuspended:
+        history.suspensions.append(Suspended(engine.now, by, ctx.run_id, ctx.attempt_id, timeout))
+        raise
+    except WaitTimedOut:
+        history.resumptions.append(Resumed(engine.now, by, ctx.run_id, ctx.attempt_id, True))
+        return
+    raise AssertionError("the cancel workload's wait is never signalled")
+
+
 def classify(request: TaskRequest, transactional: frozenset[str] = frozenset({"ledger"})) -> Origin:
     """The lifecycle a task the queue just accepted starts (a continuation's task: one of
     its own, each delivery of the run a lifecycle; a task that wakes a waiting run: one of
@@ -418,11 +520,13 @@ def classify(request: TaskRequest, transactional: frozenset[str] = frozenset({"l
     origin = Origin(
         f"task:{request.task_id}", "task", handler, transactional=handler in transactional
     )
-    # "<run id>:<delivery>:<signal|timeout@<deadline>>:<wait name>", read as the queue sees it.
+    # "<run id>:<delivery>:<signal|timeout@<deadline>>:<wait name>", read here as the queue
+    # sees it.
     wakes = request.headers.get(protocol.RESUME_HEADER, "").split(":", 3)
-    how = wakes[2].partition("@")[0] if len(wakes) == 4 else ""
-    if how in ("signal", "timeout"):
-        origin.run, origin.wakes = wakes[0], how
+    woken_by = wakes[2].split("@", 1)[0] if len(wakes) == 4 else ""
+    if woken_by in ("signal", "timeout"):
+        origin.run, origin.wakes = wakes[0], woken_by
+    origin.parent = request.headers.get(protocol.PARENT_HEADER) or None
     return origin
 
 
@@ -436,11 +540,15 @@ def lifecycle(
     outbox: SimulatedOutbox | None,
     user: Callable[[Callable[[], None]], None],
     signaller: Callable[[str, Sequence[float]], Callable[[], None]] | None = None,
+    canceller: Callable[[str, float | None], Callable[[], None]] | None = None,
 ) -> Callable[[], None]:
     """The start of lifecycle ``number`` of one of :data:`LIFECYCLE_KINDS`, its shape drawn
     from ``rng``: ``enqueue(task, payload, key)`` is a user's enqueue, ``user(call)`` runs
     ``call`` as a user, ``signaller(lifecycle, delays)`` is what the user of a waiting run
-    does."""
+    does, ``canceller(lifecycle, delay)`` what the user of a cancelled one does."""
+    if kind == "cancel":
+        assert canceller is not None
+        return _cancel_lifecycle(f"x{number}", rng, enqueue=enqueue, user=user, canceller=canceller)
     if kind == "waits":
         assert signaller is not None
         return _waits_lifecycle(f"w{number}", rng, enqueue=enqueue, user=user, signaller=signaller)
@@ -485,6 +593,42 @@ def _waits_lifecycle(
     def both() -> None:
         start()
         user(signals)
+
+    return both
+
+
+def _cancel_lifecycle(
+    key: str,
+    rng: random.Random,
+    *,
+    enqueue: Callable[[str, object, str], Callable[[], None]],
+    user: Callable[[Callable[[], None]], None],
+    canceller: Callable[[str, float | None], Callable[[], None]],
+) -> Callable[[], None]:
+    """A cancellable run's task, and its user's cancellation after the delay drawn here."""
+    steps = rng.randint(*CANCEL_STEPS)
+    children = rng.randint(*CANCEL_CHILDREN) if rng.random() < CANCEL_FANS_OUT else 0
+    waits = rng.random() < CANCEL_WAITS
+    payload = {
+        "lifecycle": key,
+        "steps": steps,
+        "children": children,
+        "wait_at": rng.randint(1, steps - 1) if waits else None,
+        "timeout": float(rng.randint(*CANCEL_TIMEOUT)),
+    }
+    delay: float | None = None
+    draw, share = rng.random(), 0.0
+    for part, between in CANCEL_WHEN:
+        share += part
+        if draw < share:
+            delay = round(rng.uniform(*between), 3)
+            break
+    start = enqueue(CANCELLABLE, payload, key)
+    cancels = canceller(key, delay)
+
+    def both() -> None:
+        start()
+        user(cancels)
 
     return both
 
