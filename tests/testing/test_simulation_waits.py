@@ -163,3 +163,41 @@ def test_a_signal_that_records_but_never_enqueues_the_resume_is_a_lost_resume(
 
     assert clean.violations == (), clean.violations[:3]
     assert _invariants(planted) == {"lost_resume"}, planted.violations[:3]
+
+
+def test_a_write_after_a_waking_tasks_early_200_is_no_write_after_the_runs_end() -> None:
+    """A timeout task come for an earlier deadline than the one recorded is answered 200 with
+    nothing run (it asks for the task due then); its duplicate, past the deadline, may resume
+    the run. Its write is no write after the run's end; one after the run's end is."""
+    from tasklease.testing.simulation.checker import check  # noqa: PLC0415
+    from tasklease.testing.simulation.history import (  # noqa: PLC0415
+        Answer,
+        History,
+        Origin,
+        Suspended,
+        Write,
+    )
+
+    run = "r" * 64
+    history = History(seed=1, store="memory")
+    history.origins["task:own"] = Origin("task:own", "task", "waiter", acknowledged_at=1.0)
+    history.origins["task:own"].run = run
+    early = Origin("task:t1", "task", "waiter", acknowledged_at=20.0)
+    early.run, early.wakes = run, "timeout"
+    history.origins["task:t1"] = early
+    history.waiters["w1"] = run
+    history.suspensions.append(Suspended(0.5, "task:own", run, "a1", 60.0))
+    key = "k"
+
+    def write(at: float, origin: str, attempt: str, step: int, *, final: bool) -> Write:
+        return Write(at, origin, f"run:{run}", attempt, 1, key, step, final, True, True)
+
+    history.writes += [write(0.4, "task:own", "a1", 0, final=False)]
+    history.answers += [Answer(1.0, "task:own", 200), Answer(20.0, "task:t1", 200)]
+    history.writes.append(write(70.0, "task:t1", "a2", 1, final=True))  # Its duplicate resumed.
+    history.answers.append(Answer(71.0, "task:t1", 200))
+    after = [v for v in check(history) if v.invariant == "write_after_acknowledged"]
+    assert after == []
+    history.writes.append(write(80.0, "task:t1", "a3", 1, final=True))  # After the end.
+    after = [v for v in check(history) if v.invariant == "write_after_acknowledged"]
+    assert [v.at for v in after] == [80.0]

@@ -622,13 +622,28 @@ class _WaitLifecycles:
     def ended_at(self, run: str, *, before_wait: bool) -> float | None:
         """When the queue first heard a 2xx that shows ``run`` past its pre-wait part (any of
         its tasks': its own is answered so once it waits), or (``before_wait`` False) ended:
-        a waking task's 2xx, or its own task's when the run never suspended."""
+        a waking task's 2xx heard after the run's first accepted final write (before it, a
+        waking task is answered 200 with nothing run: a timeout task come for an earlier
+        deadline than the one recorded, which asks for the one due then, and whose
+        duplicate may still resume the run), or its own task's when it never suspended."""
         origins = [self.history.origins[name] for name in self.tasks[run]]
         if before_wait or not self.suspensions[run]:
             times = [o.acknowledged_at for o in origins]
-        else:
-            times = [o.acknowledged_at for o in origins if o.wakes is not None]
-        return min((at for at in times if at is not None), default=None)
+            return min((at for at in times if at is not None), default=None)
+        first_final = min((write.at for write in self.finals[run]), default=None)
+        if first_final is None:
+            return None
+        waking = {name for name in self.tasks[run] if self.history.origins[name].wakes}
+        return min(
+            (
+                answer.at
+                for answer in self.history.answers
+                if answer.origin in waking
+                and 200 <= answer.status < 300
+                and answer.at >= first_final
+            ),
+            default=None,
+        )
 
     def finished(self, run: str) -> bool:
         """Whether an attempt of ``run`` made its accepted final write."""
