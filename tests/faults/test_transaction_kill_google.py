@@ -98,6 +98,8 @@ def _generations(target: Target, tasks: int, kills: int, mode: str, seed: int) -
             if child.poll() is None:
                 child.kill()
                 child.wait()
+            if child.stdout is not None:  # A child done before its kill left its pipe open.
+                child.stdout.close()
         if child.returncode == 0 and _all_completed(target, tasks):
             return killed
     raise AssertionError("the runs never all completed")
