@@ -153,19 +153,7 @@ def test_a_fan_in_under_duplicates_and_lost_answers_joins_once_with_every_result
     port = free_port()
     faults = Faults(lost_response=0.3, duplicate=0.3, seed=11)
     with CloudTasksEmulator(data_dir=tmp_path / "emulator", faults=faults) as emulator:
-        emulator.create_queue(
-            QUEUE,
-            retryConfig={"minBackoff": "0.1s", "maxBackoff": "1s", "maxAttempts": -1},
-            rateLimits={"maxConcurrentDispatches": 32},
-        )
-        env = {
-            **backend.env,
-            "TASKLEASE_PROJECT": "p",
-            "TASKLEASE_LOCATION": "us-central1",
-            "TASKLEASE_QUEUE": "faults",
-            "TASKLEASE_WORKER_URL": f"http://127.0.0.1:{port}",
-            "TASKLEASE_TASKS_ENDPOINT": emulator.url,
-        }
+        env = _retrying_queue(emulator, backend, port, dispatches=32)
         with FaultServer(tmp_path, store=backend.url, workers=2, threads=16, env=env, port=port):
             producer = Producer("p", "us-central1", "faults", f"http://127.0.0.1:{port}",
                                 tasks_endpoint=emulator.url)  # fmt: skip
@@ -206,19 +194,7 @@ def test_waits_under_duplicates_and_lost_answers_resume_once_with_the_first_sign
     runs, port = 30, free_port()
     faults = Faults(lost_response=0.3, duplicate=0.3, seed=13)
     with CloudTasksEmulator(data_dir=tmp_path / "emulator", faults=faults) as emulator:
-        emulator.create_queue(
-            QUEUE,
-            retryConfig={"minBackoff": "0.1s", "maxBackoff": "1s", "maxAttempts": -1},
-            rateLimits={"maxConcurrentDispatches": 16},
-        )
-        env = {
-            **backend.env,
-            "TASKLEASE_PROJECT": "p",
-            "TASKLEASE_LOCATION": "us-central1",
-            "TASKLEASE_QUEUE": "faults",
-            "TASKLEASE_WORKER_URL": f"http://127.0.0.1:{port}",
-            "TASKLEASE_TASKS_ENDPOINT": emulator.url,
-        }
+        env = _retrying_queue(emulator, backend, port, dispatches=16)
         with FaultServer(tmp_path, store=backend.url, workers=2, threads=8, env=env, port=port):
             producer = Producer("p", "us-central1", "faults", f"http://127.0.0.1:{port}",
                                 tasks_endpoint=emulator.url)  # fmt: skip
@@ -285,3 +261,23 @@ def _runs_in(backend: Backend, status: RunStatus, count: int, *, timeout: float)
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(found)} of {count} runs {status.value} after {timeout} s")
         time.sleep(0.5)
+
+
+def _retrying_queue(
+    emulator: CloudTasksEmulator, backend: Backend, port: int, *, dispatches: int
+) -> dict[str, str]:
+    """Create the faults queue on ``emulator``, retrying without end on a short backoff, and
+    return the environment of a worker on ``port`` that enqueues into it."""
+    emulator.create_queue(
+        QUEUE,
+        retryConfig={"minBackoff": "0.1s", "maxBackoff": "1s", "maxAttempts": -1},
+        rateLimits={"maxConcurrentDispatches": dispatches},
+    )
+    return {
+        **backend.env,
+        "TASKLEASE_PROJECT": "p",
+        "TASKLEASE_LOCATION": "us-central1",
+        "TASKLEASE_QUEUE": "faults",
+        "TASKLEASE_WORKER_URL": f"http://127.0.0.1:{port}",
+        "TASKLEASE_TASKS_ENDPOINT": emulator.url,
+    }
