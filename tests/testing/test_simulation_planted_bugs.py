@@ -36,9 +36,10 @@ from tasklease.worker.stores.sqlite.store import SqliteStore
 from tasklease.worker.stores.sqlite.transactions import run_transaction
 
 StoreFactory = Callable[[], LeaseStore]
-# The workload kinds these seeds were found with. A kind added since (fan_in, waits) makes every
-# run of the default workload draw other lifecycles; these plants keep the runs they were found in.
-KINDS = tuple(kind for kind in WORKLOAD_KINDS if kind not in ("fan_in", "waits"))
+# The workload kinds these seeds were found with. A kind added since (fan_in, waits, cancel)
+# makes every run of the default workload draw other lifecycles; these plants keep the runs they
+# were found in.
+KINDS = tuple(kind for kind in WORKLOAD_KINDS if kind not in ("fan_in", "waits", "cancel"))
 
 
 def sqlite_stores(directory: Path, store_class: type[SqliteStore] = SqliteStore) -> StoreFactory:
