@@ -20,6 +20,7 @@ from tasklease.testing.simulation.ledgers import LedgerRow
 __all__ = [
     "Answer",
     "CancelCall",
+    "CancellableStarted",
     "Enqueued",
     "FanInPlan",
     "History",
@@ -28,7 +29,6 @@ __all__ = [
     "Refusal",
     "Resumed",
     "SignalCall",
-    "Started",
     "StepBody",
     "Suspended",
     "ThenRun",
@@ -199,7 +199,7 @@ class SignalCall:
 
 
 @dataclass(frozen=True)
-class Started:
+class CancellableStarted:
     """An execution of the cancel workload's handler (or of a child it fanned out) at its
     start, and when its attempt claimed the run by its instance's clock (its lease's expiry
     less the lease), in virtual seconds; ``parent_run_id`` for a child."""
@@ -246,7 +246,7 @@ class History:
     resumptions: list[Resumed] = field(default_factory=list)
     signals: list[SignalCall] = field(default_factory=list)
     cancellables: dict[str, str] = field(default_factory=dict)  # A cancel lifecycle -> its run.
-    starts: list[Started] = field(default_factory=list)
+    starts: list[CancellableStarted] = field(default_factory=list)
     cancels: list[CancelCall] = field(default_factory=list)
     # How far ahead of virtual time an instance's clock may be (0 without clock skew).
     max_clock_skew: float = 0.0

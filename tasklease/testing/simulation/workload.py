@@ -36,12 +36,12 @@ from tasklease.testing.simulation.cloud import QUEUE_PATH, WORKER_URL, Scheduled
 from tasklease.testing.simulation.engine import EPOCH, Engine
 from tasklease.testing.simulation.faults import Trace
 from tasklease.testing.simulation.history import (
+    CancellableStarted,
     Enqueued,
     FanInPlan,
     History,
     Origin,
     Resumed,
-    Started,
     StepBody,
     Suspended,
     ThenRun,
@@ -463,7 +463,9 @@ def _cancellable_handlers(
         if origin is not None:
             origin.run = ctx.run_id
         history.cancellables.setdefault(payload["lifecycle"], ctx.run_id)
-        history.starts.append(Started(engine.now, by, ctx.run_id, ctx.attempt_id, _claimed(ctx)))
+        history.starts.append(
+            CancellableStarted(engine.now, by, ctx.run_id, ctx.attempt_id, _claimed(ctx))
+        )
         resource, steps = f"run:{ctx.run_id}", int(payload["steps"])
         if payload["children"]:
             children = [(str(n), {"parent": ctx.run_id}) for n in range(payload["children"])]
@@ -491,7 +493,7 @@ def _cancellable_handlers(
     @router.task(CANCELLABLE_CHILD, lease=LEASE)
     def cancellable_child(payload: dict[str, Any], ctx: TaskContext) -> None:
         by = origin_of()
-        started = Started(
+        started = CancellableStarted(
             engine.now, by, ctx.run_id, ctx.attempt_id, _claimed(ctx), payload["parent"]
         )
         history.starts.append(started)
